@@ -1,0 +1,70 @@
+"""Rules for the MPI emulator, each case spawned as `mpiexec -n K` with a timeout."""
+
+import itertools
+
+import pytest
+from harness import run_cases
+
+# (ranks, topology): every dim kind and algorithm, sizes that are and are not powers of two.
+TOPOLOGIES = [
+    (1, "Ring(1,100,20)"),
+    (2, "Ring(2,100,20)"),
+    (2, "FC(2,100,700)_SW(1,50,700)"),
+    (4, "SW(4,100,700)"),
+    (4, "FC(4,150,500)"),
+    (4, "Ring(2,100,20)_SW(2,50,700,direct)"),
+    (5, "Ring(5,100,20)"),
+    (6, "Ring(3,200,20)_SW(2,50,700)"),
+    (8, "2x2x2"),
+    (8, "4x2"),
+    (8, "SW(2,100,700)_FC(4,100,700,ring)"),
+    (8, "Ring(8,100,20,hd)"),
+]
+DTYPES = ["float32", "float64", "int32", "int64"]
+POLICIES = [("baseline", "fifo"), ("baseline", "scf"), ("themis", "fifo"), ("themis", "scf")]
+
+
+def cases_for(sizes):
+    return [
+        {"op": "all_reduce", "count": count, "chunks": chunks, "dtype": dtype, "policy": pol,
+         "intra": intra, "active": active}
+        for dtype, (pol, intra), (count, chunks, active) in itertools.product(DTYPES, POLICIES, sizes)
+    ]
+
+
+@pytest.fixture(scope="module", params=TOPOLOGIES, ids=lambda t: f"{t[0]}r-{t[1]}")
+def rows(request, tmp_path_factory):
+    n, topo = request.param
+    sizes = [(100003, 7, 1), (1 << 15, 16, 2), (5, 8, 1)]
+    return run_cases(n, {"topology": topo, "cases": cases_for(sizes)}, tmp_path_factory.mktemp("mpi"))
+
+
+def test_reduced_values_are_exact(rows):
+    """Every all-reduce leaves exactly the closed-form sum on every rank (wrong = 0)."""
+    assert len(rows) == len(DTYPES) * len(POLICIES) * 3
+    assert all(r["emu"]["wrong"] == 0 for r in rows), [r["case"] for r in rows if r["emu"]["wrong"]]
+
+
+def test_emulator_time_equals_model_time(rows):
+    """The virtual-clock time and per-dim busy times equal the model's within 0.1 %."""
+    for r in rows:
+        emu, model = r["emu"], r["model"]
+        assert emu["time_us"] == pytest.approx(model["time_us"], rel=1e-3, abs=1e-9), r["case"]
+        for de, dm in zip(emu["dims"], model["dims"]):
+            assert de["busy_us"] == pytest.approx(dm["busy_us"], rel=1e-3, abs=1e-9), r["case"]
+            assert de["bytes"] == dm["bytes"]
+
+
+def test_busy_time_is_the_cost_of_the_stages_served(rows):
+    """Each dim's busy time equals the summed cost-model time of its stages, on every rank."""
+    for r in rows:
+        assert r["busy_minus_cost_us"] <= 1e-3 * max(1.0, max(r["cost_sums_us"])), r["case"]
+
+
+def test_collective_time_bounds(rows):
+    """The collective takes at least the busiest dim's time, and all ranks agree on it."""
+    for r in rows:
+        emu = r["emu"]
+        busiest = max(d["busy_us"] for d in emu["dims"]) / r["case"]["active"]
+        assert emu["time_us"] >= busiest * (1 - 1e-9)
+        assert r["time_min_us"] == r["time_max_us"]

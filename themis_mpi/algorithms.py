@@ -1,0 +1,87 @@
+"""Per-dim algorithms on real data: which element ranges each step sends and receives.
+
+A stage works in place on a region ``[lo, hi)`` of the rank's buffer, split into P blocks with
+`split_bounds`. After a reduce-scatter the rank with coordinate c along the dim owns block c;
+an all-gather undoes exactly that split. Plans are pure functions of (algorithm, op, P, c,
+region), so they are tested without MPI; `cost.steps` gives the same steps' nominal sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .collectives import split_bounds
+from .cost import A2A, RS
+
+COPY, REDUCE, SWAP = "copy", "reduce", "swap"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One algorithm step: messages sent and received at once.
+
+    Attributes:
+        sends: (peer, start, stop) element ranges sent from the buffer.
+        recvs: (peer, start, stop) element ranges received.
+        mode: copy (received straight into place), reduce (into scratch, then reduced into
+            place) or swap (into scratch, copied into place once the sends are done).
+    """
+
+    sends: tuple[tuple[int, int, int], ...]
+    recvs: tuple[tuple[int, int, int], ...]
+    mode: str
+
+
+def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step]:
+    """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``."""
+    b = (lo + split_bounds(hi - lo, p)).tolist()
+
+    def blk(i: int) -> tuple[int, int]:
+        return b[i % p], b[i % p + 1]
+
+    def rng(first: int, last: int) -> tuple[int, int]:  # blocks first..last-1
+        return b[first], b[last]
+
+    if p == 1:
+        return []
+    if op == A2A:
+        others = [j for j in range(p) if j != c]
+        return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(j)) for j in others), SWAP)]
+    if algorithm == "direct":
+        others = [j for j in range(p) if j != c]
+        if op == RS:
+            return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(c)) for j in others),
+                         REDUCE)]
+        return [Step(tuple((j, *blk(c)) for j in others), tuple((j, *blk(j)) for j in others), COPY)]
+    if algorithm == "ring":
+        nxt, prv = (c + 1) % p, (c - 1) % p
+        if op == RS:
+            return [Step(((nxt, *blk(c - s - 1)),), ((prv, *blk(c - s - 2)),), REDUCE)
+                    for s in range(p - 1)]
+        return [Step(((nxt, *blk(c - s)),), ((prv, *blk(c - s - 1)),), COPY) for s in range(p - 1)]
+    # halving-doubling (P is a power of two)
+    steps = []
+    if op == RS:
+        first, last, m = 0, p, p // 2
+        while m >= 1:
+            partner = c ^ m
+            mid = first + (last - first) // 2
+            keep, give = ((mid, last), (first, mid)) if c & m else ((first, mid), (mid, last))
+            steps.append(Step(((partner, *rng(*give)),), ((partner, *rng(*keep)),), REDUCE))
+            first, last = keep
+            m //= 2
+        return steps
+    m = 1
+    while m < p:
+        partner = c ^ m
+        mine, theirs = c & ~(m - 1), partner & ~(m - 1)
+        steps.append(Step(((partner, *rng(mine, mine + m)),), ((partner, *rng(theirs, theirs + m)),),
+                          COPY))
+        m *= 2
+    return steps
+
+
+def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
+    """The block a reduce-scatter leaves at coordinate c (the region an all-gather starts from)."""
+    b = lo + split_bounds(hi - lo, p)
+    return int(b[c]), int(b[c + 1])

@@ -1,0 +1,266 @@
+"""Collectives: chunking, the stage list of each chunk, and closed-form test data.
+
+A collective of ``count`` elements per NPU is split into C chunks of nearly equal size (they
+differ by at most one element, the way `numpy.array_split` splits). Each chunk becomes a list of
+stages, one per dim visit, built from the chunk's dim order (see `policies`).
+
+Sizes: ``size_bytes`` is the larger buffer of the operation, the input of a reduce-scatter and
+the output of an all-gather, so that the algbw/busbw of nccl-tests apply unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import A2A, AG, RS, block_elems
+from .errors import UsageError
+from .topology import Topology
+
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+DTYPES = ("float32", "float64", "int32", "int64")
+REDOPS = ("sum", "max", "min")
+
+
+def split_bounds(n: int, parts: int) -> np.ndarray:
+    """Bounds of `parts` nearly equal pieces of n items: piece i is [b[i], b[i+1])."""
+    i = np.arange(parts + 1, dtype=np.int64)
+    return i * (n // parts) + np.minimum(i, n % parts)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One chunk's visit of one dim.
+
+    Attributes:
+        coll: collective id (issue order).
+        chunk: chunk index within the collective.
+        index: position in the chunk's stage list.
+        n_stages: stages of the chunk.
+        dim: dim index.
+        op: RS, AG or A2A.
+        full_elems: nominal elements before an RS, after an AG (the stage's larger buffer).
+        key_bytes: the SCF key: the larger of the stage's input and output bytes.
+    """
+
+    coll: int
+    chunk: int
+    index: int
+    n_stages: int
+    dim: int
+    op: str
+    full_elems: int
+    key_bytes: int
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective as issued: operation, elements per NPU, dtype, chunks, involved dims.
+
+    Attributes:
+        op: all_reduce, reduce_scatter, all_gather or all_to_all.
+        count: elements of the larger buffer per NPU.
+        dtype: numpy dtype name.
+        chunks: requested chunk count (capped at `count`).
+        dims: involved dim indices.
+        redop: sum, max or min.
+    """
+
+    op: str
+    count: int
+    dtype: str
+    chunks: int
+    dims: tuple[int, ...]
+    redop: str = "sum"
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise UsageError(f"unknown op {self.op!r}; use one of {', '.join(OPS)}")
+        if self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
+        if self.redop not in REDOPS:
+            raise UsageError(f"unknown reduction {self.redop!r}; use one of {', '.join(REDOPS)}")
+        if self.count < 1:
+            raise UsageError(f"size must be at least one element, got {self.count} elements")
+        if self.chunks < 1:
+            raise UsageError(f"chunks must be >= 1, got {self.chunks}")
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the larger buffer per NPU."""
+        return self.count * self.itemsize
+
+    @property
+    def n_chunks(self) -> int:
+        """Chunks really used: no chunk is empty."""
+        return min(self.chunks, self.count)
+
+    def chunk_bounds(self) -> np.ndarray:
+        """Element bounds of the chunks in the buffer."""
+        return split_bounds(self.count, self.n_chunks)
+
+
+def active_dims(topology: Topology, collective: Collective, order) -> list[int]:
+    """The order restricted to involved dims with more than one NPU."""
+    return [int(d) for d in order if d in collective.dims and topology.dims[d].npus > 1]
+
+
+def chunk_stages(
+    topology: Topology, collective: Collective, coll_id: int, chunk: int, chunk_elems: int, order
+) -> list[Stage]:
+    """The stages of one chunk, in execution order.
+
+    All-reduce: reduce-scatter along `order`, then all-gather back along its reverse (the
+    last dim's RS and AG are separate stages, as ASTRA-sim's ``localBWAware`` builds them).
+    Reduce-scatter: RS along `order`. All-gather: AG along `order`, growing to `chunk_elems`.
+    All-to-all: one A2A stage per dim along `order`, size unchanged.
+    """
+    dims = active_dims(topology, collective, order)
+    op = collective.op
+    if op == "all_to_all":
+        plan = [(d, A2A, chunk_elems) for d in dims]
+    else:
+        rs_dims = dims[::-1] if op == "all_gather" else dims
+        sizes, n = [], chunk_elems
+        for d in rs_dims:
+            sizes.append(n)
+            n = block_elems(n, topology.dims[d].npus)
+        rs = [(d, RS, s) for d, s in zip(rs_dims, sizes)]
+        ag = [(d, AG, s) for d, s in zip(rs_dims[::-1], sizes[::-1])]
+        plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+    itemsize = collective.itemsize
+    return [
+        Stage(coll_id, chunk, i, len(plan), d, kind, full, full * itemsize)
+        for i, (d, kind, full) in enumerate(plan)
+    ]
+
+
+# --- closed-form test data -------------------------------------------------------------------
+
+
+def value_period(npus: int) -> int:
+    """Period m of the index pattern, small enough that every sum is exact in float32."""
+    return int(max(1, min(1021, (2**24 - npus * npus) // max(1, npus * npus))))
+
+
+def input_values(rank: int, npus: int, start: int, stop: int, dtype) -> np.ndarray:
+    """Inputs of elements [start, stop) on `rank`: ``rank + N * (i mod m)``, integer-exact."""
+    i = np.arange(start, stop, dtype=np.int64)
+    return (rank + npus * (i % value_period(npus))).astype(dtype)
+
+
+def reduced_values(redop: str, npus: int, start: int, stop: int, dtype) -> np.ndarray:
+    """The closed-form reduction over all ranks of `input_values` for elements [start, stop)."""
+    i = np.arange(start, stop, dtype=np.int64)
+    base = npus * (i % value_period(npus))
+    if redop == "sum":
+        out = npus * base + npus * (npus - 1) // 2
+    elif redop == "max":
+        out = base + npus - 1
+    else:
+        out = base
+    return out.astype(dtype)
+
+
+def group_rank(topology: Topology, dims, coords) -> int:
+    """This NPU's rank within its group of the involved dims (dim 0 varies fastest)."""
+    rank, stride = 0, 1
+    for d in sorted(dims):
+        rank += coords[d] * stride
+        stride *= topology.dims[d].npus
+    return rank
+
+
+def _rs_dims(topology: Topology, collective: Collective, order) -> list[int]:
+    dims = active_dims(topology, collective, order)
+    return dims[::-1] if collective.op == "all_gather" else dims
+
+
+def owned_regions(topology: Topology, collective: Collective, coords, orders) -> list[tuple[int, int]]:
+    """Per chunk, the region a full reduce-scatter along the chunk's order leaves on this NPU."""
+    bounds = collective.chunk_bounds()
+    regions = []
+    for k in range(collective.n_chunks):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        for d in _rs_dims(topology, collective, orders[k]):
+            b = lo + split_bounds(hi - lo, topology.dims[d].npus)
+            lo, hi = int(b[coords[d]]), int(b[coords[d] + 1])
+        regions.append((lo, hi))
+    return regions
+
+
+def owners(topology: Topology, collective: Collective, orders) -> np.ndarray:
+    """Group rank of the NPU whose block each element is after a reduce-scatter."""
+    strides, stride = {}, 1
+    for d in sorted(collective.dims):
+        strides[d] = stride
+        stride *= topology.dims[d].npus
+    owner = np.zeros(collective.count, dtype=np.int64)
+    bounds = collective.chunk_bounds()
+    for k in range(collective.n_chunks):
+        leaves = [(int(bounds[k]), int(bounds[k + 1]), 0)]
+        for d in _rs_dims(topology, collective, orders[k]):
+            p = topology.dims[d].npus
+            split = []
+            for lo, hi, base in leaves:
+                b = lo + split_bounds(hi - lo, p)
+                split += [(int(b[j]), int(b[j + 1]), base + j * strides[d]) for j in range(p)]
+            leaves = split
+        for lo, hi, base in leaves:
+            owner[lo:hi] = base
+    return owner
+
+
+SENTINEL = -7
+BLOCK_ELEMS = 1 << 20
+
+
+def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders):
+    """Write this NPU's closed-form input; an all-gather fills only its own blocks."""
+    n = involved_npus_of(topology, collective)
+    rank = group_rank(topology, collective.dims, coords)
+    if collective.op == "all_gather":
+        buffer[:] = SENTINEL
+        for lo, hi in owned_regions(topology, collective, coords, orders):
+            buffer[lo:hi] = input_values(rank, n, lo, hi, buffer.dtype)
+        return
+    for lo in range(0, collective.count, BLOCK_ELEMS):
+        hi = min(lo + BLOCK_ELEMS, collective.count)
+        buffer[lo:hi] = input_values(rank, n, lo, hi, buffer.dtype)
+
+
+def involved_npus_of(topology: Topology, collective: Collective) -> int:
+    """NPUs in one group of the collective's involved dims."""
+    n = 1
+    for d in collective.dims:
+        n *= topology.dims[d].npus
+    return n
+
+
+def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, coords,
+                orders) -> int:
+    """Elements of this NPU's result that differ from the closed form."""
+    n = involved_npus_of(topology, collective)
+    if collective.op == "reduce_scatter":
+        regions = owned_regions(topology, collective, coords, orders)
+        return sum(
+            int(np.count_nonzero(buffer[lo:hi] != reduced_values(collective.redop, n, lo, hi,
+                                                                   buffer.dtype)))
+            for lo, hi in regions
+        )
+    owner = owners(topology, collective, orders) if collective.op == "all_gather" else None
+    wrong = 0
+    for lo in range(0, collective.count, BLOCK_ELEMS):
+        hi = min(lo + BLOCK_ELEMS, collective.count)
+        if owner is None:
+            want = reduced_values(collective.redop, n, lo, hi, buffer.dtype)
+        else:
+            want = input_values(owner[lo:hi], n, lo, hi, buffer.dtype)
+        wrong += int(np.count_nonzero(buffer[lo:hi] != want))
+    return wrong

@@ -1,0 +1,348 @@
+"""The MPI transport: each rank is one NPU and really moves and reduces its chunks' data.
+
+`CartGrid` builds the Cartesian communicator and one sub-communicator per dim (in the manner of
+mpi4py-fft's ``Subcomm``). Rank numbering: MPI numbers Cartesian ranks row-major (the last
+Cartesian coordinate varies fastest), and the grid is created with the topology's dims reversed,
+so topology dim 0 varies fastest: ``rank = c0 + P0 * (c1 + P1 * (c2 + ...))``. The NPUs of one
+dim-0 group are consecutive ranks, which a block-placing launcher puts on the same host.
+
+`MpiTransport` runs the stages the engine starts, all at once, with nonblocking uppercase calls
+on numpy buffers. Every data message is preceded by an 8-byte header with the sender's virtual
+send time; a step ends at ``max(own step start, header + step time)`` (virtual clock) or when
+its deadline has passed in real time (wall clock). Waiting never spins: requests are tested
+with ``Testsome`` and the rank sleeps, backing off, between tests.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms
+from .algorithms import owned_region, plan
+from .analysis import bandwidths, involved_npus, summarize
+from .collectives import Collective, count_wrong, fill_input
+from .cost import AG, RS, CostModel
+from .engine import Engine, StageRun
+from .errors import UsageError
+from .policies import chunk_orders
+from .topology import Topology
+
+CLOCKS = ("virtual", "wall")
+REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+MIN_SLEEP_S = 20e-6
+MAX_SLEEP_S = 2e-3
+
+
+class CartGrid:
+    """A Cartesian communicator mirroring the topology, with one sub-communicator per dim.
+
+    Args:
+        comm: the communicator to arrange; its size must equal the topology's NPU count.
+        topology: the network.
+    """
+
+    def __init__(self, comm: MPI.Comm, topology: Topology):
+        if comm.Get_size() != topology.npus:
+            raise UsageError(
+                f"topology {topology.label()} has {topology.npus} NPUs "
+                f"({'x'.join(map(str, topology.shape))}) but {comm.Get_size()} MPI ranks were started"
+            )
+        n = len(topology.dims)
+        self.topology = topology
+        self.cart = comm.Create_cart(list(reversed(topology.shape)), periods=[True] * n,
+                                     reorder=False)
+        self.rank = self.cart.Get_rank()
+        self.coords = tuple(reversed(self.cart.Get_coords(self.rank)))
+        self.subcomms = []
+        for d in range(n):
+            remain = [False] * n
+            remain[n - 1 - d] = True
+            self.subcomms.append(self.cart.Sub(remain))
+
+    def close(self) -> None:
+        """Free the sub-communicators and the Cartesian communicator."""
+        for sub in self.subcomms:
+            sub.Free()
+        self.subcomms = []
+        if self.cart != MPI.COMM_NULL:
+            self.cart.Free()
+            self.cart = MPI.COMM_NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _StageExec:
+    """The data path of one running stage: its steps, their costs and its pending requests."""
+
+    __slots__ = ("run", "comm", "tag", "steps", "costs", "k", "t_ns", "pending", "hdr_send",
+                 "hdr_recv", "scratch", "end_ns")
+
+    def __init__(self, run, comm, tag, steps, costs, scratch):
+        self.run = run
+        self.comm = comm
+        self.tag = tag
+        self.steps = steps
+        self.costs = costs
+        self.k = 0
+        self.t_ns = run.start_ns
+        self.pending = 0
+        self.hdr_send = np.zeros(1)
+        self.hdr_recv = None
+        self.scratch = scratch
+        self.end_ns = None
+
+    def lower_bound_ns(self) -> float:
+        """The earliest end this stage can still have: the cost of its remaining steps."""
+        t = self.t_ns
+        for c in self.costs[self.k:]:
+            t = t + c
+        return t
+
+
+class MpiTransport:
+    """Executes stages on real data over the grid's sub-communicators.
+
+    Args:
+        grid: the Cartesian grid.
+        cost: the cost model (step times).
+        clock: virtual or wall.
+        time_scale: wall seconds per emulated second (wall clock only).
+    """
+
+    def __init__(self, grid: CartGrid, cost: CostModel, clock: str = "virtual",
+                 time_scale: float = 1.0):
+        if clock not in CLOCKS:
+            raise UsageError(f"unknown clock {clock!r}; use virtual or wall")
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise UsageError(f"time scale must be > 0, got {time_scale}")
+        self.grid = grid
+        self.cost = cost
+        self.clock = clock
+        self.time_scale = time_scale
+        self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
+        self._buffers: dict[int, tuple[Collective, np.ndarray]] = {}
+        self._regions: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._active: list[_StageExec] = []
+        self._reqs: list[MPI.Request] = []
+        self._owner: list[_StageExec] = []
+        self.t0_wall = MPI.Wtime()
+
+    # --- data ----------------------------------------------------------------------------------
+
+    def attach(self, coll_id: int, collective: Collective, buffer: np.ndarray, orders) -> None:
+        """Register a collective's buffer; its chunks' regions start at their chunk bounds.
+
+        A standalone all-gather starts from the block a reduce-scatter along the reversed order
+        would leave, so its regions are narrowed ahead of time.
+        """
+        self._buffers[coll_id] = (collective, buffer)
+        bounds = collective.chunk_bounds()
+        topo = self.grid.topology
+        for k in range(collective.n_chunks):
+            stack = [(int(bounds[k]), int(bounds[k + 1]))]
+            if collective.op == "all_gather":
+                for d in reversed([int(x) for x in orders[k]]):
+                    if d in collective.dims and topo.dims[d].npus > 1:
+                        stack.append(owned_region(topo.dims[d].npus, self.grid.coords[d], *stack[-1]))
+            self._regions[(coll_id, k)] = stack
+
+    def detach(self, coll_id: int) -> None:
+        """Forget a finished collective's buffer and regions."""
+        collective, _ = self._buffers.pop(coll_id)
+        for k in range(collective.n_chunks):
+            self._regions.pop((coll_id, k), None)
+
+    def now_ns(self) -> float:
+        """Wall time since the transport started, in emulated ns."""
+        return (MPI.Wtime() - self.t0_wall) / self.time_scale * 1e9
+
+    # --- engine interface ----------------------------------------------------------------------
+
+    def start(self, run: StageRun) -> None:
+        """Post the first step of a stage the engine just started."""
+        s = run.stage
+        dim = self.grid.topology.dims[s.dim]
+        c = self.grid.coords[s.dim]
+        stack = self._regions[(s.coll, s.chunk)]
+        if s.op == RS:
+            region = stack[-1]
+            stack.append(owned_region(dim.npus, c, *region))
+        elif s.op == AG:
+            stack.pop()
+            region = stack[-1]
+        else:
+            region = stack[-1]
+        steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
+        collective, _ = self._buffers[s.coll]
+        scratch_elems = max((sum(b - a for _, a, b in st.recvs) for st in steps
+                             if st.mode != algorithms.COPY), default=0)
+        scratch = np.empty(scratch_elems, dtype=collective.dtype)
+        ex = _StageExec(run, self.grid.subcomms[s.dim], run.dim_seq % self.tag_mod, steps,
+                        self.cost.step_times_ns(s.dim, s.op, s.full_elems), scratch)
+        run.wall_start_s = MPI.Wtime()
+        self._active.append(ex)
+        self._post(ex)
+
+    def _post(self, ex: _StageExec) -> None:
+        step = ex.steps[ex.k]
+        _, buf = self._buffers[ex.run.stage.coll]
+        comm, tag = ex.comm, ex.tag
+        ex.hdr_send[0] = ex.t_ns
+        ex.hdr_recv = np.empty(len(step.recvs))
+        reqs = []
+        offset = 0
+        for i, (peer, a, b) in enumerate(step.recvs):
+            reqs.append(comm.Irecv(ex.hdr_recv[i:i + 1], peer, tag))
+            if step.mode == algorithms.COPY:
+                reqs.append(comm.Irecv(buf[a:b], peer, tag))
+            else:
+                reqs.append(comm.Irecv(ex.scratch[offset:offset + b - a], peer, tag))
+                offset += b - a
+        for peer, a, b in step.sends:
+            reqs.append(comm.Isend(ex.hdr_send, peer, tag))
+            reqs.append(comm.Isend(buf[a:b], peer, tag))
+        ex.pending = len(reqs)
+        self._reqs.extend(reqs)
+        self._owner.extend([ex] * len(reqs))
+
+    def _finish_step(self, ex: _StageExec) -> bool:
+        """Apply a step whose messages have all arrived; False while its wall deadline is ahead."""
+        t_next = max(ex.t_ns, float(ex.hdr_recv.max(initial=-math.inf)) + ex.costs[ex.k])
+        if self.clock == "wall" and self.now_ns() < t_next:
+            return False
+        step = ex.steps[ex.k]
+        if step.mode != algorithms.COPY:
+            collective, buf = self._buffers[ex.run.stage.coll]
+            ufunc = REDUCE_UFUNCS[collective.redop]
+            offset = 0
+            for _, a, b in step.recvs:
+                part = ex.scratch[offset:offset + b - a]
+                if step.mode == algorithms.REDUCE:
+                    ufunc(buf[a:b], part, out=buf[a:b])
+                else:
+                    buf[a:b] = part
+                offset += b - a
+        ex.t_ns = t_next
+        ex.k += 1
+        if ex.k == len(ex.steps):
+            ex.end_ns = t_next
+            ex.run.wall_end_s = MPI.Wtime()
+        else:
+            self._post(ex)
+        return True
+
+    def _progress(self) -> bool:
+        """Test every pending request once; finish the steps that are complete."""
+        progressed = False
+        if self._reqs:
+            done = MPI.Request.Testsome(self._reqs)
+            if done:
+                progressed = True
+                finished = set(done)
+                for i in done:
+                    self._owner[i].pending -= 1
+                keep = [i for i in range(len(self._reqs)) if i not in finished]
+                self._reqs = [self._reqs[i] for i in keep]
+                self._owner = [self._owner[i] for i in keep]
+        for ex in self._active:
+            while ex.end_ns is None and ex.pending == 0 and self._finish_step(ex):
+                progressed = True
+        return progressed
+
+    def wait_next(self, horizon_ns: float):
+        """Progress until the earliest completion (or the horizon) is certain; see `Engine.run`.
+
+        A completion at virtual time t is certain once no running stage can still end before t
+        (its remaining step costs say so). Both clocks decide alike, so every rank takes the
+        same decisions; the wall clock only holds each step until its deadline has passed.
+        """
+        sleep_s = MIN_SLEEP_S
+        wall = self.clock == "wall"
+        while True:
+            progressed = self._progress()
+            first_end = min((ex.end_ns for ex in self._active if ex.end_ns is not None),
+                            default=math.inf)
+            bound = min((ex.lower_bound_ns() for ex in self._active if ex.end_ns is None),
+                        default=math.inf)
+            if first_end <= horizon_ns and first_end < bound:
+                done = [ex for ex in self._active if ex.end_ns == first_end]
+                self._active = [ex for ex in self._active if ex.end_ns != first_end]
+                return first_end, [ex.run for ex in done]
+            if horizon_ns < first_end and horizon_ns < bound:
+                if not wall or self.now_ns() >= horizon_ns:
+                    return horizon_ns, []
+            if progressed:
+                sleep_s = MIN_SLEEP_S
+                continue
+            if wall:  # sleep no later than the nearest deadline
+                dues = [ex.t_ns + ex.costs[ex.k] for ex in self._active
+                        if ex.end_ns is None and ex.pending == 0]
+                if dues:
+                    ahead_s = (min(dues) - self.now_ns()) * 1e-9 * self.time_scale
+                    sleep_s = min(sleep_s, max(0.0, ahead_s))
+            time.sleep(sleep_s)
+            sleep_s = min(2 * sleep_s, MAX_SLEEP_S)
+
+
+def broadcast_orders(grid: CartGrid, policy: str, collective: Collective) -> np.ndarray:
+    """The coordinator (rank 0) chooses every chunk's order; one Bcast gives them to all."""
+    orders = np.empty((collective.n_chunks, len(grid.topology.dims)), dtype=np.int32)
+    if grid.rank == 0:
+        orders[:] = chunk_orders(policy, grid.topology, collective.op, collective.size_bytes,
+                                 collective.n_chunks, collective.dims)
+    grid.cart.Bcast(orders, root=0)
+    return orders
+
+
+def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: str = "fifo",
+                   active_per_dim: int = 1, clock: str = "virtual", time_scale: float = 1.0,
+                   endpoint_delay_ns: float = 0.0, buffer: np.ndarray | None = None,
+                   check: bool = True) -> tuple[dict, Engine]:
+    """Run one collective on real data; every rank returns the same summary row.
+
+    Returns:
+        The summary (see `analysis.summarize`) with ``wrong`` (summed over ranks, None when not
+        checked), ``wall_s`` (slowest rank) and ``clock``, and the engine holding this rank's
+        stage records. Under the wall clock ``time_us`` is the measured wall time divided by the
+        time scale.
+    """
+    topo = grid.topology
+    orders = broadcast_orders(grid, policy, collective)
+    if buffer is None:
+        buffer = np.empty(collective.count, dtype=collective.dtype)
+    fill_input(buffer, topo, collective, grid.coords, orders)
+    cost = CostModel(topo, collective.itemsize, endpoint_delay_ns)
+    engine = Engine(topo, intra, active_per_dim)
+    transport = MpiTransport(grid, cost, clock, time_scale)
+    grid.cart.Barrier()
+    t0 = transport.t0_wall = MPI.Wtime()
+    run = engine.issue(collective, orders)
+    transport.attach(run.coll_id, collective, buffer, orders)
+    engine.run(transport)
+    wall_s = MPI.Wtime() - t0
+    transport.detach(run.coll_id)
+    row = summarize(run, topo, cost)
+    slowest = np.array([wall_s])
+    grid.cart.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+    if clock == "wall":
+        row["virtual_us"] = row["time_us"]
+        row["time_us"] = float(slowest[0]) / time_scale * 1e6
+        row.update(bandwidths(collective.op, collective.size_bytes, row["time_us"],
+                              involved_npus(topo, collective.dims)))
+        row["utilization"] = row["ideal_us"] / row["time_us"]
+    wrong = None
+    if check:
+        mine = np.array([count_wrong(buffer, topo, collective, grid.coords, orders)], np.int64)
+        total = np.zeros(1, np.int64)
+        grid.cart.Allreduce(mine, total)
+        wrong = int(total[0])
+    row.update(policy=policy, intra=intra, clock=clock, wrong=wrong, wall_s=float(slowest[0]))
+    return row, engine

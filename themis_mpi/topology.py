@@ -1,0 +1,261 @@
+"""Network topology: an ordered list of dimensions, each Ring, FullyConnected or Switch.
+
+Three ways in (see `parse_topology`): a preset name, an inline string such as
+``SW(16,200,700)_SW(8,100,700)_SW(8,50,1700)`` (``KIND(npus,GB/s,ns[,algorithm])`` joined by
+``_``), or an ASTRA-sim 2.x network YAML file (keys topology, npus_count, bandwidth, latency).
+
+Bandwidth is per NPU for all links of a dim together, in GB/s with 1 GB = 2^30 bytes (ASTRA-sim's
+convention). Latency is per hop, in ns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, replace
+
+from .errors import UsageError
+
+KINDS = ("Ring", "FullyConnected", "Switch")
+KIND_ALIASES = {
+    "ring": "Ring",
+    "fc": "FullyConnected",
+    "fullyconnected": "FullyConnected",
+    "sw": "Switch",
+    "switch": "Switch",
+}
+SHORT_KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
+ALGORITHMS = ("ring", "direct", "halving_doubling")  # inline and CLI also accept "hd"
+ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
+HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
+BYTES_PER_GB = 2**30
+
+
+def is_power_of_two(n: int) -> bool:
+    """True for 1, 2, 4, 8, ..."""
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def default_algorithm(kind: str, npus: int) -> str:
+    """The per-kind default of DESIGN.md: ring, direct, halving-doubling (direct if not 2^k)."""
+    if kind == "Ring":
+        return "ring"
+    if kind == "FullyConnected":
+        return "direct"
+    return "halving_doubling" if is_power_of_two(npus) else "direct"
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One network dimension.
+
+    Attributes:
+        kind: Ring, FullyConnected or Switch.
+        npus: NPUs along this dim.
+        bandwidth_gbps: per-NPU bandwidth of all links of this dim together, GB/s (2^30 B).
+        latency_ns: per-hop latency.
+        algorithm: ring, direct or halving_doubling; defaults by kind.
+    """
+
+    kind: str
+    npus: int
+    bandwidth_gbps: float
+    latency_ns: float
+    algorithm: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise UsageError(f"unknown dim kind {self.kind!r}; use one of {', '.join(KINDS)}")
+        if not isinstance(self.npus, int) or self.npus < 1:
+            raise UsageError(f"dim npus must be a positive integer, got {self.npus!r}")
+        if not math.isfinite(self.bandwidth_gbps) or self.bandwidth_gbps <= 0:
+            raise UsageError(f"dim bandwidth must be > 0 GB/s, got {self.bandwidth_gbps!r}")
+        if not math.isfinite(self.latency_ns) or self.latency_ns < 0:
+            raise UsageError(f"dim latency must be >= 0 ns, got {self.latency_ns!r}")
+        algorithm = self.algorithm or default_algorithm(self.kind, self.npus)
+        algorithm = ALGORITHM_ALIASES.get(algorithm, algorithm)
+        if algorithm not in ALGORITHMS:
+            raise UsageError(f"unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        if algorithm == "halving_doubling" and not is_power_of_two(self.npus):
+            raise UsageError(
+                f"halving_doubling needs a power-of-two dim, got {self.npus} NPUs on a {self.kind} dim"
+            )
+        object.__setattr__(self, "algorithm", algorithm)
+
+    @property
+    def hops(self) -> int:
+        """Hops per message: 1 on Ring and FullyConnected links, 2 through a Switch."""
+        return HOPS[self.kind]
+
+    @property
+    def bandwidth_bytes_per_ns(self) -> float:
+        """Per-NPU bandwidth in bytes per ns (GB/s with 1 GB = 2^30 B)."""
+        return self.bandwidth_gbps * BYTES_PER_GB / 1e9
+
+    def spec(self) -> str:
+        """The inline form of this dim, e.g. ``SW(8,100,700,hd)``."""
+        algorithm = "hd" if self.algorithm == "halving_doubling" else self.algorithm
+        return f"{SHORT_KIND[self.kind]}({self.npus},{self.bandwidth_gbps:g},{self.latency_ns:g},{algorithm})"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """An ordered list of dims; dim 0 is the first (in the paper, the fastest)."""
+
+    dims: tuple[Dim, ...]
+    name: str = ""
+
+    def __post_init__(self):
+        if not self.dims:
+            raise UsageError("a topology needs at least one dim")
+
+    @property
+    def npus(self) -> int:
+        """Total NPUs: the product of the dims' sizes."""
+        return math.prod(d.npus for d in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """NPUs per dim."""
+        return tuple(d.npus for d in self.dims)
+
+    def spec(self) -> str:
+        """The inline form, which `parse_topology` reads back to an equal topology."""
+        return "_".join(d.spec() for d in self.dims)
+
+    def label(self) -> str:
+        """The preset name when there is one, else the inline form."""
+        return self.name or self.spec()
+
+    def with_dims(self, dims) -> Topology:
+        """A copy with other dims (and no preset name)."""
+        return Topology(tuple(dims))
+
+    def with_overrides(self, bandwidth_gbps=None, latency_ns=None, algorithms=None) -> Topology:
+        """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value)."""
+        dims = list(self.dims)
+        for field, values in (
+            ("bandwidth_gbps", bandwidth_gbps),
+            ("latency_ns", latency_ns),
+            ("algorithm", algorithms),
+        ):
+            if values is None:
+                continue
+            if len(values) != len(dims):
+                raise UsageError(
+                    f"{len(values)} values given for {field} but the topology has {len(dims)} dims"
+                )
+            dims = [d if v is None else replace(d, **{field: v}) for d, v in zip(dims, values)]
+        changed = Topology(tuple(dims), self.name)
+        return changed if changed == self else self.with_dims(dims)
+
+
+def _preset(spec: str, name: str) -> Topology:
+    return Topology(parse_inline(spec).dims, name)
+
+
+PRESETS = {
+    # The paper's four 1024-NPU topologies (THEMIS.md).
+    "3D-SW_SW_SW_hetero": "SW(16,200,700)_SW(8,100,700)_SW(8,50,1700)",
+    "3D-FC_Ring_SW": "FC(8,175,700)_Ring(16,100,700)_SW(8,50,1700)",
+    "4D-Ring_SW_SW_SW": "Ring(4,250,20)_SW(4,200,700)_SW(8,100,700)_SW(8,50,1700)",
+    "4D-Ring_FC_Ring_SW": "Ring(4,375,20)_FC(8,175,700)_Ring(4,150,700)_SW(8,100,1700)",
+    # ASTRA-sim's 2023 tutorial point (THEMIS.md): 512 NPUs, halving-doubling everywhere.
+    "tutorial-8x8x8": "SW(8,50,1)_SW(8,50,1)_SW(8,50,1)",
+    # Laptop sizes. Equal bandwidth per dim makes the baseline overload dim 0.
+    "2x2x2": "Ring(2,100,20)_FC(2,100,700)_SW(2,100,700)",
+    "4x4x4": "Ring(4,100,20)_FC(4,100,700)_SW(4,100,700)",
+    "2x2x2-hetero": "SW(2,200,700)_SW(2,100,700)_SW(2,50,1700)",
+    "4x2": "Ring(4,100,20)_SW(2,50,700)",
+    "8": "Ring(8,100,20)",
+}
+DESCRIPTIONS = {
+    "3D-SW_SW_SW_hetero": "paper: HGX-H100-like, 3 switch levels",
+    "3D-FC_Ring_SW": "paper: Zion-like FC package, ring, scale-out switch",
+    "4D-Ring_SW_SW_SW": "paper: 4 levels",
+    "4D-Ring_FC_Ring_SW": "paper: 4 levels",
+    "tutorial-8x8x8": "ASTRA-sim 2023 tutorial (1 GiB AR check)",
+    "2x2x2": "laptop, 8 ranks, equal bandwidth",
+    "4x4x4": "laptop/cluster, 64 ranks, equal bandwidth",
+    "2x2x2-hetero": "laptop, 8 ranks, 200/100/50 GB/s",
+    "4x2": "laptop, 8 ranks, two dims",
+    "8": "laptop, 8 ranks, one ring",
+}
+
+_INLINE_DIM = re.compile(r"^\s*([A-Za-z]+)\s*\(([^()]*)\)\s*$")
+
+
+def _number(text: str, what: str, dim_text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"bad {what} {text.strip()!r} in topology dim {dim_text!r}") from None
+
+
+def parse_inline(spec: str) -> Topology:
+    """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``."""
+    dims = []
+    for item in spec.split("_"):
+        match = _INLINE_DIM.match(item)
+        if not match:
+            raise UsageError(
+                f"malformed topology dim {item!r}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
+            )
+        kind = KIND_ALIASES.get(match.group(1).lower())
+        if kind is None:
+            raise UsageError(f"unknown dim kind {match.group(1)!r} in {item!r}; use Ring, FC or SW")
+        fields = [f.strip() for f in match.group(2).split(",")]
+        if len(fields) not in (3, 4):
+            raise UsageError(f"topology dim {item!r} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
+        npus = _number(fields[0], "npus", item)
+        if npus != int(npus):
+            raise UsageError(f"npus must be an integer in topology dim {item!r}")
+        algorithm = fields[3].lower() if len(fields) == 4 else ""
+        dims.append(
+            Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item),
+                algorithm)
+        )
+    return Topology(tuple(dims))
+
+
+def parse_yaml(path: str) -> Topology:
+    """Read an ASTRA-sim 2.x network YAML (topology, npus_count, bandwidth, latency lists)."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read topology file {path}: {str(exc).splitlines()[0]}") from None
+    keys = ("topology", "npus_count", "bandwidth", "latency")
+    if not isinstance(doc, dict) or any(k not in doc for k in keys):
+        raise UsageError(f"{path}: an ASTRA-sim network YAML needs the keys {', '.join(keys)}")
+    lists = [doc[k] if isinstance(doc[k], list) else [doc[k]] for k in keys]
+    if len({len(v) for v in lists}) != 1:
+        raise UsageError(f"{path}: topology, npus_count, bandwidth and latency differ in length")
+    dims = []
+    for kind_text, npus, bw, lat in zip(*lists):
+        kind = KIND_ALIASES.get(str(kind_text).lower())
+        if kind is None:
+            raise UsageError(f"{path}: unknown topology kind {kind_text!r}")
+        if isinstance(npus, bool) or not isinstance(npus, int):
+            raise UsageError(f"{path}: npus_count entries must be integers, got {npus!r}")
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (bw, lat)):
+            raise UsageError(f"{path}: bandwidth and latency entries must be numbers")
+        dims.append(Dim(kind, npus, float(bw), float(lat)))
+    return Topology(tuple(dims), os.path.basename(path))
+
+
+def parse_topology(text: str) -> Topology:
+    """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
+    if text in PRESETS:
+        return _preset(PRESETS[text], text)
+    if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
+        return parse_yaml(text)
+    if "(" not in text:
+        raise UsageError(
+            f"unknown topology preset {text!r}; see `themis-mpi topologies`, or write "
+            "KIND(npus,GB/s,ns)_... or give a .yml file"
+        )
+    return parse_inline(text)
