@@ -1,0 +1,141 @@
+"""Emulator vs model: the same configurations, the same times (within 0.1 %), exact results.
+
+Usage::
+
+    mpiexec -n 64 python -m mpi4py scripts/agreement.py [--spec SPEC.json] [--json OUT.json]
+
+Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (every dim kind
+and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
+both policies and both intra-dim policies. A spec is ``{"topology": ..., "cases": [{op, count,
+dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, clock, time_scale]}]}``; the
+tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any disagreement.
+"""
+
+import argparse
+import itertools
+import json
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from themis_mpi.collectives import Collective
+from themis_mpi.cost import CostModel
+from themis_mpi.emulator import CartGrid, run_collective
+from themis_mpi.model import model_collective
+from themis_mpi.topology import parse_topology
+
+REL_TOL = 1e-3
+KINDS = [("Ring", 200, 20), ("FC", 100, 700), ("SW", 50, 1700)]
+
+
+def default_topologies(n: int) -> list[str]:
+    """Topologies of exactly n NPUs: one dim of each kind, then 2 and 3 dims of mixed kinds."""
+    shapes = [[n]]
+    factors = [f for f in range(2, n) if n % f == 0]
+    if factors:
+        shapes.append([factors[0], n // factors[0]])
+        rest = n // factors[0]
+        sub = [f for f in range(2, rest) if rest % f == 0]
+        if sub:
+            shapes.append([factors[0], sub[0], rest // sub[0]])
+    specs = []
+    for shape in shapes:
+        rotations = range(len(KINDS)) if len(shape) == 1 else [0, 1]
+        for r in rotations:
+            dims = [KINDS[(r + i) % 3] for i in range(len(shape))]
+            specs.append("_".join(f"{k}({p},{bw},{lat})" for p, (k, bw, lat) in zip(shape, dims)))
+    return specs
+
+
+def default_cases() -> list[dict]:
+    """Two sizes x three chunk counts x both policies x both intra-dim policies."""
+    return [
+        {"op": "all_reduce", "count": count, "dtype": "float32", "chunks": chunks,
+         "policy": policy, "intra": intra}
+        for (count, chunks), policy, intra in itertools.product(
+            [(100003, 7), (100003, 64), (1 << 20, 1), (1 << 20, 64)], ["baseline", "themis"],
+            ["fifo", "scf"])
+    ]
+
+
+def stage_cost_sums_us(engine, topo, cost):
+    """Per dim, the cost model's time of every stage this rank served (us)."""
+    sums = np.zeros(len(topo.dims))
+    for r in engine.records:
+        s = r.stage
+        sums[s.dim] += cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0) / 1e3
+    return sums
+
+
+def run_spec(topology: str, cases: list[dict]) -> list[dict]:
+    """Run every case on the emulator and the model; return one comparison row per case."""
+    topo = parse_topology(topology)
+    rows = []
+    with CartGrid(MPI.COMM_WORLD, topo) as grid:
+        for case in cases:
+            coll = Collective(case["op"], case["count"], case["dtype"], case["chunks"],
+                              tuple(case.get("dims", range(len(topo.dims)))), case.get("redop", "sum"))
+            kw = dict(intra=case["intra"], active_per_dim=case.get("active", 1),
+                      endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0))
+            emu, engine = run_collective(grid, coll, case["policy"], clock=case.get("clock", "virtual"),
+                                         time_scale=case.get("time_scale", 1.0), **kw)
+            model, _ = model_collective(topo, coll, case["policy"], **kw)
+            cost = CostModel(topo, coll.itemsize, kw["endpoint_delay_ns"])
+            sums = stage_cost_sums_us(engine, topo, cost)
+            busy = np.array([d["busy_us"] for d in emu["dims"]])
+            lo, hi = np.array([emu["time_us"]]), np.array([emu["time_us"]])
+            grid.cart.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
+            grid.cart.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
+            worst = np.array([np.max(np.abs(busy - sums))])
+            grid.cart.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
+            rel = [abs(emu["time_us"] - model["time_us"]) / max(model["time_us"], 1e-12)]
+            rel += [abs(a["busy_us"] - b["busy_us"]) / max(b["busy_us"], 1e-12)
+                    for a, b in zip(emu["dims"], model["dims"])]
+            rows.append({"topology": topology, "case": case, "emu": emu, "model": model,
+                         "time_min_us": float(lo[0]), "time_max_us": float(hi[0]),
+                         "busy_minus_cost_us": float(worst[0]), "cost_sums_us": sums.tolist(),
+                         "max_rel_diff": max(rel), "stages": len(engine.records)})
+    return rows
+
+
+def agrees(row) -> bool:
+    """Exact data, emulator = model within REL_TOL, all ranks agree."""
+    return (row["emu"]["wrong"] == 0 and row["max_rel_diff"] <= REL_TOL
+            and row["time_min_us"] == row["time_max_us"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", help="JSON spec (default: the built-in sweep)")
+    ap.add_argument("--json", default="agreement.json", help="output rows (JSON)")
+    ap.add_argument("--quiet", action="store_true", help="no table")
+    args = ap.parse_args()
+    if args.spec:
+        spec = json.load(open(args.spec))
+        specs = [(spec["topology"], spec["cases"])]
+    else:
+        specs = [(t, default_cases()) for t in default_topologies(MPI.COMM_WORLD.Get_size())]
+    rows = []
+    for topology, cases in specs:
+        rows += run_spec(topology, cases)
+    bad = [r for r in rows if not agrees(r)]
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        if not args.quiet:
+            print(f"# emulator (virtual clock) vs model, {MPI.COMM_WORLD.Get_size()} ranks; "
+                  "times in us")
+            print(f"#{'topology':>44} {'policy':>8} {'intra':>5} {'count':>8} {'chunks':>6} "
+                  f"{'emu_us':>10} {'model_us':>10} {'max_rel':>8} {'#wrong':>6}")
+            for r in rows:
+                c = r["case"]
+                print(f" {r['topology']:>44} {c['policy']:>8} {c['intra']:>5} {c['count']:>8} "
+                      f"{c['chunks']:>6} {r['emu']['time_us']:>10.3f} {r['model']['time_us']:>10.3f} "
+                      f"{r['max_rel_diff']:>8.1e} {r['emu']['wrong']:>6}")
+            print(f"# {len(rows)} cases, {len(bad)} disagree (tolerance {REL_TOL:.0e}, wrong = 0)")
+        with open(args.json, "w") as f:
+            json.dump(rows, f)
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
