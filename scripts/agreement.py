@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from themis_mpi.collectives import Collective
 from themis_mpi.cost import CostModel
-from themis_mpi.emulator import CartGrid, run_collective
+from themis_mpi.emulator import CartGrid, allreduce, run_collective
 from themis_mpi.model import model_collective
 from themis_mpi.topology import parse_topology
 
@@ -84,11 +84,9 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
             cost = CostModel(topo, coll.itemsize, kw["endpoint_delay_ns"])
             sums = stage_cost_sums_us(engine, topo, cost)
             busy = np.array([d["busy_us"] for d in emu["dims"]])
-            lo, hi = np.array([emu["time_us"]]), np.array([emu["time_us"]])
-            grid.cart.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
-            grid.cart.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
-            worst = np.array([np.max(np.abs(busy - sums))])
-            grid.cart.Allreduce(MPI.IN_PLACE, worst, op=MPI.MAX)
+            lo = allreduce(grid.cart, [emu["time_us"]], MPI.MIN)
+            hi = allreduce(grid.cart, [emu["time_us"]], MPI.MAX)
+            worst = allreduce(grid.cart, [np.max(np.abs(busy - sums))], MPI.MAX)
             rel = [abs(emu["time_us"] - model["time_us"]) / max(model["time_us"], 1e-12)]
             rel += [abs(a["busy_us"] - b["busy_us"]) / max(b["busy_us"], 1e-12)
                     for a, b in zip(emu["dims"], model["dims"])]

@@ -9,6 +9,7 @@ its busy time over the collective time.
 from __future__ import annotations
 
 import math
+import os
 
 from .cost import CostModel, ideal_time_us
 from .engine import CollectiveRun
@@ -46,6 +47,8 @@ def summarize(run: CollectiveRun, topology: Topology, cost: CostModel) -> dict:
         })
     return {
         "op": coll.op,
+        "involved": list(coll.dims),
+        "issued_us": run.issued_ns / 1e3,
         "size_bytes": coll.size_bytes,
         "count": coll.count,
         "dtype": coll.dtype,
@@ -98,4 +101,87 @@ def format_table(rows: list[dict], n_dims: int, clock: str) -> str:
             f"{r['algbw_gbps']:>8.2f} {r['busbw_gbps']:>8.2f} {100 * r['utilization']:>6.2f} "
             f"{wrong:>7}{dim_vals} {r['wall_s']:>9.4f}"
         )
+    return "\n".join(lines)
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0-100) of values, 0 for none."""
+    import numpy as np
+
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
+    """Per collective of a trace: times, bandwidths and per-dim figures recomputed from events.
+
+    Args:
+        trace: a `trace.Trace`.
+        rank: whose events give busy time and bytes (None: the mean over ranks); queueing delays
+            always pool every rank's stages.
+    """
+    import numpy as np
+
+    topo = trace.topology()
+    ev = trace.events
+    out = []
+    for c in trace.collectives:
+        cid = int(c["collective"])
+        mine = ev[ev["collective"] == cid]
+        ranks = np.unique(mine["rank"])
+        sel = mine if rank is None else mine[mine["rank"] == rank]
+        n_ranks = len(ranks) if rank is None else 1
+        time_us = float(sel["end_us"].max()) if len(sel) else 0.0
+        dims = []
+        for d in range(len(topo.dims)):
+            on_dim = sel[sel["dim"] == d]
+            busy = float((on_dim["end_us"] - on_dim["start_us"]).sum()) / n_ranks
+            pooled = mine[mine["dim"] == d]
+            wait = pooled["start_us"] - pooled["queued_us"]
+            dims.append({
+                "dim": d, "busy_us": busy, "idle_us": time_us - busy,
+                "bytes": int(on_dim["bytes"].sum() // n_ranks), "stages": int(len(on_dim) // n_ranks),
+                "utilization": busy / time_us if time_us > 0 else 0.0,
+                "queue_mean_us": float(wait.mean()) if len(wait) else 0.0,
+                "queue_p50_us": percentile(wait, 50), "queue_p99_us": percentile(wait, 99),
+            })
+        row = trace.collective_row(cid)
+        involved = [d for d in range(len(topo.dims)) if row["dims_mask"] >> d & 1]
+        out.append({
+            "trace": trace.path, "collective": cid, "op": row["op"], "policy": row["policy"],
+            "intra": row["intra"], "size_bytes": row["size_bytes"], "chunks": row["chunks"],
+            "time_us": time_us, "ideal_us": row["ideal_us"],
+            "utilization": row["ideal_us"] / time_us if time_us > 0 else 1.0,
+            **bandwidths(row["op"], row["size_bytes"], time_us, involved_npus(topo, involved)),
+            "wrong": None if row["wrong"] < 0 else row["wrong"], "ranks": int(len(ranks)), "dims": dims,
+        })
+    return out
+
+
+def format_analysis(rows: list[dict]) -> str:
+    """The `analyze` table: one block per collective, one line per dim."""
+    lines = []
+    for r in rows:
+        wrong = "N/A" if r["wrong"] is None else r["wrong"]
+        lines.append(
+            f"# {r['trace']} #{r['collective']}: {r['op']} {format_size(r['size_bytes'])}B, {r['policy']}/"
+            f"{r['intra']}, {r['chunks']} chunks, {r['ranks']} rank(s): time {r['time_us']:.2f} us, "
+            f"ideal {r['ideal_us']:.2f} us, utilization {100 * r['utilization']:.2f} %, algbw "
+            f"{r['algbw_gbps']:.2f} GB/s, busbw {r['busbw_gbps']:.2f} GB/s, #wrong {wrong}"
+        )
+        lines.append(f"#{'dim':>4} {'busy_us':>12} {'idle_us':>12} {'util%':>7} {'bytes':>14} {'stages':>7} "
+                     f"{'queue_mean_us':>14} {'queue_p50_us':>13} {'queue_p99_us':>13}")
+        for d in r["dims"]:
+            lines.append(f" {d['dim']:>4} {d['busy_us']:>12.2f} {d['idle_us']:>12.2f} "
+                         f"{100 * d['utilization']:>7.2f} {d['bytes']:>14} {d['stages']:>7} "
+                         f"{d['queue_mean_us']:>14.2f} {d['queue_p50_us']:>13.2f} {d['queue_p99_us']:>13.2f}")
+    if len(rows) > 1:
+        lines.append("# side by side (GB/s with 1 GB = 2^30 B)")
+        lines.append(f"#{'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
+                     f"{'util%':>7} {'busbw':>8} {'vs first':>8}")
+        first = rows[0]["time_us"]
+        for r in rows:
+            lines.append(f" {os.path.basename(r['trace']):>30} {r['collective']:>4} {r['policy']:>8} "
+                         f"{r['intra']:>5} {format_size(r['size_bytes']):>8} {r['time_us']:>12.2f} "
+                         f"{100 * r['utilization']:>7.2f} {r['busbw_gbps']:>8.2f} "
+                         f"{first / r['time_us'] if r['time_us'] else 0:>7.2f}x")
     return "\n".join(lines)

@@ -80,6 +80,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
     p.add_argument("--dims", type=_csv(int), default=None,
                    help="involved dims, comma-separated (default all)")
+    _add_overrides(p)
+    p.add_argument("--endpoint-delay-ns", type=float, default=0.0,
+                   help="delay added to every algorithm step; ASTRA-sim uses 10 (default 0)")
+    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", type=_csv(str), default=None,
                    help=f"per-dim algorithm override, comma-separated ({', '.join(ALGORITHMS)}, hd; "
                         "empty keeps the default)")
@@ -87,9 +95,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="per-dim bandwidth override in GB/s, comma-separated")
     p.add_argument("--latency", type=_csv(float), default=None,
                    help="per-dim latency override in ns, comma-separated")
-    p.add_argument("--endpoint-delay-ns", type=float, default=0.0,
-                   help="delay added to every algorithm step; ASTRA-sim uses 10 (default 0)")
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
 
 
 def env_rank() -> int:
@@ -135,13 +140,38 @@ def build_parser() -> argparse.ArgumentParser:
                            description=f"Same flags and table as `run`, no MPI. Units: {UNITS}.")
     _add_common(model)
 
+    analyze = sub.add_parser("analyze", help="per-dim timing analysis of one or more traces",
+                             description=f"Analyze HDF5 traces. Units: {UNITS}.")
+    analyze.add_argument("traces", nargs="+", metavar="TRACE.h5")
+    analyze.add_argument("--rank", type=int, default=0, help="rank whose events give busy times (0)")
+    analyze.add_argument("--json", metavar="PATH", help="write the analysis as JSON")
+    analyze.add_argument("--plot", metavar="DIR", help="write PNG timelines, utilization and queue depth")
+    analyze.add_argument("--timeline-ranks", default="rank", choices=("rank", "all"),
+                         help="timeline of --rank only, or of every rank (up to 8)")
+
+    export = sub.add_parser("export", help="convert a trace to Chrome/Perfetto trace-event JSON")
+    export.add_argument("trace", metavar="TRACE.h5")
+    export.add_argument("--perfetto", metavar="OUT.json", required=True, help="output file")
+    export.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1")
+    export.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
+    export.add_argument("--collective", type=int, default=None, help="keep one collective")
+
+    replay = sub.add_parser("replay", help="re-run a trace's exact schedule, optionally on a changed "
+                                           "topology (model, or the emulator under mpiexec)",
+                            description=f"Replay a trace. Units: {UNITS}.")
+    replay.add_argument("trace", metavar="TRACE.h5")
+    replay.add_argument("-t", "--topology", default=None, help="another topology with the same dim sizes")
+    _add_overrides(replay)
+    replay.add_argument("--json", metavar="PATH", help="write the comparison rows as JSON")
+    replay.add_argument("--trace", dest="out_trace", metavar="PATH.h5", help="write the replay's trace")
+
     sub.add_parser("topologies", help="list the topology presets")
     sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
     return parser
 
 
-def _topology(args):
-    topo = parse_topology(args.topology)
+def _topology(args, base=None):
+    topo = base if base is not None else parse_topology(args.topology)
     return topo.with_overrides(args.bandwidth, args.latency, args.algorithm)
 
 
@@ -192,6 +222,14 @@ def _check_positive(args):
         raise UsageError("iterations must be >= 1 and warm-up iterations >= 0")
 
 
+def _recorder(args, topo, transport: str, **settings):
+    if not getattr(args, "trace", None):
+        return None
+    from .trace import TraceRecorder
+
+    return TraceRecorder(topo, transport, **settings)
+
+
 def cmd_model(args) -> int:
     """`themis-mpi model`: the same rows from the model transport."""
     from .analysis import format_table
@@ -199,22 +237,31 @@ def cmd_model(args) -> int:
 
     topo = _topology(args)
     _check_positive(args)
+    recorder = _recorder(args, topo, "model", clock="model", time_scale=1.0,
+                         active_per_dim=args.active_chunks_per_dim, endpoint_delay_ns=args.endpoint_delay_ns)
     rows = []
     for coll in _collectives(args, topo):
         for policy, intra in _policies(args):
-            row, _ = model_collective(topo, coll, policy, intra, args.active_chunks_per_dim,
-                                      args.endpoint_delay_ns)
+            row, engine = model_collective(topo, coll, policy, intra, args.active_chunks_per_dim,
+                                           args.endpoint_delay_ns)
             row.update(topology=topo.label(), npus=topo.npus, iters=1)
             rows.append(row)
+            if recorder:
+                recorder.add_run(row, engine)
     print(_header(topo, "model"))
     print(format_table(rows, len(topo.dims), "model"))
     if args.json:
         _write_json(args.json, rows)
+    if recorder:
+        import numpy as np
+
+        recorder.write(args.trace, np.concatenate(recorder.events))
     return 0
 
 
 def cmd_run(args) -> int:
     """`themis-mpi run`: emulate on real data, one rank per NPU."""
+    import numpy as np
     from mpi4py import MPI
 
     from .analysis import format_table
@@ -225,31 +272,94 @@ def cmd_run(args) -> int:
     _check_positive(args)
     colls = _collectives(args, topo)
     policies = _policies(args)
+    recorder = _recorder(args, topo, "mpi", clock=args.clock, time_scale=args.time_scale,
+                         active_per_dim=args.active_chunks_per_dim, endpoint_delay_ns=args.endpoint_delay_ns)
     rows = []
     with CartGrid(comm, topo) as grid:
         if grid.rank == 0:
             print(_header(topo, "run"), flush=True)
-        import numpy as np
-
         for coll in colls:
             buffer = np.empty(coll.count, dtype=coll.dtype)
             for policy, intra in policies:
                 walls = []
                 for it in range(args.warmup_iters + args.iters):
                     last = it == args.warmup_iters + args.iters - 1
-                    row, _ = run_collective(grid, coll, policy, intra, args.active_chunks_per_dim,
-                                            args.clock, args.time_scale, args.endpoint_delay_ns,
-                                            buffer, check=bool(args.check) and last)
+                    row, engine = run_collective(grid, coll, policy, intra, args.active_chunks_per_dim,
+                                                 args.clock, args.time_scale, args.endpoint_delay_ns,
+                                                 buffer, check=bool(args.check) and last)
                     if it >= args.warmup_iters:
                         walls.append(row["wall_s"])
                 row.update(wall_s=statistics.median(walls), iters=args.iters,
                            topology=topo.label(), npus=topo.npus, time_scale=args.time_scale)
                 rows.append(row)
+                if recorder:
+                    recorder.add_run(row, engine, grid.rank)
+        events = recorder.gather_events(grid.cart) if recorder else None
     if comm.Get_rank() == 0:
         print(format_table(rows, len(topo.dims), args.clock))
         if args.json:
             _write_json(args.json, rows)
+        if recorder:
+            recorder.write(args.trace, events)
     return 0
+
+
+def cmd_analyze(args) -> int:
+    """`themis-mpi analyze`: per-dim busy/idle time, bytes, queueing delay, bandwidths."""
+    from .analysis import analyze_trace, format_analysis
+    from .trace import Trace
+
+    traces = [Trace(p) for p in args.traces]
+    rows = []
+    for trace in traces:
+        ranks = set(trace.events["rank"].tolist())
+        if ranks and args.rank not in ranks:
+            raise UsageError(f"{trace.path}: no events of rank {args.rank} "
+                             f"(ranks {min(ranks)}..{max(ranks)})")
+        rows += analyze_trace(trace, args.rank)
+    print(format_analysis(rows))
+    if args.json:
+        _write_json(args.json, rows)
+    if args.plot:
+        from . import plots
+
+        os.makedirs(args.plot, exist_ok=True)
+        written = [plots.utilization_bars(rows, os.path.join(args.plot, "utilization.png"))]
+        for t, trace in enumerate(traces):
+            stem = f"{t}-{os.path.splitext(os.path.basename(trace.path))[0]}"
+            for c in trace.collectives["collective"].tolist():
+                rank = None if args.timeline_ranks == "all" else args.rank
+                written.append(plots.timeline(trace, c, os.path.join(args.plot, f"{stem}-c{c}-timeline.png"),
+                                              rank))
+                written.append(plots.queue_depth(trace, c, os.path.join(args.plot, f"{stem}-c{c}-queues.png"),
+                                                 args.rank))
+        print("# wrote " + " ".join(written))
+    return 0
+
+
+def cmd_export(args) -> int:
+    """`themis-mpi export --perfetto`: trace-event JSON for Perfetto."""
+    from .perfetto import to_perfetto, write_perfetto
+    from .trace import Trace
+
+    window = None
+    if args.window is not None:
+        if len(args.window) != 2 or None in args.window or args.window[0] >= args.window[1]:
+            raise UsageError("--window needs start,end in us with start < end")
+        window = tuple(args.window)
+    doc = to_perfetto(Trace(args.trace), args.ranks, window,
+                      None if args.collective is None else [args.collective])
+    write_perfetto(doc, args.perfetto)
+    print(f"# wrote {args.perfetto}: {sum(e['ph'] == 'X' for e in doc['traceEvents'])} stage slices; "
+          "open it at ui.perfetto.dev")
+    return 0
+
+
+def cmd_replay(args) -> int:
+    """`themis-mpi replay`: the recorded schedule again, on the same or a changed topology."""
+    from .replay import replay
+
+    return replay(args)
 
 
 def cmd_topologies(args) -> int:
@@ -273,7 +383,8 @@ def cmd_info(args) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "model": cmd_model, "topologies": cmd_topologies, "info": cmd_info}
+COMMANDS = {"run": cmd_run, "model": cmd_model, "analyze": cmd_analyze, "export": cmd_export,
+            "replay": cmd_replay, "topologies": cmd_topologies, "info": cmd_info}
 
 
 def _rank() -> int:

@@ -37,6 +37,26 @@ MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = 2e-3
 
 
+def wait(request: MPI.Request) -> None:
+    """Complete a nonblocking request without spinning: test, then sleep, backing off.
+
+    MPICH's blocking calls busy-poll; with more ranks than cores they starve the ranks that have
+    work, so even control collectives (barrier, broadcast, reductions) go through here.
+    """
+    sleep_s = MIN_SLEEP_S
+    while not request.Test():
+        time.sleep(sleep_s)
+        sleep_s = min(2 * sleep_s, MAX_SLEEP_S)
+
+
+def allreduce(comm: MPI.Comm, values, op=MPI.SUM) -> np.ndarray:
+    """Element-wise reduction of a small numpy array over comm, without spinning."""
+    values = np.ascontiguousarray(values)
+    out = np.empty_like(values)
+    wait(comm.Iallreduce(values, out, op=op))
+    return out
+
+
 class CartGrid:
     """A Cartesian communicator mirroring the topology, with one sub-communicator per dim.
 
@@ -292,57 +312,58 @@ class MpiTransport:
             sleep_s = min(2 * sleep_s, MAX_SLEEP_S)
 
 
-def broadcast_orders(grid: CartGrid, policy: str, collective: Collective) -> np.ndarray:
-    """The coordinator (rank 0) chooses every chunk's order; one Bcast gives them to all."""
+def broadcast_orders(grid: CartGrid, policy: str, collective: Collective, given=None) -> np.ndarray:
+    """Every chunk's order, chosen by the coordinator (rank 0) and broadcast as one int32 array.
+
+    `given` orders (a replay's) replace the policy's choice.
+    """
     orders = np.empty((collective.n_chunks, len(grid.topology.dims)), dtype=np.int32)
     if grid.rank == 0:
-        orders[:] = chunk_orders(policy, grid.topology, collective.op, collective.size_bytes,
-                                 collective.n_chunks, collective.dims)
-    grid.cart.Bcast(orders, root=0)
+        orders[:] = given if given is not None else chunk_orders(
+            policy, grid.topology, collective.op, collective.size_bytes, collective.n_chunks,
+            collective.dims)
+    wait(grid.cart.Ibcast(orders, root=0))
     return orders
 
 
 def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: str = "fifo",
                    active_per_dim: int = 1, clock: str = "virtual", time_scale: float = 1.0,
                    endpoint_delay_ns: float = 0.0, buffer: np.ndarray | None = None,
-                   check: bool = True) -> tuple[dict, Engine]:
+                   check: bool = True, orders=None) -> tuple[dict, Engine]:
     """Run one collective on real data; every rank returns the same summary row.
 
     Returns:
         The summary (see `analysis.summarize`) with ``wrong`` (summed over ranks, None when not
         checked), ``wall_s`` (slowest rank) and ``clock``, and the engine holding this rank's
-        stage records. Under the wall clock ``time_us`` is the measured wall time divided by the
-        time scale.
+        stage records (with ``t0_wall_s``, the wall time the collective was issued). Under the
+        wall clock ``time_us`` is the measured wall time divided by the time scale.
     """
     topo = grid.topology
-    orders = broadcast_orders(grid, policy, collective)
+    orders = broadcast_orders(grid, policy, collective, orders)
     if buffer is None:
         buffer = np.empty(collective.count, dtype=collective.dtype)
     fill_input(buffer, topo, collective, grid.coords, orders)
     cost = CostModel(topo, collective.itemsize, endpoint_delay_ns)
     engine = Engine(topo, intra, active_per_dim)
     transport = MpiTransport(grid, cost, clock, time_scale)
-    grid.cart.Barrier()
-    t0 = transport.t0_wall = MPI.Wtime()
+    wait(grid.cart.Ibarrier())
+    t0 = engine.t0_wall_s = transport.t0_wall = MPI.Wtime()
     run = engine.issue(collective, orders)
     transport.attach(run.coll_id, collective, buffer, orders)
     engine.run(transport)
     wall_s = MPI.Wtime() - t0
     transport.detach(run.coll_id)
     row = summarize(run, topo, cost)
-    slowest = np.array([wall_s])
-    grid.cart.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+    slowest = float(allreduce(grid.cart, [wall_s], MPI.MAX)[0])
     if clock == "wall":
         row["virtual_us"] = row["time_us"]
-        row["time_us"] = float(slowest[0]) / time_scale * 1e6
+        row["time_us"] = slowest / time_scale * 1e6
         row.update(bandwidths(collective.op, collective.size_bytes, row["time_us"],
                               involved_npus(topo, collective.dims)))
         row["utilization"] = row["ideal_us"] / row["time_us"]
     wrong = None
     if check:
-        mine = np.array([count_wrong(buffer, topo, collective, grid.coords, orders)], np.int64)
-        total = np.zeros(1, np.int64)
-        grid.cart.Allreduce(mine, total)
-        wrong = int(total[0])
-    row.update(policy=policy, intra=intra, clock=clock, wrong=wrong, wall_s=float(slowest[0]))
+        mine = count_wrong(buffer, topo, collective, grid.coords, orders)
+        wrong = int(allreduce(grid.cart, np.array([mine], np.int64))[0])
+    row.update(policy=policy, intra=intra, clock=clock, wrong=wrong, wall_s=slowest)
     return row, engine

@@ -80,6 +80,7 @@ class Engine:
         self._timers: list[tuple[float, int, object]] = []
         self._timer_seq = 0
         self._running = 0
+        self.t0_wall_s = math.nan  # wall time of issue, set by the MPI runner
 
     # --- issuing -------------------------------------------------------------------------------
 

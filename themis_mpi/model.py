@@ -9,6 +9,7 @@ virtual clock wherever both can run (a test).
 from __future__ import annotations
 
 import heapq
+import math
 import time
 
 from .analysis import summarize
@@ -52,13 +53,18 @@ def run_engine(engine: Engine, cost: CostModel) -> None:
 
 def model_collective(topology: Topology, collective: Collective, policy: str,
                      intra: str = "fifo", active_per_dim: int = 1,
-                     endpoint_delay_ns: float = 0.0) -> tuple[dict, Engine]:
-    """Model one collective; returns the same summary row as `emulator.run_collective`."""
+                     endpoint_delay_ns: float = 0.0, orders=None) -> tuple[dict, Engine]:
+    """Model one collective; returns the same summary row as `emulator.run_collective`.
+
+    `orders` replays given chunk orders instead of asking the policy.
+    """
     t0 = time.perf_counter()
-    orders = chunk_orders(policy, topology, collective.op, collective.size_bytes,
-                          collective.n_chunks, collective.dims)
+    if orders is None:
+        orders = chunk_orders(policy, topology, collective.op, collective.size_bytes,
+                              collective.n_chunks, collective.dims)
     cost = CostModel(topology, collective.itemsize, endpoint_delay_ns)
     engine = Engine(topology, intra, active_per_dim)
+    engine.t0_wall_s = math.nan
     run = engine.issue(collective, orders)
     run_engine(engine, cost)
     row = summarize(run, topology, cost)

@@ -1,17 +1,57 @@
-"""Run metadata and (later) the HDF5 trace of a run."""
+"""The HDF5 trace of a run: every stage event, the broadcast schedule, summaries and metadata.
+
+One file per run, written by rank 0 after the ranks' event tables are gathered (PyPI h5py has no
+parallel HDF5). It is written under a temporary name and renamed once complete, so a crash
+never leaves a file at the trace path that looks whole. Plain h5py or h5dump read it; units are
+in the column names.
+
+Layout (format version 1)::
+
+    /                  attrs: format, format_version, complete, transport, topology, topology_label,
+                              npus, clock, time_scale, active_per_dim, endpoint_delay_ns,
+                              command_line, start_time, versions (JSON)
+    /topology          dim, kind, npus, bandwidth_gbps, latency_ns, algorithm
+    /collectives       collective, op, policy, intra, dtype, redop, size_bytes, count, chunks,
+                       dims_mask, issued_us, time_us, ideal_us, utilization, algbw_gbps, busbw_gbps,
+                       wrong (-1: not checked), wall_s
+    /schedule          collective, chunk, order[n_dims]  (the chunk orders as broadcast)
+    /summary_dims      collective, dim, busy_us, idle_us, bytes, stages, utilization
+    /events            rank, collective, chunk, stage, n_stages, op, dim, full_elems, bytes, slot, dim_seq,
+                       queued_us, start_us, end_us, wall_start_s, wall_end_s
+
+Event times are virtual microseconds since the collective was issued; wall times are seconds
+since the rank's transport started. The model writes one NPU's events (rank 0), which stand for
+every NPU of a symmetric collective.
+"""
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
 import platform
+import sys
+
+import numpy as np
+
+from .errors import UsageError
+
+FORMAT = "themis-mpi-trace"
+FORMAT_VERSION = 1
+
+EVENT_DTYPE = np.dtype([
+    ("rank", "<i4"), ("collective", "<i4"), ("chunk", "<i4"), ("stage", "<i4"), ("n_stages", "<i4"),
+    ("op", "S3"), ("dim", "<i4"), ("full_elems", "<i8"), ("bytes", "<i8"), ("slot", "<i4"),
+    ("dim_seq", "<i8"), ("queued_us", "<f8"), ("start_us", "<f8"), ("end_us", "<f8"),
+    ("wall_start_s", "<f8"), ("wall_end_s", "<f8"),
+])
 
 
 def versions() -> dict:
     """Versions of the package, Python, numpy, mpi4py, h5py and the MPI library."""
-    import numpy
-
     from . import __version__
 
-    out = {"themis-mpi": __version__, "python": platform.python_version(), "numpy": numpy.__version__}
+    out = {"themis-mpi": __version__, "python": platform.python_version(), "numpy": np.__version__}
     try:
         import mpi4py
 
@@ -30,3 +70,191 @@ def versions() -> dict:
     except ImportError as exc:  # pragma: no cover - h5py is a dependency
         out["h5py"] = f"unavailable ({exc})"
     return out
+
+
+def event_table(engine, cost, rank: int, coll_index: int, t0_wall_s: float = 0.0) -> np.ndarray:
+    """This rank's stage events of one engine run as a structured array."""
+    runs = engine.records
+    out = np.zeros(len(runs), dtype=EVENT_DTYPE)
+    for i, r in enumerate(runs):
+        s = r.stage
+        issued = engine.collectives[s.coll].issued_ns
+        out[i] = (rank, coll_index + s.coll, s.chunk, s.index, s.n_stages, s.op.encode(), s.dim,
+                  s.full_elems, cost.stage_bytes(s.dim, s.op, s.full_elems), r.slot, r.dim_seq,
+                  (r.queued_ns - issued) / 1e3, (r.start_ns - issued) / 1e3, (r.end_ns - issued) / 1e3,
+                  r.wall_start_s - t0_wall_s, r.wall_end_s - t0_wall_s)
+    return out
+
+
+class TraceRecorder:
+    """Collects what a run did, collective by collective, and writes it as one HDF5 file.
+
+    Args:
+        topology: the network.
+        transport: "mpi" or "model".
+        settings: run-wide attributes (clock, time_scale, active_per_dim, endpoint_delay_ns).
+    """
+
+    def __init__(self, topology, transport: str, **settings):
+        self.topology = topology
+        self.transport = transport
+        self.settings = settings
+        self.rows: list[dict] = []
+        self.orders: list[np.ndarray] = []
+        self.events: list[np.ndarray] = []
+        self.start_time = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def add(self, row: dict, orders: np.ndarray, events: np.ndarray) -> None:
+        """Record one collective: its summary row, chunk orders and this rank's events."""
+        self.rows.append(row)
+        self.orders.append(np.asarray(orders, dtype=np.int32))
+        self.events.append(events)
+
+    def add_run(self, row: dict, engine, rank: int = 0) -> None:
+        """Record the collective an engine just ran, with this rank's events."""
+        from .cost import CostModel
+
+        run = engine.collectives[0]
+        cost = CostModel(self.topology, run.collective.itemsize, self.settings.get("endpoint_delay_ns", 0.0))
+        self.add(row, run.orders, event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s))
+
+    @property
+    def n_collectives(self) -> int:
+        """Collectives recorded so far (the next one's index)."""
+        return len(self.rows)
+
+    def gather_events(self, comm) -> np.ndarray | None:
+        """All ranks' events on rank 0 (uppercase Gatherv of raw bytes); None elsewhere."""
+        from mpi4py import MPI
+
+        from .emulator import wait
+
+        mine = np.concatenate(self.events) if self.events else np.zeros(0, EVENT_DTYPE)
+        counts = np.zeros(comm.Get_size(), np.int64)
+        wait(comm.Igather(np.array([mine.nbytes], np.int64), counts, root=0))
+        if comm.Get_rank() != 0:
+            wait(comm.Igatherv(mine.view(np.uint8), None, root=0))
+            return None
+        everything = np.zeros(int(counts.sum()) // EVENT_DTYPE.itemsize, EVENT_DTYPE)
+        wait(comm.Igatherv(mine.view(np.uint8), [everything.view(np.uint8), counts, None, MPI.BYTE],
+                           root=0))
+        return everything
+
+    def write(self, path: str, events: np.ndarray) -> None:
+        """Write the trace to a temporary name and rename it to `path` once complete."""
+        import h5py
+
+        tmp = f"{path}.partial-{os.getpid()}"
+        try:
+            with h5py.File(tmp, "w") as f:
+                self._write(f, events)
+                f.attrs["complete"] = 1
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+
+    def _write(self, f, events: np.ndarray) -> None:
+        topo = self.topology
+        n = len(topo.dims)
+        f.attrs.update({
+            "format": FORMAT, "format_version": FORMAT_VERSION, "complete": 0,
+            "transport": self.transport, "topology": topo.spec(), "topology_label": topo.label(),
+            "npus": topo.npus, "command_line": " ".join(sys.argv), "start_time": self.start_time,
+            "versions": json.dumps(versions()), **self.settings,
+        })
+        dims = np.array([(d, dim.kind, dim.npus, dim.bandwidth_gbps, dim.latency_ns, dim.algorithm)
+                         for d, dim in enumerate(topo.dims)],
+                        dtype=[("dim", "<i4"), ("kind", "S16"), ("npus", "<i4"), ("bandwidth_gbps", "<f8"),
+                               ("latency_ns", "<f8"), ("algorithm", "S16")])
+        f.create_dataset("topology", data=dims)
+        colls = np.zeros(len(self.rows), dtype=COLLECTIVE_DTYPE)
+        summary = np.zeros(len(self.rows) * n, dtype=SUMMARY_DTYPE)
+        for i, r in enumerate(self.rows):
+            mask = sum(1 << d for d in r["involved"])
+            colls[i] = (i, r["op"], r["policy"], r["intra"], r["dtype"], r["redop"], r["size_bytes"],
+                        r["count"], r["chunks"], mask, r.get("issued_us", 0.0), r["time_us"], r["ideal_us"],
+                        r["utilization"], r["algbw_gbps"], r["busbw_gbps"],
+                        -1 if r["wrong"] is None else r["wrong"], r["wall_s"])
+            for d, dim in enumerate(r["dims"]):
+                summary[i * n + d] = (i, d, dim["busy_us"], r["time_us"] - dim["busy_us"], dim["bytes"],
+                                      dim["stages"], dim["utilization"])
+        f.create_dataset("collectives", data=colls)
+        f.create_dataset("summary_dims", data=summary)
+        sched_dtype = np.dtype([("collective", "<i4"), ("chunk", "<i4"), ("order", "<i4", (n,))])
+        sched = np.zeros(sum(len(o) for o in self.orders), dtype=sched_dtype)
+        k = 0
+        for i, orders in enumerate(self.orders):
+            for c, order in enumerate(orders):
+                sched[k] = (i, c, order)
+                k += 1
+        f.create_dataset("schedule", data=sched)
+        f.create_dataset("events", data=events, compression="gzip" if len(events) > 4096 else None)
+
+
+COLLECTIVE_DTYPE = np.dtype([
+    ("collective", "<i4"), ("op", "S16"), ("policy", "S16"), ("intra", "S8"), ("dtype", "S8"),
+    ("redop", "S4"), ("size_bytes", "<i8"), ("count", "<i8"), ("chunks", "<i4"), ("dims_mask", "<i8"),
+    ("issued_us", "<f8"), ("time_us", "<f8"), ("ideal_us", "<f8"), ("utilization", "<f8"),
+    ("algbw_gbps", "<f8"), ("busbw_gbps", "<f8"), ("wrong", "<i8"), ("wall_s", "<f8"),
+])
+SUMMARY_DTYPE = np.dtype([
+    ("collective", "<i4"), ("dim", "<i4"), ("busy_us", "<f8"), ("idle_us", "<f8"), ("bytes", "<i8"),
+    ("stages", "<i4"), ("utilization", "<f8"),
+])
+
+
+class Trace:
+    """A trace file read back: attributes and tables as numpy arrays."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.attrs, self.topology_table, self.collectives, self.schedule, self.summary, self.events = \
+            _read(path)
+
+    def topology(self):
+        """The recorded topology."""
+        from .topology import parse_inline
+
+        topo = parse_inline(self.attrs["topology"])
+        label = self.attrs.get("topology_label", "")
+        return type(topo)(topo.dims, label if label != topo.spec() else "")
+
+    def orders(self, collective: int) -> np.ndarray:
+        """The chunk orders of one collective as broadcast, shape (chunks, n_dims)."""
+        sel = self.schedule[self.schedule["collective"] == collective]
+        return sel["order"][np.argsort(sel["chunk"])]
+
+    def collective_row(self, collective: int) -> dict:
+        """One row of /collectives as a dict of Python values."""
+        row = self.collectives[self.collectives["collective"] == collective][0]
+        return {k: (row[k].decode() if isinstance(row[k], bytes) else row[k].item())
+                for k in row.dtype.names}
+
+
+def _read(path: str):
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such trace file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0]}); "
+                         "truncated or not a trace") from None
+    with f:
+        if f.attrs.get("format") != FORMAT:
+            raise UsageError(f"{path}: not a themis-mpi trace (no format={FORMAT!r} attribute)")
+        if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
+            raise UsageError(f"{path}: trace format version {f.attrs.get('format_version')} is not "
+                             f"supported (this themis-mpi reads version {FORMAT_VERSION})")
+        if int(f.attrs.get("complete", 0)) != 1:
+            raise UsageError(f"{path}: trace is marked incomplete (the run did not finish)")
+        try:
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+            tables = [f[name][()] for name in ("topology", "collectives", "schedule", "summary_dims",
+                                               "events")]
+        except (KeyError, OSError) as exc:
+            raise UsageError(f"{path}: damaged trace ({str(exc).splitlines()[0]})") from None
+    return (attrs, *tables)
