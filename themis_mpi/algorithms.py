@@ -45,8 +45,7 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     if p == 1:
         return []
     if op == A2A:
-        others = [j for j in range(p) if j != c]
-        return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(j)) for j in others), SWAP)]
+        return plan_all_to_all(p, c, 1, p, lo, hi)
     if algorithm == "direct":
         others = [j for j in range(p) if j != c]
         if op == RS:
@@ -79,6 +78,26 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
                           COPY))
         m *= 2
     return steps
+
+
+def plan_all_to_all(p: int, c: int, stride: int, group: int, lo: int, hi: int) -> list[Step]:
+    """One dim's stage of a hierarchical all-to-all on ``[lo, hi)``.
+
+    The region holds `group` equal blocks, one per destination NPU of the group, numbered in
+    mixed radix (dim 0 fastest); this dim's digit has weight `stride` and size `p`. The rank at
+    coordinate c sends every block whose digit is k to the peer at k, and receives the peer's
+    blocks into the same positions. After one stage per dim, block j holds what NPU j sent this
+    NPU. Elements past ``group * floor(n / group)`` are padding and stay in place.
+    """
+    b = (hi - lo) // group
+    steps_sends, steps_recvs = [], []
+    for k in range(p):
+        if k == c:
+            continue
+        blocks = [q for q in range(group) if (q // stride) % p == k]
+        steps_sends += [(k, lo + q * b, lo + (q + 1) * b) for q in blocks]
+        steps_recvs += [(k, lo + q * b, lo + (q + 1) * b) for q in blocks]
+    return [Step(tuple(steps_sends), tuple(steps_recvs), SWAP)]
 
 
 def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:

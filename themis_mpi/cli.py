@@ -159,8 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="re-run a trace's exact schedule, optionally on a changed "
                                            "topology (model, or the emulator under mpiexec)",
                             description=f"Replay a trace. Units: {UNITS}.")
-    replay.add_argument("trace", metavar="TRACE.h5")
-    replay.add_argument("-t", "--topology", default=None, help="another topology with the same dim sizes")
+    replay.add_argument("trace", metavar="TRACE.h5", nargs="?", help="a trace to replay (or --workload)")
+    replay.add_argument("-t", "--topology", default=None,
+                        help="trace: another topology with the same dim sizes; workload: the topology "
+                             "(default 2x2x2)")
+    replay.add_argument("--workload", metavar="FILE", help="replay training iterations of an ASTRA-sim "
+                                                            "1.0 text workload instead of a trace")
+    replay.add_argument("-p", "--policy", default="both", choices=(*POLICIES, "both"),
+                        help="workload: inter-dim policy (default both)")
+    replay.add_argument("--intra", default="auto", choices=(*INTRA_POLICIES, "auto"),
+                        help="workload: intra-dim policy; auto = fifo for baseline, scf for themis")
+    replay.add_argument("-c", "--chunks", type=int, default=64, help="workload: chunks per collective")
+    replay.add_argument("--iterations", type=int, default=2, help="workload: training iterations (2)")
+    replay.add_argument("--compute-scale", type=float, default=1.0,
+                        help="workload: factor on compute and update times (ns in the file)")
+    replay.add_argument("--comm-scale", type=float, default=1.0,
+                        help="workload: factor on every collective's size (bytes in the file)")
+    replay.add_argument("-d", "--dtype", default="float32", choices=DTYPES, help="workload: element type")
+    replay.add_argument("--active-chunks-per-dim", type=int, default=1, help="workload: stages per dim")
+    replay.add_argument("--endpoint-delay-ns", type=float, default=0.0, help="workload: per-step delay")
     _add_overrides(replay)
     replay.add_argument("--json", metavar="PATH", help="write the comparison rows as JSON")
     replay.add_argument("--trace", dest="out_trace", metavar="PATH.h5", help="write the replay's trace")
@@ -356,10 +373,12 @@ def cmd_export(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    """`themis-mpi replay`: the recorded schedule again, on the same or a changed topology."""
-    from .replay import replay
+    """`themis-mpi replay`: a trace's schedule again, or a workload's training iterations."""
+    from .replay import replay, replay_workload
 
-    return replay(args)
+    if (args.trace is None) == (args.workload is None):
+        raise UsageError("replay needs either a trace file or --workload FILE")
+    return replay_workload(args) if args.workload else replay(args)
 
 
 def cmd_topologies(args) -> int:

@@ -149,15 +149,21 @@ def value_period(npus: int) -> int:
     return int(max(1, min(1021, (2**24 - npus * npus) // max(1, npus * npus))))
 
 
-def input_values(rank: int, npus: int, start: int, stop: int, dtype) -> np.ndarray:
-    """Inputs of elements [start, stop) on `rank`: ``rank + N * (i mod m)``, integer-exact."""
+def input_values(rank, npus: int, start: int, stop: int, dtype) -> np.ndarray:
+    """Inputs of elements [start, stop) on `rank`: ``rank + N * (i mod m)``, integer-exact.
+
+    `rank` may be an array (one source rank per element).
+    """
     i = np.arange(start, stop, dtype=np.int64)
     return (rank + npus * (i % value_period(npus))).astype(dtype)
 
 
 def reduced_values(redop: str, npus: int, start: int, stop: int, dtype) -> np.ndarray:
     """The closed-form reduction over all ranks of `input_values` for elements [start, stop)."""
-    i = np.arange(start, stop, dtype=np.int64)
+    return _reduced_pattern(redop, npus, np.arange(start, stop, dtype=np.int64), dtype)
+
+
+def _reduced_pattern(redop: str, npus: int, i: np.ndarray, dtype) -> np.ndarray:
     base = npus * (i % value_period(npus))
     if redop == "sum":
         out = npus * base + npus * (npus - 1) // 2
@@ -166,6 +172,27 @@ def reduced_values(redop: str, npus: int, start: int, stop: int, dtype) -> np.nd
     else:
         out = base
     return out.astype(dtype)
+
+
+def _periods(buffer: np.ndarray, lo: int, hi: int, pattern: np.ndarray):
+    """Views of buffer[lo:hi] as whole periods (rows) and a tail, with the pattern aligned to lo."""
+    m = len(pattern)
+    aligned = np.roll(pattern, -(lo % m))
+    rows = (hi - lo) // m
+    return buffer[lo:lo + rows * m].reshape(rows, m), buffer[lo + rows * m:hi], aligned
+
+
+def fill_periodic(buffer: np.ndarray, lo: int, hi: int, pattern: np.ndarray) -> None:
+    """buffer[i] = pattern[i mod m] for i in [lo, hi), one broadcast pass."""
+    rows, tail, aligned = _periods(buffer, lo, hi, pattern)
+    rows[:] = aligned
+    tail[:] = aligned[:len(tail)]
+
+
+def count_periodic_mismatch(buffer: np.ndarray, lo: int, hi: int, pattern: np.ndarray) -> int:
+    """Elements i in [lo, hi) where buffer[i] != pattern[i mod m]."""
+    rows, tail, aligned = _periods(buffer, lo, hi, pattern)
+    return int(np.count_nonzero(rows != aligned)) + int(np.count_nonzero(tail != aligned[:len(tail)]))
 
 
 def group_rank(topology: Topology, dims, coords) -> int:
@@ -225,14 +252,13 @@ def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, c
     """Write this NPU's closed-form input; an all-gather fills only its own blocks."""
     n = involved_npus_of(topology, collective)
     rank = group_rank(topology, collective.dims, coords)
+    pattern = input_values(rank, n, 0, value_period(n), buffer.dtype)
     if collective.op == "all_gather":
         buffer[:] = SENTINEL
         for lo, hi in owned_regions(topology, collective, coords, orders):
-            buffer[lo:hi] = input_values(rank, n, lo, hi, buffer.dtype)
+            fill_periodic(buffer, lo, hi, pattern)
         return
-    for lo in range(0, collective.count, BLOCK_ELEMS):
-        hi = min(lo + BLOCK_ELEMS, collective.count)
-        buffer[lo:hi] = input_values(rank, n, lo, hi, buffer.dtype)
+    fill_periodic(buffer, 0, collective.count, pattern)
 
 
 def involved_npus_of(topology: Topology, collective: Collective) -> int:
@@ -247,20 +273,39 @@ def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, 
                 orders) -> int:
     """Elements of this NPU's result that differ from the closed form."""
     n = involved_npus_of(topology, collective)
+    if collective.op == "all_to_all":
+        return _wrong_all_to_all(buffer, topology, collective, coords)
+    if collective.op == "all_gather":
+        owner = owners(topology, collective, orders)
+        wrong = 0
+        for lo in range(0, collective.count, BLOCK_ELEMS):
+            hi = min(lo + BLOCK_ELEMS, collective.count)
+            want = input_values(owner[lo:hi], n, lo, hi, buffer.dtype)
+            wrong += int(np.count_nonzero(buffer[lo:hi] != want))
+        return wrong
+    pattern = _reduced_pattern(collective.redop, n, np.arange(value_period(n), dtype=np.int64), buffer.dtype)
     if collective.op == "reduce_scatter":
         regions = owned_regions(topology, collective, coords, orders)
-        return sum(
-            int(np.count_nonzero(buffer[lo:hi] != reduced_values(collective.redop, n, lo, hi,
-                                                                   buffer.dtype)))
-            for lo, hi in regions
-        )
-    owner = owners(topology, collective, orders) if collective.op == "all_gather" else None
+    else:
+        regions = [(0, collective.count)]
+    return sum(count_periodic_mismatch(buffer, lo, hi, pattern) for lo, hi in regions)
+
+
+def _wrong_all_to_all(buffer, topology: Topology, collective: Collective, coords) -> int:
+    """All-to-all: block j of each chunk must hold what group rank j had in this NPU's block."""
+    n = involved_npus_of(topology, collective)
+    rank = group_rank(topology, collective.dims, coords)
+    bounds = collective.chunk_bounds()
     wrong = 0
-    for lo in range(0, collective.count, BLOCK_ELEMS):
-        hi = min(lo + BLOCK_ELEMS, collective.count)
-        if owner is None:
-            want = reduced_values(collective.redop, n, lo, hi, buffer.dtype)
-        else:
-            want = input_values(owner[lo:hi], n, lo, hi, buffer.dtype)
-        wrong += int(np.count_nonzero(buffer[lo:hi] != want))
+    for k in range(collective.n_chunks):
+        lo, hi = int(bounds[k]), int(bounds[k + 1])
+        b = (hi - lo) // n
+        src = np.repeat(np.arange(n, dtype=np.int64), b)
+        offset = np.tile(np.arange(b, dtype=np.int64), n)
+        index = lo + rank * b + offset
+        i = index % value_period(n)
+        want = (src + n * i).astype(buffer.dtype)
+        wrong += int(np.count_nonzero(buffer[lo:lo + n * b] != want))
+        tail = lo + n * b
+        wrong += int(np.count_nonzero(buffer[tail:hi] != input_values(rank, n, tail, hi, buffer.dtype)))
     return wrong

@@ -22,10 +22,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms
-from .algorithms import owned_region, plan
+from .algorithms import owned_region, plan, plan_all_to_all
 from .analysis import bandwidths, involved_npus, summarize
 from .collectives import Collective, count_wrong, fill_input
-from .cost import AG, RS, CostModel
+from .cost import A2A, AG, RS, CostModel
 from .engine import Engine, StageRun
 from .errors import UsageError
 from .policies import chunk_orders
@@ -189,7 +189,8 @@ class MpiTransport:
     def start(self, run: StageRun) -> None:
         """Post the first step of a stage the engine just started."""
         s = run.stage
-        dim = self.grid.topology.dims[s.dim]
+        topo = self.grid.topology
+        dim = topo.dims[s.dim]
         c = self.grid.coords[s.dim]
         stack = self._regions[(s.coll, s.chunk)]
         if s.op == RS:
@@ -200,8 +201,13 @@ class MpiTransport:
             region = stack[-1]
         else:
             region = stack[-1]
-        steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
         collective, _ = self._buffers[s.coll]
+        if s.op == A2A:
+            stride = math.prod(topo.dims[d].npus for d in collective.dims if d < s.dim)
+            group = math.prod(topo.dims[d].npus for d in collective.dims)
+            steps = plan_all_to_all(dim.npus, c, stride, group, *region)
+        else:
+            steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
         scratch_elems = max((sum(b - a for _, a, b in st.recvs) for st in steps
                              if st.mode != algorithms.COPY), default=0)
         scratch = np.empty(scratch_elems, dtype=collective.dtype)

@@ -127,3 +127,51 @@ def _with_rank(events: np.ndarray, rank: int) -> np.ndarray:
     out["rank"] = rank
     return out
 
+
+
+def replay_workload(args) -> int:
+    """Training iterations of a workload under each policy; prints the table and the speedup."""
+    from .cli import _policies, _topology, _write_json
+    from .training import model_training, mpi_training
+    from .workload import parse_workload
+
+    wl = parse_workload(args.workload)
+    topo = _topology(args, parse_topology(args.topology or "2x2x2"))
+    if args.chunks < 1:
+        raise UsageError(f"chunks must be >= 1, got {args.chunks}")
+    kw = dict(chunks=args.chunks, dtype=args.dtype, iterations=args.iterations,
+              compute_scale=args.compute_scale, comm_scale=args.comm_scale,
+              active_per_dim=args.active_chunks_per_dim,
+              endpoint_delay_ns=args.endpoint_delay_ns)
+    rows, rank = [], 0
+    if under_mpiexec():
+        from mpi4py import MPI
+
+        from .emulator import CartGrid
+
+        with CartGrid(MPI.COMM_WORLD, topo) as grid:
+            rank = grid.rank
+            rows = [mpi_training(grid, wl, policy, intra, **kw) for policy, intra in _policies(args)]
+    else:
+        rows = [model_training(wl, topo, policy, intra, **kw) for policy, intra in _policies(args)]
+    if rank != 0:
+        return 0
+    base = next((r for r in rows if r["policy"] == "baseline"), None)
+    for r in rows:
+        r["speedup"] = base["iteration_us"] / r["iteration_us"] if base and r["iteration_us"] else None
+        r.update(workload=args.workload, topology=topo.label(), npus=topo.npus)
+    print(f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology {topo.label()}, "
+          f"{topo.npus} NPUs; {args.iterations} iterations, {args.chunks} chunks per collective, "
+          f"{'emulator' if rows and rows[0]['transport'] == 'mpi' else 'model'}")
+    dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(len(topo.dims)))
+    print(f"#{'policy':>9} {'intra':>5} {'iteration_us':>13} {'compute_us':>11} {'exposed_us':>11} "
+          f"{'colls':>6} {'#wrong':>7}{dim_cols} {'speedup':>8}")
+    for r in rows:
+        wrong = "N/A" if r["wrong"] is None else r["wrong"]
+        speed = f"{r['speedup']:.3f}x" if r["speedup"] else "-"
+        print(f" {r['policy']:>9} {r['intra']:>5} {r['iteration_us']:>13.2f} {r['compute_us']:>11.2f} "
+              f"{r['exposed_comm_us']:>11.2f} {r['collectives']:>6} {wrong:>7}"
+              + "".join(f" {100 * d['utilization']:>6.1f}" for d in r["dims"]) + f" {speed:>8}")
+    if args.json:
+        _write_json(args.json, rows)
+    return 0
