@@ -121,17 +121,21 @@ def dlrm() -> list[str]:
     interaction = tables * (tables + 1) // 2 + dim  # 351 pairwise dots + the dense vector = 479
     top = [interaction, 1024, 1024, 512, 256, 1]
     mlps = [(f"{prefix}_mlp{i}", 2 * a * b * batch, a * b + b)
-            for prefix, widths in (("bottom", bottom), ("top", top)) for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+            for prefix, widths in (("bottom", bottom), ("top", top))
+            for i, (a, b) in enumerate(zip(widths, widths[1:]))]
     mlp_lines = bucketed(mlps)  # 4.7 MB of MLP gradients: one bucket, issued by the first MLP
     embedding = line("embedding", batch * tables * dim, fwd=("ALLTOALL", a2a), ig=("ALLTOALL", a2a))
     return [f"HYBRID_DLRM\t{len(bottom) - 1}", str(1 + len(mlps)), embedding, *mlp_lines]
 
 
 def transformer_1t() -> list[str]:
-    """A 1-trillion-parameter GPT (Megatron's 1T configuration): 128 layers, hidden 25600, 160
-    heads, sequence 2048, vocabulary 51200; tensor (model) parallel over 128 NPUs, data parallel
-    over the rest. Per layer, Megatron all-reduces the activations twice in the forward and twice
-    in the input gradient; one line per layer carries both as one collective of twice the size."""
+    """A 1-trillion-parameter GPT (Megatron's 1T configuration).
+
+    128 layers, hidden 25600, 160 heads, sequence 2048, vocabulary 51200; tensor (model) parallel
+    over 128 NPUs, data parallel over the rest. Per layer, Megatron all-reduces the activations
+    twice in the forward and twice in the input gradient; one line per layer carries both as one
+    collective of twice the size.
+    """
     mp, b, s, h, vocab, n_layers = 128, 4, 2048, 25600, 51200, 128
     act = b * s * h * BYTES
     layer_params = 12 * h * h / mp

@@ -48,7 +48,8 @@ def main():
         res = {p: model_training(wl, topo, p, intra, chunks=args.chunks, iterations=args.iterations)
                for p, intra in (("baseline", "fifo"), ("themis", "scf"))}
         rows.append({"workload": w, "topology": name, "latency": lat,
-                     "baseline_us": res["baseline"]["iteration_us"], "themis_us": res["themis"]["iteration_us"],
+                     "baseline_us": res["baseline"]["iteration_us"],
+                     "themis_us": res["themis"]["iteration_us"],
                      "compute_us": res["baseline"]["compute_us"],
                      "speedup": res["baseline"]["iteration_us"] / res["themis"]["iteration_us"],
                      "baseline": res["baseline"], "themis": res["themis"]})
@@ -64,7 +65,8 @@ def main():
         for w, (label, paper) in WORKLOADS.items():
             sel = {r["topology"]: r for r in rows if r["workload"] == w and r["latency"] == lat}
             cells = [f"{sel[t]['speedup']:.2f}x ({sel[t]['baseline_us'] / 1e3:.2f} / "
-                     f"{sel[t]['themis_us'] / 1e3:.2f}) [{sel[t]['compute_us'] / 1e3:.2f}]" for t in TOPOLOGIES]
+                     f"{sel[t]['themis_us'] / 1e3:.2f}) [{sel[t]['compute_us'] / 1e3:.2f}]"
+                     for t in TOPOLOGIES]
             mean = sum(sel[t]["speedup"] for t in TOPOLOGIES) / len(TOPOLOGIES)
             md.append(f"| {label} | " + " | ".join(cells) + f" | **{mean:.2f}x** | {paper:.2f}x |")
     md.append(f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s.\n")
@@ -81,8 +83,8 @@ def main():
             vals = [next(r["speedup"] for r in rows if r["workload"] == w and r["topology"] == t
                          and r["latency"] == lat) for w in WORKLOADS]
             ax.bar([i + (j - 1.5) * width for i in range(len(WORKLOADS))], vals, width, label=t)
-        ax.scatter(range(len(WORKLOADS)), [p for _, p in WORKLOADS.values()], marker="_", s=900, color="black",
-                   zorder=3, label="paper (ISCA 2022)")
+        ax.scatter(range(len(WORKLOADS)), [p for _, p in WORKLOADS.values()], marker="_", s=900,
+                   color="black", zorder=3, label="paper (ISCA 2022)")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(WORKLOADS)), [label for label, _ in WORKLOADS.values()])
         ax.set_title(f"{lat}, {args.chunks} chunks per collective")

@@ -1,7 +1,7 @@
 """Per-dim algorithms on real data: which element ranges each step sends and receives.
 
 A stage works in place on a region ``[lo, hi)`` of the rank's buffer, split into P blocks with
-`split_bounds`. After a reduce-scatter the rank with coordinate c along the dim owns block c;
+`block_bounds`. After a reduce-scatter the rank with coordinate c along the dim owns block c;
 an all-gather undoes exactly that split. Plans are pure functions of (algorithm, op, P, c,
 region), so they are tested without MPI; `cost.steps` gives the same steps' nominal sizes.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .collectives import split_bounds
+from .collectives import block_bounds
 from .cost import A2A, RS
 
 COPY, REDUCE, SWAP = "copy", "reduce", "swap"
@@ -34,7 +34,7 @@ class Step:
 
 def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step]:
     """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``."""
-    b = (lo + split_bounds(hi - lo, p)).tolist()
+    b = block_bounds(lo, hi, p)
 
     def blk(i: int) -> tuple[int, int]:
         return b[i % p], b[i % p + 1]
@@ -102,5 +102,5 @@ def plan_all_to_all(p: int, c: int, stride: int, group: int, lo: int, hi: int) -
 
 def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
     """The block a reduce-scatter leaves at coordinate c (the region an all-gather starts from)."""
-    b = lo + split_bounds(hi - lo, p)
-    return int(b[c]), int(b[c + 1])
+    b = block_bounds(lo, hi, p)
+    return b[c], b[c + 1]

@@ -23,10 +23,15 @@ DTYPES = ("float32", "float64", "int32", "int64")
 REDOPS = ("sum", "max", "min")
 
 
+def block_bounds(lo: int, hi: int, parts: int) -> list[int]:
+    """Bounds of `parts` nearly equal pieces of [lo, hi): piece i is [b[i], b[i+1])."""
+    q, r = divmod(hi - lo, parts)
+    return [lo + i * q + min(i, r) for i in range(parts + 1)]
+
+
 def split_bounds(n: int, parts: int) -> np.ndarray:
-    """Bounds of `parts` nearly equal pieces of n items: piece i is [b[i], b[i+1])."""
-    i = np.arange(parts + 1, dtype=np.int64)
-    return i * (n // parts) + np.minimum(i, n % parts)
+    """`block_bounds` of [0, n) as an int64 array."""
+    return np.array(block_bounds(0, n, parts), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -190,9 +195,14 @@ def fill_periodic(buffer: np.ndarray, lo: int, hi: int, pattern: np.ndarray) -> 
 
 
 def count_periodic_mismatch(buffer: np.ndarray, lo: int, hi: int, pattern: np.ndarray) -> int:
-    """Elements i in [lo, hi) where buffer[i] != pattern[i mod m]."""
+    """Elements i in [lo, hi) where buffer[i] != pattern[i mod m].
+
+    Compared in blocks, so the boolean temporary stays small.
+    """
     rows, tail, aligned = _periods(buffer, lo, hi, pattern)
-    return int(np.count_nonzero(rows != aligned)) + int(np.count_nonzero(tail != aligned[:len(tail)]))
+    step = max(1, BLOCK_ELEMS // len(pattern))
+    wrong = sum(int(np.count_nonzero(rows[r:r + step] != aligned)) for r in range(0, len(rows), step))
+    return wrong + int(np.count_nonzero(tail != aligned[:len(tail)]))
 
 
 def group_rank(topology: Topology, dims, coords) -> int:
@@ -245,7 +255,7 @@ def owners(topology: Topology, collective: Collective, orders) -> np.ndarray:
 
 
 SENTINEL = -7
-BLOCK_ELEMS = 1 << 20
+BLOCK_ELEMS = 1 << 18
 
 
 def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders):

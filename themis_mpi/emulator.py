@@ -16,6 +16,7 @@ with ``Testsome`` and the rank sleeps, backing off, between tests.
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -34,7 +35,33 @@ from .topology import Topology
 CLOCKS = ("virtual", "wall")
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 MIN_SLEEP_S = 20e-6
-MAX_SLEEP_S = 2e-3
+MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
+YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
+
+
+class Backoff:
+    """Idle between two tests without spinning.
+
+    The first `YIELDS` pauses give the core away (``sched_yield``), which costs little when a
+    peer is runnable; after that the rank sleeps from 20 us, doubling up to `MAX_SLEEP_S`.
+    `reset` after progress.
+    """
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over after progress."""
+        self.idle, self.sleep_s = 0, MIN_SLEEP_S
+
+    def pause(self, limit_s: float | None = None) -> None:
+        """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
+        self.idle += 1
+        if self.idle <= YIELDS:
+            os.sched_yield()
+            return
+        time.sleep(self.sleep_s if limit_s is None else max(0.0, min(self.sleep_s, limit_s)))
+        self.sleep_s = min(2 * self.sleep_s, MAX_SLEEP_S)
 
 
 def wait(request: MPI.Request) -> None:
@@ -43,10 +70,9 @@ def wait(request: MPI.Request) -> None:
     MPICH's blocking calls busy-poll; with more ranks than cores they starve the ranks that have
     work, so even control collectives (barrier, broadcast, reductions) go through here.
     """
-    sleep_s = MIN_SLEEP_S
+    backoff = Backoff()
     while not request.Test():
-        time.sleep(sleep_s)
-        sleep_s = min(2 * sleep_s, MAX_SLEEP_S)
+        backoff.pause()
 
 
 def allreduce(comm: MPI.Comm, values, op=MPI.SUM) -> np.ndarray:
@@ -103,7 +129,7 @@ class _StageExec:
     """The data path of one running stage: its steps, their costs and its pending requests."""
 
     __slots__ = ("run", "comm", "tag", "steps", "costs", "k", "t_ns", "pending", "hdr_send",
-                 "hdr_recv", "scratch", "end_ns")
+                 "hdr_recv", "scratch", "end_ns", "bound_ns")
 
     def __init__(self, run, comm, tag, steps, costs, scratch):
         self.run = run
@@ -115,9 +141,10 @@ class _StageExec:
         self.t_ns = run.start_ns
         self.pending = 0
         self.hdr_send = np.zeros(1)
-        self.hdr_recv = None
+        self.hdr_recv = np.empty(max((len(st.recvs) for st in steps), default=0))
         self.scratch = scratch
         self.end_ns = None
+        self.bound_ns = self.lower_bound_ns()
 
     def lower_bound_ns(self) -> float:
         """The earliest end this stage can still have: the cost of its remaining steps."""
@@ -222,7 +249,6 @@ class MpiTransport:
         _, buf = self._buffers[ex.run.stage.coll]
         comm, tag = ex.comm, ex.tag
         ex.hdr_send[0] = ex.t_ns
-        ex.hdr_recv = np.empty(len(step.recvs))
         reqs = []
         offset = 0
         for i, (peer, a, b) in enumerate(step.recvs):
@@ -241,7 +267,9 @@ class MpiTransport:
 
     def _finish_step(self, ex: _StageExec) -> bool:
         """Apply a step whose messages have all arrived; False while its wall deadline is ahead."""
-        t_next = max(ex.t_ns, float(ex.hdr_recv.max(initial=-math.inf)) + ex.costs[ex.k])
+        n_recvs = len(ex.steps[ex.k].recvs)
+        sent_ns = max(ex.hdr_recv[:n_recvs].tolist(), default=-math.inf)
+        t_next = max(ex.t_ns, sent_ns + ex.costs[ex.k])
         if self.clock == "wall" and self.now_ns() < t_next:
             return False
         step = ex.steps[ex.k]
@@ -262,6 +290,7 @@ class MpiTransport:
             ex.end_ns = t_next
             ex.run.wall_end_s = MPI.Wtime()
         else:
+            ex.bound_ns = ex.lower_bound_ns()
             self._post(ex)
         return True
 
@@ -290,14 +319,17 @@ class MpiTransport:
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step until its deadline has passed.
         """
-        sleep_s = MIN_SLEEP_S
+        backoff = Backoff()
         wall = self.clock == "wall"
+        progressed = True
         while True:
-            progressed = self._progress()
-            first_end = min((ex.end_ns for ex in self._active if ex.end_ns is not None),
-                            default=math.inf)
-            bound = min((ex.lower_bound_ns() for ex in self._active if ex.end_ns is None),
-                        default=math.inf)
+            if progressed:  # nothing else changes what is certain
+                first_end, bound = math.inf, math.inf
+                for ex in self._active:
+                    if ex.end_ns is None:
+                        bound = min(bound, ex.bound_ns)
+                    else:
+                        first_end = min(first_end, ex.end_ns)
             if first_end <= horizon_ns and first_end < bound:
                 done = [ex for ex in self._active if ex.end_ns == first_end]
                 self._active = [ex for ex in self._active if ex.end_ns != first_end]
@@ -305,17 +337,17 @@ class MpiTransport:
             if horizon_ns < first_end and horizon_ns < bound:
                 if not wall or self.now_ns() >= horizon_ns:
                     return horizon_ns, []
+            progressed = self._progress()
             if progressed:
-                sleep_s = MIN_SLEEP_S
+                backoff.reset()
                 continue
+            limit_s = None
             if wall:  # sleep no later than the nearest deadline
                 dues = [ex.t_ns + ex.costs[ex.k] for ex in self._active
                         if ex.end_ns is None and ex.pending == 0]
                 if dues:
-                    ahead_s = (min(dues) - self.now_ns()) * 1e-9 * self.time_scale
-                    sleep_s = min(sleep_s, max(0.0, ahead_s))
-            time.sleep(sleep_s)
-            sleep_s = min(2 * sleep_s, MAX_SLEEP_S)
+                    limit_s = (min(dues) - self.now_ns()) * 1e-9 * self.time_scale
+            backoff.pause(limit_s)
 
 
 def broadcast_orders(grid: CartGrid, policy: str, collective: Collective, given=None) -> np.ndarray:
