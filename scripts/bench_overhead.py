@@ -87,7 +87,8 @@ def main():
               f"{'ratio_tr':>8} {'#wrong':>7}")
         for r in rows:
             print(f" {r['size_bytes']:>10} {r['native_s']:>10.4f} {r['emulator_s']:>11.4f} "
-                  f"{r['emulator_trace_s']:>12.4f} {r['ratio']:>7.2f} {r['ratio_trace']:>8.2f} {r['wrong']:>7}")
+                  f"{r['emulator_trace_s']:>12.4f} {r['ratio']:>7.2f} {r['ratio_trace']:>8.2f} "
+                  f"{r['wrong']:>7}")
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
 
