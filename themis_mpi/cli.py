@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="virtual: emulated time carried in messages; wall: delays really waited")
     run.add_argument("--time-scale", type=float, default=1.0,
                      help="wall seconds per emulated second (wall clock; default 1)")
+    run.add_argument("--timeout-s", type=float, default=60.0,
+                     help="abort the job when a rank sees no progress for this long (default 60)")
 
     model = sub.add_parser("model", help="model collectives in one process (any size, no data)",
                            description=f"Same flags and table as `run`, no MPI. Units: {UNITS}.")
@@ -178,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("-d", "--dtype", default="float32", choices=DTYPES, help="workload: element type")
     replay.add_argument("--active-chunks-per-dim", type=int, default=1, help="workload: stages per dim")
     replay.add_argument("--endpoint-delay-ns", type=float, default=0.0, help="workload: per-step delay")
+    replay.add_argument("--timeout-s", type=float, default=60.0,
+                        help="under mpiexec: abort when a rank sees no progress for this long (60)")
     _add_overrides(replay)
     replay.add_argument("--json", metavar="PATH", help="write the comparison rows as JSON")
     replay.add_argument("--trace", dest="out_trace", metavar="PATH.h5", help="write the replay's trace")
@@ -237,6 +241,8 @@ def _check_positive(args):
         raise UsageError(f"active chunks per dim must be >= 1, got {args.active_chunks_per_dim}")
     if getattr(args, "iters", 1) < 1 or getattr(args, "warmup_iters", 0) < 0:
         raise UsageError("iterations must be >= 1 and warm-up iterations >= 0")
+    if not getattr(args, "timeout_s", 1.0) > 0:
+        raise UsageError(f"--timeout-s must be > 0, got {args.timeout_s}")
 
 
 def _recorder(args, topo, transport: str, **settings):
@@ -303,7 +309,8 @@ def cmd_run(args) -> int:
                     last = it == args.warmup_iters + args.iters - 1
                     row, engine = run_collective(grid, coll, policy, intra, args.active_chunks_per_dim,
                                                  args.clock, args.time_scale, args.endpoint_delay_ns,
-                                                 buffer, check=bool(args.check) and last)
+                                                 buffer, check=bool(args.check) and last,
+                                                 timeout_s=args.timeout_s)
                     if it >= args.warmup_iters:
                         walls.append(row["wall_s"])
                 row.update(wall_s=statistics.median(walls), iters=args.iters,
@@ -420,6 +427,12 @@ def main(argv=None) -> int:
         if _rank() == 0:
             print(f"themis-mpi: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except Exception as exc:
+        if type(exc).__name__ != "Stalled":
+            raise
+        print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(3)
+        return 3
     except BaseException:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.COMM_WORLD.Get_size() > 1:

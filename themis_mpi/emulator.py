@@ -39,23 +39,35 @@ MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
 YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
 
 
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class Stalled(Exception):
+    """No progress for longer than the timeout: a peer died or stopped responding."""
+
+
 class Backoff:
-    """Idle between two tests without spinning.
+    """Idle between two tests without spinning, and notice when nothing moves any more.
 
     The first `YIELDS` pauses give the core away (``sched_yield``), which costs little when a
     peer is runnable; after that the rank sleeps from 20 us, doubling up to `MAX_SLEEP_S`.
-    `reset` after progress.
+    `reset` after progress. A pause more than `timeout_s` after the last reset raises `Stalled`
+    with the message `describe()` returns.
     """
 
-    def __init__(self):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, describe=lambda: "waiting"):
+        self.timeout_s, self.describe = timeout_s, describe
         self.reset()
 
     def reset(self) -> None:
         """Start over after progress."""
-        self.idle, self.sleep_s = 0, MIN_SLEEP_S
+        self.idle, self.sleep_s, self.since = 0, MIN_SLEEP_S, time.monotonic()
 
     def pause(self, limit_s: float | None = None) -> None:
         """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
+        if time.monotonic() - self.since > self.timeout_s:
+            raise Stalled(f"rank {MPI.COMM_WORLD.Get_rank()}: no progress for {self.timeout_s:g} s "
+                          f"{self.describe()}; a peer died or stopped responding")
         self.idle += 1
         if self.idle <= YIELDS:
             os.sched_yield()
@@ -64,22 +76,26 @@ class Backoff:
         self.sleep_s = min(2 * self.sleep_s, MAX_SLEEP_S)
 
 
-def wait(request: MPI.Request) -> None:
+def wait(request: MPI.Request, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "a control collective"):
     """Complete a nonblocking request without spinning: test, then sleep, backing off.
 
     MPICH's blocking calls busy-poll; with more ranks than cores they starve the ranks that have
     work, so even control collectives (barrier, broadcast, reductions) go through here.
     """
-    backoff = Backoff()
-    while not request.Test():
-        backoff.pause()
+    backoff = Backoff(timeout_s, lambda: f"in {what}")
+    try:
+        while not request.Test():
+            backoff.pause()
+    except MPI.Exception as exc:
+        raise Stalled(f"rank {MPI.COMM_WORLD.Get_rank()}: {what} failed ({exc.Get_error_string()}); "
+                      "a peer died") from None
 
 
-def allreduce(comm: MPI.Comm, values, op=MPI.SUM) -> np.ndarray:
+def allreduce(comm: MPI.Comm, values, op=MPI.SUM, timeout_s: float = DEFAULT_TIMEOUT_S) -> np.ndarray:
     """Element-wise reduction of a small numpy array over comm, without spinning."""
     values = np.ascontiguousarray(values)
     out = np.empty_like(values)
-    wait(comm.Iallreduce(values, out, op=op))
+    wait(comm.Iallreduce(values, out, op=op), timeout_s, "a reduction of results")
     return out
 
 
@@ -104,10 +120,16 @@ class CartGrid:
         self.rank = self.cart.Get_rank()
         self.coords = tuple(reversed(self.cart.Get_coords(self.rank)))
         self.subcomms = []
+        self.world_ranks = []  # per dim: world rank of each sub-communicator rank
         for d in range(n):
             remain = [False] * n
             remain[n - 1 - d] = True
-            self.subcomms.append(self.cart.Sub(remain))
+            sub = self.cart.Sub(remain)
+            self.subcomms.append(sub)
+            group, world = sub.Get_group(), comm.Get_group()
+            self.world_ranks.append(MPI.Group.Translate_ranks(group, list(range(sub.Get_size())), world))
+            group.Free()
+            world.Free()
 
     def close(self) -> None:
         """Free the sub-communicators and the Cartesian communicator."""
@@ -162,24 +184,28 @@ class MpiTransport:
         cost: the cost model (step times).
         clock: virtual or wall.
         time_scale: wall seconds per emulated second (wall clock only).
+        timeout_s: seconds without any progress before the rank gives up (`Stalled`).
     """
 
     def __init__(self, grid: CartGrid, cost: CostModel, clock: str = "virtual",
-                 time_scale: float = 1.0):
+                 time_scale: float = 1.0, timeout_s: float = DEFAULT_TIMEOUT_S):
         if clock not in CLOCKS:
             raise UsageError(f"unknown clock {clock!r}; use virtual or wall")
         if not (time_scale > 0 and math.isfinite(time_scale)):
             raise UsageError(f"time scale must be > 0, got {time_scale}")
+        if not timeout_s > 0:
+            raise UsageError(f"timeout must be > 0 s, got {timeout_s}")
         self.grid = grid
         self.cost = cost
         self.clock = clock
         self.time_scale = time_scale
+        self.timeout_s = timeout_s
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
         self._buffers: dict[int, tuple[Collective, np.ndarray]] = {}
         self._regions: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self._active: list[_StageExec] = []
         self._reqs: list[MPI.Request] = []
-        self._owner: list[_StageExec] = []
+        self._owner: list[tuple[_StageExec, int]] = []  # (stage, peer's world rank) per request
         self.t0_wall = MPI.Wtime()
 
     # --- data ----------------------------------------------------------------------------------
@@ -249,21 +275,21 @@ class MpiTransport:
         _, buf = self._buffers[ex.run.stage.coll]
         comm, tag = ex.comm, ex.tag
         ex.hdr_send[0] = ex.t_ns
-        reqs = []
+        world = self.grid.world_ranks[ex.run.stage.dim]
         offset = 0
         for i, (peer, a, b) in enumerate(step.recvs):
-            reqs.append(comm.Irecv(ex.hdr_recv[i:i + 1], peer, tag))
+            self._reqs.append(comm.Irecv(ex.hdr_recv[i:i + 1], peer, tag))
             if step.mode == algorithms.COPY:
-                reqs.append(comm.Irecv(buf[a:b], peer, tag))
+                self._reqs.append(comm.Irecv(buf[a:b], peer, tag))
             else:
-                reqs.append(comm.Irecv(ex.scratch[offset:offset + b - a], peer, tag))
+                self._reqs.append(comm.Irecv(ex.scratch[offset:offset + b - a], peer, tag))
                 offset += b - a
+            self._owner += [(ex, world[peer])] * 2
         for peer, a, b in step.sends:
-            reqs.append(comm.Isend(ex.hdr_send, peer, tag))
-            reqs.append(comm.Isend(buf[a:b], peer, tag))
-        ex.pending = len(reqs)
-        self._reqs.extend(reqs)
-        self._owner.extend([ex] * len(reqs))
+            self._reqs.append(comm.Isend(ex.hdr_send, peer, tag))
+            self._reqs.append(comm.Isend(buf[a:b], peer, tag))
+            self._owner += [(ex, world[peer])] * 2
+        ex.pending = 2 * (len(step.recvs) + len(step.sends))
 
     def _finish_step(self, ex: _StageExec) -> bool:
         """Apply a step whose messages have all arrived; False while its wall deadline is ahead."""
@@ -298,12 +324,16 @@ class MpiTransport:
         """Test every pending request once; finish the steps that are complete."""
         progressed = False
         if self._reqs:
-            done = MPI.Request.Testsome(self._reqs)
+            try:
+                done = MPI.Request.Testsome(self._reqs)
+            except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
+                raise Stalled(f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
+                              f"{self._waiting_for()}; a peer died") from None
             if done:
                 progressed = True
                 finished = set(done)
                 for i in done:
-                    self._owner[i].pending -= 1
+                    self._owner[i][0].pending -= 1
                 keep = [i for i in range(len(self._reqs)) if i not in finished]
                 self._reqs = [self._reqs[i] for i in keep]
                 self._owner = [self._owner[i] for i in keep]
@@ -312,6 +342,17 @@ class MpiTransport:
                 progressed = True
         return progressed
 
+    def _waiting_for(self) -> str:
+        """What this rank waits for: the peers of its incomplete messages, and their stages."""
+        peers = sorted({peer for _, peer in self._owner})
+        ex = self._owner[0][0] if self._owner else (self._active[0] if self._active else None)
+        if ex is None:
+            return "with no message pending"
+        s = ex.run.stage
+        collective, _ = self._buffers[s.coll]
+        return (f"waiting for rank(s) {', '.join(map(str, peers))} in collective {s.coll} "
+                f"({collective.op} of {collective.size_bytes} B), chunk {s.chunk}, {s.op} on dim {s.dim}")
+
     def wait_next(self, horizon_ns: float):
         """Progress until the earliest completion (or the horizon) is certain; see `Engine.run`.
 
@@ -319,7 +360,7 @@ class MpiTransport:
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step until its deadline has passed.
         """
-        backoff = Backoff()
+        backoff = Backoff(self.timeout_s, self._waiting_for)
         wall = self.clock == "wall"
         progressed = True
         while True:
@@ -350,7 +391,8 @@ class MpiTransport:
             backoff.pause(limit_s)
 
 
-def broadcast_orders(grid: CartGrid, policy: str, collective: Collective, given=None) -> np.ndarray:
+def broadcast_orders(grid: CartGrid, policy: str, collective: Collective, given=None,
+                     timeout_s: float = DEFAULT_TIMEOUT_S) -> np.ndarray:
     """Every chunk's order, chosen by the coordinator (rank 0) and broadcast as one int32 array.
 
     `given` orders (a replay's) replace the policy's choice.
@@ -360,14 +402,15 @@ def broadcast_orders(grid: CartGrid, policy: str, collective: Collective, given=
         orders[:] = given if given is not None else chunk_orders(
             policy, grid.topology, collective.op, collective.size_bytes, collective.n_chunks,
             collective.dims)
-    wait(grid.cart.Ibcast(orders, root=0))
+    wait(grid.cart.Ibcast(orders, root=0), timeout_s, "the broadcast of the chunk orders")
     return orders
 
 
 def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: str = "fifo",
                    active_per_dim: int = 1, clock: str = "virtual", time_scale: float = 1.0,
                    endpoint_delay_ns: float = 0.0, buffer: np.ndarray | None = None,
-                   check: bool = True, orders=None) -> tuple[dict, Engine]:
+                   check: bool = True, orders=None,
+                   timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[dict, Engine]:
     """Run one collective on real data; every rank returns the same summary row.
 
     Returns:
@@ -377,14 +420,14 @@ def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: s
         wall clock ``time_us`` is the measured wall time divided by the time scale.
     """
     topo = grid.topology
-    orders = broadcast_orders(grid, policy, collective, orders)
+    orders = broadcast_orders(grid, policy, collective, orders, timeout_s)
     if buffer is None:
         buffer = np.empty(collective.count, dtype=collective.dtype)
     fill_input(buffer, topo, collective, grid.coords, orders)
     cost = CostModel(topo, collective.itemsize, endpoint_delay_ns)
     engine = Engine(topo, intra, active_per_dim)
-    transport = MpiTransport(grid, cost, clock, time_scale)
-    wait(grid.cart.Ibarrier())
+    transport = MpiTransport(grid, cost, clock, time_scale, timeout_s)
+    wait(grid.cart.Ibarrier(), timeout_s, "the barrier before the collective")
     t0 = engine.t0_wall_s = transport.t0_wall = MPI.Wtime()
     run = engine.issue(collective, orders)
     transport.attach(run.coll_id, collective, buffer, orders)
@@ -392,7 +435,7 @@ def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: s
     wall_s = MPI.Wtime() - t0
     transport.detach(run.coll_id)
     row = summarize(run, topo, cost)
-    slowest = float(allreduce(grid.cart, [wall_s], MPI.MAX)[0])
+    slowest = float(allreduce(grid.cart, [wall_s], MPI.MAX, timeout_s)[0])
     if clock == "wall":
         row["virtual_us"] = row["time_us"]
         row["time_us"] = slowest / time_scale * 1e6
@@ -402,6 +445,6 @@ def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: s
     wrong = None
     if check:
         mine = count_wrong(buffer, topo, collective, grid.coords, orders)
-        wrong = int(allreduce(grid.cart, np.array([mine], np.int64))[0])
+        wrong = int(allreduce(grid.cart, np.array([mine], np.int64), timeout_s=timeout_s)[0])
     row.update(policy=policy, intra=intra, clock=clock, wrong=wrong, wall_s=slowest)
     return row, engine

@@ -75,7 +75,7 @@ def replay(args) -> int:
             rank = grid.rank
             for coll, policy, intra, orders in recorded_collectives(trace):
                 row, engine = run_collective(grid, coll, policy, intra, active, endpoint_delay_ns=delay,
-                                             orders=orders)
+                                             orders=orders, timeout_s=args.timeout_s)
                 rows.append(row)
                 recorder.add_run(row, engine, rank)
             events = recorder.gather_events(grid.cart)
@@ -151,7 +151,8 @@ def replay_workload(args) -> int:
 
         with CartGrid(MPI.COMM_WORLD, topo) as grid:
             rank = grid.rank
-            rows = [mpi_training(grid, wl, policy, intra, **kw) for policy, intra in _policies(args)]
+            rows = [mpi_training(grid, wl, policy, intra, timeout_s=args.timeout_s, **kw)
+                    for policy, intra in _policies(args)]
     else:
         rows = [model_training(wl, topo, policy, intra, **kw) for policy, intra in _policies(args)]
     if rank != 0:

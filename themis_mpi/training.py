@@ -248,7 +248,8 @@ def model_training(workload: Workload, topology, policy: str, intra: str, chunks
 
 def mpi_training(grid, workload: Workload, policy: str, intra: str, chunks: int = 64,
                  dtype: str = "float32", iterations: int = 2, compute_scale: float = 1.0,
-                 active_per_dim: int = 1, endpoint_delay_ns: float = 0.0, comm_scale: float = 1.0) -> dict:
+                 active_per_dim: int = 1, endpoint_delay_ns: float = 0.0, comm_scale: float = 1.0,
+                 timeout_s: float = 60.0) -> dict:
     """Training iterations on the emulator, every collective on real data and checked.
 
     Returns the same summary row on every rank, with ``wrong`` summed over ranks and
@@ -268,13 +269,13 @@ def mpi_training(grid, workload: Workload, policy: str, intra: str, chunks: int 
     payload = pickle.dumps(plan_orders(workload, topo, policy, chunks, dtype, comm_scale)
                            if grid.rank == 0 else None)
     size = np.array([len(payload)], np.int64)
-    wait(grid.cart.Ibcast(size, root=0))
+    wait(grid.cart.Ibcast(size, root=0), timeout_s, "the broadcast of the chunk orders")
     data = np.frombuffer(payload, np.uint8).copy() if grid.rank == 0 else np.empty(int(size[0]), np.uint8)
-    wait(grid.cart.Ibcast(data, root=0))
+    wait(grid.cart.Ibcast(data, root=0), timeout_s, "the broadcast of the chunk orders")
     orders = pickle.loads(data.tobytes())
     itemsize = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
     engine = Engine(topo, intra, active_per_dim)
-    transport = MpiTransport(grid, CostModel(topo, itemsize, endpoint_delay_ns))
+    transport = MpiTransport(grid, CostModel(topo, itemsize, endpoint_delay_ns), timeout_s=timeout_s)
     wrong = [0]
 
     def issue(coll, coll_orders, on_done):
@@ -292,12 +293,12 @@ def mpi_training(grid, workload: Workload, policy: str, intra: str, chunks: int 
 
     run = TrainingRun(workload, topo, engine, policy, chunks, dtype, iterations, compute_scale, orders,
                       issue, comm_scale)
-    wait(grid.cart.Ibarrier())
+    wait(grid.cart.Ibarrier(), timeout_s, "the barrier before training")
     t0 = transport.t0_wall = MPI.Wtime()
     run.start()
     engine.run(transport)
-    wall_s = float(allreduce(grid.cart, [MPI.Wtime() - t0], MPI.MAX)[0])
+    wall_s = float(allreduce(grid.cart, [MPI.Wtime() - t0], MPI.MAX, timeout_s)[0])
     row = summarize_training(run, topo, engine.records, engine.now_ns)
     row.update(policy=policy, intra=intra, chunks=chunks, transport="mpi", wall_s=wall_s,
-               wrong=int(allreduce(grid.cart, np.array(wrong, np.int64))[0]))
+               wrong=int(allreduce(grid.cart, np.array(wrong, np.int64), timeout_s=timeout_s)[0]))
     return row

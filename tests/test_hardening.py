@@ -1,0 +1,79 @@
+"""Rules for dying and silent ranks: bounded time, a one-line diagnosis, no complete-looking trace."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import ROOT, mpi_env, mpiexec_path
+
+TIMEOUT_S = 5
+
+
+def launcher_keeps_survivors() -> list[str]:
+    """Flags that stop the launcher from killing the survivors at once, so the watchdog speaks."""
+    version = subprocess.run([mpiexec_path(), "--version"], capture_output=True, text=True).stdout
+    return ["-disable-auto-cleanup"] if "HYDRA" in version.upper() else []
+
+
+def job_pids(marker: str) -> dict[int, int]:
+    """PID -> MPI rank of the live Python ranks whose command line contains `marker`."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            if marker not in cmd or "themis_mpi" not in cmd:
+                continue
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        ranks = [e.split(b"=", 1)[1] for e in env if e.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
+        if ranks:
+            out[int(pid)] = int(ranks[0])
+    return out
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
+    """Kill (SIGKILL) or freeze (SIGSTOP) one of 8 ranks mid-collective: all ranks end, one line
+    names the lost rank and the collective, and no trace file is left at the trace path."""
+    trace = tmp_path / f"{how}.h5"
+    cmd = [mpiexec_path(), *launcher_keeps_survivors(), "-n", "8", sys.executable, "-m", "themis_mpi", "run",
+           "-t", "2x2x2", "-b", "64M", "-c", "64", "-n", "1000", "-w", "0", "--timeout-s", str(TIMEOUT_S),
+           "--trace", str(trace)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(),
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        pids = {}
+        while len(pids) < 8 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            pids = job_pids(str(trace))
+        assert len(pids) == 8, "the job did not start"
+        time.sleep(3)  # well inside the 1000 iterations
+        victim_pid, victim = next((p, r) for p, r in pids.items() if r == 5)
+        os.kill(victim_pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        struck = time.monotonic()
+        _, err = proc.communicate(timeout=TIMEOUT_S + 60)
+        while job_pids(str(trace)) and time.monotonic() - struck < TIMEOUT_S + 30:
+            time.sleep(0.2)  # survivors that never waited on the lost rank time out on their own
+        ended_after_s = time.monotonic() - struck
+        survivors = job_pids(str(trace))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in job_pids(str(trace)):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert not survivors and ended_after_s < TIMEOUT_S + 30, (survivors, err[-2000:])
+    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
+    assert lines, err[-2000:]
+    assert any(f"waiting for rank(s)" in ln and str(victim) in ln.split("waiting for rank(s)")[1].split(" in ")[0]
+               for ln in lines), lines
+    assert all("collective" in ln or "a peer died" in ln for ln in lines)
+    assert "Traceback" not in err
+    assert not trace.exists()
