@@ -77,3 +77,19 @@ def test_plan_steps_match_cost_model_steps(algorithm, p, op):
     for step, (msg_bytes, n_msgs) in zip(real, nominal):
         assert len(step.sends) == n_msgs
         assert max(b - a for _, a, b in step.sends) * 8 <= msg_bytes
+
+
+@pytest.mark.parametrize("algorithm,p", CASES)
+@pytest.mark.parametrize("dtype,rtol", [(np.float32, 1e-5), (np.float64, 1e-12)])
+def test_float_all_reduce_matches_numpy_within_tolerance(algorithm, p, dtype, rtol):
+    """Random floats, RS then AG: every rank ends with numpy's sum over ranks, within P * eps."""
+    rng = np.random.default_rng(p)
+    n = 1000
+    bufs = [rng.standard_normal(n).astype(dtype) for _ in range(p)]
+    reference = np.sum(np.stack(bufs).astype(np.float64), axis=0)
+    lockstep(algorithm, RS, p, 0, n, bufs)
+    lockstep(algorithm, AG, p, 0, n, bufs)
+    scale = np.abs(np.stack(bufs)).max()
+    for c in range(p):
+        np.testing.assert_allclose(bufs[c], reference, rtol=rtol, atol=p * np.finfo(dtype).eps * scale * 4)
+        np.testing.assert_array_equal(bufs[c], bufs[0])  # every rank holds the same bits

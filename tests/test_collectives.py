@@ -90,3 +90,15 @@ def test_all_to_all_check_rejects_unexchanged_data():
     buf = np.empty(coll.count)
     fill_input(buf, TOPO, coll, COORDS, _orders(coll))
     assert count_wrong(buf, TOPO, coll, COORDS, _orders(coll)) == 5 * 50
+
+
+def test_int32_sums_that_would_overflow_are_refused():
+    """Over 46341 NPUs the int32 sums of the inputs overflow: refused, not silently wrapped."""
+    from themis_mpi.errors import UsageError
+    from themis_mpi.topology import parse_topology as topo
+
+    big = topo("SW(256,100,0)_SW(256,100,0)")  # 65536 NPUs (model-sized; one rank's buffer is enough)
+    coll = Collective("all_reduce", 16, "int32", 1, (0, 1))
+    with pytest.raises(UsageError, match="int32 cannot hold the sums of 65536"):
+        fill_input(np.empty(16, np.int32), big, coll, (0, 0), [[0, 1]])
+    fill_input(np.empty(16, np.int64), big, Collective("all_reduce", 16, "int64", 1, (0, 1)), (0, 0), [[0, 1]])

@@ -258,9 +258,20 @@ SENTINEL = -7
 BLOCK_ELEMS = 1 << 18
 
 
+def check_range(dtype, npus: int) -> None:
+    """Refuse, rather than silently wrap, inputs or sums that an integer dtype cannot hold."""
+    info = np.iinfo(dtype) if np.issubdtype(np.dtype(dtype), np.integer) else None
+    m = value_period(npus)
+    largest = npus * (npus * (m - 1) + npus - 1)  # the sum of the largest inputs of all ranks
+    if info is not None and largest > info.max:
+        raise UsageError(f"{np.dtype(dtype).name} cannot hold the sums of {npus} NPUs' inputs "
+                         f"(up to {largest} > {info.max}); use int64 or a float type")
+
+
 def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders):
     """Write this NPU's closed-form input; an all-gather fills only its own blocks."""
     n = involved_npus_of(topology, collective)
+    check_range(buffer.dtype, n)
     rank = group_rank(topology, collective.dims, coords)
     pattern = input_values(rank, n, 0, value_period(n), buffer.dtype)
     if collective.op == "all_gather":

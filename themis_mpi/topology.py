@@ -209,7 +209,7 @@ def parse_inline(spec: str) -> Topology:
         if len(fields) not in (3, 4):
             raise UsageError(f"topology dim {item!r} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
         npus = _number(fields[0], "npus", item)
-        if npus != int(npus):
+        if not math.isfinite(npus) or npus != int(npus):
             raise UsageError(f"npus must be an integer in topology dim {item!r}")
         algorithm = fields[3].lower() if len(fields) == 4 else ""
         dims.append(

@@ -30,7 +30,9 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
+import time
 
 import numpy as np
 
@@ -233,28 +235,76 @@ class Trace:
                 for k in row.dtype.names}
 
 
+PROBE_TIMEOUT_S = 60.0
+
+
+def _probe(path: str) -> None:
+    """Read the whole file once in a forked child.
+
+    On some damaged files the HDF5 library aborts the process (found by fuzzing), which no Python
+    handler can catch; the child takes that blow instead.
+    """
+    if not hasattr(os, "fork") or not os.path.isfile(path):
+        return
+    pid = os.fork()
+    if pid == 0:  # child: the parent's own reads; only whether it survives matters
+        try:
+            import h5py
+
+            with h5py.File(path, "r") as f:
+                _read_open(path, f)
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise UsageError(f"{path}: damaged trace (reading it did not finish in {PROBE_TIMEOUT_S:g} s)")
+        time.sleep(0.002)
+    if os.WIFSIGNALED(status):
+        raise UsageError(f"{path}: damaged trace (the HDF5 library crashed reading it, signal "
+                         f"{os.WTERMSIG(status)})")
+
+
 def _read(path: str):
     import h5py
+
+    _probe(path)
 
     try:
         f = h5py.File(path, "r")
     except FileNotFoundError:
         raise UsageError(f"{path}: no such trace file") from None
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0]}); "
                          "truncated or not a trace") from None
-    with f:
-        if f.attrs.get("format") != FORMAT:
-            raise UsageError(f"{path}: not a themis-mpi trace (no format={FORMAT!r} attribute)")
-        if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
-            raise UsageError(f"{path}: trace format version {f.attrs.get('format_version')} is not "
-                             f"supported (this themis-mpi reads version {FORMAT_VERSION})")
-        if int(f.attrs.get("complete", 0)) != 1:
-            raise UsageError(f"{path}: trace is marked incomplete (the run did not finish)")
-        try:
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-            tables = [f[name][()] for name in ("topology", "collectives", "schedule", "summary_dims",
-                                               "events")]
-        except (KeyError, OSError) as exc:
-            raise UsageError(f"{path}: damaged trace ({str(exc).splitlines()[0]})") from None
+    try:
+        with f:
+            return _read_open(path, f)
+    except UsageError:
+        raise
+    except Exception as exc:  # h5py raises many kinds on a damaged file
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"{path}: damaged trace ({first})") from None
+
+
+def _read_open(path: str, f):
+    """Validate an open trace file and read its attributes and tables."""
+    if f.attrs.get("format") != FORMAT:
+        raise UsageError(f"{path}: not a themis-mpi trace (no format={FORMAT!r} attribute)")
+    if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
+        raise UsageError(f"{path}: trace format version {f.attrs.get('format_version')} is not "
+                         f"supported (this themis-mpi reads version {FORMAT_VERSION})")
+    if int(f.attrs.get("complete", 0)) != 1:
+        raise UsageError(f"{path}: trace is marked incomplete (the run did not finish)")
+    attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    tables = [f[name][()] for name in ("topology", "collectives", "schedule", "summary_dims", "events")]
+    for name, table, columns in (("events", tables[4], EVENT_DTYPE.names),
+                                 ("collectives", tables[1], COLLECTIVE_DTYPE.names)):
+        if table.dtype.names is None or set(columns) - set(table.dtype.names):
+            raise UsageError(f"{path}: damaged trace (the {name} table lacks columns)")
     return (attrs, *tables)
