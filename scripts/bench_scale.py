@@ -4,8 +4,9 @@ Usage::
 
     python scripts/bench_scale.py [--ranks 8,16,32,64,128] [--json bench_scale.json]
 
-For each rank count it launches two jobs with the same launcher:
+For each rank count it launches three jobs with the same launcher:
 - a reference job: ``import mpi4py.MPI, numpy``, then one barrier;
+- a native job: the same 16 MiB float64 buffer all-reduced by ``COMM_WORLD.Allreduce``;
 - the emulator job: a 16 MiB float64 all-reduce (8 chunks, baseline and Themis) on a 3-dim
   topology of that many NPUs.
 
@@ -54,6 +55,12 @@ def worker(kind: str, topology: str, size_mib: int, chunks: int) -> None:
             for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
                 row, _ = run_collective(grid, coll, policy, intra, buffer=buf)
                 out[policy] = {"wall_s": row["wall_s"], "time_us": row["time_us"], "wrong": row["wrong"]}
+    elif kind == "native":
+        buf = np.ones(size_mib * 2**20 // 8)
+        comm.Barrier()
+        t0 = MPI.Wtime()
+        comm.Allreduce(MPI.IN_PLACE, buf)
+        out["wall_s"] = comm.allreduce(MPI.Wtime() - t0, op=MPI.MAX)
     else:
         comm.Barrier()
     rss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])  # MiB
@@ -103,7 +110,7 @@ def model_times() -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=("reference", "emulator"))
+    ap.add_argument("--worker", choices=("reference", "native", "emulator"))
     ap.add_argument("--topology")
     ap.add_argument("--ranks", default="8,16,32,64,128")
     ap.add_argument("--size-mib", type=int, default=16)
@@ -117,21 +124,25 @@ def main():
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
         ref = launch(n, "reference", args)
+        native = launch(n, "native", args)
         emu = launch(n, "emulator", args)
-        rows.append({"ranks": n, "topology": topology_for(n), "reference": ref, "emulator": emu,
+        rows.append({"ranks": n, "topology": topology_for(n), "reference": ref, "native": native,
+                     "emulator": emu,
                      "extra_rss_mib_per_rank": emu["rss_mib_mean"] - ref["rss_mib_mean"]})
         print(f"ranks {n}: done", file=sys.stderr, flush=True)
     models = model_times()
     print(f"# {args.size_mib} MiB float64 all-reduce, {args.chunks} chunks, on {os.cpu_count()} cores; "
           "job_s = whole mpiexec job; RSS = peak resident set per rank (MiB)")
-    print(f"#{'ranks':>6} {'ref_job_s':>10} {'emu_job_s':>10} {'base_wall_s':>12} {'themis_wall_s':>14} "
-          f"{'ref_rss':>8} {'emu_rss':>8} {'extra':>7} {'emu_rss_total':>14} {'#wrong':>7}")
+    print(f"#{'ranks':>6} {'ref_job_s':>10} {'emu_job_s':>10} {'native_s':>9} {'base_wall_s':>12} "
+          f"{'themis_s':>9} {'ref_rss':>8} {'native_rss':>11} {'emu_rss':>8} {'emu-ref':>8} "
+          f"{'emu_total':>10} {'#wrong':>7}")
     for r in rows:
-        e = r["emulator"]
-        print(f" {r['ranks']:>6} {r['reference']['job_s']:>10.2f} {e['job_s']:>10.2f} "
-              f"{e['baseline']['wall_s']:>12.3f} {e['themis']['wall_s']:>14.3f} "
-              f"{r['reference']['rss_mib_mean']:>8.1f} {e['rss_mib_mean']:>8.1f} "
-              f"{r['extra_rss_mib_per_rank']:>7.1f} {e['rss_mib_total']:>14.0f} "
+        e, nat = r["emulator"], r["native"]
+        print(f" {r['ranks']:>6} {r['reference']['job_s']:>10.2f} {e['job_s']:>10.2f} {nat['wall_s']:>9.3f} "
+              f"{e['baseline']['wall_s']:>12.3f} {e['themis']['wall_s']:>9.3f} "
+              f"{r['reference']['rss_mib_mean']:>8.1f} {nat['rss_mib_mean']:>11.1f} "
+              f"{e['rss_mib_mean']:>8.1f} "
+              f"{r['extra_rss_mib_per_rank']:>8.1f} {e['rss_mib_total']:>10.0f} "
               f"{e['baseline']['wrong'] + e['themis']['wrong']:>7}")
     print("\n# model: 1 GiB all-reduce, 64 chunks, Themis+SCF, median of 5")
     for m in models:

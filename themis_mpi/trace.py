@@ -29,7 +29,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pickle
 import platform
+import select
 import signal
 import sys
 import time
@@ -235,61 +237,69 @@ class Trace:
                 for k in row.dtype.names}
 
 
-PROBE_TIMEOUT_S = 60.0
-
-
-def _probe(path: str) -> None:
-    """Read the whole file once in a forked child.
-
-    On some damaged files the HDF5 library aborts the process (found by fuzzing), which no Python
-    handler can catch; the child takes that blow instead.
-    """
-    if not hasattr(os, "fork") or not os.path.isfile(path):
-        return
-    pid = os.fork()
-    if pid == 0:  # child: the parent's own reads; only whether it survives matters
-        try:
-            import h5py
-
-            with h5py.File(path, "r") as f:
-                _read_open(path, f)
-        finally:
-            os._exit(0)
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise UsageError(f"{path}: damaged trace (reading it did not finish in {PROBE_TIMEOUT_S:g} s)")
-        time.sleep(0.002)
-    if os.WIFSIGNALED(status):
-        raise UsageError(f"{path}: damaged trace (the HDF5 library crashed reading it, signal "
-                         f"{os.WTERMSIG(status)})")
+READ_TIMEOUT_S = 60.0
 
 
 def _read(path: str):
-    import h5py
+    """Attributes and tables of a trace, read in a forked child and sent back through a pipe.
 
-    _probe(path)
+    Fuzzing showed that on some damaged files the HDF5 library aborts the process, or corrupts
+    its state so that it aborts at exit. The child takes those blows; this process never opens
+    the file with HDF5, and a crash or hang becomes a one-line error.
+    """
+    if not os.path.exists(path):
+        raise UsageError(f"{path}: no such trace file")
+    if not hasattr(os, "fork"):
+        return _read_file(path)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            os.close(r)
+            try:
+                payload = ("ok", _read_file(path))
+            except UsageError as exc:
+                payload = ("error", str(exc))
+            except Exception as exc:  # h5py raises many kinds on a damaged file
+                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                payload = ("error", f"{path}: damaged trace ({first})")
+            with os.fdopen(w, "wb") as out:
+                pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + READ_TIMEOUT_S
+    with os.fdopen(r, "rb") as pipe:
+        while True:
+            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise UsageError(f"{path}: damaged trace (reading it did not finish in {READ_TIMEOUT_S:g} s)")
+            data = os.read(pipe.fileno(), 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status) or not chunks:
+        signal_note = f", signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else ""
+        raise UsageError(f"{path}: damaged trace (the HDF5 library crashed reading it{signal_note})")
+    kind, value = pickle.loads(b"".join(chunks))
+    if kind == "error":
+        raise UsageError(value)
+    return value
+
+
+def _read_file(path: str):
+    import h5py
 
     try:
         f = h5py.File(path, "r")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such trace file") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0]}); "
                          "truncated or not a trace") from None
-    try:
-        with f:
-            return _read_open(path, f)
-    except UsageError:
-        raise
-    except Exception as exc:  # h5py raises many kinds on a damaged file
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"{path}: damaged trace ({first})") from None
+    with f:
+        return _read_open(path, f)
 
 
 def _read_open(path: str, f):
