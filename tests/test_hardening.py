@@ -37,13 +37,9 @@ def job_pids(marker: str) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
-def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
-    """A killed or frozen rank of 8 ends the job in time, with one line naming it; no trace is left.
-
-    The rank is killed (SIGKILL) or frozen (SIGSTOP) mid-collective.
-    """
-    trace = tmp_path / f"{how}.h5"
+def strike(tmp_path, how: str, attempt: int):
+    """Run 8 ranks, kill or freeze rank 5 mid-collective; return what happened."""
+    trace = tmp_path / f"{how}{attempt}.h5"
     cmd = [mpiexec_path(), *launcher_keeps_survivors(), "-n", "8", sys.executable, "-m", "themis_mpi", "run",
            "-t", "2x2x2", "-b", "64M", "-c", "64", "-n", "1000", "-w", "0", "--timeout-s", str(TIMEOUT_S),
            "--trace", str(trace)]
@@ -70,12 +66,31 @@ def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
             proc.kill()
         for pid in job_pids(str(trace)):
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode != 0
-    assert not survivors and ended_after_s < TIMEOUT_S + 30, (survivors, err[-2000:])
-    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
-    assert lines, err[-2000:]
-    awaited = [ln.split("waiting for rank(s)")[1].split(" in ")[0] for ln in lines if "waiting for" in ln]
-    assert any(str(victim) in peers.split(", ") for peers in awaited), lines
-    assert all("collective" in ln or "a peer died" in ln for ln in lines)
+    return proc.returncode, err, survivors, ended_after_s, victim, trace
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
+    """A killed or frozen rank of 8 ends the job in time, with one line naming it; no trace is left.
+
+    Even with auto-cleanup off, MPICH's launcher sometimes ends the job itself when a rank is
+    killed (exit 9), or its proxy crashes (``unable to forward PMI response``, exit 255), taking
+    every rank and their output with it before any survivor notices. Every attempt must still end
+    all ranks in time; only a job the launcher ended without a word from us is retried (it did
+    so in about 45 % of kills here), up to 8 attempts.
+    """
+    for attempt in range(8 if how == "kill" else 1):
+        returncode, err, survivors, ended_after_s, victim, trace = strike(tmp_path, how, attempt)
+        assert returncode != 0
+        assert not survivors and ended_after_s < TIMEOUT_S + 30, (survivors, err[-2000:])
+        assert not trace.exists()
+        lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
+        launcher_took_over = returncode in (9, 255) and "Traceback" not in err
+        if lines or not launcher_took_over:
+            break
+    assert lines, err[-4000:] + f" returncode={returncode}"
+    named = [ln.split("; rank(s) ")[1].split(" did not answer")[0] for ln in lines if "did not answer" in ln]
+    named += [ln.split("waiting for rank(s) ")[1].split(" in ")[0] for ln in lines if "waiting for" in ln]
+    assert any(str(victim) in peers.split(", ") for peers in named), lines
+    assert all("collective" in ln or "reduction" in ln or "barrier" in ln for ln in lines)
     assert "Traceback" not in err
-    assert not trace.exists()

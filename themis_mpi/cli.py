@@ -13,6 +13,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 from . import __version__
 from .collectives import DTYPES, OPS, REDOPS, Collective
@@ -431,6 +432,7 @@ def main(argv=None) -> int:
         if type(exc).__name__ != "Stalled":
             raise
         print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
+        time.sleep(0.5)  # let the launcher forward the line before the abort tears it down
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(3)
         return 3
     except BaseException:

@@ -40,10 +40,64 @@ YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
 
 
 DEFAULT_TIMEOUT_S = 60.0
+PING, PONG = 7001, 7002
+PING_GRACE_S = 2.0
 
 
 class Stalled(Exception):
     """No progress for longer than the timeout: a peer died or stopped responding."""
+
+
+class Health:
+    """Liveness pings on a private duplicate of the world communicator.
+
+    Every waiting loop answers pings (`service`), so a rank that is alive answers even while it
+    waits itself; a rank that timed out asks everybody (`silent`) and names those that stay quiet.
+    """
+
+    active: Health | None = None  # the grid in use; its waiting loops answer pings
+
+    def __init__(self, comm: MPI.Comm):
+        self.comm = comm.Dup()
+        self._byte = np.zeros(1, np.uint8)
+        self._replies: list[MPI.Request] = []
+
+    def service(self) -> None:
+        """Answer every ping that has arrived."""
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
+            source = status.Get_source()
+            self.comm.Recv(self._byte, source, PING)
+            self._replies.append(self.comm.Isend(self._byte, source, PONG))
+        if len(self._replies) > 64:
+            self._replies = [r for r in self._replies if not r.Test()]
+
+    def silent(self) -> list[int]:
+        """Ranks that do not answer a ping within PING_GRACE_S."""
+        me, size = self.comm.Get_rank(), self.comm.Get_size()
+        waiting = set(range(size)) - {me}
+        for rank in sorted(waiting):
+            try:
+                self._replies.append(self.comm.Isend(self._byte, rank, PING))
+            except MPI.Exception:
+                pass  # it stays in `waiting`
+        deadline, status = time.monotonic() + PING_GRACE_S, MPI.Status()
+        while waiting and time.monotonic() < deadline:
+            try:
+                self.service()
+                while self.comm.Iprobe(MPI.ANY_SOURCE, PONG, status):
+                    self.comm.Recv(self._byte, status.Get_source(), PONG)
+                    waiting.discard(status.Get_source())
+            except MPI.Exception:
+                break
+            time.sleep(1e-3)
+        return sorted(waiting)
+
+    def close(self) -> None:
+        """Free the private communicator."""
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+            self.comm = MPI.COMM_NULL
 
 
 class Backoff:
@@ -65,15 +119,27 @@ class Backoff:
 
     def pause(self, limit_s: float | None = None) -> None:
         """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
+        health = Health.active
+        if health is not None:
+            health.service()
         if time.monotonic() - self.since > self.timeout_s:
             raise Stalled(f"rank {MPI.COMM_WORLD.Get_rank()}: no progress for {self.timeout_s:g} s "
-                          f"{self.describe()}; a peer died or stopped responding")
+                          f"{self.describe()}; {lost_ranks()}")
         self.idle += 1
         if self.idle <= YIELDS:
             os.sched_yield()
             return
         time.sleep(self.sleep_s if limit_s is None else max(0.0, min(self.sleep_s, limit_s)))
         self.sleep_s = min(2 * self.sleep_s, MAX_SLEEP_S)
+
+
+def lost_ranks() -> str:
+    """Which ranks no longer answer, for a diagnosis."""
+    health = Health.active
+    silent = health.silent() if health is not None else []
+    if not silent:
+        return "a peer died or stopped responding"
+    return f"rank(s) {', '.join(map(str, silent))} did not answer (died or stopped)"
 
 
 def wait(request: MPI.Request, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "a control collective"):
@@ -130,9 +196,14 @@ class CartGrid:
             self.world_ranks.append(MPI.Group.Translate_ranks(group, list(range(sub.Get_size())), world))
             group.Free()
             world.Free()
+        self.health = Health(comm)
+        Health.active = self.health
 
     def close(self) -> None:
-        """Free the sub-communicators and the Cartesian communicator."""
+        """Free the sub-communicators, the health communicator and the Cartesian communicator."""
+        if Health.active is self.health:
+            Health.active = None
+        self.health.close()
         for sub in self.subcomms:
             sub.Free()
         self.subcomms = []
