@@ -8,8 +8,9 @@ its busy time over the collective time.
 
 from __future__ import annotations
 
-import math
 import os
+
+import numpy as np
 
 from .cost import CostModel, ideal_time_us
 from .engine import CollectiveRun
@@ -21,11 +22,6 @@ def busbw_factor(op: str, npus: int) -> float:
     if npus <= 1:
         return 0.0
     return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
-
-
-def involved_npus(topology: Topology, dims) -> int:
-    """NPUs in one group of the involved dims."""
-    return math.prod(topology.dims[d].npus for d in dims)
 
 
 def summarize(run: CollectiveRun, topology: Topology, cost: CostModel) -> dict:
@@ -56,7 +52,7 @@ def summarize(run: CollectiveRun, topology: Topology, cost: CostModel) -> dict:
         "chunks": coll.n_chunks,
         "time_us": time_us,
         "ideal_us": ideal_us,
-        **bandwidths(coll.op, coll.size_bytes, time_us, involved_npus(topology, coll.dims)),
+        **bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims)),
         "utilization": ideal_us / time_us if time_us > 0 else 1.0,
         "dims": dims,
     }
@@ -106,8 +102,6 @@ def format_table(rows: list[dict], n_dims: int, clock: str) -> str:
 
 def percentile(values, q: float) -> float:
     """The q-th percentile (0-100) of values, 0 for none."""
-    import numpy as np
-
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
@@ -119,8 +113,6 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
         rank: whose events give busy time and bytes (None: the mean over ranks); queueing delays
             always pool every rank's stages.
     """
-    import numpy as np
-
     topo = trace.topology()
     ev = trace.events
     out = []
@@ -151,7 +143,7 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
             "intra": row["intra"], "size_bytes": row["size_bytes"], "chunks": row["chunks"],
             "time_us": time_us, "ideal_us": row["ideal_us"],
             "utilization": row["ideal_us"] / time_us if time_us > 0 else 1.0,
-            **bandwidths(row["op"], row["size_bytes"], time_us, involved_npus(topo, involved)),
+            **bandwidths(row["op"], row["size_bytes"], time_us, topo.group_npus(involved)),
             "wrong": None if row["wrong"] < 0 else row["wrong"], "ranks": int(len(ranks)), "dims": dims,
         })
     return out

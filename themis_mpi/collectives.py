@@ -207,11 +207,7 @@ def count_periodic_mismatch(buffer: np.ndarray, lo: int, hi: int, pattern: np.nd
 
 def group_rank(topology: Topology, dims, coords) -> int:
     """This NPU's rank within its group of the involved dims (dim 0 varies fastest)."""
-    rank, stride = 0, 1
-    for d in sorted(dims):
-        rank += coords[d] * stride
-        stride *= topology.dims[d].npus
-    return rank
+    return sum(coords[d] * stride for d, stride in topology.group_strides(dims).items())
 
 
 def _rs_dims(topology: Topology, collective: Collective, order) -> list[int]:
@@ -234,10 +230,7 @@ def owned_regions(topology: Topology, collective: Collective, coords, orders) ->
 
 def owners(topology: Topology, collective: Collective, orders) -> np.ndarray:
     """Group rank of the NPU whose block each element is after a reduce-scatter."""
-    strides, stride = {}, 1
-    for d in sorted(collective.dims):
-        strides[d] = stride
-        stride *= topology.dims[d].npus
+    strides = topology.group_strides(collective.dims)
     owner = np.zeros(collective.count, dtype=np.int64)
     bounds = collective.chunk_bounds()
     for k in range(collective.n_chunks):
@@ -270,7 +263,7 @@ def check_range(dtype, npus: int) -> None:
 
 def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders):
     """Write this NPU's closed-form input; an all-gather fills only its own blocks."""
-    n = involved_npus_of(topology, collective)
+    n = topology.group_npus(collective.dims)
     check_range(buffer.dtype, n)
     rank = group_rank(topology, collective.dims, coords)
     pattern = input_values(rank, n, 0, value_period(n), buffer.dtype)
@@ -282,18 +275,11 @@ def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, c
     fill_periodic(buffer, 0, collective.count, pattern)
 
 
-def involved_npus_of(topology: Topology, collective: Collective) -> int:
-    """NPUs in one group of the collective's involved dims."""
-    n = 1
-    for d in collective.dims:
-        n *= topology.dims[d].npus
-    return n
-
 
 def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, coords,
                 orders) -> int:
     """Elements of this NPU's result that differ from the closed form."""
-    n = involved_npus_of(topology, collective)
+    n = topology.group_npus(collective.dims)
     if collective.op == "all_to_all":
         return _wrong_all_to_all(buffer, topology, collective, coords)
     if collective.op == "all_gather":
@@ -314,7 +300,7 @@ def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, 
 
 def _wrong_all_to_all(buffer, topology: Topology, collective: Collective, coords) -> int:
     """All-to-all: block j of each chunk must hold what group rank j had in this NPU's block."""
-    n = involved_npus_of(topology, collective)
+    n = topology.group_npus(collective.dims)
     rank = group_rank(topology, collective.dims, coords)
     bounds = collective.chunk_bounds()
     wrong = 0

@@ -97,9 +97,7 @@ def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
     all-to-all: ``S (N-1)/N / sum(B_d)``. S is the per-NPU size in bytes.
     """
     involved = [topology.dims[d] for d in dims if topology.dims[d].npus > 1]
-    n = 1
-    for d in involved:
-        n *= d.npus
+    n = topology.group_npus(dims)
     if n == 1:
         return 0.0
     bandwidth = sum(d.bandwidth_bytes_per_ns for d in involved)

@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from . import algorithms
 from .algorithms import owned_region, plan, plan_all_to_all
-from .analysis import bandwidths, involved_npus, summarize
+from .analysis import bandwidths, summarize
 from .collectives import Collective, count_wrong, fill_input
 from .cost import A2A, AG, RS, CostModel
 from .engine import Engine, StageRun
@@ -327,9 +327,8 @@ class MpiTransport:
             region = stack[-1]
         collective, _ = self._buffers[s.coll]
         if s.op == A2A:
-            stride = math.prod(topo.dims[d].npus for d in collective.dims if d < s.dim)
-            group = math.prod(topo.dims[d].npus for d in collective.dims)
-            steps = plan_all_to_all(dim.npus, c, stride, group, *region)
+            stride = topo.group_strides(collective.dims)[s.dim]
+            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(collective.dims), *region)
         else:
             steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
         scratch_elems = max((sum(b - a for _, a, b in st.recvs) for st in steps
@@ -511,7 +510,7 @@ def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: s
         row["virtual_us"] = row["time_us"]
         row["time_us"] = slowest / time_scale * 1e6
         row.update(bandwidths(collective.op, collective.size_bytes, row["time_us"],
-                              involved_npus(topo, collective.dims)))
+                              topo.group_npus(collective.dims)))
         row["utilization"] = row["ideal_us"] / row["time_us"]
     wrong = None
     if check:

@@ -115,6 +115,18 @@ class Topology:
         """Total NPUs: the product of the dims' sizes."""
         return math.prod(d.npus for d in self.dims)
 
+    def group_npus(self, dims) -> int:
+        """NPUs in one group spanned by `dims` (the NPUs a collective on those dims involves)."""
+        return math.prod(self.dims[d].npus for d in dims)
+
+    def group_strides(self, dims) -> dict[int, int]:
+        """Mixed-radix strides of a group's ranks over `dims`, the lowest dim varying fastest."""
+        strides, stride = {}, 1
+        for d in sorted(dims):
+            strides[d] = stride
+            stride *= self.dims[d].npus
+        return strides
+
     @property
     def shape(self) -> tuple[int, ...]:
         """NPUs per dim."""

@@ -19,6 +19,8 @@ what computing them at issue gives) and broadcast once.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .collectives import DTYPES, Collective
 from .errors import UsageError
 from .policies import chunk_orders
@@ -177,7 +179,7 @@ def collective_of(workload: Workload, layer, phase: str, topology, chunks: int, 
     dims = tuple(d for d in workload.dims(layer, phase, topology) if topology.dims[d].npus > 1)
     if p.op is None or p.size_bytes <= 0 or not dims:
         return None
-    itemsize = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
+    itemsize = np.dtype(dtype).itemsize
     count = max(1, int(p.size_bytes * comm_scale) // itemsize)
     return Collective(p.op, count, dtype, chunks, dims)
 
@@ -231,15 +233,15 @@ def model_training(workload: Workload, topology, policy: str, intra: str, chunks
     """Training iterations on the model transport; returns the summary row."""
     from .cost import CostModel
     from .engine import Engine
-    from .model import ModelTransport
+    from .model import run_engine
 
     engine = Engine(topology, intra, active_per_dim)
     orders = plan_orders(workload, topology, policy, chunks, dtype, comm_scale)
-    itemsize = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
+    itemsize = np.dtype(dtype).itemsize
     run = TrainingRun(workload, topology, engine, policy, chunks, dtype, iterations, compute_scale, orders,
                       comm_scale=comm_scale)
     run.start()
-    engine.run(ModelTransport(CostModel(topology, itemsize, endpoint_delay_ns)))
+    run_engine(engine, CostModel(topology, itemsize, endpoint_delay_ns))
     row = summarize_training(run, topology, engine.records, engine.now_ns)
     row.update(policy=policy, intra=intra, chunks=chunks, wrong=None, transport="model")
     return row
@@ -257,7 +259,6 @@ def mpi_training(grid, workload: Workload, policy: str, intra: str, chunks: int 
     """
     import pickle
 
-    import numpy as np
     from mpi4py import MPI
 
     from .collectives import count_wrong, fill_input
@@ -273,7 +274,7 @@ def mpi_training(grid, workload: Workload, policy: str, intra: str, chunks: int 
     data = np.frombuffer(payload, np.uint8).copy() if grid.rank == 0 else np.empty(int(size[0]), np.uint8)
     wait(grid.cart.Ibcast(data, root=0), timeout_s, "the broadcast of the chunk orders")
     orders = pickle.loads(data.tobytes())
-    itemsize = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}[dtype]
+    itemsize = np.dtype(dtype).itemsize
     engine = Engine(topo, intra, active_per_dim)
     transport = MpiTransport(grid, CostModel(topo, itemsize, endpoint_delay_ns), timeout_s=timeout_s)
     wrong = [0]
