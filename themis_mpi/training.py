@@ -27,6 +27,27 @@ from .policies import chunk_orders
 from .workload import PHASES, Workload
 
 
+class Event:
+    """Something the layer loop may have to wait for (DLRM's embedding all-to-all)."""
+
+    def __init__(self, done: bool = True):
+        self.done, self._waiters = done, []
+
+    def set(self) -> None:
+        """Mark it done and run whoever waited."""
+        self.done = True
+        waiters, self._waiters = self._waiters, []
+        for callback in waiters:
+            callback()
+
+    def then(self, callback) -> None:
+        """Run `callback` now if done, else when set."""
+        if self.done:
+            callback()
+        else:
+            self._waiters.append(callback)
+
+
 class TrainingRun:
     """Drives `iterations` training iterations of a workload on one NPU's engine.
 
@@ -64,7 +85,7 @@ class TrainingRun:
         self.compute_ns = 0.0
         self.collectives_issued = 0
         self.iteration = 0
-        self.dlrm_pending = None  # the embedding all-to-all the top layers wait for
+        self.embedding = Event()  # DLRM: the embedding all-to-all the top layers wait for
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -103,27 +124,18 @@ class TrainingRun:
     def _forward_comm(self, i: int, recompute_until) -> None:
         layer = self.wl.layers[i]
         dlrm = self.wl.dlrm_last_bottom_layer
-        if dlrm is not None and i == 0 and recompute_until is None:
-            done = {"flag": False, "then": None}
-
-            def finished():
-                done["flag"] = True
-                if done["then"]:
-                    done["then"]()
-
-            self.dlrm_pending = done
-            self._collective(layer, "fwd", finished)
+        if dlrm is not None and i == 0 and recompute_until is None:  # overlaps the bottom MLP
+            self.embedding = Event(done=False)
+            self._collective(layer, "fwd", self.embedding.set)
             self._forward_next(i, recompute_until)
             return
         self._collective(layer, "fwd", lambda: self._forward_next(i, recompute_until))
 
     def _forward_next(self, i: int, recompute_until) -> None:
         dlrm = self.wl.dlrm_last_bottom_layer
-        if dlrm is not None and i == dlrm and self.dlrm_pending and recompute_until is None:
-            pending, self.dlrm_pending = self.dlrm_pending, None
-            if not pending["flag"]:
-                pending["then"] = lambda: self._forward_next(i, recompute_until)
-                return
+        if dlrm is not None and i == dlrm and recompute_until is None and not self.embedding.done:
+            self.embedding.then(lambda: self._forward_next(i, recompute_until))
+            return
         if recompute_until is not None:
             if i < recompute_until:
                 self._forward(i + 1, recompute_until)
