@@ -100,9 +100,12 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                    help="per-dim latency override in ns, comma-separated")
 
 
+LAUNCHER_RANK_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
 def env_rank() -> int:
     """This process's MPI rank from the launcher's environment, before MPI is initialised."""
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"):
+    for key in LAUNCHER_RANK_KEYS:
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])
     return 0

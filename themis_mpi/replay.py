@@ -17,12 +17,12 @@ from .errors import UsageError
 from .topology import parse_topology
 from .trace import Trace, TraceRecorder
 
-LAUNCHER_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
-
 
 def under_mpiexec() -> bool:
     """True when a launcher started this process (even with one rank)."""
-    return any(k in os.environ for k in LAUNCHER_KEYS)
+    from .cli import LAUNCHER_RANK_KEYS
+
+    return any(k in os.environ for k in LAUNCHER_RANK_KEYS)
 
 
 def recorded_collectives(trace: Trace):
