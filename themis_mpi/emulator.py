@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from . import algorithms
 from .algorithms import owned_region, plan, plan_all_to_all
-from .analysis import bandwidths, summarize
+from .analysis import summarize
 from .collectives import Collective, count_wrong, fill_input
 from .cost import A2A, AG, RS, CostModel
 from .engine import Engine, StageRun
@@ -504,14 +504,10 @@ def run_collective(grid: CartGrid, collective: Collective, policy: str, intra: s
     engine.run(transport)
     wall_s = MPI.Wtime() - t0
     transport.detach(run.coll_id)
-    row = summarize(run, topo, cost)
     slowest = float(allreduce(grid.cart, [wall_s], MPI.MAX, timeout_s)[0])
+    row = summarize(run, topo, cost, slowest / time_scale * 1e6 if clock == "wall" else None)
     if clock == "wall":
-        row["virtual_us"] = row["time_us"]
-        row["time_us"] = slowest / time_scale * 1e6
-        row.update(bandwidths(collective.op, collective.size_bytes, row["time_us"],
-                              topo.group_npus(collective.dims)))
-        row["utilization"] = row["ideal_us"] / row["time_us"]
+        row["virtual_us"] = (run.end_ns - run.issued_ns) / 1e3
     wrong = None
     if check:
         mine = count_wrong(buffer, topo, collective, grid.coords, orders)
