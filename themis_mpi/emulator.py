@@ -49,16 +49,17 @@ class Stalled(Exception):
 
 
 class Health:
-    """Liveness pings on a private duplicate of the world communicator.
+    """Liveness pings, point to point with their own tags on the Cartesian communicator.
 
-    Every waiting loop answers pings (`service`), so a rank that is alive answers even while it
+    Nothing else sends point to point there (it carries only control collectives, which never
+    match point-to-point messages), so no extra communicator is needed. Every waiting loop answers pings (`service`), so a rank that is alive answers even while it
     waits itself; a rank that timed out asks everybody (`silent`) and names those that stay quiet.
     """
 
     active: Health | None = None  # the grid in use; its waiting loops answer pings
 
     def __init__(self, comm: MPI.Comm):
-        self.comm = comm.Dup()
+        self.comm = comm
         self._byte = np.zeros(1, np.uint8)
         self._replies: list[MPI.Request] = []
 
@@ -94,10 +95,10 @@ class Health:
         return sorted(waiting)
 
     def close(self) -> None:
-        """Free the private communicator."""
-        if self.comm != MPI.COMM_NULL:
-            self.comm.Free()
-            self.comm = MPI.COMM_NULL
+        """Complete the 1-byte replies (eager sends, already delivered); forget any other."""
+        if self._replies:
+            MPI.Request.Testall(self._replies)
+        self._replies = []
 
 
 class Backoff:
@@ -196,11 +197,11 @@ class CartGrid:
             self.world_ranks.append(MPI.Group.Translate_ranks(group, list(range(sub.Get_size())), world))
             group.Free()
             world.Free()
-        self.health = Health(comm)
+        self.health = Health(self.cart)
         Health.active = self.health
 
     def close(self) -> None:
-        """Free the sub-communicators, the health communicator and the Cartesian communicator."""
+        """Free the sub-communicators and the Cartesian communicator."""
         if Health.active is self.health:
             Health.active = None
         self.health.close()
