@@ -17,6 +17,8 @@ import tempfile
 import h5py
 import numpy as np
 
+from themis_mpi.launch import mpiexec_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REF = os.path.join(os.path.dirname(ROOT), "shared", "reference-workloads", "astra-sim-1.0-text")
 
@@ -37,11 +39,6 @@ RUNTIME = [
      "no file at the trace path; rank 0 writes `PATH.partial-PID` (attribute `complete=0`) and renames it "
      "only when complete"),
 ]
-
-
-def mpiexec() -> str:
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.path.exists(here) else "mpiexec"
 
 
 def main():
@@ -77,7 +74,7 @@ def main():
     open(incomplete, "wb").write(data)
     with h5py.File(incomplete, "a") as f:
         f.attrs["complete"] = 0
-    mpi = [mpiexec(), "-n"]
+    mpi = [mpiexec_path(), "-n"]
     cases = [
         ("rank count does not match the topology", [*mpi, "4", *py, "run", "-t", "2x2x2"]),
         ("unknown preset", [*mpi, "2", *py, "run", "-t", "no-such-preset"]),
@@ -117,7 +114,7 @@ def main():
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
-        shown = shown.replace(tmp + "/", "").replace(mpiexec(), "mpiexec")
+        shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec")
         message = err[0].replace(tmp + "/", "") if err else "(nothing)"
         lines.append(f"| {what} | `{' '.join(shown.split())}` | {proc.returncode} | "
                      f"{'yes' if 'Traceback' in proc.stderr else 'no'} | {message.replace('|', '/')} |")

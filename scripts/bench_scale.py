@@ -4,16 +4,21 @@ Usage::
 
     python scripts/bench_scale.py [--ranks 8,16,32,64,128] [--json bench_scale.json]
 
-For each rank count it launches three jobs with the same launcher:
-- a reference job: ``import mpi4py.MPI, numpy``, then one barrier;
+For each rank count it launches four jobs with the same launcher:
+- a reference job: ``import mpi4py.MPI, numpy``, then one barrier (the idle process);
 - a native job: the same 16 MiB float64 buffer all-reduced by ``COMM_WORLD.Allreduce``;
+- a grid job, plain mpi4py without this package: the 16 MiB buffer, the Cartesian communicator
+  and one sub-communicator per dim, the control collectives the emulator uses (nonblocking
+  broadcast, barrier, reduction) and one 8-byte exchange per dim. This is what MPI charges any
+  program built as DESIGN.md asks, before a chunk moves;
 - the emulator job: a 16 MiB float64 all-reduce (8 chunks, baseline and Themis) on a 3-dim
   topology of that many NPUs.
 
 It reports:
-- the wall time of each job (startup = the reference job, since both pay it);
+- the wall time of each job (startup = the reference job, since all pay it);
 - the peak resident memory (ru_maxrss) per rank and in total;
-- the emulator's extra memory per rank over the reference, against the 16 MiB buffer.
+- each job's peak memory against the target's yardstick, the idle process plus the 16 MiB
+  buffer (``/idle+buf``).
 
 Then it times the model on the four 1024-NPU paper topologies and on a 16384-NPU topology
 (1 GiB, 64 chunks, Themis+SCF). Prints tables and writes JSON.
@@ -55,6 +60,19 @@ def worker(kind: str, topology: str, size_mib: int, chunks: int) -> None:
             for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
                 row, _ = run_collective(grid, coll, policy, intra, buffer=buf)
                 out[policy] = {"wall_s": row["wall_s"], "time_us": row["time_us"], "wrong": row["wrong"]}
+    elif kind == "grid":
+        buf = np.ones(size_mib * 2**20 // 8)
+        shape = [int(x) for x in topology.split(",")]
+        cart = comm.Create_cart(shape, periods=[True] * len(shape), reorder=False)
+        subs = [cart.Sub([i == d for i in range(len(shape))]) for d in range(len(shape))]
+        cart.Ibcast(np.zeros(len(shape), np.int32)).Wait()
+        cart.Ibarrier().Wait()
+        cart.Iallreduce(np.ones(1), np.empty(1), op=MPI.MAX).Wait()
+        for sub in subs:
+            peer = (sub.Get_rank() + 1) % sub.Get_size()
+            sub.Sendrecv(buf[:1].copy(), peer, 0, np.empty(1), MPI.ANY_SOURCE, 0)
+        for c in subs + [cart]:
+            c.Free()
     elif kind == "native":
         buf = np.ones(size_mib * 2**20 // 8)
         comm.Barrier()
@@ -73,14 +91,14 @@ def worker(kind: str, topology: str, size_mib: int, chunks: int) -> None:
 
 
 def launch(n: int, kind: str, args) -> dict:
-    here = os.path.dirname(sys.executable)
-    mpiexec = os.path.join(here, "mpiexec") if os.path.exists(os.path.join(here, "mpiexec")) else "mpiexec"
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    cmd = [mpiexec, "-n", str(n), sys.executable, "-m", "mpi4py", os.path.abspath(__file__), "--worker", kind,
-           "--topology", topology_for(n), "--size-mib", str(args.size_mib), "--chunks", str(args.chunks)]
+    from themis_mpi.launch import job_env, mpiexec_path  # not at the top: the workers stay lean
+
+    topology = ",".join(map(str, SHAPES[n])) if kind == "grid" else topology_for(n)
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "mpi4py", os.path.abspath(__file__),
+           "--worker", kind, "--topology", topology, "--size-mib", str(args.size_mib),
+           "--chunks", str(args.chunks)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=job_env())
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{kind} job on {n} ranks failed:\n{proc.stderr[-2000:]}")
@@ -110,7 +128,7 @@ def model_times() -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worker", choices=("reference", "native", "emulator"))
+    ap.add_argument("--worker", choices=("reference", "native", "grid", "emulator"))
     ap.add_argument("--topology")
     ap.add_argument("--ranks", default="8,16,32,64,128")
     ap.add_argument("--size-mib", type=int, default=16)
@@ -125,25 +143,36 @@ def main():
     for n in [int(x) for x in args.ranks.split(",")]:
         ref = launch(n, "reference", args)
         native = launch(n, "native", args)
+        grid = launch(n, "grid", args)
         emu = launch(n, "emulator", args)
+        yardstick = ref["rss_mib_mean"] + args.size_mib
         rows.append({"ranks": n, "topology": topology_for(n), "reference": ref, "native": native,
-                     "emulator": emu,
-                     "extra_rss_mib_per_rank": emu["rss_mib_mean"] - ref["rss_mib_mean"]})
+                     "grid": grid, "emulator": emu, "idle_plus_buffer_mib": yardstick,
+                     "extra_rss_mib_per_rank": emu["rss_mib_mean"] - ref["rss_mib_mean"],
+                     "native_over_yardstick": native["rss_mib_mean"] / yardstick,
+                     "grid_over_yardstick": grid["rss_mib_mean"] / yardstick,
+                     "emulator_over_yardstick": emu["rss_mib_mean"] / yardstick})
         print(f"ranks {n}: done", file=sys.stderr, flush=True)
     models = model_times()
     print(f"# {args.size_mib} MiB float64 all-reduce, {args.chunks} chunks, on {os.cpu_count()} cores; "
-          "job_s = whole mpiexec job; RSS = peak resident set per rank (MiB)")
+          "job_s = whole mpiexec job; wall times of the collective in s")
     print(f"#{'ranks':>6} {'ref_job_s':>10} {'emu_job_s':>10} {'native_s':>9} {'base_wall_s':>12} "
-          f"{'themis_s':>9} {'ref_rss':>8} {'native_rss':>11} {'emu_rss':>8} {'emu-ref':>8} "
-          f"{'emu_total':>10} {'#wrong':>7}")
+          f"{'themis_s':>9} {'#wrong':>7}")
     for r in rows:
         e, nat = r["emulator"], r["native"]
         print(f" {r['ranks']:>6} {r['reference']['job_s']:>10.2f} {e['job_s']:>10.2f} {nat['wall_s']:>9.3f} "
               f"{e['baseline']['wall_s']:>12.3f} {e['themis']['wall_s']:>9.3f} "
-              f"{r['reference']['rss_mib_mean']:>8.1f} {nat['rss_mib_mean']:>11.1f} "
-              f"{e['rss_mib_mean']:>8.1f} "
-              f"{r['extra_rss_mib_per_rank']:>8.1f} {e['rss_mib_total']:>10.0f} "
               f"{e['baseline']['wrong'] + e['themis']['wrong']:>7}")
+    print(f"\n# peak RSS per rank (MiB); /idle+buf = against the idle process plus the "
+          f"{args.size_mib} MiB buffer")
+    print(f"#{'ranks':>6} {'idle':>6} {'idle+buf':>9} {'native':>7} {'/idle+buf':>10} {'grid':>6} "
+          f"{'/idle+buf':>10} {'emulator':>9} {'/idle+buf':>10} {'emu_total':>10}")
+    for r in rows:
+        print(f" {r['ranks']:>6} {r['reference']['rss_mib_mean']:>6.1f} {r['idle_plus_buffer_mib']:>9.1f} "
+              f"{r['native']['rss_mib_mean']:>7.1f} {r['native_over_yardstick']:>10.3f} "
+              f"{r['grid']['rss_mib_mean']:>6.1f} {r['grid_over_yardstick']:>10.3f} "
+              f"{r['emulator']['rss_mib_mean']:>9.1f} {r['emulator_over_yardstick']:>10.3f} "
+              f"{r['emulator']['rss_mib_total']:>10.0f}")
     print("\n# model: 1 GiB all-reduce, 64 chunks, Themis+SCF, median of 5")
     for m in models:
         print(f"  {m['topology']:>58} {m['npus']:>6} NPUs {1e3 * m['model_s']:>8.1f} ms")

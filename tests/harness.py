@@ -8,35 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from themis_mpi.launch import job_env, mpiexec_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT_S = 180
 
 
-def mpiexec_path() -> str:
-    """The mpiexec beside this Python (the mpich wheel's), else the one on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    found = str(here) if here.exists() else shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec found: `pip install .` brings one with the mpich wheel")
-    return found
-
-
 def mpi_env() -> dict:
-    """Environment for oversubscribed runs as root."""
-    env = dict(os.environ)
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
-        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    return env
+    """Environment for oversubscribed runs as root, with this checkout first on the path."""
+    return job_env(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> subprocess.CompletedProcess:

@@ -21,6 +21,7 @@ from . import __version__
 from .collectives import DTYPES, OPS, REDOPS, Collective
 from .engine import INTRA_POLICIES
 from .errors import UsageError
+from .launch import env_rank
 from .policies import POLICIES
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, parse_topology
 
@@ -98,17 +99,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                    help="per-dim bandwidth override in GB/s, comma-separated")
     p.add_argument("--latency", type=_csv(float), default=None,
                    help="per-dim latency override in ns, comma-separated")
-
-
-LAUNCHER_RANK_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
-
-
-def env_rank() -> int:
-    """This process's MPI rank from the launcher's environment, before MPI is initialised."""
-    for key in LAUNCHER_RANK_KEYS:
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):

@@ -52,8 +52,9 @@ class Health:
     """Liveness pings, point to point with their own tags on the Cartesian communicator.
 
     Nothing else sends point to point there (it carries only control collectives, which never
-    match point-to-point messages), so no extra communicator is needed. Every waiting loop answers pings (`service`), so a rank that is alive answers even while it
-    waits itself; a rank that timed out asks everybody (`silent`) and names those that stay quiet.
+    match point-to-point messages), so no extra communicator is needed. Every waiting loop
+    answers pings (`service`), so a rank that is alive answers even while it waits itself; a
+    rank that timed out asks everybody (`silent`) and names those that stay quiet.
     """
 
     active: Health | None = None  # the grid in use; its waiting loops answer pings

@@ -8,21 +8,13 @@ algorithm overrides) answers a what-if question about the same schedule.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from .collectives import Collective
 from .errors import UsageError
+from .launch import under_mpiexec
 from .topology import parse_topology
 from .trace import Trace, TraceRecorder
-
-
-def under_mpiexec() -> bool:
-    """True when a launcher started this process (even with one rank)."""
-    from .cli import LAUNCHER_RANK_KEYS
-
-    return any(k in os.environ for k in LAUNCHER_RANK_KEYS)
 
 
 def recorded_collectives(trace: Trace):
