@@ -279,6 +279,7 @@ class MpiTransport:
         self._active: list[_StageExec] = []
         self._reqs: list[MPI.Request] = []
         self._owner: list[tuple[_StageExec, int]] = []  # (stage, peer's world rank) per request
+        self._spare: list[np.ndarray] = []  # scratch bytes of finished stages, for reuse
         self.t0_wall = MPI.Wtime()
 
     # --- data ----------------------------------------------------------------------------------
@@ -335,12 +336,24 @@ class MpiTransport:
             steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
         scratch_elems = max((sum(b - a for _, a, b in st.recvs) for st in steps
                              if st.mode != algorithms.COPY), default=0)
-        scratch = np.empty(scratch_elems, dtype=collective.dtype)
+        scratch = self._scratch(scratch_elems * collective.itemsize).view(collective.dtype)
         ex = _StageExec(run, self.grid.subcomms[s.dim], run.dim_seq % self.tag_mod, steps,
                         self.cost.step_times_ns(s.dim, s.op, s.full_elems), scratch)
         run.wall_start_s = MPI.Wtime()
         self._active.append(ex)
         self._post(ex)
+
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        """Scratch bytes for a stage: the smallest spare that fits, else fresh memory.
+
+        Reuse spares the page faults of fresh memory, which dominate large single-chunk stages.
+        When nothing fits, the spares are dropped, so they never outnumber the stages in flight.
+        """
+        fits = [i for i, spare in enumerate(self._spare) if spare.nbytes >= nbytes]
+        if not fits:
+            self._spare = []
+            return np.empty(nbytes, np.uint8)
+        return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))[:nbytes]
 
     def _post(self, ex: _StageExec) -> None:
         step = ex.steps[ex.k]
@@ -386,6 +399,7 @@ class MpiTransport:
         ex.k += 1
         if ex.k == len(ex.steps):
             ex.end_ns = t_next
+            self._spare.append(ex.scratch.base)  # the bytes it was cut from
             ex.run.wall_end_s = MPI.Wtime()
         else:
             ex.bound_ns = ex.lower_bound_ns()
