@@ -14,15 +14,20 @@ tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any
 import argparse
 import itertools
 import json
+import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 from mpi4py import MPI
 
 from themis_mpi.collectives import Collective
 from themis_mpi.cost import CostModel
-from themis_mpi.emulator import CartGrid, allreduce, run_collective
+from themis_mpi.driver import RunConfig, run_collective
 from themis_mpi.model import model_collective
+from themis_mpi.mpi.grid import CartGrid
+from themis_mpi.mpi.transport import MpiTransport
+from themis_mpi.output import write_json
 from themis_mpi.topology import parse_topology
 
 REL_TOL = 1e-3
@@ -51,11 +56,17 @@ def default_topologies(n: int) -> list[str]:
 def default_cases() -> list[dict]:
     """Two sizes x three chunk counts x both policies x both intra-dim policies."""
     return [
-        {"op": "all_reduce", "count": count, "dtype": "float32", "chunks": chunks,
-         "policy": policy, "intra": intra}
+        {
+            "op": "all_reduce",
+            "count": count,
+            "dtype": "float32",
+            "chunks": chunks,
+            "policy": policy,
+            "intra": intra,
+        }
         for (count, chunks), policy, intra in itertools.product(
-            [(100003, 7), (100003, 64), (1 << 20, 1), (1 << 20, 64)], ["baseline", "themis"],
-            ["fifo", "scf"])
+            [(100003, 7), (100003, 64), (1 << 20, 1), (1 << 20, 64)], ["baseline", "themis"], ["fifo", "scf"]
+        )
     ]
 
 
@@ -74,39 +85,62 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
     rows = []
     with CartGrid(MPI.COMM_WORLD, topo) as grid:
         for case in cases:
-            coll = Collective(case["op"], case["count"], case["dtype"], case["chunks"],
-                              tuple(case.get("dims", range(len(topo.dims)))), case.get("redop", "sum"))
-            kw = dict(intra=case["intra"], active_per_dim=case.get("active", 1),
-                      endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0))
-            emu, engine = run_collective(grid, coll, case["policy"], clock=case.get("clock", "virtual"),
-                                         time_scale=case.get("time_scale", 1.0), **kw)
-            model, _ = model_collective(topo, coll, case["policy"], **kw)
-            cost = CostModel(topo, coll.itemsize, kw["endpoint_delay_ns"])
+            coll = Collective(
+                case["op"],
+                case["count"],
+                case["dtype"],
+                case["chunks"],
+                tuple(case.get("dims", range(len(topo.dims)))),
+                case.get("redop", "sum"),
+            )
+            config = RunConfig(
+                intra=case["intra"],
+                active_per_dim=case.get("active", 1),
+                endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0),
+            )
+            clock = replace(
+                config, clock=case.get("clock", "virtual"), time_scale=case.get("time_scale", 1.0)
+            )
+            emu, engine = run_collective(MpiTransport(grid, clock), coll, case["policy"])
+            model, _ = model_collective(topo, coll, case["policy"], config)
+            cost = CostModel(topo, coll.itemsize, config.endpoint_delay_ns)
             sums = stage_cost_sums_us(engine, topo, cost)
-            busy = np.array([d["busy_us"] for d in emu["dims"]])
-            lo = allreduce(grid.cart, [emu["time_us"]], MPI.MIN)
-            hi = allreduce(grid.cart, [emu["time_us"]], MPI.MAX)
-            worst = allreduce(grid.cart, [np.max(np.abs(busy - sums))], MPI.MAX)
-            rel = [abs(emu["time_us"] - model["time_us"]) / max(model["time_us"], 1e-12)]
-            rel += [abs(a["busy_us"] - b["busy_us"]) / max(b["busy_us"], 1e-12)
-                    for a, b in zip(emu["dims"], model["dims"])]
-            rows.append({"topology": topology, "case": case, "emu": emu, "model": model,
-                         "time_min_us": float(lo[0]), "time_max_us": float(hi[0]),
-                         "busy_minus_cost_us": float(worst[0]), "cost_sums_us": sums.tolist(),
-                         "max_rel_diff": max(rel), "stages": len(engine.records)})
+            busy = np.array([d.busy_us for d in emu.dims])
+            lo = grid.watchdog.allreduce([emu.time_us], MPI.MIN)
+            hi = grid.watchdog.allreduce([emu.time_us], MPI.MAX)
+            worst = grid.watchdog.allreduce([np.max(np.abs(busy - sums))], MPI.MAX)
+            rel = [abs(emu.time_us - model.time_us) / max(model.time_us, 1e-12)]
+            rel += [abs(a.busy_us - b.busy_us) / max(b.busy_us, 1e-12) for a, b in zip(emu.dims, model.dims)]
+            rows.append(
+                {
+                    "topology": topology,
+                    "case": case,
+                    "emu": emu.to_dict(),
+                    "model": model.to_dict(),
+                    "time_min_us": float(lo[0]),
+                    "time_max_us": float(hi[0]),
+                    "busy_minus_cost_us": float(worst[0]),
+                    "cost_sums_us": sums.tolist(),
+                    "max_rel_diff": max(rel),
+                    "stages": len(engine.records),
+                }
+            )
     return rows
 
 
 def agrees(row) -> bool:
     """Exact data, emulator = model within REL_TOL, all ranks agree."""
-    return (row["emu"]["wrong"] == 0 and row["max_rel_diff"] <= REL_TOL
-            and row["time_min_us"] == row["time_max_us"])
+    return (
+        row["emu"]["wrong"] == 0
+        and row["max_rel_diff"] <= REL_TOL
+        and row["time_min_us"] == row["time_max_us"]
+    )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", help="JSON spec (default: the built-in sweep)")
-    ap.add_argument("--json", default="agreement.json", help="output rows (JSON)")
+    ap.add_argument("--json", default="results/agreement.json", help="output rows (JSON)")
     ap.add_argument("--quiet", action="store_true", help="no table")
     args = ap.parse_args()
     if args.spec:
@@ -120,18 +154,21 @@ def main():
     bad = [r for r in rows if not agrees(r)]
     if MPI.COMM_WORLD.Get_rank() == 0:
         if not args.quiet:
-            print(f"# emulator (virtual clock) vs model, {MPI.COMM_WORLD.Get_size()} ranks; "
-                  "times in us")
-            print(f"#{'topology':>44} {'policy':>8} {'intra':>5} {'count':>8} {'chunks':>6} "
-                  f"{'emu_us':>10} {'model_us':>10} {'max_rel':>8} {'#wrong':>6}")
+            print(f"# emulator (virtual clock) vs model, {MPI.COMM_WORLD.Get_size()} ranks; times in us")
+            print(
+                f"#{'topology':>44} {'policy':>8} {'intra':>5} {'count':>8} {'chunks':>6} "
+                f"{'emu_us':>10} {'model_us':>10} {'max_rel':>8} {'#wrong':>6}"
+            )
             for r in rows:
                 c = r["case"]
-                print(f" {r['topology']:>44} {c['policy']:>8} {c['intra']:>5} {c['count']:>8} "
-                      f"{c['chunks']:>6} {r['emu']['time_us']:>10.3f} {r['model']['time_us']:>10.3f} "
-                      f"{r['max_rel_diff']:>8.1e} {r['emu']['wrong']:>6}")
+                print(
+                    f" {r['topology']:>44} {c['policy']:>8} {c['intra']:>5} {c['count']:>8} "
+                    f"{c['chunks']:>6} {r['emu']['time_us']:>10.3f} {r['model']['time_us']:>10.3f} "
+                    f"{r['max_rel_diff']:>8.1e} {r['emu']['wrong']:>6}"
+                )
             print(f"# {len(rows)} cases, {len(bad)} disagree (tolerance {REL_TOL:.0e}, wrong = 0)")
-        with open(args.json, "w") as f:
-            json.dump(rows, f)
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        write_json(args.json, rows)
     sys.exit(1 if bad else 0)
 
 

@@ -24,6 +24,8 @@ model's architecture and the assumptions below, which traces/README.md repeats:
 import argparse
 import os
 
+from themis_mpi.output import atomic_path
+
 PEAK_FLOPS = 989e12
 EFFICIENCY = 0.5
 BYTES = 2
@@ -52,15 +54,19 @@ def bucketed(layers: list[tuple]) -> list[str]:
         pending += layers[i][2] * BYTES
         if pending >= BUCKET_BYTES or i == 0:
             wg_bytes[i], pending = pending, 0
-    return [line(name, flops, wg=("ALLREDUCE", size) if size else ("NONE", 0), params=params)
-            for (name, flops, params), size in zip(layers, wg_bytes)]
+    return [
+        line(name, flops, wg=("ALLREDUCE", size) if size else ("NONE", 0), params=params)
+        for (name, flops, params), size in zip(layers, wg_bytes)
+    ]
 
 
 def line(name, fwd_flops, fwd=("NONE", 0), ig=("NONE", 0), wg=("NONE", 0), params=0.0):
     """One layer line: name, reserved, then fwd/ig/wg compute, type and bytes, then update."""
     t = ns(fwd_flops)
-    return (f"{name}\t-1\t{t}\t{fwd[0]}\t{int(fwd[1])}\t{t}\t{ig[0]}\t{int(ig[1])}\t{t}\t{wg[0]}\t"
-            f"{int(wg[1])}\t{update_ns(params)}")
+    return (
+        f"{name}\t-1\t{t}\t{fwd[0]}\t{int(fwd[1])}\t{t}\t{ig[0]}\t{int(ig[1])}\t{t}\t{wg[0]}\t"
+        f"{int(wg[1])}\t{update_ns(params)}"
+    )
 
 
 def resnet152() -> list[str]:
@@ -120,9 +126,11 @@ def dlrm() -> list[str]:
     bottom = [13, 512, 256, 128]
     interaction = tables * (tables + 1) // 2 + dim  # 351 pairwise dots + the dense vector = 479
     top = [interaction, 1024, 1024, 512, 256, 1]
-    mlps = [(f"{prefix}_mlp{i}", 2 * a * b * batch, a * b + b)
-            for prefix, widths in (("bottom", bottom), ("top", top))
-            for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+    mlps = [
+        (f"{prefix}_mlp{i}", 2 * a * b * batch, a * b + b)
+        for prefix, widths in (("bottom", bottom), ("top", top))
+        for i, (a, b) in enumerate(zip(widths, widths[1:]))
+    ]
     mlp_lines = bucketed(mlps)  # 4.7 MB of MLP gradients: one bucket, issued by the first MLP
     embedding = line("embedding", batch * tables * dim, fwd=("ALLTOALL", a2a), ig=("ALLTOALL", a2a))
     return [f"HYBRID_DLRM\t{len(bottom) - 1}", str(1 + len(mlps)), embedding, *mlp_lines]
@@ -141,11 +149,26 @@ def transformer_1t() -> list[str]:
     layer_params = 12 * h * h / mp
     layer_flops = (24 * b * s * h * h + 4 * b * s * s * h) / mp
     emb_params = vocab * h / mp
-    lines = [line("embedding", 2 * b * s * h * vocab / mp, fwd=("ALLREDUCE", act),
-                  wg=("ALLREDUCE", emb_params * BYTES), params=emb_params)]
+    lines = [
+        line(
+            "embedding",
+            2 * b * s * h * vocab / mp,
+            fwd=("ALLREDUCE", act),
+            wg=("ALLREDUCE", emb_params * BYTES),
+            params=emb_params,
+        )
+    ]
     for i in range(n_layers):
-        lines.append(line(f"layer{i}", layer_flops, fwd=("ALLREDUCE", 2 * act), ig=("ALLREDUCE", 2 * act),
-                          wg=("ALLREDUCE", layer_params * BYTES), params=layer_params))
+        lines.append(
+            line(
+                f"layer{i}",
+                layer_flops,
+                fwd=("ALLREDUCE", 2 * act),
+                ig=("ALLREDUCE", 2 * act),
+                wg=("ALLREDUCE", layer_params * BYTES),
+                params=layer_params,
+            )
+        )
     return [f"HYBRID_TRANSFORMER\tmodel_parallel_NPU_group: {mp}", str(len(lines)), *lines]
 
 
@@ -159,7 +182,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     for name, build in WORKLOADS.items():
         path = os.path.join(args.out, f"{name}.txt")
-        with open(path, "w") as f:
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
             f.write("\n".join(build()) + "\n")
         print(f"wrote {path}")
 

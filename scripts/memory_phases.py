@@ -2,16 +2,19 @@
 
 Usage::
 
-    mpiexec -n 8 python -m mpi4py scripts/memory_phases.py [-t TOPOLOGY] [--size-mib 16] [-c 8] [--json F]
+    mpiexec -n 8 python -m mpi4py scripts/memory_phases.py [-t TOPOLOGY] [--size-mib 16] [-c 8] [--out DIR]
 
 Phases, in order, in one process per rank: the idle process (``mpi4py`` and ``numpy`` imported,
 one barrier), the data buffer, this package's imports, the Cartesian grid (its communicators),
-then an all-reduce with the baseline and one with Themis (checked). Prints the mean over ranks
-of the peak resident set (ru_maxrss, MiB) after each phase and what the phase added; writes JSON.
+then an all-reduce with the baseline and one with Themis (checked). The transports allocate the
+collective's buffer themselves, so the data buffer is freed before the first run and each run's
+transport is dropped before the next: one buffer at a time, as when the runs shared it. Prints
+the mean over ranks of the peak resident set (ru_maxrss, MiB) after each phase and what the
+phase added; writes memory_phases.json into --out (default results/).
 """
 
 import argparse
-import json
+import os
 import resource
 
 import numpy as np
@@ -27,7 +30,7 @@ def main():
     ap.add_argument("-t", "--topology", default="Ring(2,100,20)_FC(2,100,700)_SW(2,100,700)")
     ap.add_argument("--size-mib", type=int, default=16)
     ap.add_argument("-c", "--chunks", type=int, default=8)
-    ap.add_argument("--json", default="memory_phases.json")
+    ap.add_argument("--out", default="results", help="output folder (default results)")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     comm.Barrier()
@@ -35,7 +38,10 @@ def main():
     buf = np.ones(args.size_mib * 2**20 // 8)
     marks.append(("data buffer", peak_mib()))
     from themis_mpi.collectives import Collective
-    from themis_mpi.emulator import CartGrid, run_collective
+    from themis_mpi.driver import RunConfig, run_collective
+    from themis_mpi.mpi.grid import CartGrid
+    from themis_mpi.mpi.transport import MpiTransport
+    from themis_mpi.output import write_json
     from themis_mpi.topology import parse_topology
 
     marks.append(("package imports", peak_mib()))
@@ -44,24 +50,37 @@ def main():
     with CartGrid(comm, topo) as grid:
         marks.append(("Cartesian grid", peak_mib()))
         coll = Collective("all_reduce", buf.size, "float64", args.chunks, tuple(range(len(topo.dims))))
+        nbytes = buf.nbytes
+        del buf  # the transport allocates the collective's buffer
         for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
-            row, _ = run_collective(grid, coll, policy, intra, buffer=buf)
-            wrong += row["wrong"]
+            result = run_collective(MpiTransport(grid, RunConfig(intra=intra)), coll, policy)[0]
+            wrong += result.wrong
             marks.append((f"{policy} all-reduce", peak_mib()))
     per_rank = comm.gather([m for _, m in marks], root=0)
     if comm.Get_rank() == 0:
         mean = np.mean(np.array(per_rank), axis=0)
-        print(f"# {comm.Get_size()} ranks, {topo.label()}, {buf.nbytes} B float64 all-reduce, "
-              f"{args.chunks} chunks; peak RSS per rank (MiB), mean over ranks; #wrong {wrong}")
+        print(
+            f"# {comm.Get_size()} ranks, {topo.label()}, {nbytes} B float64 all-reduce, "
+            f"{args.chunks} chunks; peak RSS per rank (MiB), mean over ranks; #wrong {wrong}"
+        )
         print(f"# {'phase':<22} {'peak_mib':>9} {'added_mib':>10}")
         rows = []
         for i, (name, _) in enumerate(marks):
             added = mean[i] - mean[i - 1] if i else 0.0
             rows.append({"phase": name, "peak_mib": float(mean[i]), "added_mib": float(added)})
             print(f"  {name:<22} {mean[i]:>9.2f} {added:>10.2f}")
-        with open(args.json, "w") as f:
-            json.dump({"ranks": comm.Get_size(), "topology": args.topology, "bytes": buf.nbytes,
-                       "chunks": args.chunks, "wrong": wrong, "phases": rows}, f, indent=1)
+        os.makedirs(args.out, exist_ok=True)
+        write_json(
+            os.path.join(args.out, "memory_phases.json"),
+            {
+                "ranks": comm.Get_size(),
+                "topology": args.topology,
+                "bytes": nbytes,
+                "chunks": args.chunks,
+                "wrong": wrong,
+                "phases": rows,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ prints the tables.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -23,13 +22,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.analysis import format_size  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
+from themis_mpi.driver import RunConfig  # noqa: E402
 from themis_mpi.model import model_collective  # noqa: E402
+from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 
 TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 POLICIES = [("baseline", "fifo"), ("themis", "fifo"), ("themis", "scf")]
-LABELS = {("baseline", "fifo"): "baseline", ("themis", "fifo"): "Themis+FIFO",
-          ("themis", "scf"): "Themis+SCF"}
+LABELS = {
+    ("baseline", "fifo"): "baseline",
+    ("themis", "fifo"): "Themis+FIFO",
+    ("themis", "scf"): "Themis+SCF",
+}
 PAPER = {"baseline": 56.31, "Themis+SCF": 95.14, "Themis+FIFO": 87.67}
 LATENCY = {"paper latency": None, "zero latency": 0.0}
 
@@ -40,8 +44,9 @@ def progress(done: int, total: int, started: float) -> None:
     filled = int(width * done / total)
     if done != total and filled == int(width * (done - 1) / total):
         return
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
-                     f"{time.perf_counter() - started:5.1f} s")
+    sys.stderr.write(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {time.perf_counter() - started:5.1f} s"
+    )
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -66,7 +71,8 @@ def run_all(sizes, chunk_counts, chunk_sweep_size):
     for i, (latency, name, (policy, intra), size, chunks, sweep) in enumerate(points):
         topo = topology(name, latency)
         coll = Collective("all_reduce", size // 4, "float32", chunks, tuple(range(len(topo.dims))))
-        row, _ = model_collective(topo, coll, policy, intra)
+        result, _ = model_collective(topo, coll, policy, RunConfig(intra=intra))
+        row = result.to_dict()
         row.update(topology=name, latency=latency, label=LABELS[(policy, intra)], sweep=sweep)
         rows.append(row)
         progress(i + 1, len(points), started)
@@ -86,41 +92,72 @@ def tables(rows, sizes, chunk_counts, chunk_sweep_size) -> str:
     labels = list(LABELS.values())
     out = []
     for latency in LATENCY:
-        out.append(f"\n**Utilization (%) per topology, 64 chunks, {format_size(chunk_sweep_size)}B, "
-                   f"{latency}**\n")
+        out.append(
+            f"\n**Utilization (%) per topology, 64 chunks, {format_size(chunk_sweep_size)}B, {latency}**\n"
+        )
         out.append("| topology | " + " | ".join(labels) + " | Themis+SCF speedup |")
         out.append("|---" * (len(labels) + 2) + "|")
         speedups = []
         for name in TOPOLOGIES:
-            sel = {r["label"]: r for r in pick(rows, latency=latency, topology=name, sweep="size",
-                                                size_bytes=chunk_sweep_size)}
+            sel = {
+                r["label"]: r
+                for r in pick(rows, latency=latency, topology=name, sweep="size", size_bytes=chunk_sweep_size)
+            }
             speed = sel["baseline"]["time_us"] / sel["Themis+SCF"]["time_us"]
             speedups.append(speed)
-            out.append(f"| {name} | " + " | ".join(f"{100 * sel[lb]['utilization']:.2f}" for lb in labels)
-                       + f" | {speed:.2f}x |")
-        means = [mean([100 * r["utilization"] for r in pick(rows, latency=latency, label=lb, sweep="size",
-                                                               size_bytes=chunk_sweep_size)])
-                 for lb in labels]
-        out.append("| **mean** | " + " | ".join(f"**{m:.2f}**" for m in means)
-                   + f" | mean {mean(speedups):.2f}x, max {max(speedups):.2f}x |")
-        out.append("| paper (ISCA 2022) | " + " | ".join(f"{PAPER[lb]:.2f}" for lb in labels)
-                   + " | mean 1.72x, max 2.70x |")
+            out.append(
+                f"| {name} | "
+                + " | ".join(f"{100 * sel[lb]['utilization']:.2f}" for lb in labels)
+                + f" | {speed:.2f}x |"
+            )
+        means = [
+            mean(
+                [
+                    100 * r["utilization"]
+                    for r in pick(rows, latency=latency, label=lb, sweep="size", size_bytes=chunk_sweep_size)
+                ]
+            )
+            for lb in labels
+        ]
+        out.append(
+            "| **mean** | "
+            + " | ".join(f"**{m:.2f}**" for m in means)
+            + f" | mean {mean(speedups):.2f}x, max {max(speedups):.2f}x |"
+        )
+        out.append(
+            "| paper (ISCA 2022) | "
+            + " | ".join(f"{PAPER[lb]:.2f}" for lb in labels)
+            + " | mean 1.72x, max 2.70x |"
+        )
     for latency in LATENCY:
         out.append(f"\n**Mean utilization (%) over the four topologies vs size, 64 chunks, {latency}**\n")
         out.append("| size | " + " | ".join(labels) + " |")
         out.append("|---" * (len(labels) + 1) + "|")
         for s in sizes:
-            vals = [mean([100 * r["utilization"] for r in pick(rows, latency=latency, label=lb, sweep="size",
-                                                                  size_bytes=s)]) for lb in labels]
+            vals = [
+                mean(
+                    [
+                        100 * r["utilization"]
+                        for r in pick(rows, latency=latency, label=lb, sweep="size", size_bytes=s)
+                    ]
+                )
+                for lb in labels
+            ]
             out.append(f"| {format_size(s)}B | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     for latency in LATENCY:
         out.append(f"\n**Mean utilization (%) vs chunks, {format_size(chunk_sweep_size)}B, {latency}**\n")
         out.append("| chunks | " + " | ".join(labels) + " |")
         out.append("|---" * (len(labels) + 1) + "|")
         for c in chunk_counts:
-            vals = [mean([100 * r["utilization"]
-                          for r in pick(rows, latency=latency, label=lb, sweep="chunks", chunks=c)])
-                    for lb in labels]
+            vals = [
+                mean(
+                    [
+                        100 * r["utilization"]
+                        for r in pick(rows, latency=latency, label=lb, sweep="chunks", chunks=c)
+                    ]
+                )
+                for lb in labels
+            ]
             out.append(f"| {c} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     return "\n".join(out) + "\n"
 
@@ -131,10 +168,18 @@ def plot_sweep(rows, sweep, xkey, xlabel, path, xticks=None):
     for ax, name in zip(axes, TOPOLOGIES):
         for latency, style in zip(LATENCY, ("-", "--")):
             for lb in LABELS.values():
-                sel = sorted(pick(rows, latency=latency, topology=name, label=lb, sweep=sweep),
-                             key=lambda r: r[xkey])
-                ax.plot([r[xkey] for r in sel], [100 * r["utilization"] for r in sel], style, marker="o",
-                        ms=3, color=colors[lb], label=f"{lb}, {latency}")
+                sel = sorted(
+                    pick(rows, latency=latency, topology=name, label=lb, sweep=sweep), key=lambda r: r[xkey]
+                )
+                ax.plot(
+                    [r[xkey] for r in sel],
+                    [100 * r["utilization"] for r in sel],
+                    style,
+                    marker="o",
+                    ms=3,
+                    color=colors[lb],
+                    label=f"{lb}, {latency}",
+                )
         ax.set_xscale("log", base=2)
         if xticks:
             ax.set_xticks(xticks[0], xticks[1], rotation=45)
@@ -146,7 +191,8 @@ def plot_sweep(rows, sweep, xkey, xlabel, path, xticks=None):
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -154,8 +200,10 @@ def plot_busy(rows, size, path):
     fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     labels = list(LABELS.values())
     for ax, name in zip(axes, TOPOLOGIES):
-        sel = {r["label"]: r for r in pick(rows, latency="zero latency", topology=name, sweep="size",
-                                            size_bytes=size)}
+        sel = {
+            r["label"]: r
+            for r in pick(rows, latency="zero latency", topology=name, sweep="size", size_bytes=size)
+        }
         n_dims = len(sel["baseline"]["dims"])
         width = 0.8 / len(labels)
         for i, lb in enumerate(labels):
@@ -169,7 +217,8 @@ def plot_busy(rows, size, path):
     axes[0].set_ylabel(f"busy time per dim (ms), {format_size(size)}B, zero latency")
     axes[0].legend(fontsize=8, title="dotted: collective time", title_fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
 
 
@@ -184,15 +233,25 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     md = tables(rows, sizes, chunk_counts, args.chunk_sweep_size)
     md += f"\n{len(rows)} model runs in {elapsed:.1f} s.\n"
-    with open(os.path.join(args.out, "study.md"), "w") as f:
+    with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
         f.write(md)
-    with open(os.path.join(args.out, "study.json"), "w") as f:
-        json.dump(rows, f)
-    plot_sweep(rows, "size", "size_bytes", "all-reduce size per NPU",
-               os.path.join(args.out, "utilization_vs_size.png"),
-               (sizes, [format_size(s) for s in sizes]))
-    plot_sweep(rows, "chunks", "chunks", f"chunks ({format_size(args.chunk_sweep_size)}B all-reduce)",
-               os.path.join(args.out, "utilization_vs_chunks.png"), (chunk_counts, chunk_counts))
+    write_json(os.path.join(args.out, "study.json"), rows)
+    plot_sweep(
+        rows,
+        "size",
+        "size_bytes",
+        "all-reduce size per NPU",
+        os.path.join(args.out, "utilization_vs_size.png"),
+        (sizes, [format_size(s) for s in sizes]),
+    )
+    plot_sweep(
+        rows,
+        "chunks",
+        "chunks",
+        f"chunks ({format_size(args.chunk_sweep_size)}B all-reduce)",
+        os.path.join(args.out, "utilization_vs_chunks.png"),
+        (chunk_counts, chunk_counts),
+    )
     plot_busy(rows, args.chunk_sweep_size, os.path.join(args.out, "busy_per_dim.png"))
     print(md)
 

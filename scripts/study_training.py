@@ -11,7 +11,6 @@ training.md and speedup.png into --out and prints the table.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -21,12 +20,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from themis_mpi.driver import RunConfig  # noqa: E402
+from themis_mpi.model import model_training  # noqa: E402
+from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import model_training  # noqa: E402
+from themis_mpi.training import TrainingSpec  # noqa: E402
 from themis_mpi.workload import parse_workload  # noqa: E402
 
-WORKLOADS = {"resnet152": ("ResNet-152", 1.49), "gnmt": ("GNMT", 1.30), "dlrm": ("DLRM", 1.30),
-             "transformer_1t": ("Transformer-1T", 1.25)}
+WORKLOADS = {
+    "resnet152": ("ResNet-152", 1.49),
+    "gnmt": ("GNMT", 1.30),
+    "dlrm": ("DLRM", 1.30),
+    "transformer_1t": ("Transformer-1T", 1.25),
+}
 TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 LATENCY = {"paper latency": None, "zero latency": 0.0}
 
@@ -38,6 +44,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
     args = ap.parse_args()
+    spec = TrainingSpec(chunks=args.chunks, iterations=args.iterations)
     rows, started = [], time.perf_counter()
     points = [(w, t, lat) for w in WORKLOADS for t in TOPOLOGIES for lat in LATENCY]
     for i, (w, name, lat) in enumerate(points):
@@ -45,46 +52,71 @@ def main():
         topo = parse_topology(name)
         if LATENCY[lat] is not None:
             topo = topo.with_overrides(latency_ns=[LATENCY[lat]] * len(topo.dims))
-        res = {p: model_training(wl, topo, p, intra, chunks=args.chunks, iterations=args.iterations)
-               for p, intra in (("baseline", "fifo"), ("themis", "scf"))}
-        rows.append({"workload": w, "topology": name, "latency": lat,
-                     "baseline_us": res["baseline"]["iteration_us"],
-                     "themis_us": res["themis"]["iteration_us"],
-                     "compute_us": res["baseline"]["compute_us"],
-                     "speedup": res["baseline"]["iteration_us"] / res["themis"]["iteration_us"],
-                     "baseline": res["baseline"], "themis": res["themis"]})
+        res = {
+            p: model_training(wl, topo, p, spec, RunConfig(intra=intra))
+            for p, intra in (("baseline", "fifo"), ("themis", "scf"))
+        }
+        rows.append(
+            {
+                "workload": w,
+                "topology": name,
+                "latency": lat,
+                "baseline_us": res["baseline"].iteration_us,
+                "themis_us": res["themis"].iteration_us,
+                "compute_us": res["baseline"].compute_us,
+                "speedup": res["baseline"].iteration_us / res["themis"].iteration_us,
+                "baseline": res["baseline"].to_dict(),
+                "themis": res["themis"].to_dict(),
+            }
+        )
         sys.stderr.write(f"\r{i + 1}/{len(points)} runs, {time.perf_counter() - started:5.1f} s")
     sys.stderr.write("\n")
     elapsed = time.perf_counter() - started
     md = []
     for lat in LATENCY:
-        md.append(f"\n**Training iteration speedup of Themis+SCF over baseline, {lat}** "
-                  "(iteration time in ms: baseline / Themis; compute per iteration in brackets)\n")
+        md.append(
+            f"\n**Training iteration speedup of Themis+SCF over baseline, {lat}** "
+            "(iteration time in ms: baseline / Themis; compute per iteration in brackets)\n"
+        )
         md.append("| workload | " + " | ".join(TOPOLOGIES) + " | mean | paper |")
         md.append("|---" * (len(TOPOLOGIES) + 3) + "|")
         for w, (label, paper) in WORKLOADS.items():
             sel = {r["topology"]: r for r in rows if r["workload"] == w and r["latency"] == lat}
-            cells = [f"{sel[t]['speedup']:.2f}x ({sel[t]['baseline_us'] / 1e3:.2f} / "
-                     f"{sel[t]['themis_us'] / 1e3:.2f}) [{sel[t]['compute_us'] / 1e3:.2f}]"
-                     for t in TOPOLOGIES]
+            cells = [
+                f"{sel[t]['speedup']:.2f}x ({sel[t]['baseline_us'] / 1e3:.2f} / "
+                f"{sel[t]['themis_us'] / 1e3:.2f}) [{sel[t]['compute_us'] / 1e3:.2f}]"
+                for t in TOPOLOGIES
+            ]
             mean = sum(sel[t]["speedup"] for t in TOPOLOGIES) / len(TOPOLOGIES)
             md.append(f"| {label} | " + " | ".join(cells) + f" | **{mean:.2f}x** | {paper:.2f}x |")
     md.append(f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s.\n")
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "training.md"), "w") as f:
+    with atomic_path(os.path.join(args.out, "training.md")) as tmp, open(tmp, "w") as f:
         f.write(text)
-    with open(os.path.join(args.out, "training.json"), "w") as f:
-        json.dump(rows, f)
+    write_json(os.path.join(args.out, "training.json"), rows)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
     width = 0.8 / len(TOPOLOGIES)
     for ax, lat in zip(axes, LATENCY):
         for j, t in enumerate(TOPOLOGIES):
-            vals = [next(r["speedup"] for r in rows if r["workload"] == w and r["topology"] == t
-                         and r["latency"] == lat) for w in WORKLOADS]
+            vals = [
+                next(
+                    r["speedup"]
+                    for r in rows
+                    if r["workload"] == w and r["topology"] == t and r["latency"] == lat
+                )
+                for w in WORKLOADS
+            ]
             ax.bar([i + (j - 1.5) * width for i in range(len(WORKLOADS))], vals, width, label=t)
-        ax.scatter(range(len(WORKLOADS)), [p for _, p in WORKLOADS.values()], marker="_", s=900,
-                   color="black", zorder=3, label="paper (ISCA 2022)")
+        ax.scatter(
+            range(len(WORKLOADS)),
+            [p for _, p in WORKLOADS.values()],
+            marker="_",
+            s=900,
+            color="black",
+            zorder=3,
+            label="paper (ISCA 2022)",
+        )
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(WORKLOADS)), [label for label, _ in WORKLOADS.values()])
         ax.set_title(f"{lat}, {args.chunks} chunks per collective")
@@ -94,7 +126,8 @@ def main():
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(os.path.join(args.out, "speedup.png"), dpi=110)
+    with atomic_path(os.path.join(args.out, "speedup.png")) as tmp:
+        fig.savefig(tmp, dpi=110)
     print(text)
 
 

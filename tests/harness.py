@@ -15,7 +15,26 @@ from pathlib import Path
 from themis_mpi.launch import job_env, mpiexec_path
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+SHARED = ROOT.parent / "shared"
 TIMEOUT_S = 180
+
+
+def shared(relative: str) -> Path:
+    """A path in the ../shared folder beside the checkout; skip the test when it is absent.
+
+    ``THEMIS_MPI_REQUIRE_SHARED=1`` (CI sets it) turns that skip into a failure, so data that
+    should be there cannot silently go missing.
+    """
+    import pytest
+
+    path = SHARED / relative
+    if not path.exists():
+        reason = f"{path} is absent (it comes with the CI checkout, not with a clone)"
+        if os.environ.get("THEMIS_MPI_REQUIRE_SHARED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return path
 
 
 def mpi_env() -> dict:
@@ -27,11 +46,13 @@ def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> s
     """Run ``mpiexec -n n python args...``; a hang becomes a failed test, not a frozen CI."""
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(),
-                              cwd=cwd or ROOT)
+        return subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(), cwd=cwd or ROOT
+        )
     except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"MPI job timed out after {timeout_s} s: {' '.join(cmd)}\n"
-                             f"{exc.stdout}\n{exc.stderr}") from None
+        raise AssertionError(
+            f"MPI job timed out after {timeout_s} s: {' '.join(cmd)}\n{exc.stdout}\n{exc.stderr}"
+        ) from None
 
 
 def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
@@ -47,7 +68,18 @@ def run_cases(n: int, spec: dict, tmp_path) -> list[dict]:
     """
     spec_path, out_path = tmp_path / "spec.json", tmp_path / "out.json"
     spec_path.write_text(json.dumps(spec))
-    proc = mpirun(n, ["-m", "mpi4py", str(ROOT / "scripts" / "agreement.py"), "--spec", str(spec_path),
-                      "--json", str(out_path), "--quiet"])
+    proc = mpirun(
+        n,
+        [
+            "-m",
+            "mpi4py",
+            str(ROOT / "scripts" / "agreement.py"),
+            "--spec",
+            str(spec_path),
+            "--json",
+            str(out_path),
+            "--quiet",
+        ],
+    )
     assert proc.returncode in (0, 1) and out_path.exists(), proc.stderr[-3000:]
     return json.loads(out_path.read_text())

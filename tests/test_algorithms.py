@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from themis_mpi import algorithms
-from themis_mpi.algorithms import owned_region, plan
+from themis_mpi.algorithms import plan
+from themis_mpi.collectives import owned_region
 from themis_mpi.cost import AG, RS, steps
 from themis_mpi.topology import Dim
 
@@ -31,9 +32,11 @@ def lockstep(algorithm, op, p, lo, hi, bufs):
     return len(plans[0])
 
 
-CASES = [("ring", p) for p in (2, 3, 4, 5, 8)] + [("direct", p) for p in (2, 3, 4, 7)] + [
-    ("halving_doubling", p) for p in (2, 4, 8)
-]
+CASES = (
+    [("ring", p) for p in (2, 3, 4, 5, 8)]
+    + [("direct", p) for p in (2, 3, 4, 7)]
+    + [("halving_doubling", p) for p in (2, 4, 8)]
+)
 
 
 @pytest.mark.parametrize("algorithm,p", CASES)

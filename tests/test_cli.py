@@ -11,8 +11,24 @@ from harness import ROOT, cli, mpi_env
 def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
     """`run -t 2x2x2 -b 64M --policy both`: wrong = 0 for both; Themis faster; baseline ~58 %."""
     out = tmp_path / "rows.json"
-    proc = cli(8, ["run", "--topology", "2x2x2", "-b", "64M", "--policy", "both", "-n", "1", "-w", "0",
-                   "--json", str(out)])
+    proc = cli(
+        8,
+        [
+            "run",
+            "--topology",
+            "2x2x2",
+            "-b",
+            "64M",
+            "--policy",
+            "both",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--json",
+            str(out),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr
     rows = {r["policy"]: r for r in json.loads(out.read_text())}
     assert rows["baseline"]["wrong"] == 0 and rows["themis"]["wrong"] == 0
@@ -25,34 +41,66 @@ def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
 def test_json_rows_hold_the_documented_fields(tmp_path):
     """Every JSON row has policy, size, chunks, times, utilization, wrong, wall_s, iters, dims."""
     out = tmp_path / "rows.json"
-    proc = cli(4, ["run", "-t", "Ring(4,100,20)", "-b", "1K", "-e", "8K", "-f", "2", "-c", "4",
-                   "--policy", "themis", "-n", "2", "--json", str(out)])
+    proc = cli(
+        4,
+        [
+            "run",
+            "-t",
+            "Ring(4,100,20)",
+            "-b",
+            "1K",
+            "-e",
+            "8K",
+            "-f",
+            "2",
+            "-c",
+            "4",
+            "--policy",
+            "themis",
+            "-n",
+            "2",
+            "--json",
+            str(out),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert [r["size_bytes"] for r in rows] == [1024, 2048, 4096, 8192]
     for r in rows:
-        for key in ("policy", "size_bytes", "chunks", "time_us", "ideal_us", "utilization", "wrong",
-                    "wall_s", "iters"):
+        for key in (
+            "policy",
+            "size_bytes",
+            "chunks",
+            "time_us",
+            "ideal_us",
+            "utilization",
+            "wrong",
+            "wall_s",
+            "iters",
+        ):
             assert key in r
         assert r["iters"] == 2 and r["wrong"] == 0
         assert {"busy_us", "bytes", "utilization"} <= set(r["dims"][0])
 
 
-@pytest.mark.parametrize("ranks,args,fragment", [
-    (4, ["run", "-t", "2x2x2"], "but 4 MPI ranks were started"),
-    (2, ["run", "-t", "no-such-preset"], "unknown topology preset"),
-    (2, ["run", "-t", "SW(2,100"], "malformed topology dim"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be >= 1"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be >= 1"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-b", "0"], "size must be positive"),
-    (2, ["run", "-t", "Ring(2,1,1)", "--minbytes=-4M"], "bad size"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-b", "-4M"], "expected one argument"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
-    (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
-    (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
-    (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "invalid choice"),
-    (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
-])
+@pytest.mark.parametrize(
+    "ranks,args,fragment",
+    [
+        (4, ["run", "-t", "2x2x2"], "but 4 MPI ranks were started"),
+        (2, ["run", "-t", "no-such-preset"], "unknown topology preset"),
+        (2, ["run", "-t", "SW(2,100"], "malformed topology dim"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be >= 1"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be >= 1"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-b", "0"], "size must be positive"),
+        (2, ["run", "-t", "Ring(2,1,1)", "--minbytes=-4M"], "bad size"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-b", "-4M"], "expected one argument"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
+        (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
+        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "invalid choice"),
+        (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
+    ],
+)
 def test_bad_input_gets_one_line_and_nonzero_exit_on_every_rank(ranks, args, fragment):
     """A user mistake prints one error line, no traceback, and the job exits non-zero."""
     proc = cli(ranks, args, timeout_s=60)
@@ -66,11 +114,32 @@ def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
     """Wall-clock mode waits out every step's deadline, so it never ends before the virtual clock."""
     wall_out, model_out = tmp_path / "wall.json", tmp_path / "model.json"
     args = ["-t", "2x2x2", "-b", "4M", "-c", "8", "--policy", "both"]
-    proc = cli(8, ["run", *args, "--clock", "wall", "--time-scale", "200", "-n", "1", "-w", "0",
-                   "--json", str(wall_out)])
+    proc = cli(
+        8,
+        [
+            "run",
+            *args,
+            "--clock",
+            "wall",
+            "--time-scale",
+            "200",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--json",
+            str(wall_out),
+        ],
+    )
     assert proc.returncode == 0, proc.stderr
-    model = subprocess.run([sys.executable, "-m", "themis_mpi", "model", *args, "--json", str(model_out)],
-                           capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=60)
+    model = subprocess.run(
+        [sys.executable, "-m", "themis_mpi", "model", *args, "--json", str(model_out)],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
     assert model.returncode == 0, model.stderr
     virtual = {r["policy"]: r["time_us"] for r in json.loads(model_out.read_text())}
     for r in json.loads(wall_out.read_text()):
@@ -82,9 +151,25 @@ def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
 def test_model_command_prints_the_same_columns_without_mpi(tmp_path):
     """`themis-mpi model` runs in one process and writes the same JSON fields as `run`."""
     out = tmp_path / "model.json"
-    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "model", "-t", "3D-SW_SW_SW_hetero",
-                           "-b", "1G", "--json", str(out)], capture_output=True, text=True,
-                          env=mpi_env(), cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "themis_mpi",
+            "model",
+            "-t",
+            "3D-SW_SW_SW_hetero",
+            "-b",
+            "1G",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert {r["policy"] for r in rows} == {"baseline", "themis"}
@@ -93,8 +178,14 @@ def test_model_command_prints_the_same_columns_without_mpi(tmp_path):
 
 def test_info_names_every_version():
     """`themis-mpi info` reports the package, numpy, mpi4py, h5py and MPI library versions."""
-    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "info"], capture_output=True, text=True,
-                          env=mpi_env(), cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "themis_mpi", "info"],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     for name in ("themis-mpi", "numpy", "mpi4py", "h5py", "MPI"):
         assert f"{name}:" in proc.stdout

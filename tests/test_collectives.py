@@ -3,17 +3,8 @@
 import numpy as np
 import pytest
 
-from themis_mpi.collectives import (
-    Collective,
-    chunk_stages,
-    count_wrong,
-    fill_input,
-    input_values,
-    owned_regions,
-    owners,
-    reduced_values,
-    split_bounds,
-)
+from themis_mpi.check import count_wrong, fill_input, input_values, owned_regions, owners, reduced_values
+from themis_mpi.collectives import Collective, chunk_stages, split_bounds
 from themis_mpi.policies import chunk_orders
 from themis_mpi.topology import parse_topology
 
@@ -101,4 +92,6 @@ def test_int32_sums_that_would_overflow_are_refused():
     coll = Collective("all_reduce", 16, "int32", 1, (0, 1))
     with pytest.raises(UsageError, match="int32 cannot hold the sums of 65536"):
         fill_input(np.empty(16, np.int32), big, coll, (0, 0), [[0, 1]])
-    fill_input(np.empty(16, np.int64), big, Collective("all_reduce", 16, "int64", 1, (0, 1)), (0, 0), [[0, 1]])
+    fill_input(
+        np.empty(16, np.int64), big, Collective("all_reduce", 16, "int64", 1, (0, 1)), (0, 0), [[0, 1]]
+    )

@@ -1,23 +1,24 @@
 """Fuzzing the parsers: every malformed input gets a UsageError (one clear line), nothing else."""
 
 import random
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 import yaml
+from harness import DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from themis_mpi.collectives import Collective
+from themis_mpi.driver import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.model import model_collective
 from themis_mpi.topology import parse_inline, parse_topology, parse_yaml
 from themis_mpi.trace import Trace, TraceRecorder
 from themis_mpi.workload import parse_workload
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-workloads" / "astra-sim-1.0-text"
+REFERENCE = DATA / "astra-sim-1.0-text"
 SPEC_ALPHABET = "RingFCSWswitchringfc()_,.-+eE0123456789 \t"
 
 
@@ -38,22 +39,39 @@ def test_random_inline_topologies(text):
         assert parse_inline(topo.spec()).dims == topo.dims
 
 
-@given(st.lists(st.tuples(st.sampled_from(["Ring", "FC", "SW", "Torus", ""]),
-                          st.lists(st.one_of(st.integers(-3, 40).map(str), st.floats(allow_nan=True).map(str),
-                                             st.sampled_from(["", "hd", "ring", "direct", "x"])),
-                                   max_size=5)), min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Ring", "FC", "SW", "Torus", ""]),
+            st.lists(
+                st.one_of(
+                    st.integers(-3, 40).map(str),
+                    st.floats(allow_nan=True).map(str),
+                    st.sampled_from(["", "hd", "ring", "direct", "x"]),
+                ),
+                max_size=5,
+            ),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_structured_inline_topologies(items):
     """Near-valid KIND(a,b,c[,d]) strings: accepted only when every field is valid."""
     text = "_".join(f"{k}({','.join(fields)})" for k, fields in items)
     accepts_or_usage_error(parse_topology, text)
 
 
-yaml_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-5, 64), st.floats(allow_nan=True),
-                                     st.text(max_size=8)),
-                           lambda inner: st.lists(inner, max_size=4), max_leaves=10)
+yaml_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 64), st.floats(allow_nan=True), st.text(max_size=8)),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=10,
+)
 
 
-@given(st.dictionaries(st.sampled_from(["topology", "npus_count", "bandwidth", "latency", "other"]), yaml_values))
+@given(
+    st.dictionaries(st.sampled_from(["topology", "npus_count", "bandwidth", "latency", "other"]), yaml_values)
+)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_random_yaml_networks(tmp_path, doc):
     """Any YAML mapping: a topology or a UsageError."""
@@ -70,15 +88,20 @@ def test_yaml_that_is_not_yaml(tmp_path):
         parse_yaml(str(path))
 
 
-@given(st.sampled_from(sorted(p.name for p in REFERENCE.glob("*.txt"))), st.integers(0, 2**32 - 1),
-       st.sampled_from(["delete", "replace", "duplicate", "truncate"]))
+@given(
+    st.sampled_from(sorted(p.name for p in REFERENCE.glob("*.txt"))),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["delete", "replace", "duplicate", "truncate"]),
+)
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_mutated_workloads(tmp_path, name, seed, how):
     """A reference workload with one token deleted, replaced, duplicated, or cut: parses or names the line."""
     rng = random.Random(seed)
     tokens = (REFERENCE / name).read_text().split()
     i = rng.randrange(len(tokens))
-    junk = rng.choice(["-1", "0", "1e3", "NONE", "ALLREDUCE", "x", "model_parallel_NPU_group:", "99999999999"])
+    junk = rng.choice(
+        ["-1", "0", "1e3", "NONE", "ALLREDUCE", "x", "model_parallel_NPU_group:", "99999999999"]
+    )
     if how == "delete":
         tokens.pop(i)
     elif how == "replace":
@@ -100,8 +123,12 @@ def trace_bytes(tmp_path_factory):
     from themis_mpi.topology import parse_topology as topo_of
 
     topo = topo_of("2x2x2")
-    recorder = TraceRecorder(topo, "model", clock="model", time_scale=1.0, active_per_dim=1, endpoint_delay_ns=0.0)
-    row, engine = model_collective(topo, Collective("all_reduce", 4096, "float32", 4, (0, 1, 2)), "themis", "scf")
+    recorder = TraceRecorder(
+        topo, "model", clock="model", time_scale=1.0, active_per_dim=1, endpoint_delay_ns=0.0
+    )
+    row, engine = model_collective(
+        topo, Collective("all_reduce", 4096, "float32", 4, (0, 1, 2)), "themis", RunConfig(intra="scf")
+    )
     recorder.add_run(row, engine)
     path = tmp_path_factory.mktemp("t") / "good.h5"
     recorder.write(str(path), np.concatenate(recorder.events))
@@ -116,7 +143,7 @@ def test_damaged_traces(tmp_path, trace_bytes, seed, how):
     rng = random.Random(seed)
     data = bytearray(trace_bytes)
     if how == "truncate":
-        data = data[:rng.randrange(len(data))]
+        data = data[: rng.randrange(len(data))]
     else:
         for _ in range(rng.randint(1, 16)):
             i = rng.randrange(len(data))

@@ -40,11 +40,33 @@ def job_pids(marker: str) -> dict[int, int]:
 def strike(tmp_path, how: str, attempt: int):
     """Run 8 ranks, kill or freeze rank 5 mid-collective; return what happened."""
     trace = tmp_path / f"{how}{attempt}.h5"
-    cmd = [mpiexec_path(), *launcher_keeps_survivors(), "-n", "8", sys.executable, "-m", "themis_mpi", "run",
-           "-t", "2x2x2", "-b", "64M", "-c", "64", "-n", "1000", "-w", "0", "--timeout-s", str(TIMEOUT_S),
-           "--trace", str(trace)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(),
-                            cwd=ROOT)
+    cmd = [
+        mpiexec_path(),
+        *launcher_keeps_survivors(),
+        "-n",
+        "8",
+        sys.executable,
+        "-m",
+        "themis_mpi",
+        "run",
+        "-t",
+        "2x2x2",
+        "-b",
+        "64M",
+        "-c",
+        "64",
+        "-n",
+        "1000",
+        "-w",
+        "0",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--trace",
+        str(trace),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
     try:
         deadline = time.monotonic() + 60
         pids = {}
@@ -94,3 +116,102 @@ def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
     assert any(str(victim) in peers.split(", ") for peers in named), lines
     assert all("collective" in ln or "reduction" in ln or "barrier" in ln for ln in lines)
     assert "Traceback" not in err
+
+
+FAULT_EXITS = {"usage": 2, "bug": 1, "stall": 3}
+
+
+def run_timed(cmd: list[str], timeout_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    """Run a job to its end; return it and how long it took."""
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=timeout_s)
+    return proc, time.monotonic() - start
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+@pytest.mark.parametrize("kind", ["usage", "bug", "stall"])
+def test_a_fault_on_one_rank_ends_every_rank_at_once(kind, rank):
+    """A user mistake, a bug or a stall raised on one rank ends all 8 ranks within 5 s with its exit code."""
+    baseline, startup_s = run_timed(
+        [
+            mpiexec_path(),
+            "-n",
+            "8",
+            sys.executable,
+            "-m",
+            "themis_mpi",
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "1M",
+            "-c",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-p",
+            "baseline",
+        ]
+    )
+    assert baseline.returncode == 0, baseline.stderr[-2000:]
+    proc, took_s = run_timed(
+        [
+            mpiexec_path(),
+            "-n",
+            "8",
+            sys.executable,
+            str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+            kind,
+            str(rank),
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "1M",
+            "-c",
+            "8",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--timeout-s",
+            "60",
+        ]
+    )
+    assert proc.returncode == FAULT_EXITS[kind], proc.stderr[-2000:]
+    assert took_s < startup_s + TIMEOUT_S, (
+        took_s,
+        startup_s,
+    )  # the other ranks did not wait for the watchdog
+    if kind == "bug":
+        assert proc.stderr.count("Traceback") == 1 and "ZeroDivisionError: injected bug" in proc.stderr
+    else:
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error:")]
+        assert len(lines) == 1 and f"injected {'user mistake' if kind == 'usage' else 'stall'}" in lines[0]
+        assert "Traceback" not in proc.stderr
+
+
+def test_a_workload_that_does_not_fit_exits_2_on_every_rank_at_once():
+    """The transformer's model-parallel group of 128 on 2x2x2: one line, exit 2, no rank left waiting."""
+    proc, took_s = run_timed(
+        [
+            mpiexec_path(),
+            "-n",
+            "8",
+            sys.executable,
+            "-m",
+            "themis_mpi",
+            "train",
+            str(ROOT / "traces" / "transformer_1t.txt"),
+            "-t",
+            "2x2x2",
+        ]
+    )
+    assert proc.returncode == 2 and took_s < TIMEOUT_S + 10, (proc.returncode, took_s)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        "themis-mpi: error: model_parallel_NPU_group 128 does not match the leading dims of 2x2x2 "
+        "(possible groups: 1, 2, 4, 8)"
+    ]

@@ -4,16 +4,20 @@ import pytest
 
 from themis_mpi.collectives import Collective, chunk_stages
 from themis_mpi.cost import AG, RS, CostModel, ideal_time_us, steps
+from themis_mpi.driver import RunConfig
 from themis_mpi.model import model_collective
 from themis_mpi.topology import Dim, parse_topology
 
 
-@pytest.mark.parametrize("kind,algorithm,p,n_steps,n_msgs,hops", [
-    ("Ring", "ring", 4, 3, 1, 1),
-    ("FullyConnected", "direct", 4, 1, 3, 1),
-    ("Switch", "halving_doubling", 8, 3, 1, 2),
-    ("Switch", "direct", 6, 1, 5, 2),
-])
+@pytest.mark.parametrize(
+    "kind,algorithm,p,n_steps,n_msgs,hops",
+    [
+        ("Ring", "ring", 4, 3, 1, 1),
+        ("FullyConnected", "direct", 4, 1, 3, 1),
+        ("Switch", "halving_doubling", 8, 3, 1, 2),
+        ("Switch", "direct", 6, 1, 5, 2),
+    ],
+)
 def test_step_time_is_alpha_beta(kind, algorithm, p, n_steps, n_msgs, hops):
     """A step costs hops * latency + messages * bytes / bandwidth (+ endpoint delay)."""
     dim = Dim(kind, p, 100, 700, algorithm)
@@ -40,11 +44,11 @@ def test_one_chunk_time_is_the_sum_of_its_stage_times(topo_name, policy):
     """With one chunk nothing overlaps: the collective time is the sum of its stages' costs."""
     topo = parse_topology(topo_name)
     coll = Collective("all_reduce", 3 * 2**20 + 1, "float32", 1, tuple(range(len(topo.dims))))
-    row, engine = model_collective(topo, coll, policy, "fifo")
+    row, engine = model_collective(topo, coll, policy)
     cost = CostModel(topo, 4)
     stages = chunk_stages(topo, coll, 0, 0, coll.count, list(range(len(topo.dims))))
     total_us = sum(cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0) for s in stages) / 1e3
-    assert row["time_us"] == pytest.approx(total_us, rel=1e-3)
+    assert row.time_us == pytest.approx(total_us, rel=1e-3)
     assert len(engine.records) == 2 * sum(1 for d in topo.dims if d.npus > 1)
 
 
@@ -52,11 +56,11 @@ def test_equal_bandwidth_2x2x2_baseline_utilization_is_58_percent():
     """Equal bandwidth per dim: the baseline loads dim 0 with S/2 and reaches 7/12 = 58.3 %."""
     topo = parse_topology("SW(2,100,0)_SW(2,100,0)_SW(2,100,0)")
     coll = Collective("all_reduce", 2**27, "float64", 64, (0, 1, 2))
-    base, _ = model_collective(topo, coll, "baseline", "fifo")
-    themis, _ = model_collective(topo, coll, "themis", "scf")
-    assert base["utilization"] == pytest.approx(7 / 12, rel=0.01)
-    assert themis["time_us"] < base["time_us"]
-    assert themis["utilization"] > 0.9
+    base, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    themis, _ = model_collective(topo, coll, "themis", RunConfig(intra="scf"))
+    assert base.utilization == pytest.approx(7 / 12, rel=0.01)
+    assert themis.time_us < base.time_us
+    assert themis.utilization > 0.9
 
 
 def test_ideal_time_formula():
@@ -67,14 +71,15 @@ def test_ideal_time_formula():
     assert ideal_time_us("reduce_scatter", 2**30, topo, (0, 1, 2)) == pytest.approx(ar / 2)
 
 
-@pytest.mark.parametrize("policy,intra,astra_us", [("baseline", "fifo", 35008.13),
-                                                   ("themis", "scf", 13635.87)])
+@pytest.mark.parametrize(
+    "policy,intra,astra_us", [("baseline", "fifo", 35008.13), ("themis", "scf", 13635.87)]
+)
 def test_astra_sim_tutorial_point_within_one_percent(policy, intra, astra_us):
     """1 GiB on 8x8x8 Switch, 50 GB/s, 1 ns, 64 chunks, 10 ns endpoint delay: within 1 % of ASTRA-sim."""
     topo = parse_topology("tutorial-8x8x8")
     coll = Collective("all_reduce", 2**30 // 4, "float32", 64, (0, 1, 2))
-    row, _ = model_collective(topo, coll, policy, intra, endpoint_delay_ns=10)
-    assert row["time_us"] == pytest.approx(astra_us, rel=0.01)
+    row, _ = model_collective(topo, coll, policy, RunConfig(intra=intra, endpoint_delay_ns=10))
+    assert row.time_us == pytest.approx(astra_us, rel=0.01)
 
 
 def test_dim_busy_never_exceeds_collective_time():
@@ -82,8 +87,8 @@ def test_dim_busy_never_exceeds_collective_time():
     topo = parse_topology("4D-Ring_SW_SW_SW")
     coll = Collective("all_reduce", 2**27, "float64", 64, (0, 1, 2, 3))
     for policy, intra in [("baseline", "fifo"), ("themis", "scf"), ("themis", "fifo")]:
-        row, _ = model_collective(topo, coll, policy, intra)
-        assert all(d["busy_us"] <= row["time_us"] * (1 + 1e-12) for d in row["dims"])
+        row, _ = model_collective(topo, coll, policy, RunConfig(intra=intra))
+        assert all(d.busy_us <= row.time_us * (1 + 1e-12) for d in row.dims)
 
 
 PAPER_TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
@@ -98,7 +103,7 @@ def test_paper_study_in_the_bandwidth_bound_regime():
             topo = parse_topology(name)
             topo = topo.with_overrides(latency_ns=[0.0] * len(topo.dims))
             coll = Collective("all_reduce", 2**28, "float32", 64, tuple(range(len(topo.dims))))
-            utils.append(model_collective(topo, coll, policy, intra)[0]["utilization"])
+            utils.append(model_collective(topo, coll, policy, RunConfig(intra=intra))[0].utilization)
         means[(policy, intra)] = sum(utils) / len(utils)
     assert means[("themis", "scf")] >= 0.95
     assert 0.50 <= means[("baseline", "fifo")] <= 0.65

@@ -37,12 +37,20 @@ def test_baseline_loads_match_reference():
             loads[d] += size / 2**20 * (p - 1) / p / (HETERO.dims[d].bandwidth_gbps / 200)
             size //= p
     assert loads == pytest.approx([60, 7, 1.75])
-    assert all(tuple(o) == (0, 1, 2) for o in chunk_orders("baseline", HETERO, "all_reduce", MIB64, 64,
-                                                          (0, 1, 2)))
+    assert all(
+        tuple(o) == (0, 1, 2) for o in chunk_orders("baseline", HETERO, "all_reduce", MIB64, 64, (0, 1, 2))
+    )
 
 
-@pytest.mark.parametrize("op,order", [("all_reduce", (0, 1, 2)), ("reduce_scatter", (0, 1, 2)),
-                                      ("all_gather", (2, 1, 0)), ("all_to_all", (0, 1, 2))])
+@pytest.mark.parametrize(
+    "op,order",
+    [
+        ("all_reduce", (0, 1, 2)),
+        ("reduce_scatter", (0, 1, 2)),
+        ("all_gather", (2, 1, 0)),
+        ("all_to_all", (0, 1, 2)),
+    ],
+)
 def test_baseline_order_per_op(op, order):
     """Baseline: ascending dims, a standalone all-gather descending."""
     assert tuple(chunk_orders("baseline", HETERO, op, MIB64, 4, (0, 1, 2))[0]) == order

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from themis_mpi.collectives import DTYPES, OPS, Collective, active_dims, chunk_stages
 from themis_mpi.cost import CostModel, ideal_time_us
+from themis_mpi.driver import RunConfig
 from themis_mpi.model import model_collective
 from themis_mpi.policies import chunk_orders
 from themis_mpi.topology import Dim, Topology, is_power_of_two
@@ -19,9 +20,15 @@ def topologies(draw, max_dims=5, max_size=16):
     for _ in range(draw(st.integers(1, max_dims))):
         p = draw(st.integers(1, max_size))
         algorithms = ["ring", "direct"] + (["halving_doubling"] if is_power_of_two(p) else [])
-        dims.append(Dim(draw(st.sampled_from(["Ring", "FullyConnected", "Switch"])), p,
-                        draw(st.sampled_from([12.5, 50, 100, 175, 375])),
-                        draw(st.sampled_from([0, 1, 20, 700, 1700])), draw(st.sampled_from(algorithms))))
+        dims.append(
+            Dim(
+                draw(st.sampled_from(["Ring", "FullyConnected", "Switch"])),
+                p,
+                draw(st.sampled_from([12.5, 50, 100, 175, 375])),
+                draw(st.sampled_from([0, 1, 20, 700, 1700])),
+                draw(st.sampled_from(algorithms)),
+            )
+        )
     return Topology(tuple(dims))
 
 
@@ -30,10 +37,21 @@ def runs(draw):
     topo = draw(topologies())
     n = len(topo.dims)
     involved = tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=1))))
-    coll = Collective(draw(st.sampled_from(OPS)), draw(st.integers(1, 300_000)), draw(st.sampled_from(DTYPES)),
-                      draw(st.integers(1, 96)), involved)
-    return (topo, coll, draw(st.sampled_from(["baseline", "themis"])), draw(st.sampled_from(["fifo", "scf"])),
-            draw(st.integers(1, 3)), draw(st.sampled_from([0.0, 10.0])))
+    coll = Collective(
+        draw(st.sampled_from(OPS)),
+        draw(st.integers(1, 300_000)),
+        draw(st.sampled_from(DTYPES)),
+        draw(st.integers(1, 96)),
+        involved,
+    )
+    return (
+        topo,
+        coll,
+        draw(st.sampled_from(["baseline", "themis"])),
+        draw(st.sampled_from(["fifo", "scf"])),
+        draw(st.integers(1, 3)),
+        draw(st.sampled_from([0.0, 10.0])),
+    )
 
 
 def expected_bytes(topo, coll, orders) -> int:
@@ -47,7 +65,7 @@ def expected_bytes(topo, coll, orders) -> int:
             total += sum((topo.dims[d].npus - 1) * -(-n // topo.dims[d].npus) for d in dims)
             continue
         moved = 0
-        for d in (dims[::-1] if coll.op == "all_gather" else dims):
+        for d in dims[::-1] if coll.op == "all_gather" else dims:
             p = topo.dims[d].npus
             moved += (p - 1) * -(-n // p)
             n = -(-n // p)
@@ -59,7 +77,9 @@ def expected_bytes(topo, coll, orders) -> int:
 def test_every_run_completes_conserves_bytes_and_respects_the_bounds(case):
     """Random runs finish every stage, send exactly the required bytes, and obey the lower bounds."""
     topo, coll, policy, intra, active, delay = case
-    row, engine = model_collective(topo, coll, policy, intra, active, delay)
+    row, engine = model_collective(
+        topo, coll, policy, RunConfig(intra=intra, active_per_dim=active, endpoint_delay_ns=delay)
+    )
     run = engine.collectives[0]
     orders = run.orders
     cost = CostModel(topo, coll.itemsize, delay)
@@ -73,7 +93,7 @@ def test_every_run_completes_conserves_bytes_and_respects_the_bounds(case):
         recs.sort(key=lambda r: r.stage.index)
         assert all(b.start_ns >= a.end_ns for a, b in zip(recs, recs[1:]))
     # conserves bytes
-    sent = sum(d["bytes"] for d in row["dims"])
+    sent = sum(d.bytes for d in row.dims)
     assert sent == expected_bytes(topo, coll, orders)
     n = math.prod(topo.dims[d].npus for d in coll.dims)
     need = (2 if coll.op == "all_reduce" else 1) * coll.size_bytes * (n - 1) / n
@@ -82,22 +102,27 @@ def test_every_run_completes_conserves_bytes_and_respects_the_bounds(case):
     for r in engine.records:
         s = r.stage
         assert r.end_ns == cost.stage_end_ns(s.dim, s.op, s.full_elems, r.start_ns)
-    time_us = row["time_us"]
-    assert all(d["busy_us"] <= active * time_us * (1 + 1e-9) + 1e-9 for d in row["dims"])
+    time_us = row.time_us
+    assert all(d.busy_us <= active * time_us * (1 + 1e-9) + 1e-9 for d in row.dims)
     assert time_us * active >= ideal_time_us(coll.op, coll.size_bytes, topo, coll.dims) * (1 - 1e-9) - 1e-9
     # never more stages at once on a dim than it has slots
     for d in range(len(topo.dims)):
-        edges = sorted([(r.start_ns, 1) for r in engine.records if r.stage.dim == d]
-                       + [(r.end_ns, -1) for r in engine.records if r.stage.dim == d])
+        edges = sorted(
+            [(r.start_ns, 1) for r in engine.records if r.stage.dim == d]
+            + [(r.end_ns, -1) for r in engine.records if r.stage.dim == d]
+        )
         level = 0
         for _, step in edges:
             level += step
             assert level <= active
 
 
-@given(topologies(), st.integers(1, 2**34), st.integers(1, 256), st.sampled_from(["all_reduce", "reduce_scatter",
-                                                                                 "all_gather"]))
-
+@given(
+    topologies(),
+    st.integers(1, 2**34),
+    st.integers(1, 256),
+    st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]),
+)
 def test_themis_orders_are_permutations_and_start_with_the_baseline(topo, size, chunks, op):
     """Every Themis order is a permutation of the dims, and the first chunk keeps the baseline."""
     dims = tuple(range(len(topo.dims)))
@@ -108,7 +133,6 @@ def test_themis_orders_are_permutations_and_start_with_the_baseline(topo, size, 
 
 
 @given(topologies(max_size=8), st.integers(1, 10_000), st.integers(1, 40))
-
 def test_stage_sizes_shrink_by_each_dim_and_grow_back(topo, count, chunks):
     """An all-reduce chunk's RS stages shrink by each dim's size; its AG stages mirror them."""
     coll = Collective("all_reduce", count, "float32", chunks, tuple(range(len(topo.dims))))

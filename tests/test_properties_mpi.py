@@ -21,17 +21,25 @@ def small_topologies(draw):
         npus *= p
         algorithms = ["ring", "direct"] + (["hd"] if is_power_of_two(p) else [])
         kind = draw(st.sampled_from(list(KIND)))
-        dims.append(f"{KIND[kind]}({p},{draw(st.sampled_from([25, 100, 200]))},"
-                    f"{draw(st.sampled_from([0, 20, 700]))},{draw(st.sampled_from(algorithms))})")
+        dims.append(
+            f"{KIND[kind]}({p},{draw(st.sampled_from([25, 100, 200]))},"
+            f"{draw(st.sampled_from([0, 20, 700]))},{draw(st.sampled_from(algorithms))})"
+        )
     return "_".join(dims), npus
 
 
-cases = st.fixed_dictionaries({
-    "op": st.sampled_from(OPS), "count": st.integers(1, 60_000), "dtype": st.sampled_from(DTYPES),
-    "chunks": st.integers(1, 24), "policy": st.sampled_from(["baseline", "themis"]),
-    "intra": st.sampled_from(["fifo", "scf"]), "active": st.integers(1, 2),
-    "redop": st.sampled_from(["sum", "max", "min"]),
-})
+cases = st.fixed_dictionaries(
+    {
+        "op": st.sampled_from(OPS),
+        "count": st.integers(1, 60_000),
+        "dtype": st.sampled_from(DTYPES),
+        "chunks": st.integers(1, 24),
+        "policy": st.sampled_from(["baseline", "themis"]),
+        "intra": st.sampled_from(["fifo", "scf"]),
+        "active": st.integers(1, 2),
+        "redop": st.sampled_from(["sum", "max", "min"]),
+    }
+)
 
 
 @given(small_topologies(), st.lists(cases, min_size=1, max_size=4))

@@ -43,8 +43,10 @@ def test_switch_that_is_not_a_power_of_two_defaults_to_direct():
 def test_yaml_network_file(tmp_path):
     """An ASTRA-sim 2.x network YAML gives the same dims as the inline form."""
     path = tmp_path / "net.yml"
-    path.write_text("topology: [ Ring, FullyConnected, Switch ]\nnpus_count: [ 4, 2, 8 ]\n"
-                    "bandwidth: [ 50.0, 100.0, 25 ]\nlatency: [ 500.0, 20, 1 ]\n")
+    path.write_text(
+        "topology: [ Ring, FullyConnected, Switch ]\nnpus_count: [ 4, 2, 8 ]\n"
+        "bandwidth: [ 50.0, 100.0, 25 ]\nlatency: [ 500.0, 20, 1 ]\n"
+    )
     assert parse_topology(str(path)).dims == parse_topology("Ring(4,50,500)_FC(2,100,20)_SW(8,25,1)").dims
 
 
@@ -53,19 +55,22 @@ def test_bandwidth_uses_binary_gigabytes():
     assert Dim("Ring", 2, 1.0, 0).bandwidth_bytes_per_ns == pytest.approx(2**30 / 1e9)
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ("nope", "unknown topology preset"),
-    ("SW(8,100", "malformed topology dim"),
-    ("XX(8,100,700)", "unknown dim kind"),
-    ("SW(8,100)", "needs 3 or 4 fields"),
-    ("SW(8,abc,700)", "bad GB/s"),
-    ("SW(0,100,700)", "positive integer"),
-    ("SW(2.5,100,700)", "integer"),
-    ("SW(8,-1,700)", "bandwidth must be > 0"),
-    ("SW(8,100,-5)", "latency must be >= 0"),
-    ("SW(6,100,700,hd)", "power-of-two"),
-    ("SW(8,100,700,tree)", "unknown algorithm"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ("nope", "unknown topology preset"),
+        ("SW(8,100", "malformed topology dim"),
+        ("XX(8,100,700)", "unknown dim kind"),
+        ("SW(8,100)", "needs 3 or 4 fields"),
+        ("SW(8,abc,700)", "bad GB/s"),
+        ("SW(0,100,700)", "positive integer"),
+        ("SW(2.5,100,700)", "integer"),
+        ("SW(8,-1,700)", "bandwidth must be > 0"),
+        ("SW(8,100,-5)", "latency must be >= 0"),
+        ("SW(6,100,700,hd)", "power-of-two"),
+        ("SW(8,100,700,tree)", "unknown algorithm"),
+    ],
+)
 def test_malformed_topology_gets_a_clear_error(text, fragment):
     """Each malformed topology raises a UsageError naming the problem."""
     with pytest.raises(UsageError, match=fragment):

@@ -19,15 +19,24 @@ RUN_ARGS = ["-t", "2x2x2", "-b", "1M", "-c", "8", "--policy", "both"]
 
 def local(args, **kw):
     """`themis-mpi ARGS` in this process's environment, without mpiexec."""
-    return subprocess.run([sys.executable, "-m", "themis_mpi", *args], capture_output=True, text=True,
-                          env=mpi_env(), cwd=ROOT, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "themis_mpi", *args],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=120,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("traces")
-    proc = cli(8, ["run", *RUN_ARGS, "-n", "1", "-w", "0", "--trace", str(d / "run.h5"),
-                   "--json", str(d / "run.json")])
+    proc = cli(
+        8,
+        ["run", *RUN_ARGS, "-n", "1", "-w", "0", "--trace", str(d / "run.h5"), "--json", str(d / "run.json")],
+    )
     assert proc.returncode == 0, proc.stderr
     proc = local(["model", *RUN_ARGS, "--trace", str(d / "model.h5"), "--json", str(d / "model.json")])
     assert proc.returncode == 0, proc.stderr
@@ -38,15 +47,36 @@ def traces(tmp_path_factory):
 def test_trace_reads_with_plain_h5py(traces, name, ranks):
     """The file holds metadata, topology, schedule, summaries and every rank's events."""
     with h5py.File(traces / name, "r") as f:
-        for key in ("format", "format_version", "complete", "topology", "clock", "command_line",
-                    "start_time", "versions", "npus"):
+        for key in (
+            "format",
+            "format_version",
+            "complete",
+            "topology",
+            "clock",
+            "command_line",
+            "start_time",
+            "versions",
+            "npus",
+        ):
             assert key in f.attrs
         assert "mpi4py" in json.loads(f.attrs["versions"])
         for ds in ("topology", "collectives", "schedule", "summary_dims", "events"):
             assert ds in f
         ev = f["events"][()]
-        for col in ("rank", "collective", "chunk", "stage", "op", "dim", "bytes", "queued_us", "start_us",
-                    "end_us", "wall_start_s", "wall_end_s"):
+        for col in (
+            "rank",
+            "collective",
+            "chunk",
+            "stage",
+            "op",
+            "dim",
+            "bytes",
+            "queued_us",
+            "start_us",
+            "end_us",
+            "wall_start_s",
+            "wall_end_s",
+        ):
             assert col in ev.dtype.names
         assert sorted(set(ev["rank"].tolist())) == list(range(ranks))
         assert len(f["collectives"]) == 2 and len(f["schedule"]) == 2 * 8
@@ -99,8 +129,20 @@ def test_perfetto_events_have_the_required_fields_and_nest(traces):
 def test_perfetto_filters_ranks_and_window(traces, tmp_path):
     """--ranks and --window keep only the asked-for slices."""
     out = tmp_path / "p.json"
-    proc = local(["export", "--perfetto", str(out), str(traces / "run.h5"), "--ranks", "0,3",
-                  "--window", "0,5", "--collective", "0"])
+    proc = local(
+        [
+            "export",
+            "--perfetto",
+            str(out),
+            str(traces / "run.h5"),
+            "--ranks",
+            "0,3",
+            "--window",
+            "0,5",
+            "--collective",
+            "0",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr
     slices = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
     assert slices and {e["pid"] for e in slices} == {0, 3} and all(e["ts"] < 5 for e in slices)
@@ -148,8 +190,12 @@ def test_truncated_and_foreign_files_get_one_clear_line(traces, tmp_path):
     with h5py.File(tmp_path / "foreign.h5", "w") as f:
         f["x"] = np.arange(3)
     (tmp_path / "text.h5").write_text("hello")
-    for name, fragment in (("cut.h5", "not a readable HDF5 file"), ("foreign.h5", "not a themis-mpi trace"),
-                           ("text.h5", "not a readable HDF5 file"), ("missing.h5", "no such trace file")):
+    for name, fragment in (
+        ("cut.h5", "not a readable HDF5 file"),
+        ("foreign.h5", "not a themis-mpi trace"),
+        ("text.h5", "not a readable HDF5 file"),
+        ("missing.h5", "no such trace file"),
+    ):
         with pytest.raises(UsageError, match=fragment):
             Trace(str(tmp_path / name))
         proc = local(["analyze", str(tmp_path / name)])

@@ -1,24 +1,34 @@
 """Rules for ASTRA-sim 1.0 text workloads and training-iteration replay."""
 
 import json
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
-from harness import cli
+from harness import DATA, ROOT, cli, mpi_env, shared
 
 from themis_mpi.errors import UsageError
+from themis_mpi.model import model_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import model_training
+from themis_mpi.training import TrainingSpec
 from themis_mpi.workload import parse_workload
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference-workloads" / "astra-sim-1.0-text"
+REFERENCE = DATA / "astra-sim-1.0-text"
 REFERENCE_FILES = sorted(REFERENCE.glob("*.txt"))
 GOOD_LAYER = "conv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCE 1048576 5"
 
 
 def test_reference_folder_is_there():
-    """The ten reference workloads are where the tests look for them."""
+    """The ten reference workloads ship with the tests."""
     assert len(REFERENCE_FILES) == 10
+
+
+def test_shipped_workloads_are_verbatim_copies():
+    """Each shipped workload is byte for byte the file in ../shared/reference-workloads."""
+    originals = shared("reference-workloads/astra-sim-1.0-text")
+    assert sorted(p.name for p in originals.glob("*.txt")) == [p.name for p in REFERENCE_FILES]
+    for path in REFERENCE_FILES:
+        assert path.read_bytes() == (originals / path.name).read_bytes(), path.name
 
 
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=lambda p: p.name)
@@ -27,8 +37,9 @@ def test_reference_workload_parses(path):
     wl = parse_workload(str(path))
     declared = int(path.read_text().splitlines()[1].split()[0])  # line 2 holds the layer count
     assert len(wl.layers) == declared
-    assert [layer.name for layer in wl.layers] == [line.split()[0] for line in
-                                                   path.read_text().splitlines()[2:2 + declared]]
+    assert [layer.name for layer in wl.layers] == [
+        line.split()[0] for line in path.read_text().splitlines()[2 : 2 + declared]
+    ]
 
 
 def test_transformer_header_arguments():
@@ -41,13 +52,25 @@ def test_transformer_header_arguments():
 def test_customized_layers_carry_their_own_policy():
     """HYBRID_CUSTOMIZED reads a policy at the end of every layer."""
     wl = parse_workload(str(REFERENCE / "sample_per_layer_parallel_HybridCustomized.txt"))
-    assert [layer.policy for layer in wl.layers] == ["HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA", "DATA",
-                                                      "MODEL", "MODEL", "HYBRID_MODEL_DATA"]
+    assert [layer.policy for layer in wl.layers] == [
+        "HYBRID_DATA_MODEL",
+        "HYBRID_MODEL_DATA",
+        "DATA",
+        "MODEL",
+        "MODEL",
+        "HYBRID_MODEL_DATA",
+    ]
 
 
-@pytest.mark.parametrize("policy,fwd,wg", [("DATA", (), (0, 1, 2)), ("MODEL", (0, 1, 2), ()),
-                                           ("HYBRID_DATA_MODEL", (0,), (1, 2)),
-                                           ("HYBRID_MODEL_DATA", (1, 2), (0,))])
+@pytest.mark.parametrize(
+    "policy,fwd,wg",
+    [
+        ("DATA", (), (0, 1, 2)),
+        ("MODEL", (0, 1, 2), ()),
+        ("HYBRID_DATA_MODEL", (0,), (1, 2)),
+        ("HYBRID_MODEL_DATA", (1, 2), (0,)),
+    ],
+)
 def test_phase_dims_follow_the_parallelism(tmp_path, policy, fwd, wg):
     """Model-parallel phases and data-parallel weight gradients land on the documented dims."""
     path = tmp_path / "w.txt"
@@ -69,16 +92,19 @@ def test_transformer_group_takes_the_leading_dims(tmp_path):
         parse_workload(str(path)).dims(wl.layers[0], "fwd", topo)
 
 
-@pytest.mark.parametrize("text,line,token", [
-    ("DATAX\n1\n" + GOOD_LAYER, 1, "DATAX"),
-    ("DATA\nabc\n" + GOOD_LAYER, 2, "abc"),
-    ("DATA\n1\nconv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCES 1048576 5", 3, "ALLREDUCES"),
-    ("DATA\n1\nconv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCE -8 5", 3, "-8"),
-    ("DATA\n2\n" + GOOD_LAYER, 3, None),
-    ("DATA\n1\n" + GOOD_LAYER + " extra", 3, "extra"),
-    ("HYBRID_TRANSFORMER model_parallel_NPU_group 4\n1\n" + GOOD_LAYER, 1, "model_parallel_NPU_group"),
-    ("HYBRID_CUSTOMIZED\n1\n" + GOOD_LAYER + " WHATEVER", 3, "WHATEVER"),
-])
+@pytest.mark.parametrize(
+    "text,line,token",
+    [
+        ("DATAX\n1\n" + GOOD_LAYER, 1, "DATAX"),
+        ("DATA\nabc\n" + GOOD_LAYER, 2, "abc"),
+        ("DATA\n1\nconv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCES 1048576 5", 3, "ALLREDUCES"),
+        ("DATA\n1\nconv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCE -8 5", 3, "-8"),
+        ("DATA\n2\n" + GOOD_LAYER, 3, None),
+        ("DATA\n1\n" + GOOD_LAYER + " extra", 3, "extra"),
+        ("HYBRID_TRANSFORMER model_parallel_NPU_group 4\n1\n" + GOOD_LAYER, 1, "model_parallel_NPU_group"),
+        ("HYBRID_CUSTOMIZED\n1\n" + GOOD_LAYER + " WHATEVER", 3, "WHATEVER"),
+    ],
+)
 def test_malformed_workload_names_line_and_token(tmp_path, text, line, token):
     """A malformed workload raises one error naming the line (and the token, if any)."""
     path = tmp_path / "bad.txt"
@@ -93,50 +119,62 @@ def test_malformed_workload_names_line_and_token(tmp_path, text, line, token):
 def test_compute_only_workload_has_no_exposed_communication(tmp_path):
     """With no collectives, an iteration is exactly the sum of its compute and update times."""
     path = tmp_path / "c.txt"
-    path.write_text("DATA\n2\nl0 -1 100 NONE 0 50 NONE 0 70 NONE 0 5\n"
-                    "l1 -1 30 NONE 0 20 NONE 0 10 NONE 0 5\n")
-    row = model_training(parse_workload(str(path)), parse_topology("2x2x2"), "baseline", "fifo", iterations=3)
+    path.write_text(
+        "DATA\n2\nl0 -1 100 NONE 0 50 NONE 0 70 NONE 0 5\nl1 -1 30 NONE 0 20 NONE 0 10 NONE 0 5\n"
+    )
+    row = model_training(
+        parse_workload(str(path)), parse_topology("2x2x2"), "baseline", TrainingSpec(iterations=3)
+    )
     # forward 100 + 30; backward l1: wg 10 + ig 20; l0: wg 70 (no ig) -> 230 ns. Later iterations
     # wait 5 ns more: layer 0's forward needs its weight update, which follows its weight gradient.
-    assert row["total_us"] * 1e3 == pytest.approx(230 + 2 * 235)
-    assert row["last_iteration_us"] * 1e3 == pytest.approx(235)
-    assert row["compute_us"] * 1e3 == pytest.approx(230) and row["collectives"] == 0
+    assert row.total_us * 1e3 == pytest.approx(230 + 2 * 235)
+    assert row.last_iteration_us * 1e3 == pytest.approx(235)
+    assert row.compute_us * 1e3 == pytest.approx(230) and row.collectives == 0
 
 
 def test_weight_gradient_collective_delays_the_next_forward(tmp_path):
     """The next iteration's forward of a layer waits for its all-reduce and the update."""
     path = tmp_path / "w.txt"
     path.write_text("DATA\n1\nl0 -1 100 NONE 0 0 NONE 0 100 ALLREDUCE 67108864 1000\n")
-    row = model_training(parse_workload(str(path)), parse_topology("SW(2,100,0)"), "baseline", "fifo",
-                         chunks=1, iterations=2)
+    row = model_training(
+        parse_workload(str(path)),
+        parse_topology("SW(2,100,0)"),
+        "baseline",
+        TrainingSpec(chunks=1, iterations=2),
+    )
     ar_ns = 2 * (2**25) / (100 * 2**30 / 1e9)  # RS + AG of 32 MiB each over 100 GB/s
-    assert row["total_us"] * 1e3 == pytest.approx(2 * (100 + 100 + ar_ns + 1000) - 1000, rel=1e-9)
+    assert row.total_us * 1e3 == pytest.approx(2 * (100 + 100 + ar_ns + 1000) - 1000, rel=1e-9)
 
 
-@pytest.mark.parametrize("name,topology,ranks", [
-    ("Resnet50_DataParallel.txt", "2x2x2", 8),
-    ("MLP_HybridParallel_Data_Model.txt", "4x2", 8),
-    ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700)", 4),
-    ("sample_per_layer_parallel_HybridCustomized.txt", "2x2x2", 8),
-    ("Transformer_HybridParallel_Fwd_In_Bckwd.txt", "Ring(2,100,20)_FC(2,100,700)_SW(2,50,700)", 8),
-])
+@pytest.mark.parametrize(
+    "name,topology,ranks",
+    [
+        ("Resnet50_DataParallel.txt", "2x2x2", 8),
+        ("MLP_HybridParallel_Data_Model.txt", "4x2", 8),
+        ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700)", 4),
+        ("sample_per_layer_parallel_HybridCustomized.txt", "2x2x2", 8),
+        ("Transformer_HybridParallel_Fwd_In_Bckwd.txt", "Ring(2,100,20)_FC(2,100,700)_SW(2,50,700)", 8),
+    ],
+)
 def test_emulator_iteration_time_equals_the_model(tmp_path, name, topology, ranks):
-    """On real data (wrong = 0), the emulator's iteration time equals the model's."""
-    args = ["replay", "--workload", str(REFERENCE / name), "-t", topology, "-c", "4"]
+    """On real data (wrong = 0), the emulator's iteration time equals the model's exactly."""
+    args = ["train", str(REFERENCE / name), "-t", topology, "-c", "4"]
     if name.startswith("Transformer"):  # 300 MB collectives: shrink them for 8 ranks on one machine
         args += ["--comm-scale", "0.001"]
     out_emu, out_model = tmp_path / "emu.json", tmp_path / "model.json"
     proc = cli(ranks, [*args, "--json", str(out_emu)])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import subprocess
-    import sys
-
-    from harness import ROOT, mpi_env
-    model = subprocess.run([sys.executable, "-m", "themis_mpi", *args, "--json", str(out_model)],
-                           capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)
+    model = subprocess.run(
+        [sys.executable, "-m", "themis_mpi", *args, "--json", str(out_model)],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
     assert model.returncode == 0, model.stderr
     emu, mod = json.loads(out_emu.read_text()), json.loads(out_model.read_text())
     for e, m in zip(emu, mod):
         assert e["wrong"] == 0 and e["transport"] == "mpi" and m["transport"] == "model"
-        assert e["iteration_us"] == pytest.approx(m["iteration_us"], rel=1e-3)
+        assert e["iteration_us"] == m["iteration_us"] and e["exposed_comm_us"] == m["exposed_comm_us"]
         assert e["collectives"] == m["collectives"] > 0

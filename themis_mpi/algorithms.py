@@ -49,14 +49,12 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     if algorithm == "direct":
         others = [j for j in range(p) if j != c]
         if op == RS:
-            return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(c)) for j in others),
-                         REDUCE)]
+            return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(c)) for j in others), REDUCE)]
         return [Step(tuple((j, *blk(c)) for j in others), tuple((j, *blk(j)) for j in others), COPY)]
     if algorithm == "ring":
         nxt, prv = (c + 1) % p, (c - 1) % p
         if op == RS:
-            return [Step(((nxt, *blk(c - s - 1)),), ((prv, *blk(c - s - 2)),), REDUCE)
-                    for s in range(p - 1)]
+            return [Step(((nxt, *blk(c - s - 1)),), ((prv, *blk(c - s - 2)),), REDUCE) for s in range(p - 1)]
         return [Step(((nxt, *blk(c - s)),), ((prv, *blk(c - s - 1)),), COPY) for s in range(p - 1)]
     # halving-doubling (P is a power of two)
     steps = []
@@ -74,8 +72,7 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     while m < p:
         partner = c ^ m
         mine, theirs = c & ~(m - 1), partner & ~(m - 1)
-        steps.append(Step(((partner, *rng(mine, mine + m)),), ((partner, *rng(theirs, theirs + m)),),
-                          COPY))
+        steps.append(Step(((partner, *rng(mine, mine + m)),), ((partner, *rng(theirs, theirs + m)),), COPY))
         m *= 2
     return steps
 
@@ -98,9 +95,3 @@ def plan_all_to_all(p: int, c: int, stride: int, group: int, lo: int, hi: int) -
         steps_sends += [(k, lo + q * b, lo + (q + 1) * b) for q in blocks]
         steps_recvs += [(k, lo + q * b, lo + (q + 1) * b) for q in blocks]
     return [Step(tuple(steps_sends), tuple(steps_recvs), SWAP)]
-
-
-def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
-    """The block a reduce-scatter leaves at coordinate c (the region an all-gather starts from)."""
-    b = block_bounds(lo, hi, p)
-    return b[c], b[c + 1]

@@ -9,11 +9,13 @@ its busy time over the collective time.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .cost import CostModel, ideal_time_us
-from .engine import CollectiveRun
+from .engine import CollectiveRun, StageRun
 from .topology import BYTES_PER_GB, Topology
 
 
@@ -24,8 +26,105 @@ def busbw_factor(op: str, npus: int) -> float:
     return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
 
 
-def summarize(run: CollectiveRun, topology: Topology, cost: CostModel, time_us: float | None = None) -> dict:
-    """The result row of one collective: times, bandwidths, utilization, per-dim figures.
+@dataclass
+class DimResult:
+    """One dim's share of a run on one NPU: busy time, bytes sent, stages served."""
+
+    dim: int
+    busy_us: float
+    bytes: int
+    stages: int
+    utilization: float
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON."""
+        return asdict(self)
+
+
+@dataclass
+class CollectiveResult:
+    """One collective's outcome, the same on every rank (a row of `run` and `model`).
+
+    Times are virtual microseconds except `wall_s` (the slowest rank's wall seconds); under the
+    wall clock `time_us` is the measured wall time divided by the time scale and `virtual_us`
+    keeps the virtual one. `wrong` is summed over ranks (None when not checked, and in the model).
+    """
+
+    op: str
+    involved: list[int]
+    issued_us: float
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    chunks: int
+    time_us: float
+    ideal_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    utilization: float
+    dims: list[DimResult]
+    policy: str = ""
+    intra: str = ""
+    clock: str = "model"
+    wrong: int | None = None
+    wall_s: float = 0.0
+    virtual_us: float | None = None
+    topology: str = ""
+    npus: int = 0
+    iters: int = 1
+    time_scale: float = 1.0
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON (dims as a list of dicts)."""
+        return asdict(self)
+
+
+@dataclass
+class TrainingResult:
+    """Training iterations of a workload under one policy (a row of `train`)."""
+
+    policy: str
+    intra: str
+    chunks: int
+    transport: str
+    iterations: int
+    total_us: float
+    iteration_us: float
+    last_iteration_us: float
+    compute_us: float
+    exposed_comm_us: float
+    collectives: int
+    dims: list[DimResult]
+    wrong: int | None = None
+    wall_s: float = 0.0
+    speedup: float | None = None
+    workload: str = ""
+    topology: str = ""
+    npus: int = 0
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON (dims as a list of dicts)."""
+        return asdict(self)
+
+
+def dim_results(
+    records: list[StageRun], topology: Topology, cost: Callable[[int], CostModel], time_us: float
+) -> list[DimResult]:
+    """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us."""
+    out = []
+    for d in range(len(topology.dims)):
+        mine = [r for r in records if r.stage.dim == d]
+        busy_us = sum(r.end_ns - r.start_ns for r in mine) / 1e3
+        sent = sum(cost(r.stage.itemsize).stage_bytes(d, r.stage.op, r.stage.full_elems) for r in mine)
+        out.append(DimResult(d, busy_us, int(sent), len(mine), busy_us / time_us if time_us > 0 else 0.0))
+    return out
+
+
+def summarize(
+    run: CollectiveRun, topology: Topology, cost: Callable[[int], CostModel], time_us: float | None = None
+) -> CollectiveResult:
+    """The result of one collective: times, bandwidths, utilization, per-dim figures.
 
     `time_us` overrides the engine's (virtual) collective time, as the wall clock measures its own.
     """
@@ -33,41 +132,31 @@ def summarize(run: CollectiveRun, topology: Topology, cost: CostModel, time_us: 
     if time_us is None:
         time_us = (run.end_ns - run.issued_ns) / 1e3
     ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
-    dims = []
-    for d in range(len(topology.dims)):
-        mine = [r for r in run.runs if r.stage.dim == d]
-        busy_us = sum(r.end_ns - r.start_ns for r in mine) / 1e3
-        sent = sum(cost.stage_bytes(d, r.stage.op, r.stage.full_elems) for r in mine)
-        dims.append({
-            "dim": d,
-            "busy_us": busy_us,
-            "bytes": int(sent),
-            "stages": len(mine),
-            "utilization": busy_us / time_us if time_us > 0 else 0.0,
-        })
-    return {
-        "op": coll.op,
-        "involved": list(coll.dims),
-        "issued_us": run.issued_ns / 1e3,
-        "size_bytes": coll.size_bytes,
-        "count": coll.count,
-        "dtype": coll.dtype,
-        "redop": coll.redop,
-        "chunks": coll.n_chunks,
-        "time_us": time_us,
-        "ideal_us": ideal_us,
-        **bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims)),
-        "utilization": ideal_us / time_us if time_us > 0 else 1.0,
-        "dims": dims,
-    }
+    algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
+    return CollectiveResult(
+        op=coll.op,
+        involved=list(coll.dims),
+        issued_us=run.issued_ns / 1e3,
+        size_bytes=coll.size_bytes,
+        count=coll.count,
+        dtype=coll.dtype,
+        redop=coll.redop,
+        chunks=coll.n_chunks,
+        time_us=time_us,
+        ideal_us=ideal_us,
+        algbw_gbps=algbw,
+        busbw_gbps=busbw,
+        utilization=ideal_us / time_us if time_us > 0 else 1.0,
+        dims=dim_results(run.runs, topology, cost, time_us),
+    )
 
 
-def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> dict:
+def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[float, float]:
     """Algbw and busbw in GB/s (2^30 B) of a collective of size_bytes that took time_us."""
     if time_us <= 0:
-        return {"algbw_gbps": 0.0, "busbw_gbps": 0.0}
+        return 0.0, 0.0
     algbw = size_bytes / (time_us * 1e-6) / BYTES_PER_GB
-    return {"algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(op, npus)}
+    return algbw, algbw * busbw_factor(op, npus)
 
 
 def format_size(n_bytes: int) -> str:
@@ -78,7 +167,7 @@ def format_size(n_bytes: int) -> str:
     return str(n_bytes)
 
 
-def format_table(rows: list[dict], n_dims: int, clock: str) -> str:
+def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
     """An nccl-tests-like table, one line per row, units in the header."""
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(n_dims))
     head = (
@@ -93,13 +182,13 @@ def format_table(rows: list[dict], n_dims: int, clock: str) -> str:
     )
     lines = [head, unit]
     for r in rows:
-        dim_vals = "".join(f" {100 * d['utilization']:6.1f}" for d in r["dims"])
-        wrong = "N/A" if r["wrong"] is None else str(r["wrong"])
+        dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
+        wrong = "N/A" if r.wrong is None else str(r.wrong)
         lines.append(
-            f" {r['size_bytes']:>10} {r['count']:>11} {r['dtype']:>7} {r['policy']:>8} "
-            f"{r['intra']:>5} {r['chunks']:>6} {r['time_us']:>12.2f} {r['ideal_us']:>12.2f} "
-            f"{r['algbw_gbps']:>8.2f} {r['busbw_gbps']:>8.2f} {100 * r['utilization']:>6.2f} "
-            f"{wrong:>7}{dim_vals} {r['wall_s']:>9.4f}"
+            f" {r.size_bytes:>10} {r.count:>11} {r.dtype:>7} {r.policy:>8} "
+            f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} "
+            f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
+            f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
         )
     return "\n".join(lines)
 
@@ -133,23 +222,44 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
             busy = float((on_dim["end_us"] - on_dim["start_us"]).sum()) / n_ranks
             pooled = mine[mine["dim"] == d]
             wait = pooled["start_us"] - pooled["queued_us"]
-            dims.append({
-                "dim": d, "busy_us": busy, "idle_us": time_us - busy,
-                "bytes": int(on_dim["bytes"].sum() // n_ranks), "stages": int(len(on_dim) // n_ranks),
-                "utilization": busy / time_us if time_us > 0 else 0.0,
-                "queue_mean_us": float(wait.mean()) if len(wait) else 0.0,
-                "queue_p50_us": percentile(wait, 50), "queue_p99_us": percentile(wait, 99),
-            })
+            dims.append(
+                {
+                    "dim": d,
+                    "busy_us": busy,
+                    "idle_us": time_us - busy,
+                    "bytes": int(on_dim["bytes"].sum() // n_ranks),
+                    "stages": int(len(on_dim) // n_ranks),
+                    "utilization": busy / time_us if time_us > 0 else 0.0,
+                    "queue_mean_us": float(wait.mean()) if len(wait) else 0.0,
+                    "queue_p50_us": percentile(wait, 50),
+                    "queue_p99_us": percentile(wait, 99),
+                }
+            )
         row = trace.collective_row(cid)
         involved = [d for d in range(len(topo.dims)) if row["dims_mask"] >> d & 1]
-        out.append({
-            "trace": trace.path, "collective": cid, "op": row["op"], "policy": row["policy"],
-            "intra": row["intra"], "size_bytes": row["size_bytes"], "chunks": row["chunks"],
-            "time_us": time_us, "ideal_us": row["ideal_us"],
-            "utilization": row["ideal_us"] / time_us if time_us > 0 else 1.0,
-            **bandwidths(row["op"], row["size_bytes"], time_us, topo.group_npus(involved)),
-            "wrong": None if row["wrong"] < 0 else row["wrong"], "ranks": int(len(ranks)), "dims": dims,
-        })
+        out.append(
+            {
+                "trace": trace.path,
+                "collective": cid,
+                "op": row["op"],
+                "policy": row["policy"],
+                "intra": row["intra"],
+                "size_bytes": row["size_bytes"],
+                "chunks": row["chunks"],
+                "time_us": time_us,
+                "ideal_us": row["ideal_us"],
+                "utilization": row["ideal_us"] / time_us if time_us > 0 else 1.0,
+                **dict(
+                    zip(
+                        ("algbw_gbps", "busbw_gbps"),
+                        bandwidths(row["op"], row["size_bytes"], time_us, topo.group_npus(involved)),
+                    )
+                ),
+                "wrong": None if row["wrong"] < 0 else row["wrong"],
+                "ranks": int(len(ranks)),
+                "dims": dims,
+            }
+        )
     return out
 
 
@@ -164,20 +274,28 @@ def format_analysis(rows: list[dict]) -> str:
             f"ideal {r['ideal_us']:.2f} us, utilization {100 * r['utilization']:.2f} %, algbw "
             f"{r['algbw_gbps']:.2f} GB/s, busbw {r['busbw_gbps']:.2f} GB/s, #wrong {wrong}"
         )
-        lines.append(f"#{'dim':>4} {'busy_us':>12} {'idle_us':>12} {'util%':>7} {'bytes':>14} {'stages':>7} "
-                     f"{'queue_mean_us':>14} {'queue_p50_us':>13} {'queue_p99_us':>13}")
+        lines.append(
+            f"#{'dim':>4} {'busy_us':>12} {'idle_us':>12} {'util%':>7} {'bytes':>14} {'stages':>7} "
+            f"{'queue_mean_us':>14} {'queue_p50_us':>13} {'queue_p99_us':>13}"
+        )
         for d in r["dims"]:
-            lines.append(f" {d['dim']:>4} {d['busy_us']:>12.2f} {d['idle_us']:>12.2f} "
-                         f"{100 * d['utilization']:>7.2f} {d['bytes']:>14} {d['stages']:>7} "
-                         f"{d['queue_mean_us']:>14.2f} {d['queue_p50_us']:>13.2f} {d['queue_p99_us']:>13.2f}")
+            lines.append(
+                f" {d['dim']:>4} {d['busy_us']:>12.2f} {d['idle_us']:>12.2f} "
+                f"{100 * d['utilization']:>7.2f} {d['bytes']:>14} {d['stages']:>7} "
+                f"{d['queue_mean_us']:>14.2f} {d['queue_p50_us']:>13.2f} {d['queue_p99_us']:>13.2f}"
+            )
     if len(rows) > 1:
         lines.append("# side by side (GB/s with 1 GB = 2^30 B)")
-        lines.append(f"#{'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
-                     f"{'util%':>7} {'busbw':>8} {'vs first':>8}")
+        lines.append(
+            f"#{'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
+            f"{'util%':>7} {'busbw':>8} {'vs first':>8}"
+        )
         first = rows[0]["time_us"]
         for r in rows:
-            lines.append(f" {os.path.basename(r['trace']):>30} {r['collective']:>4} {r['policy']:>8} "
-                         f"{r['intra']:>5} {format_size(r['size_bytes']):>8} {r['time_us']:>12.2f} "
-                         f"{100 * r['utilization']:>7.2f} {r['busbw_gbps']:>8.2f} "
-                         f"{first / r['time_us'] if r['time_us'] else 0:>7.2f}x")
+            lines.append(
+                f" {os.path.basename(r['trace']):>30} {r['collective']:>4} {r['policy']:>8} "
+                f"{r['intra']:>5} {format_size(r['size_bytes']):>8} {r['time_us']:>12.2f} "
+                f"{100 * r['utilization']:>7.2f} {r['busbw_gbps']:>8.2f} "
+                f"{first / r['time_us'] if r['time_us'] else 0:>7.2f}x"
+            )
     return "\n".join(lines)

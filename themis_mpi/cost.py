@@ -73,9 +73,7 @@ class CostModel:
 
     def _step_times_ns(self, dim_index: int, op: str, full_elems: int) -> tuple[float, ...]:
         dim = self.topology.dims[dim_index]
-        return tuple(
-            self.step_time_ns(dim, b, n) for b, n in steps(dim, op, full_elems, self.itemsize)
-        )
+        return tuple(self.step_time_ns(dim, b, n) for b, n in steps(dim, op, full_elems, self.itemsize))
 
     def stage_end_ns(self, dim_index: int, op: str, full_elems: int, start_ns: float) -> float:
         """End of a stage started at start_ns, summed step by step exactly as the emulator does."""

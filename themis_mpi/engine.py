@@ -1,27 +1,155 @@
 """The per-NPU scheduling engine, shared by the MPI emulator and the model.
 
 Every chunk is a small state machine walking its stage list. Each dim has one queue of waiting
-stages and ``active_chunks_per_dim`` slots; when a slot frees, the head of the queue starts. The
+stages and ``active_per_dim`` slots; when a slot frees, the head of the queue starts. The
 intra-dim policy decides where a newly queued stage goes (`fifo` or `scf`, THEMIS.md).
 
 Time is virtual, in ns. The engine never computes how long a stage takes: it hands started
-stages to a transport and asks it for the next batch of completions. The model transport
+stages to a `Transport` and asks it for the next batch of completions. The model transport
 answers from the cost model; the MPI transport answers from the timestamps carried by the
 messages that really flowed. Completions at the same instant are applied together (in dim
 order) before any stage starts, so the outcome never depends on the order MPI delivers them.
+
+Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
+and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep the returned
+`CollectiveRun` and yield it later, to overlap).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import time
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from .collectives import Collective, Stage, chunk_stages
+from .cost import CostModel
 from .errors import UsageError
 from .topology import Topology
 
+if TYPE_CHECKING:
+    from .driver import RunConfig
+
 INTRA_POLICIES = ("fifo", "scf")
+
+
+# --- clocks ------------------------------------------------------------------------------------
+
+
+class VirtualClock:
+    """Emulated time only: every deadline counts as reached at once (SimPy's `Environment`)."""
+
+    name = "virtual"
+    scale = 1.0
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def now_ns(self) -> float:
+        """Virtual time never waits, so it is always 'after' every deadline."""
+        return math.inf
+
+    def seconds_until(self, t_ns: float) -> float:
+        """No real time to wait."""
+        return 0.0
+
+
+class WallClock:
+    """Emulated time held in real time, `scale` wall seconds per emulated second.
+
+    SimPy's `RealtimeEnvironment`: decisions stay those of the virtual clock; a step or a compute
+    delay only ends once its emulated deadline has passed in real time.
+    """
+
+    name = "wall"
+
+    def __init__(self, scale: float = 1.0):
+        if not (math.isfinite(scale) and scale > 0):
+            raise UsageError(f"time scale must be a finite number > 0, got {scale}")
+        self.scale = scale
+        self.t0_s = time.perf_counter()
+
+    def start(self) -> None:
+        """Emulated time 0 is now."""
+        self.t0_s = time.perf_counter()
+
+    def now_ns(self) -> float:
+        """Emulated ns since `start`."""
+        return (time.perf_counter() - self.t0_s) / self.scale * 1e9
+
+    def seconds_until(self, t_ns: float) -> float:
+        """Real seconds until emulated time t_ns (<= 0 once it has passed)."""
+        return (t_ns - self.now_ns()) * 1e-9 * self.scale
+
+
+Clock = VirtualClock | WallClock
+
+
+def make_clock(name: str, scale: float = 1.0) -> Clock:
+    """`virtual` or `wall` (with its scale)."""
+    if name == "virtual":
+        return VirtualClock()
+    if name == "wall":
+        return WallClock(scale)
+    raise UsageError(f"unknown clock {name!r}; use virtual or wall")
+
+
+# --- events and processes ----------------------------------------------------------------------
+
+
+class Event:
+    """Something a process can wait for; it triggers once, with an optional value."""
+
+    def __init__(self) -> None:
+        self.triggered = False
+        self.value: Any = None
+        self._callbacks: list[Callable[[Event], None]] = []
+
+    def succeed(self, value: Any = None) -> None:
+        """Trigger now and run the waiters, in the order they came."""
+        self.triggered, self.value = True, value
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback(self)
+
+    def add_callback(self, callback: Callable[[Event], None]) -> None:
+        """Run `callback(event)` when triggered (at once if it already is)."""
+        if self.triggered:
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+
+ProcessGenerator = Generator[Event, Any, Any]
+
+
+class Process(Event):
+    """Drives a generator: each yielded event resumes it when triggered; it triggers on return."""
+
+    def __init__(self, generator: ProcessGenerator):
+        super().__init__()
+        self._generator = generator
+        self._resume(None)
+
+    def _resume(self, event: Event | None) -> None:
+        value = None if event is None else event.value
+        while True:  # a loop, not recursion: chains of triggered events can be long
+            try:
+                target = self._generator.send(value)
+            except StopIteration as stop:
+                self.succeed(stop.value)
+                return
+            if not target.triggered:
+                target.add_callback(self._resume)
+                return
+            value = target.value
+
+
+# --- runs --------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -38,19 +166,107 @@ class StageRun:
     wall_end_s: float = math.nan
 
 
-@dataclass
-class CollectiveRun:
-    """A collective in flight: its stage lists and when it was issued and finished."""
+@dataclass(eq=False)
+class CollectiveRun(Event):
+    """A collective in flight; as an `Event` it triggers when its last chunk is done.
+
+    Attributes:
+        coll_id: issue order on this engine.
+        collective: what was issued.
+        orders: every chunk's dim order, shape (chunks, n_dims).
+        stages: every chunk's stage list.
+        issued_ns: virtual issue time.
+        chunks_left: chunks not finished yet.
+        check: whether the transport checks the result against the closed form.
+        end_ns: virtual end time.
+        wrong: wrong elements on this NPU (None when not checked).
+        runs: the stage runs, in completion order.
+    """
 
     coll_id: int
     collective: Collective
-    orders: object
+    orders: np.ndarray
     stages: list[list[Stage]]
     issued_ns: float
     chunks_left: int
+    check: bool = True
     end_ns: float = math.nan
-    on_done: object = None
+    wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        Event.__init__(self)
+
+
+class Transport(Protocol):
+    """The world that moves the data: the model (one process) or MPI (one rank per NPU).
+
+    The engine uses `open`, `start`, `wait_next` and `close`; the driver uses the rest: the
+    control calls through which rank 0 coordinates (small messages only) and the settings.
+    """
+
+    @property
+    def name(self) -> str:
+        """Model or mpi."""
+        ...
+
+    @property
+    def checks_data(self) -> bool:
+        """Whether `close` checks results (sets ``run.wrong``)."""
+        ...
+
+    @property
+    def topology(self) -> Topology:
+        """The network."""
+        ...
+
+    @property
+    def config(self) -> RunConfig:
+        """The run settings."""
+        ...
+
+    @property
+    def clock(self) -> Clock:
+        """Virtual, or wall with its scale."""
+        ...
+
+    @property
+    def rank(self) -> int:
+        """This NPU's rank (0 in the model)."""
+        ...
+
+    check_s: float  # wall seconds spent checking results since the run started (not run time)
+
+    def cost(self, itemsize: int) -> CostModel:
+        """The cost model for one element size."""
+        ...
+
+    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
+        """Rank 0's array on every rank, in place."""
+        ...
+
+    def barrier(self, what: str) -> None:
+        """Wait until every rank has arrived."""
+
+    def reduce(self, values: Any, op: str, what: str = ...) -> np.ndarray:
+        """Element-wise sum, max or min over ranks, on every rank."""
+        ...
+
+    def open(self, run: CollectiveRun) -> None:
+        """A collective was issued: prepare its data before any of its stages starts."""
+
+    def start(self, run: StageRun) -> None:
+        """A stage started at ``run.start_ns``."""
+
+    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+        """The earliest completions at or before the horizon, or ``(horizon_ns, [])``."""
+        ...
+
+    def close(self, run: CollectiveRun) -> None:
+        """A collective finished: check its data (set ``run.wrong``) and release it."""
+
+
+# --- the engine --------------------------------------------------------------------------------
 
 
 class Engine:
@@ -58,16 +274,20 @@ class Engine:
 
     Args:
         topology: the network.
+        transport: who runs the started stages.
         intra: intra-dim policy, fifo or scf.
         active_per_dim: stages each dim runs at once.
     """
 
-    def __init__(self, topology: Topology, intra: str = "fifo", active_per_dim: int = 1):
+    def __init__(
+        self, topology: Topology, transport: Transport, intra: str = "fifo", active_per_dim: int = 1
+    ):
         if intra not in INTRA_POLICIES:
             raise UsageError(f"unknown intra-dim policy {intra!r}; use fifo or scf")
         if active_per_dim < 1:
             raise UsageError(f"active chunks per dim must be >= 1, got {active_per_dim}")
         self.topology = topology
+        self.transport = transport
         self.intra = intra
         self.active_per_dim = active_per_dim
         n = len(topology.dims)
@@ -77,25 +297,34 @@ class Engine:
         self.now_ns = 0.0
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
-        self._timers: list[tuple[float, int, object]] = []
+        self._timers: list[tuple[float, int, Event]] = []
         self._timer_seq = 0
         self._running = 0
-        self.t0_wall_s = math.nan  # wall time of issue, set by the MPI runner
+        self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
 
-    # --- issuing -------------------------------------------------------------------------------
+    # --- the process API -----------------------------------------------------------------------
 
-    def issue(self, collective: Collective, orders, on_done=None) -> CollectiveRun:
+    def issue(
+        self, collective: Collective, orders: Sequence[Sequence[int]] | np.ndarray, check: bool = True
+    ) -> CollectiveRun:
         """Issue a collective now: every chunk's first stage joins its dim's queue, in order."""
         coll_id = len(self.collectives)
         bounds = collective.chunk_bounds()
         stages = [
-            chunk_stages(self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]),
-                         orders[k])
+            chunk_stages(self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]), orders[k])
             for k in range(collective.n_chunks)
         ]
-        run = CollectiveRun(coll_id, collective, orders, stages, self.now_ns,
-                            sum(1 for s in stages if s), on_done=on_done)
+        run = CollectiveRun(
+            coll_id,
+            collective,
+            np.asarray(orders, dtype=np.int32),
+            stages,
+            self.now_ns,
+            sum(1 for s in stages if s),
+            check,
+        )
         self.collectives.append(run)
+        self.transport.open(run)
         for chunk_list in stages:
             if chunk_list:
                 self._enqueue(chunk_list[0])
@@ -103,10 +332,20 @@ class Engine:
             self._collective_done(run)
         return run
 
-    def at(self, t_ns: float, callback) -> None:
-        """Call `callback(engine)` at virtual time t_ns (compute phases of a workload)."""
-        heapq.heappush(self._timers, (t_ns, self._timer_seq, callback))
+    def timeout(self, delay_ns: float) -> Event:
+        """An event `delay_ns` from now (always through the timer queue, even for 0)."""
+        return self.at(self.now_ns + delay_ns)
+
+    def at(self, t_ns: float) -> Event:
+        """An event at virtual time t_ns."""
+        event = Event()
+        heapq.heappush(self._timers, (t_ns, self._timer_seq, event))
         self._timer_seq += 1
+        return event
+
+    def process(self, generator: ProcessGenerator) -> Process:
+        """Start a process now; it runs until its first wait before this returns."""
+        return Process(generator)
 
     # --- queues --------------------------------------------------------------------------------
 
@@ -121,7 +360,7 @@ class Engine:
             pos += 1
         queue.insert(pos, run)
 
-    def _start_free(self, transport) -> None:
+    def _start_free(self) -> None:
         for d, queue in enumerate(self.queues):
             slots = self.slots[d]
             while queue and None in slots:
@@ -132,7 +371,7 @@ class Engine:
                 self.started[d] += 1
                 slots[run.slot] = run
                 self._running += 1
-                transport.start(run)
+                self.transport.start(run)
 
     def _finish(self, run: StageRun) -> None:
         stage = run.stage
@@ -151,24 +390,19 @@ class Engine:
 
     def _collective_done(self, coll: CollectiveRun) -> None:
         coll.end_ns = self.now_ns
-        if coll.on_done is not None:
-            coll.on_done(self, coll)
+        self.transport.close(coll)
+        coll.succeed(coll)
 
     # --- the event loop ------------------------------------------------------------------------
 
-    def run(self, transport) -> None:
-        """Run until every issued stage and timer is done.
-
-        The transport provides ``start(run)`` and ``wait_next(horizon_ns)``; the latter returns
-        ``(t_ns, runs)``, the earliest completions at or before the horizon, or
-        ``(horizon_ns, [])`` when none comes first.
-        """
+    def run(self) -> None:
+        """Run until every issued stage and timer is done."""
         while True:
-            self._start_free(transport)
+            self._start_free()
             if not self._running and not self._timers:
                 return
             horizon = self._timers[0][0] if self._timers else math.inf
-            t_ns, done = transport.wait_next(horizon)
+            t_ns, done = self.transport.wait_next(horizon)
             self.now_ns = t_ns
             if done:
                 for run in sorted(done, key=lambda r: (r.stage.dim, r.slot)):
@@ -176,5 +410,5 @@ class Engine:
                     self._finish(run)
                 continue
             while self._timers and self._timers[0][0] <= t_ns:
-                _, _, callback = heapq.heappop(self._timers)
-                callback(self)
+                _, _, event = heapq.heappop(self._timers)
+                event.succeed()

@@ -12,6 +12,7 @@ import shutil
 import sys
 
 LAUNCHER_RANK_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+LAUNCHER_SIZE_KEYS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def env_rank() -> int:
@@ -20,6 +21,14 @@ def env_rank() -> int:
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])
     return 0
+
+
+def env_size() -> int | None:
+    """The job's rank count from the launcher's environment, before MPI is initialised (None: unknown)."""
+    for key in LAUNCHER_SIZE_KEYS:
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return None
 
 
 def under_mpiexec() -> bool:
@@ -39,7 +48,11 @@ def mpiexec_path() -> str:
 def job_env(**extra: str) -> dict:
     """This environment, plus what running as root and oversubscribing need (MPICH or Open MPI)."""
     env = dict(os.environ)
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1",
-               PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe", **extra)
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",
+        **extra,
+    )
     return env

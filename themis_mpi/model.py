@@ -9,33 +9,82 @@ virtual clock wherever both can run (a test).
 from __future__ import annotations
 
 import heapq
-import math
-import time
+from typing import TYPE_CHECKING
 
-from .analysis import summarize
-from .collectives import Collective
+import numpy as np
+
 from .cost import CostModel
-from .engine import Engine, StageRun
-from .policies import chunk_orders
+from .engine import CollectiveRun, StageRun, VirtualClock
+from .errors import UsageError
 from .topology import Topology
+
+if TYPE_CHECKING:
+    from .analysis import CollectiveResult, TrainingResult
+    from .collectives import Collective
+    from .driver import RunConfig
+    from .engine import Engine
+    from .training import TrainingSpec
+    from .workload import Workload
 
 
 class ModelTransport:
-    """Completes every stage at ``start + sum(step times)``."""
+    """Completes every stage at ``start + sum(step times)``; control calls act on one rank.
 
-    def __init__(self, cost: CostModel):
-        self.cost = cost
+    Args:
+        topology: the network.
+        config: the run settings; the model runs on the virtual clock only.
+    """
+
+    name = "model"
+    checks_data = False
+    rank = 0
+    check_s = 0.0
+
+    def __init__(self, topology: Topology, config: RunConfig):
+        if config.clock != "virtual":
+            raise UsageError("the model runs on the virtual clock only; --clock wall needs mpiexec")
+        self.topology = topology
+        self.config = config
+        self.clock = VirtualClock()
+        self._costs: dict[int, CostModel] = {}
         self._heap: list[tuple[float, int, StageRun]] = []
         self._seq = 0
+
+    def cost(self, itemsize: int) -> CostModel:
+        """The cost model for one element size (cached)."""
+        if itemsize not in self._costs:
+            self._costs[itemsize] = CostModel(self.topology, itemsize, self.config.endpoint_delay_ns)
+        return self._costs[itemsize]
+
+    # --- control: one rank, nothing to exchange --------------------------------------------------
+
+    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
+        """The array itself."""
+        return array
+
+    def barrier(self, what: str) -> None:
+        """Nothing to wait for."""
+
+    def reduce(self, values, op: str, what: str = "") -> np.ndarray:
+        """The values themselves."""
+        return np.asarray(values)
+
+    # --- engine interface ----------------------------------------------------------------------
+
+    def open(self, run: CollectiveRun) -> None:
+        """No data in the model."""
+
+    def close(self, run: CollectiveRun) -> None:
+        """Nothing to check: ``run.wrong`` stays None."""
 
     def start(self, run: StageRun) -> None:
         """Schedule the stage's completion from the cost model."""
         s = run.stage
-        end_ns = self.cost.stage_end_ns(s.dim, s.op, s.full_elems, run.start_ns)
+        end_ns = self.cost(s.itemsize).stage_end_ns(s.dim, s.op, s.full_elems, run.start_ns)
         heapq.heappush(self._heap, (end_ns, self._seq, run))
         self._seq += 1
 
-    def wait_next(self, horizon_ns: float):
+    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
         """The earliest batch of completions, or (horizon, []) if the horizon comes first."""
         if not self._heap or self._heap[0][0] > horizon_ns:
             return horizon_ns, []
@@ -46,28 +95,44 @@ class ModelTransport:
         return t_ns, done
 
 
-def run_engine(engine: Engine, cost: CostModel) -> None:
-    """Run an engine to completion on the model transport."""
-    engine.run(ModelTransport(cost))
+class ModelBackend:
+    """Where the model runs: this one process, which stands for rank 0."""
+
+    name = "model"
+    rank = 0
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+
+    def transport(self, config: RunConfig) -> ModelTransport:
+        """A model transport with these settings."""
+        return ModelTransport(self.topology, config)
+
+    def gather(self, events: np.ndarray) -> np.ndarray:
+        """The events themselves: the model's one NPU stands for every rank."""
+        return events
+
+    def close(self) -> None:
+        """Nothing to free."""
 
 
-def model_collective(topology: Topology, collective: Collective, policy: str,
-                     intra: str = "fifo", active_per_dim: int = 1,
-                     endpoint_delay_ns: float = 0.0, orders=None) -> tuple[dict, Engine]:
-    """Model one collective; returns the same summary row as `emulator.run_collective`.
+def model_collective(
+    topology: Topology,
+    collective: Collective,
+    policy: str,
+    config: RunConfig | None = None,
+    orders: np.ndarray | None = None,
+) -> tuple[CollectiveResult, Engine]:
+    """One collective on the model: `driver.run_collective` on a fresh model transport."""
+    from .driver import RunConfig, run_collective
 
-    `orders` replays given chunk orders instead of asking the policy.
-    """
-    t0 = time.perf_counter()
-    if orders is None:
-        orders = chunk_orders(policy, topology, collective.op, collective.size_bytes,
-                              collective.n_chunks, collective.dims)
-    cost = CostModel(topology, collective.itemsize, endpoint_delay_ns)
-    engine = Engine(topology, intra, active_per_dim)
-    engine.t0_wall_s = math.nan
-    run = engine.issue(collective, orders)
-    run_engine(engine, cost)
-    row = summarize(run, topology, cost)
-    row.update(policy=policy, intra=intra, clock="model", wrong=None,
-               wall_s=time.perf_counter() - t0)
-    return row, engine
+    return run_collective(ModelTransport(topology, config or RunConfig()), collective, policy, orders)
+
+
+def model_training(
+    workload: Workload, topology: Topology, policy: str, spec: TrainingSpec, config: RunConfig | None = None
+) -> TrainingResult:
+    """Training iterations on the model: `driver.run_training` on a fresh model transport."""
+    from .driver import RunConfig, run_training
+
+    return run_training(ModelTransport(topology, config or RunConfig()), workload, policy, spec)

@@ -11,6 +11,8 @@ import json
 
 import numpy as np
 
+from .output import atomic_path
+
 
 def to_perfetto(trace, ranks=None, window_us=None, collectives=None) -> dict:
     """The trace-event document of a trace, optionally filtered by rank, time window, collective."""
@@ -31,13 +33,31 @@ def to_perfetto(trace, ranks=None, window_us=None, collectives=None) -> dict:
     out = []
     topo = trace.topology_table
     for rank in sorted(set(ev["rank"].tolist())):
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0,
-                    "args": {"name": f"NPU {rank}"}})
+        out.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": rank,
+                "tid": 0,
+                "ts": 0,
+                "args": {"name": f"NPU {rank}"},
+            }
+        )
         for d in range(len(topo)):
             for s in range(slots):
-                out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": d * slots + s, "ts": 0,
-                            "args": {"name": f"dim {d} ({topo['kind'][d].decode()})"
-                                     + (f" slot {s}" if slots > 1 else "")}})
+                out.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": rank,
+                        "tid": d * slots + s,
+                        "ts": 0,
+                        "args": {
+                            "name": f"dim {d} ({topo['kind'][d].decode()})"
+                            + (f" slot {s}" if slots > 1 else "")
+                        },
+                    }
+                )
     order = np.lexsort((ev["stage"], ev["chunk"], ev["collective"], ev["rank"]))
     previous = None
     for e in ev[order]:
@@ -45,25 +65,60 @@ def to_perfetto(trace, ranks=None, window_us=None, collectives=None) -> dict:
         ts = offsets[coll] + float(e["start_us"])
         tid = int(e["dim"]) * slots + int(e["slot"])
         op = e["op"].decode()
-        out.append({
-            "ph": "X", "name": f"{op} c{chunk}", "cat": op, "pid": rank, "tid": tid, "ts": ts,
-            "dur": float(e["end_us"] - e["start_us"]),
-            "args": {"collective": coll, "chunk": chunk, "stage": int(e["stage"]), "bytes": int(e["bytes"]),
-                     "queued_us": float(e["queued_us"]), "wait_us": float(e["start_us"] - e["queued_us"])},
-        })
+        out.append(
+            {
+                "ph": "X",
+                "name": f"{op} c{chunk}",
+                "cat": op,
+                "pid": rank,
+                "tid": tid,
+                "ts": ts,
+                "dur": float(e["end_us"] - e["start_us"]),
+                "args": {
+                    "collective": coll,
+                    "chunk": chunk,
+                    "stage": int(e["stage"]),
+                    "bytes": int(e["bytes"]),
+                    "queued_us": float(e["queued_us"]),
+                    "wait_us": float(e["start_us"] - e["queued_us"]),
+                },
+            }
+        )
         key = (rank, coll, chunk)
         if previous is not None and previous[0] == key:
             flow_id = f"{rank}.{coll}.{chunk}.{int(e['stage'])}"
-            out.append({"ph": "s", "name": "chunk", "cat": "flow", "id": flow_id, "pid": rank,
-                        "tid": previous[1], "ts": previous[2]})
-            out.append({"ph": "f", "bp": "e", "name": "chunk", "cat": "flow", "id": flow_id, "pid": rank,
-                        "tid": tid, "ts": ts})
+            out.append(
+                {
+                    "ph": "s",
+                    "name": "chunk",
+                    "cat": "flow",
+                    "id": flow_id,
+                    "pid": rank,
+                    "tid": previous[1],
+                    "ts": previous[2],
+                }
+            )
+            out.append(
+                {
+                    "ph": "f",
+                    "bp": "e",
+                    "name": "chunk",
+                    "cat": "flow",
+                    "id": flow_id,
+                    "pid": rank,
+                    "tid": tid,
+                    "ts": ts,
+                }
+            )
         previous = (key, tid, offsets[coll] + float(e["end_us"]) - 1e-3)
-    return {"traceEvents": out, "displayTimeUnit": "ns",
-            "otherData": {"topology": trace.attrs["topology"], "source": trace.path}}
+    return {
+        "traceEvents": out,
+        "displayTimeUnit": "ns",
+        "otherData": {"topology": trace.attrs["topology"], "source": trace.path},
+    }
 
 
 def write_perfetto(doc: dict, path: str) -> None:
-    """Write the document as JSON."""
-    with open(path, "w") as f:
+    """Write the document as JSON (complete or not at all)."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(doc, f)

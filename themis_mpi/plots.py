@@ -7,8 +7,11 @@ was issued.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
+
+from .output import atomic_path
 
 
 def _pyplot():
@@ -20,12 +23,12 @@ def _pyplot():
     return plt
 
 
-def timeline(trace, collective: int, path: str, rank: int | None = 0, max_ranks: int = 8) -> str:
-    """One row per dim (per rank when rank is None), one bar per stage, colored by chunk."""
+def timeline(trace, collective: int, path: str, ranks: Sequence[int] = (0,), max_ranks: int = 8) -> str:
+    """One row per dim (and per rank when several are asked for), one bar per stage, colored by chunk."""
     plt = _pyplot()
     ev = trace.events[trace.events["collective"] == collective]
-    ranks = sorted(set(ev["rank"].tolist())) if rank is None else [rank]
-    ranks = ranks[:max_ranks]
+    ranks = list(ranks)[:max_ranks]
+    single = len(ranks) == 1
     n_dims = len(trace.topology_table)
     row = trace.collective_row(collective)
     chunks = max(1, row["chunks"])
@@ -34,20 +37,27 @@ def timeline(trace, collective: int, path: str, rank: int | None = 0, max_ranks:
     fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * len(rows)))
     for y, (r, d) in enumerate(rows):
         sel = ev[(ev["rank"] == r) & (ev["dim"] == d)]
-        ax.broken_barh(list(zip(sel["start_us"], sel["end_us"] - sel["start_us"])), (y - 0.4, 0.8),
-                       facecolors=[cmap(c / max(1, chunks - 1)) for c in sel["chunk"]],
-                       edgecolor="white", linewidth=0.3)
-    ax.set_yticks(range(len(rows)), [f"rank {r} dim {d}" if rank is None else f"dim {d}" for r, d in rows])
+        ax.broken_barh(
+            list(zip(sel["start_us"], sel["end_us"] - sel["start_us"])),
+            (y - 0.4, 0.8),
+            facecolors=[cmap(c / max(1, chunks - 1)) for c in sel["chunk"]],
+            edgecolor="white",
+            linewidth=0.3,
+        )
+    ax.set_yticks(range(len(rows)), [f"dim {d}" if single else f"rank {r} dim {d}" for r, d in rows])
     ax.invert_yaxis()
     ax.set_xlabel("virtual time since issue (us)")
-    who = "all ranks" if rank is None else f"rank {rank}"
-    ax.set_title(f"{row['op']} {row['size_bytes']} B, {row['policy']}/{row['intra']}, {chunks} chunks "
-                 f"({who}); color = chunk index")
+    who = f"rank {ranks[0]}" if single else f"ranks {', '.join(map(str, ranks))}"
+    ax.set_title(
+        f"{row['op']} {row['size_bytes']} B, {row['policy']}/{row['intra']}, {chunks} chunks "
+        f"({who}); color = chunk index"
+    )
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, chunks - 1))
     fig.colorbar(sm, ax=ax, label="chunk", pad=0.01)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -59,17 +69,21 @@ def utilization_bars(rows: list[dict], path: str) -> str:
     width = 0.8 / len(rows)
     fig, ax = plt.subplots(figsize=(3 + 1.8 * n_dims, 4.5 + 0.2 * len(rows)))
     for i, r in enumerate(rows):
-        ax.bar([d + (i - (len(rows) - 1) / 2) * width for d in range(len(r["dims"]))],
-               [100 * d["utilization"] for d in r["dims"]], width,
-               label=f"{os.path.basename(r['trace'])}#{r['collective']} {r['policy']}/{r['intra']} "
-                     f"({100 * r['utilization']:.1f} % overall)")
+        ax.bar(
+            [d + (i - (len(rows) - 1) / 2) * width for d in range(len(r["dims"]))],
+            [100 * d["utilization"] for d in r["dims"]],
+            width,
+            label=f"{os.path.basename(r['trace'])}#{r['collective']} {r['policy']}/{r['intra']} "
+            f"({100 * r['utilization']:.1f} % overall)",
+        )
     ax.set_xticks(range(n_dims), [f"dim {d}" for d in range(n_dims)])
     ax.set_ylabel("dim busy time / collective time (%)")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
 
@@ -84,14 +98,19 @@ def queue_depth(trace, collective: int, path: str, rank: int = 0) -> str:
         times = np.concatenate([sel["queued_us"], sel["start_us"]])
         steps = np.concatenate([np.ones(len(sel)), -np.ones(len(sel))])
         order = np.lexsort((steps, times))  # a stage queued and started at once never counts
-        ax.step(np.concatenate([[0.0], times[order]]), np.concatenate([[0], np.cumsum(steps[order])]),
-                where="post", label=f"dim {d}")
+        ax.step(
+            np.concatenate([[0.0], times[order]]),
+            np.concatenate([[0], np.cumsum(steps[order])]),
+            where="post",
+            label=f"dim {d}",
+        )
     ax.set_xlabel("virtual time since issue (us)")
     ax.set_ylabel("stages waiting")
     ax.set_title(f"queue depth per dim, rank {rank}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path

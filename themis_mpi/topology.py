@@ -225,8 +225,7 @@ def parse_inline(spec: str) -> Topology:
             raise UsageError(f"npus must be an integer in topology dim {item!r}")
         algorithm = fields[3].lower() if len(fields) == 4 else ""
         dims.append(
-            Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item),
-                algorithm)
+            Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
         )
     return Topology(tuple(dims))
 

@@ -35,20 +35,40 @@ import select
 import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import UsageError
+from .output import atomic_path
+
+if TYPE_CHECKING:
+    from .analysis import CollectiveResult
+    from .engine import Engine
 
 FORMAT = "themis-mpi-trace"
 FORMAT_VERSION = 1
 
-EVENT_DTYPE = np.dtype([
-    ("rank", "<i4"), ("collective", "<i4"), ("chunk", "<i4"), ("stage", "<i4"), ("n_stages", "<i4"),
-    ("op", "S3"), ("dim", "<i4"), ("full_elems", "<i8"), ("bytes", "<i8"), ("slot", "<i4"),
-    ("dim_seq", "<i8"), ("queued_us", "<f8"), ("start_us", "<f8"), ("end_us", "<f8"),
-    ("wall_start_s", "<f8"), ("wall_end_s", "<f8"),
-])
+EVENT_DTYPE = np.dtype(
+    [
+        ("rank", "<i4"),
+        ("collective", "<i4"),
+        ("chunk", "<i4"),
+        ("stage", "<i4"),
+        ("n_stages", "<i4"),
+        ("op", "S3"),
+        ("dim", "<i4"),
+        ("full_elems", "<i8"),
+        ("bytes", "<i8"),
+        ("slot", "<i4"),
+        ("dim_seq", "<i8"),
+        ("queued_us", "<f8"),
+        ("start_us", "<f8"),
+        ("end_us", "<f8"),
+        ("wall_start_s", "<f8"),
+        ("wall_end_s", "<f8"),
+    ]
+)
 
 
 def versions() -> dict:
@@ -83,10 +103,24 @@ def event_table(engine, cost, rank: int, coll_index: int, t0_wall_s: float = 0.0
     for i, r in enumerate(runs):
         s = r.stage
         issued = engine.collectives[s.coll].issued_ns
-        out[i] = (rank, coll_index + s.coll, s.chunk, s.index, s.n_stages, s.op.encode(), s.dim,
-                  s.full_elems, cost.stage_bytes(s.dim, s.op, s.full_elems), r.slot, r.dim_seq,
-                  (r.queued_ns - issued) / 1e3, (r.start_ns - issued) / 1e3, (r.end_ns - issued) / 1e3,
-                  r.wall_start_s - t0_wall_s, r.wall_end_s - t0_wall_s)
+        out[i] = (
+            rank,
+            coll_index + s.coll,
+            s.chunk,
+            s.index,
+            s.n_stages,
+            s.op.encode(),
+            s.dim,
+            s.full_elems,
+            cost.stage_bytes(s.dim, s.op, s.full_elems),
+            r.slot,
+            r.dim_seq,
+            (r.queued_ns - issued) / 1e3,
+            (r.start_ns - issued) / 1e3,
+            (r.end_ns - issued) / 1e3,
+            r.wall_start_s - t0_wall_s,
+            r.wall_end_s - t0_wall_s,
+        )
     return out
 
 
@@ -103,87 +137,109 @@ class TraceRecorder:
         self.topology = topology
         self.transport = transport
         self.settings = settings
-        self.rows: list[dict] = []
+        self.rows: list[CollectiveResult] = []
         self.orders: list[np.ndarray] = []
         self.events: list[np.ndarray] = []
         self.start_time = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
-    def add(self, row: dict, orders: np.ndarray, events: np.ndarray) -> None:
-        """Record one collective: its summary row, chunk orders and this rank's events."""
-        self.rows.append(row)
+    def add(self, result: CollectiveResult, orders: np.ndarray, events: np.ndarray) -> None:
+        """Record one collective: its result, chunk orders and this rank's events."""
+        self.rows.append(result)
         self.orders.append(np.asarray(orders, dtype=np.int32))
         self.events.append(events)
 
-    def add_run(self, row: dict, engine, rank: int = 0) -> None:
+    def add_run(self, result: CollectiveResult, engine: Engine, rank: int = 0) -> None:
         """Record the collective an engine just ran, with this rank's events."""
         from .cost import CostModel
 
         run = engine.collectives[0]
         cost = CostModel(self.topology, run.collective.itemsize, self.settings.get("endpoint_delay_ns", 0.0))
-        self.add(row, run.orders, event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s))
+        self.add(result, run.orders, event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s))
 
     @property
     def n_collectives(self) -> int:
         """Collectives recorded so far (the next one's index)."""
         return len(self.rows)
 
-    def gather_events(self, comm) -> np.ndarray | None:
-        """All ranks' events on rank 0 (uppercase Gatherv of raw bytes); None elsewhere."""
-        from mpi4py import MPI
-
-        from .emulator import wait
-
-        mine = np.concatenate(self.events) if self.events else np.zeros(0, EVENT_DTYPE)
-        counts = np.zeros(comm.Get_size(), np.int64)
-        wait(comm.Igather(np.array([mine.nbytes], np.int64), counts, root=0))
-        if comm.Get_rank() != 0:
-            wait(comm.Igatherv(mine.view(np.uint8), None, root=0))
-            return None
-        everything = np.zeros(int(counts.sum()) // EVENT_DTYPE.itemsize, EVENT_DTYPE)
-        wait(comm.Igatherv(mine.view(np.uint8), [everything.view(np.uint8), counts, None, MPI.BYTE],
-                           root=0))
-        return everything
+    def my_events(self) -> np.ndarray:
+        """This rank's events of every recorded collective, as one table."""
+        return np.concatenate(self.events) if self.events else np.zeros(0, EVENT_DTYPE)
 
     def write(self, path: str, events: np.ndarray) -> None:
         """Write the trace to a temporary name and rename it to `path` once complete."""
         import h5py
 
-        tmp = f"{path}.partial-{os.getpid()}"
-        try:
-            with h5py.File(tmp, "w") as f:
-                self._write(f, events)
-                f.attrs["complete"] = 1
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            self._write(f, events)
+            f.attrs["complete"] = 1
 
     def _write(self, f, events: np.ndarray) -> None:
         topo = self.topology
         n = len(topo.dims)
-        f.attrs.update({
-            "format": FORMAT, "format_version": FORMAT_VERSION, "complete": 0,
-            "transport": self.transport, "topology": topo.spec(), "topology_label": topo.label(),
-            "npus": topo.npus, "command_line": " ".join(sys.argv), "start_time": self.start_time,
-            "versions": json.dumps(versions()), **self.settings,
-        })
-        dims = np.array([(d, dim.kind, dim.npus, dim.bandwidth_gbps, dim.latency_ns, dim.algorithm)
-                         for d, dim in enumerate(topo.dims)],
-                        dtype=[("dim", "<i4"), ("kind", "S16"), ("npus", "<i4"), ("bandwidth_gbps", "<f8"),
-                               ("latency_ns", "<f8"), ("algorithm", "S16")])
+        f.attrs.update(
+            {
+                "format": FORMAT,
+                "format_version": FORMAT_VERSION,
+                "complete": 0,
+                "transport": self.transport,
+                "topology": topo.spec(),
+                "topology_label": topo.label(),
+                "npus": topo.npus,
+                "command_line": " ".join(sys.argv),
+                "start_time": self.start_time,
+                "versions": json.dumps(versions()),
+                **self.settings,
+            }
+        )
+        dims = np.array(
+            [
+                (d, dim.kind, dim.npus, dim.bandwidth_gbps, dim.latency_ns, dim.algorithm)
+                for d, dim in enumerate(topo.dims)
+            ],
+            dtype=[
+                ("dim", "<i4"),
+                ("kind", "S16"),
+                ("npus", "<i4"),
+                ("bandwidth_gbps", "<f8"),
+                ("latency_ns", "<f8"),
+                ("algorithm", "S16"),
+            ],
+        )
         f.create_dataset("topology", data=dims)
         colls = np.zeros(len(self.rows), dtype=COLLECTIVE_DTYPE)
         summary = np.zeros(len(self.rows) * n, dtype=SUMMARY_DTYPE)
         for i, r in enumerate(self.rows):
-            mask = sum(1 << d for d in r["involved"])
-            colls[i] = (i, r["op"], r["policy"], r["intra"], r["dtype"], r["redop"], r["size_bytes"],
-                        r["count"], r["chunks"], mask, r.get("issued_us", 0.0), r["time_us"], r["ideal_us"],
-                        r["utilization"], r["algbw_gbps"], r["busbw_gbps"],
-                        -1 if r["wrong"] is None else r["wrong"], r["wall_s"])
-            for d, dim in enumerate(r["dims"]):
-                summary[i * n + d] = (i, d, dim["busy_us"], r["time_us"] - dim["busy_us"], dim["bytes"],
-                                      dim["stages"], dim["utilization"])
+            mask = sum(1 << d for d in r.involved)
+            colls[i] = (
+                i,
+                r.op,
+                r.policy,
+                r.intra,
+                r.dtype,
+                r.redop,
+                r.size_bytes,
+                r.count,
+                r.chunks,
+                mask,
+                r.issued_us,
+                r.time_us,
+                r.ideal_us,
+                r.utilization,
+                r.algbw_gbps,
+                r.busbw_gbps,
+                -1 if r.wrong is None else r.wrong,
+                r.wall_s,
+            )
+            for d, dim in enumerate(r.dims):
+                summary[i * n + d] = (
+                    i,
+                    d,
+                    dim.busy_us,
+                    r.time_us - dim.busy_us,
+                    dim.bytes,
+                    dim.stages,
+                    dim.utilization,
+                )
         f.create_dataset("collectives", data=colls)
         f.create_dataset("summary_dims", data=summary)
         sched_dtype = np.dtype([("collective", "<i4"), ("chunk", "<i4"), ("order", "<i4", (n,))])
@@ -197,16 +253,39 @@ class TraceRecorder:
         f.create_dataset("events", data=events, compression="gzip" if len(events) > 4096 else None)
 
 
-COLLECTIVE_DTYPE = np.dtype([
-    ("collective", "<i4"), ("op", "S16"), ("policy", "S16"), ("intra", "S8"), ("dtype", "S8"),
-    ("redop", "S4"), ("size_bytes", "<i8"), ("count", "<i8"), ("chunks", "<i4"), ("dims_mask", "<i8"),
-    ("issued_us", "<f8"), ("time_us", "<f8"), ("ideal_us", "<f8"), ("utilization", "<f8"),
-    ("algbw_gbps", "<f8"), ("busbw_gbps", "<f8"), ("wrong", "<i8"), ("wall_s", "<f8"),
-])
-SUMMARY_DTYPE = np.dtype([
-    ("collective", "<i4"), ("dim", "<i4"), ("busy_us", "<f8"), ("idle_us", "<f8"), ("bytes", "<i8"),
-    ("stages", "<i4"), ("utilization", "<f8"),
-])
+COLLECTIVE_DTYPE = np.dtype(
+    [
+        ("collective", "<i4"),
+        ("op", "S16"),
+        ("policy", "S16"),
+        ("intra", "S8"),
+        ("dtype", "S8"),
+        ("redop", "S4"),
+        ("size_bytes", "<i8"),
+        ("count", "<i8"),
+        ("chunks", "<i4"),
+        ("dims_mask", "<i8"),
+        ("issued_us", "<f8"),
+        ("time_us", "<f8"),
+        ("ideal_us", "<f8"),
+        ("utilization", "<f8"),
+        ("algbw_gbps", "<f8"),
+        ("busbw_gbps", "<f8"),
+        ("wrong", "<i8"),
+        ("wall_s", "<f8"),
+    ]
+)
+SUMMARY_DTYPE = np.dtype(
+    [
+        ("collective", "<i4"),
+        ("dim", "<i4"),
+        ("busy_us", "<f8"),
+        ("idle_us", "<f8"),
+        ("bytes", "<i8"),
+        ("stages", "<i4"),
+        ("utilization", "<f8"),
+    ]
+)
 
 
 class Trace:
@@ -214,8 +293,9 @@ class Trace:
 
     def __init__(self, path: str):
         self.path = path
-        self.attrs, self.topology_table, self.collectives, self.schedule, self.summary, self.events = \
-            _read(path)
+        self.attrs, self.topology_table, self.collectives, self.schedule, self.summary, self.events = _read(
+            path
+        )
 
     def topology(self):
         """The recorded topology."""
@@ -233,8 +313,7 @@ class Trace:
     def collective_row(self, collective: int) -> dict:
         """One row of /collectives as a dict of Python values."""
         row = self.collectives[self.collectives["collective"] == collective][0]
-        return {k: (row[k].decode() if isinstance(row[k], bytes) else row[k].item())
-                for k in row.dtype.names}
+        return {k: (row[k].decode() if isinstance(row[k], bytes) else row[k].item()) for k in row.dtype.names}
 
 
 READ_TIMEOUT_S = 60.0
@@ -296,8 +375,9 @@ def _read_file(path: str):
     try:
         f = h5py.File(path, "r")
     except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0]}); "
-                         "truncated or not a trace") from None
+        raise UsageError(
+            f"{path}: not a readable HDF5 file ({str(exc).splitlines()[0]}); truncated or not a trace"
+        ) from None
     with f:
         return _read_open(path, f)
 
@@ -307,14 +387,18 @@ def _read_open(path: str, f):
     if f.attrs.get("format") != FORMAT:
         raise UsageError(f"{path}: not a themis-mpi trace (no format={FORMAT!r} attribute)")
     if int(f.attrs.get("format_version", -1)) != FORMAT_VERSION:
-        raise UsageError(f"{path}: trace format version {f.attrs.get('format_version')} is not "
-                         f"supported (this themis-mpi reads version {FORMAT_VERSION})")
+        raise UsageError(
+            f"{path}: trace format version {f.attrs.get('format_version')} is not "
+            f"supported (this themis-mpi reads version {FORMAT_VERSION})"
+        )
     if int(f.attrs.get("complete", 0)) != 1:
         raise UsageError(f"{path}: trace is marked incomplete (the run did not finish)")
     attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     tables = [f[name][()] for name in ("topology", "collectives", "schedule", "summary_dims", "events")]
-    for name, table, columns in (("events", tables[4], EVENT_DTYPE.names),
-                                 ("collectives", tables[1], COLLECTIVE_DTYPE.names)):
-        if table.dtype.names is None or set(columns) - set(table.dtype.names):
+    for name, table, columns in (
+        ("events", tables[4], EVENT_DTYPE.names),
+        ("collectives", tables[1], COLLECTIVE_DTYPE.names),
+    ):
+        if table.dtype.names is None or set(columns or ()) - set(table.dtype.names):
             raise UsageError(f"{path}: damaged trace (the {name} table lacks columns)")
     return (attrs, *tables)

@@ -27,14 +27,38 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
-HEADERS = ("DATA", "MODEL", "MICRO", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA", "HYBRID_CUSTOMIZED",
-           "DISTRIBUTED_INFERENCE", "HYBRID_DLRM", "HYBRID_DLRM_ENHANCED", "HYBRID_TRANSFORMER",
-           "HYBRID_TRANSFORMER_FWD_IN_BCKWD")
-LAYER_POLICIES = ("DATA", "MODEL", "MICRO", "HYBRID_DATA_MODEL", "HYBRID_MODEL_DATA",
-                  "DISTRIBUTED_INFERENCE", "HYBRID_TRANSFORMER", "HYBRID_TRANSFORMER_FWD_IN_BCKWD",
-                  "HYBRID_DLRM", "HYBRID_DLRM_ENHANCED")
-COMM_TYPES = {"NONE": None, "ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather",
-              "REDUCESCATTER": "reduce_scatter", "ALLTOALL": "all_to_all"}
+HEADERS = (
+    "DATA",
+    "MODEL",
+    "MICRO",
+    "HYBRID_DATA_MODEL",
+    "HYBRID_MODEL_DATA",
+    "HYBRID_CUSTOMIZED",
+    "DISTRIBUTED_INFERENCE",
+    "HYBRID_DLRM",
+    "HYBRID_DLRM_ENHANCED",
+    "HYBRID_TRANSFORMER",
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD",
+)
+LAYER_POLICIES = (
+    "DATA",
+    "MODEL",
+    "MICRO",
+    "HYBRID_DATA_MODEL",
+    "HYBRID_MODEL_DATA",
+    "DISTRIBUTED_INFERENCE",
+    "HYBRID_TRANSFORMER",
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD",
+    "HYBRID_DLRM",
+    "HYBRID_DLRM_ENHANCED",
+)
+COMM_TYPES = {
+    "NONE": None,
+    "ALLREDUCE": "all_reduce",
+    "ALLGATHER": "all_gather",
+    "REDUCESCATTER": "reduce_scatter",
+    "ALLTOALL": "all_to_all",
+}
 PHASES = ("fwd", "ig", "wg")
 
 
@@ -95,6 +119,8 @@ class Workload:
             return everything if phase == "wg" else nothing
         if policy in ("MODEL", "DISTRIBUTED_INFERENCE"):
             return nothing if phase == "wg" else everything
+        model: tuple[int, ...]
+        data: tuple[int, ...]
         if policy == "HYBRID_MODEL_DATA":
             model, data = tuple(range(1, n)), (0,)
         elif policy == "HYBRID_DATA_MODEL":
@@ -117,8 +143,10 @@ def model_dims(topology, group: int | None) -> int:
     if product == group:
         return len(topology.dims)
     sizes = [math.prod(d.npus for d in topology.dims[:k]) for k in range(len(topology.dims) + 1)]
-    raise UsageError(f"model_parallel_NPU_group {group} does not match the leading dims of "
-                     f"{topology.label()} (possible groups: {', '.join(map(str, sizes))})")
+    raise UsageError(
+        f"model_parallel_NPU_group {group} does not match the leading dims of "
+        f"{topology.label()} (possible groups: {', '.join(map(str, sizes))})"
+    )
 
 
 class _Tokens:
@@ -195,8 +223,9 @@ def parse_workload(path: str) -> Workload:
             compute = toks.number(f"{phase} compute time")
             kind = toks.next(f"{phase} collective type")
             if kind not in COMM_TYPES:
-                raise toks.error(f"unknown collective type (use one of {', '.join(COMM_TYPES)})",
-                                 toks.pos - 1)
+                raise toks.error(
+                    f"unknown collective type (use one of {', '.join(COMM_TYPES)})", toks.pos - 1
+                )
             size = int(toks.number(f"{phase} collective bytes", integer=True))
             phases.append(Phase(compute, COMM_TYPES[kind], size if COMM_TYPES[kind] else 0))
         update = toks.number("weight update time")
@@ -204,9 +233,11 @@ def parse_workload(path: str) -> Workload:
         if header == "HYBRID_CUSTOMIZED":
             policy = toks.next("the layer's parallelism")
             if policy not in LAYER_POLICIES:
-                raise toks.error(f"unknown layer parallelism (use one of {', '.join(LAYER_POLICIES)})",
-                                 toks.pos - 1)
-        wl.layers.append(Layer(name, i, *phases, update, policy))
+                raise toks.error(
+                    f"unknown layer parallelism (use one of {', '.join(LAYER_POLICIES)})", toks.pos - 1
+                )
+        fwd, ig, wg = phases
+        wl.layers.append(Layer(name, i, fwd, ig, wg, update, policy))
     if toks.pos < len(toks.items):
         raise toks.error(f"unexpected token after the {n_layers} layers")
     for what, layers in (("checkpoint", wl.checkpoints), ("checkpoint_initiates", wl.checkpoint_initiates)):
@@ -214,6 +245,7 @@ def parse_workload(path: str) -> Workload:
             if not 0 <= layer < n_layers:
                 raise UsageError(f"{path}: {what} layer {layer} is not one of the {n_layers} layers")
     if wl.dlrm_last_bottom_layer is not None and not 0 <= wl.dlrm_last_bottom_layer < n_layers:
-        raise UsageError(f"{path}: DLRM last bottom layer {wl.dlrm_last_bottom_layer} is not one of the "
-                         f"{n_layers} layers")
+        raise UsageError(
+            f"{path}: DLRM last bottom layer {wl.dlrm_last_bottom_layer} is not one of the {n_layers} layers"
+        )
     return wl

@@ -1,0 +1,147 @@
+"""Waiting without spinning, and a watchdog that names the ranks that stopped answering.
+
+MPICH's blocking calls busy-poll; with more ranks than cores they starve the ranks that have
+work, so every wait (data and control alike) tests its requests and sleeps in between, backing
+off. While waiting, a rank answers liveness pings; when it sees no progress for `timeout_s`, it
+pings everybody, names the silent ranks and raises `Stalled`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+DEFAULT_TIMEOUT_S = 60.0
+PING, PONG = 7001, 7002
+PING_GRACE_S = 2.0
+MIN_SLEEP_S = 20e-6
+MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
+YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
+
+
+class Stalled(Exception):
+    """No progress for longer than the timeout: a peer died or stopped responding."""
+
+
+class Watchdog:
+    """Liveness pings and quiet waits for one communicator.
+
+    Pings go point to point with their own tags on `comm`, which otherwise carries only
+    collectives (they never match point-to-point messages). Every waiting loop answers pings
+    (`service`), so a rank that is alive answers even while it waits itself.
+
+    Args:
+        comm: the communicator whose ranks watch each other.
+        timeout_s: seconds without progress before a wait raises `Stalled`.
+    """
+
+    def __init__(self, comm: MPI.Comm, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.comm = comm
+        self.timeout_s = timeout_s
+        self._byte = np.zeros(1, np.uint8)
+        self._replies: list[MPI.Request] = []
+
+    def service(self) -> None:
+        """Answer every ping that has arrived."""
+        status = MPI.Status()
+        while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
+            source = status.Get_source()
+            self.comm.Recv(self._byte, source, PING)
+            self._replies.append(self.comm.Isend(self._byte, source, PONG))
+        if len(self._replies) > 64:
+            self._replies = [r for r in self._replies if not r.Test()]
+
+    def silent(self) -> list[int]:
+        """Ranks that do not answer a ping within PING_GRACE_S."""
+        me, size = self.comm.Get_rank(), self.comm.Get_size()
+        waiting = set(range(size)) - {me}
+        for rank in sorted(waiting):
+            try:
+                self._replies.append(self.comm.Isend(self._byte, rank, PING))
+            except MPI.Exception:
+                pass  # it stays in `waiting`
+        deadline, status = time.monotonic() + PING_GRACE_S, MPI.Status()
+        while waiting and time.monotonic() < deadline:
+            try:
+                self.service()
+                while self.comm.Iprobe(MPI.ANY_SOURCE, PONG, status):
+                    self.comm.Recv(self._byte, status.Get_source(), PONG)
+                    waiting.discard(status.Get_source())
+            except MPI.Exception:
+                break
+            time.sleep(1e-3)
+        return sorted(waiting)
+
+    def lost_ranks(self) -> str:
+        """Which ranks no longer answer, for a diagnosis."""
+        silent = self.silent()
+        if not silent:
+            return "a peer died or stopped responding"
+        return f"rank(s) {', '.join(map(str, silent))} did not answer (died or stopped)"
+
+    def stalled(self, what: str) -> Stalled:
+        """The `Stalled` error for a wait that saw no progress, naming the silent ranks."""
+        return Stalled(
+            f"rank {self.comm.Get_rank()}: no progress for {self.timeout_s:g} s {what}; {self.lost_ranks()}"
+        )
+
+    def backoff(self, describe: Callable[[], str]) -> Backoff:
+        """A pause helper for one waiting loop; `describe()` says what it waits for."""
+        return Backoff(self, describe)
+
+    def wait(self, request: MPI.Request, what: str) -> None:
+        """Complete a nonblocking request quietly (control collectives go through here)."""
+        backoff = self.backoff(lambda: f"in {what}")
+        try:
+            while not request.Test():
+                backoff.pause()
+        except MPI.Exception as exc:
+            raise Stalled(
+                f"rank {self.comm.Get_rank()}: {what} failed ({exc.Get_error_string()}); a peer died"
+            ) from None
+
+    def allreduce(self, values, op: MPI.Op = MPI.SUM, what: str = "a reduction of results") -> np.ndarray:
+        """Element-wise reduction of a small numpy array over the communicator."""
+        values = np.ascontiguousarray(values)
+        out = np.empty_like(values)
+        self.wait(self.comm.Iallreduce(values, out, op=op), what)
+        return out
+
+    def close(self) -> None:
+        """Complete the 1-byte replies (eager sends, already delivered); forget any other."""
+        if self._replies:
+            MPI.Request.Testall(self._replies)
+        self._replies = []
+
+
+class Backoff:
+    """Idle between two tests without spinning, and notice when nothing moves any more.
+
+    The first `YIELDS` pauses give the core away (``sched_yield``), which costs little when a
+    peer is runnable; after that the rank sleeps from 20 us, doubling up to `MAX_SLEEP_S`.
+    `reset` after progress. A pause more than the timeout after the last reset raises `Stalled`.
+    """
+
+    def __init__(self, watchdog: Watchdog, describe: Callable[[], str]):
+        self.watchdog, self.describe = watchdog, describe
+        self.reset()
+
+    def reset(self) -> None:
+        """Start over after progress."""
+        self.idle, self.sleep_s, self.since = 0, MIN_SLEEP_S, time.monotonic()
+
+    def pause(self, limit_s: float | None = None) -> None:
+        """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
+        self.watchdog.service()
+        if time.monotonic() - self.since > self.watchdog.timeout_s:
+            raise self.watchdog.stalled(self.describe())
+        self.idle += 1
+        if self.idle <= YIELDS:
+            os.sched_yield()
+            return
+        time.sleep(self.sleep_s if limit_s is None else max(0.0, min(self.sleep_s, limit_s)))
+        self.sleep_s = min(2 * self.sleep_s, MAX_SLEEP_S)
