@@ -7,7 +7,7 @@ Usage::
 Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (every dim kind
 and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
 both policies and both intra-dim policies. A spec is ``{"topology": ..., "cases": [{op, count,
-dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, clock, time_scale]}]}``; the
+dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, compat, clock, time_scale]}]}``; the
 tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any disagreement.
 """
 
@@ -97,6 +97,7 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
                 intra=case["intra"],
                 active_per_dim=case.get("active", 1),
                 endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0),
+                compat=case.get("compat", ""),
             )
             clock = replace(
                 config, clock=case.get("clock", "virtual"), time_scale=case.get("time_scale", 1.0)

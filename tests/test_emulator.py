@@ -75,3 +75,38 @@ def test_collective_time_bounds(rows):
         busiest = max(d["busy_us"] for d in emu["dims"]) / r["case"]["active"]
         assert emu["time_us"] >= busiest * (1 - 1e-9)
         assert r["time_min_us"] == r["time_max_us"]
+
+
+@pytest.mark.parametrize(
+    "n,topo",
+    [
+        (4, "FC(4,150,500,ring)"),
+        (8, "2x2x2"),
+        (8, "SW(2,100,700)_FC(4,100,700,hd)"),
+        (8, "Ring(8,100,20,hd)"),
+    ],
+)
+def test_astra_sim_compat_mode_moves_exact_data_in_the_models_time(tmp_path, n, topo):
+    """Under compat astra-sim-1.0 (fused AR stage, ASTRA's event order, whole-ns steps) the emulator equals the model."""
+    cases = [
+        {
+            "op": "all_reduce",
+            "count": count,
+            "chunks": chunks,
+            "dtype": "float32",
+            "policy": pol,
+            "intra": intra,
+            "endpoint_delay_ns": 10.0,
+            "compat": "astra-sim-1.0",
+        }
+        for pol, intra in [("baseline", "fifo"), ("themis", "scf"), ("themis", "fifo")]
+        for count, chunks in [(100003, 7), (1 << 18, 16)]
+    ]
+    rows = run_cases(n, {"topology": topo, "cases": cases}, tmp_path)
+    assert len(rows) == len(cases)
+    for r in rows:
+        assert r["emu"]["wrong"] == 0, r["case"]
+        assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
+        assert [d["busy_us"] for d in r["emu"]["dims"]] == [d["busy_us"] for d in r["model"]["dims"]], r[
+            "case"
+        ]

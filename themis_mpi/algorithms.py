@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .collectives import block_bounds
-from .cost import A2A, RS
+from .cost import A2A, AG, AR, RS
 
 COPY, REDUCE, SWAP = "copy", "reduce", "swap"
 
@@ -33,7 +33,14 @@ class Step:
 
 
 def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step]:
-    """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``."""
+    """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``.
+
+    An AR stage (the baseline's All-Reduce phase on its last dim) is the RS steps, which leave
+    block c reduced, followed by the AG steps, which spread every reduced block back over the
+    whole region; the region stays ``[lo, hi)`` throughout.
+    """
+    if op == AR:
+        return plan(algorithm, RS, p, c, lo, hi) + plan(algorithm, AG, p, c, lo, hi)
     b = block_bounds(lo, hi, p)
 
     def blk(i: int) -> tuple[int, int]:

@@ -8,8 +8,9 @@ its busy time over the collective time.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -299,3 +300,48 @@ def format_analysis(rows: list[dict]) -> str:
                 f"{first / r['time_us'] if r['time_us'] else 0:>7.2f}x"
             )
     return "\n".join(lines)
+
+
+def astra_busy_pct(
+    runs: Sequence[StageRun], n_dims: int, end_ns: float, window_ns: float = 10_000.0, since: str = "queued"
+) -> list[float]:
+    """Per-dim utilization as ASTRA-sim 1.0 reports it for one NPU, in percent.
+
+    ASTRA-sim's ``SchedulerUnit`` counts the chunks in a dim's queue (``active_Streams``: waiting
+    or running) and its ``UsageTracker`` marks the dim busy while that count is above zero
+    (``notify_stream_added`` / ``notify_stream_removed`` in Sys.cc). ``report_percentage(10000)``
+    (Workload.cc, UsageTracker.cc) cuts ``[0, end)`` into 10 us windows and reports the busy share
+    of every *complete* window (a last partial window is dropped); the mean of those is the figure.
+
+    Args:
+        runs: the stage records of one NPU.
+        n_dims: dims of the topology.
+        end_ns: the report time (the collective's end).
+        window_ns: window length (ASTRA-sim: 10000 cycles of 1 ns).
+        since: "queued" (ASTRA-sim: a queued stage makes its dim busy) or "start".
+
+    Returns:
+        One percentage per dim; NaN when no window is complete.
+    """
+    n_windows = int(end_ns // window_ns)
+    out = []
+    for d in range(n_dims):
+        spans = sorted(
+            (r.queued_ns if since == "queued" else r.start_ns, r.end_ns) for r in runs if r.stage.dim == d
+        )
+        merged: list[list[float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        if n_windows == 0:
+            out.append(math.nan)
+            continue
+        shares = []
+        for w in range(n_windows):
+            lo, hi = w * window_ns, (w + 1) * window_ns
+            busy = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
+            shares.append(100.0 * busy / window_ns)
+        out.append(sum(shares) / len(shares))
+    return out

@@ -27,6 +27,7 @@ import numpy as np
 
 from . import __version__
 from .collectives import DTYPES, OPS, REDOPS, Collective
+from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
 from .engine import INTRA_POLICIES
 from .errors import UsageError
@@ -126,8 +127,15 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
         "--endpoint-delay-ns",
         type=float,
-        default=0.0,
-        help="delay added to every algorithm step; ASTRA-sim uses 10 (default 0)",
+        default=None,
+        help="delay added to every algorithm step (default 0; 10, ASTRA-sim's, with --compat astra-sim-1.0)",
+    )
+    p.add_argument(
+        "--compat",
+        default="",
+        choices=("", ASTRA_SIM_1_0),
+        help="astra-sim-1.0: ASTRA-sim 1.0's exact semantics where they are modelling choices (whole-ns "
+        "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
     )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
 
@@ -306,6 +314,13 @@ def _collectives(args: argparse.Namespace, topo: Topology) -> list[Collective]:
     return out
 
 
+def _endpoint_delay_ns(args: argparse.Namespace) -> float:
+    """The flag's value, else ASTRA-sim's 10 ns under its compat mode, else 0."""
+    if args.endpoint_delay_ns is not None:
+        return float(args.endpoint_delay_ns)
+    return ASTRA_ENDPOINT_DELAY_NS if args.compat == ASTRA_SIM_1_0 else 0.0
+
+
 def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     """(policy, RunConfig) per policy to run; intra `auto` is fifo for baseline, scf for themis."""
     policies = POLICIES if args.policy == "both" else (args.policy,)
@@ -318,22 +333,28 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                 RunConfig(
                     intra=intra,
                     active_per_dim=args.active_chunks_per_dim,
-                    endpoint_delay_ns=args.endpoint_delay_ns,
+                    endpoint_delay_ns=_endpoint_delay_ns(args),
                     clock=getattr(args, "clock", "virtual"),
                     time_scale=getattr(args, "time_scale", 1.0),
                     timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
+                    compat=args.compat,
                 ),
             )
         )
     return out
 
 
-def _header(topo: Topology, command: str) -> str:
+def _header(topo: Topology, command: str, config: RunConfig) -> str:
     lines = [f"# themis-mpi {command}: topology {topo.label()}, {topo.npus} NPUs"]
     for d, dim in enumerate(topo.dims):
         lines.append(
             f"#   dim {d}: {dim.kind:<14} npus {dim.npus:>4}  {dim.bandwidth_gbps:g} GB/s  "
             f"{dim.latency_ns:g} ns/hop  {dim.algorithm}"
+        )
+    if config.endpoint_delay_ns or config.compat:
+        lines.append(
+            f"#   endpoint delay {config.endpoint_delay_ns:g} ns"
+            + (f", compat {config.compat}" if config.compat else "")
         )
     return "\n".join(lines)
 
@@ -362,12 +383,13 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
             clock=clock,
             time_scale=configs[0][1].time_scale,
             active_per_dim=args.active_chunks_per_dim,
-            endpoint_delay_ns=args.endpoint_delay_ns,
+            endpoint_delay_ns=configs[0][1].endpoint_delay_ns,
+            compat=args.compat,
         )
     rows = []
     with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
         if backend.rank == 0:
-            print(_header(topo, command), flush=True)
+            print(_header(topo, command, configs[0][1]), flush=True)
         for coll in colls:
             for policy, config in configs:
                 transport = backend.transport(config)
@@ -410,7 +432,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .workload import parse_workload
 
     wl = parse_workload(args.workload)
-    topo = _topology(args)
+    given = _topology(args)
+    topo = wl.fit_topology(given)
     spec = TrainingSpec(args.chunks, args.dtype, args.iters, args.compute_scale, args.comm_scale)
     configs = _configs(args)
     distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused before MPI starts
@@ -427,6 +450,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{topo.npus} NPUs; {spec.iterations} iterations, {spec.chunks} chunks per collective, "
         f"{'emulator' if use_mpi else 'model'}"
     )
+    if topo != given:
+        group = wl.model_parallel_group
+        print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(len(topo.dims)))
     print(
         f"#{'policy':>9} {'intra':>5} {'iteration_us':>13} {'compute_us':>11} {'exposed_us':>11} "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cost import A2A, AG, RS, block_elems
+from .cost import A2A, AG, AR, RS, block_elems
 from .errors import UsageError
 from .topology import Topology
 
@@ -44,7 +44,7 @@ class Stage:
         index: position in the chunk's stage list.
         n_stages: stages of the chunk.
         dim: dim index.
-        op: RS, AG or A2A.
+        op: RS, AG, AR (an all-reduce on one dim: RS then AG steps) or A2A.
         full_elems: nominal elements before an RS, after an AG (the stage's larger buffer).
         key_bytes: the SCF key: the larger of the stage's input and output bytes.
         itemsize: bytes per element.
@@ -135,12 +135,20 @@ def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 def chunk_stages(
-    topology: Topology, collective: Collective, coll_id: int, chunk: int, chunk_elems: int, order
+    topology: Topology,
+    collective: Collective,
+    coll_id: int,
+    chunk: int,
+    chunk_elems: int,
+    order,
+    fuse_last: bool = False,
 ) -> list[Stage]:
     """The stages of one chunk, in execution order.
 
-    All-reduce: reduce-scatter along `order`, then all-gather back along its reverse (the
-    last dim's RS and AG are separate stages, as ASTRA-sim's ``localBWAware`` builds them).
+    All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
+    dim's RS and AG are separate stages (Themis), or with `fuse_last` one AR stage that holds
+    the dim for both halves (the baseline: ASTRA-sim's ``Sys::generate_collective`` with
+    ``localBWAware`` builds an All-Reduce phase there).
     Reduce-scatter: RS along `order`. All-gather: AG along `order`, growing to `chunk_elems`.
     All-to-all: one A2A stage per dim along `order`, size unchanged.
     """
@@ -156,6 +164,8 @@ def chunk_stages(
         rs = [(d, RS, s) for d, s in zip(down, sizes)]
         ag = [(d, AG, s) for d, s in zip(down[::-1], sizes[::-1])]
         plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+        if fuse_last and op == "all_reduce" and rs:
+            plan = [*rs[:-1], (rs[-1][0], AR, rs[-1][2]), *ag[1:]]
     itemsize = collective.itemsize
     return [
         Stage(coll_id, chunk, i, len(plan), d, kind, full, full * itemsize, itemsize)

@@ -19,10 +19,11 @@ import numpy as np
 
 from .analysis import CollectiveResult, TrainingResult, dim_results, summarize
 from .collectives import Collective
+from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, check_compat
 from .engine import INTRA_POLICIES, CollectiveRun, Engine, Transport
 from .errors import UsageError
 from .launch import env_size
-from .policies import chunk_orders
+from .policies import chunk_orders, fuses_last_dim
 from .topology import Topology
 from .training import TrainingLoop, TrainingSpec, distinct_collectives
 from .workload import Workload
@@ -41,6 +42,8 @@ class RunConfig:
         clock: virtual (emulated time travels with the messages) or wall (delays really waited).
         time_scale: wall seconds per emulated second (wall clock only).
         timeout_s: seconds a rank waits without progress before it ends the job (MPI only).
+        compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
+            semantics where they are modelling choices (see `cost` and `engine`).
     """
 
     intra: str = "fifo"
@@ -49,8 +52,10 @@ class RunConfig:
     clock: str = "virtual"
     time_scale: float = 1.0
     timeout_s: float = DEFAULT_TIMEOUT_S
+    compat: str = ""
 
     def __post_init__(self) -> None:
+        check_compat(self.compat)
         if self.intra not in INTRA_POLICIES:
             raise UsageError(f"unknown intra-dim policy {self.intra!r}; use fifo or scf")
         if not 1 <= self.active_per_dim <= 1024:
@@ -133,9 +138,9 @@ def run_collective(
     """
     config = transport.config
     (orders,) = share_orders(transport, policy, [collective], None if orders is None else [orders])
-    engine = Engine(transport.topology, transport, config.intra, config.active_per_dim)
+    engine = Engine(transport.topology, transport, config.intra, config.active_per_dim, config.compat)
     t0 = _start(transport, engine, "the collective")
-    run = engine.issue(collective, orders, check)
+    run = engine.issue(collective, orders, check, fuses_last_dim(policy))
     engine.run()
     wall_s = float(transport.reduce([time.perf_counter() - t0 - transport.check_s], "max")[0])
     wall = transport.clock.name == "wall"
@@ -152,12 +157,16 @@ def run_collective(
 
 
 def run_training(transport: Transport, workload: Workload, policy: str, spec: TrainingSpec) -> TrainingResult:
-    """Training iterations of a workload; every collective on real data (and checked) in MPI."""
+    """Training iterations of a workload; every collective on real data (and checked) in MPI.
+
+    The transport's topology must fit the workload (see `workload.Workload.fit_topology`).
+    """
     topo, config = transport.topology, transport.config
     collectives = distinct_collectives(workload, topo, spec)
     orders = dict(zip(collectives, share_orders(transport, policy, collectives)))
-    engine = Engine(topo, transport, config.intra, config.active_per_dim)
-    loop = TrainingLoop(workload, topo, spec, orders)
+    engine = Engine(topo, transport, config.intra, config.active_per_dim, config.compat)
+    tick_ns = ASTRA_CYCLE_NS if config.compat == ASTRA_SIM_1_0 else 0.0
+    loop = TrainingLoop(workload, topo, spec, orders, fuses_last_dim(policy), tick_ns)
     t0 = _start(transport, engine, "training")
     engine.process(loop.process(engine))
     engine.run()

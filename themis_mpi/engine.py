@@ -8,7 +8,16 @@ Time is virtual, in ns. The engine never computes how long a stage takes: it han
 stages to a `Transport` and asks it for the next batch of completions. The model transport
 answers from the cost model; the MPI transport answers from the timestamps carried by the
 messages that really flowed. Completions at the same instant are applied together (in dim
-order) before any stage starts, so the outcome never depends on the order MPI delivers them.
+order, then slot) before any stage starts, so the outcome never depends on the order MPI
+delivers them. A collective's chunks are issued one by one: a chunk whose first dim has a free
+slot starts before the next chunk is queued, so chunk 0 goes first under every queue policy.
+
+With ``compat="astra-sim-1.0"`` the engine follows ASTRA-sim 1.0's ``Sys.cc`` in two more ways:
+completions at the same instant are processed one at a time in `CostModel.finish_order_key`
+order (ASTRA-sim runs the events of one tick in registration order), each starting the stages it
+frees (``notify_stream_removed``, then ``notify_stream_added``) before the next is processed; and
+a FIFO queue (also used for AR stages) puts a later collective's stages ahead of the waiting
+stages of earlier ones (``insert_stream`` with the ``LIFO`` priority of ``get_priority``).
 
 Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
 and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep the returned
@@ -27,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .collectives import Collective, Stage, chunk_stages
-from .cost import CostModel
+from .cost import AR, ASTRA_SIM_1_0, CostModel, check_compat
 from .errors import UsageError
 from .topology import Topology
 
@@ -162,6 +171,7 @@ class StageRun:
     end_ns: float = math.nan
     slot: int = -1
     dim_seq: int = -1
+    start_seq: int = -1
     wall_start_s: float = math.nan
     wall_end_s: float = math.nan
 
@@ -237,8 +247,9 @@ class Transport(Protocol):
 
     check_s: float  # wall seconds spent checking results since the run started (not run time)
 
-    def cost(self, itemsize: int) -> CostModel:
-        """The cost model for one element size."""
+    @property
+    def cost(self) -> Callable[[int], CostModel]:
+        """The cost model of one element size (`cost.CostModels`)."""
         ...
 
     def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
@@ -277,10 +288,16 @@ class Engine:
         transport: who runs the started stages.
         intra: intra-dim policy, fifo or scf.
         active_per_dim: stages each dim runs at once.
+        compat: "" or "astra-sim-1.0" (ASTRA-sim's tie and priority rules, see the module doc).
     """
 
     def __init__(
-        self, topology: Topology, transport: Transport, intra: str = "fifo", active_per_dim: int = 1
+        self,
+        topology: Topology,
+        transport: Transport,
+        intra: str = "fifo",
+        active_per_dim: int = 1,
+        compat: str = "",
     ):
         if intra not in INTRA_POLICIES:
             raise UsageError(f"unknown intra-dim policy {intra!r}; use fifo or scf")
@@ -290,6 +307,7 @@ class Engine:
         self.transport = transport
         self.intra = intra
         self.active_per_dim = active_per_dim
+        self.astra = check_compat(compat) == ASTRA_SIM_1_0
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
@@ -300,18 +318,33 @@ class Engine:
         self._timers: list[tuple[float, int, Event]] = []
         self._timer_seq = 0
         self._running = 0
+        self._claimed: list[StageRun] = []  # started, not yet handed to the transport
+        self._n_started = 0
         self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
 
     # --- the process API -----------------------------------------------------------------------
 
     def issue(
-        self, collective: Collective, orders: Sequence[Sequence[int]] | np.ndarray, check: bool = True
+        self,
+        collective: Collective,
+        orders: Sequence[Sequence[int]] | np.ndarray,
+        check: bool = True,
+        fuse_last: bool = False,
     ) -> CollectiveRun:
-        """Issue a collective now: every chunk's first stage joins its dim's queue, in order."""
+        """Issue a collective now, chunk by chunk; a chunk whose first dim is free starts at once.
+
+        Args:
+            collective: what to issue.
+            orders: every chunk's dim order.
+            check: let the transport check the result against the closed form.
+            fuse_last: run an all-reduce's last dim as one AR stage (the baseline's rule).
+        """
         coll_id = len(self.collectives)
         bounds = collective.chunk_bounds()
         stages = [
-            chunk_stages(self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]), orders[k])
+            chunk_stages(
+                self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]), orders[k], fuse_last
+            )
             for k in range(collective.n_chunks)
         ]
         run = CollectiveRun(
@@ -328,6 +361,7 @@ class Engine:
         for chunk_list in stages:
             if chunk_list:
                 self._enqueue(chunk_list[0])
+                self._claim_free((chunk_list[0].dim,))
         if run.chunks_left == 0:
             self._collective_done(run)
         return run
@@ -352,6 +386,12 @@ class Engine:
     def _enqueue(self, stage: Stage) -> None:
         run = StageRun(stage, self.now_ns)
         queue = self.queues[stage.dim]
+        if self.astra and (self.intra == "fifo" or stage.op == AR):
+            pos = 0  # ahead of the first waiting stage of an earlier collective (LIFO priority)
+            while pos < len(queue) and queue[pos].stage.coll >= stage.coll:
+                pos += 1
+            queue.insert(pos, run)
+            return
         if self.intra == "fifo" or stage.index == stage.n_stages - 2:
             queue.append(run)  # SCF sends a chunk's second-to-last stage to the tail
             return
@@ -360,20 +400,33 @@ class Engine:
             pos += 1
         queue.insert(pos, run)
 
-    def _start_free(self) -> None:
-        for d, queue in enumerate(self.queues):
-            slots = self.slots[d]
+    def _claim_free(self, dims: Sequence[int] | None = None) -> None:
+        """Start the heads of the queues of `dims` (all by default) that have a free slot.
+
+        The stages start now; the transport hears of them at the next `_start_free`.
+        """
+        for d in range(len(self.queues)) if dims is None else dims:
+            queue, slots = self.queues[d], self.slots[d]
             while queue and None in slots:
                 run = queue.pop(0)
                 run.slot = slots.index(None)
                 run.dim_seq = self.started[d]
+                run.start_seq = self._n_started
                 run.start_ns = self.now_ns
                 self.started[d] += 1
+                self._n_started += 1
                 slots[run.slot] = run
                 self._running += 1
-                self.transport.start(run)
+                self._claimed.append(run)
 
-    def _finish(self, run: StageRun) -> None:
+    def _start_free(self) -> None:
+        self._claim_free()
+        claimed, self._claimed = self._claimed, []
+        for run in claimed:
+            self.transport.start(run)
+
+    def _finish(self, run: StageRun) -> int | None:
+        """Free the stage's slot and queue its chunk's next stage; returns that stage's dim."""
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
         self._running -= 1
@@ -383,10 +436,11 @@ class Engine:
         chunk_list = coll.stages[stage.chunk]
         if stage.index + 1 < len(chunk_list):
             self._enqueue(chunk_list[stage.index + 1])
-            return
+            return chunk_list[stage.index + 1].dim
         coll.chunks_left -= 1
         if coll.chunks_left == 0:
             self._collective_done(coll)
+        return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
         coll.end_ns = self.now_ns
@@ -394,6 +448,10 @@ class Engine:
         coll.succeed(coll)
 
     # --- the event loop ------------------------------------------------------------------------
+
+    def _finish_order_key(self, run: StageRun, t_ns: float) -> tuple[float, ...]:
+        s = run.stage
+        return self.transport.cost(s.itemsize).finish_order_key(s.dim, s.op, s.full_elems, t_ns)
 
     def run(self) -> None:
         """Run until every issued stage and timer is done."""
@@ -404,6 +462,12 @@ class Engine:
             horizon = self._timers[0][0] if self._timers else math.inf
             t_ns, done = self.transport.wait_next(horizon)
             self.now_ns = t_ns
+            if done and self.astra:  # one at a time, each starting what it frees
+                for run in sorted(done, key=lambda r: (self._finish_order_key(r, t_ns), r.start_seq)):
+                    run.end_ns = t_ns
+                    nxt = self._finish(run)
+                    self._claim_free((run.stage.dim,) if nxt is None else (run.stage.dim, nxt))
+                continue
             if done:
                 for run in sorted(done, key=lambda r: (r.stage.dim, r.slot)):
                     run.end_ns = t_ns

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModels
 from .engine import CollectiveRun, StageRun, VirtualClock
 from .errors import UsageError
 from .topology import Topology
@@ -46,15 +46,9 @@ class ModelTransport:
         self.topology = topology
         self.config = config
         self.clock = VirtualClock()
-        self._costs: dict[int, CostModel] = {}
+        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat)
         self._heap: list[tuple[float, int, StageRun]] = []
         self._seq = 0
-
-    def cost(self, itemsize: int) -> CostModel:
-        """The cost model for one element size (cached)."""
-        if itemsize not in self._costs:
-            self._costs[itemsize] = CostModel(self.topology, itemsize, self.config.endpoint_delay_ns)
-        return self._costs[itemsize]
 
     # --- control: one rank, nothing to exchange --------------------------------------------------
 
@@ -132,7 +126,11 @@ def model_collective(
 def model_training(
     workload: Workload, topology: Topology, policy: str, spec: TrainingSpec, config: RunConfig | None = None
 ) -> TrainingResult:
-    """Training iterations on the model: `driver.run_training` on a fresh model transport."""
+    """Training iterations on the model: `driver.run_training` on a fresh model transport.
+
+    The topology is first fitted to the workload (a transformer's group may split a dim).
+    """
     from .driver import RunConfig, run_training
 
+    topology = workload.fit_topology(topology)
     return run_training(ModelTransport(topology, config or RunConfig()), workload, policy, spec)

@@ -19,6 +19,15 @@ POLICIES = ("baseline", "themis")
 MIB = 2**20
 
 
+def fuses_last_dim(policy: str) -> bool:
+    """The baseline runs an all-reduce's last dim as one All-Reduce phase (ASTRA-sim's localBWAware).
+
+    Themis splits every dim into a reduce-scatter and an all-gather stage, so that the all-gather
+    half can be scheduled on its own.
+    """
+    return policy == "baseline"
+
+
 def baseline_order(op: str, n_dims: int) -> list[int]:
     """Hierarchical order: ascending dims, except a standalone all-gather, which descends."""
     order = list(range(n_dims))

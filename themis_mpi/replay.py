@@ -104,6 +104,7 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
         )
     active = int(trace.attrs.get("active_per_dim", 1))
     delay = float(trace.attrs.get("endpoint_delay_ns", 0.0))
+    compat = str(trace.attrs.get("compat", ""))
     recorder = TraceRecorder(
         topology,
         backend.name,
@@ -111,10 +112,13 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
         time_scale=1.0,
         active_per_dim=active,
         endpoint_delay_ns=delay,
+        compat=compat,
     )
     results = []
     for coll, policy, intra, orders in recorded_collectives(trace):
-        config = RunConfig(intra=intra, active_per_dim=active, endpoint_delay_ns=delay, timeout_s=timeout_s)
+        config = RunConfig(
+            intra=intra, active_per_dim=active, endpoint_delay_ns=delay, timeout_s=timeout_s, compat=compat
+        )
         result, engine = run_collective(backend.transport(config), coll, policy, orders=orders)
         results.append(result)
         recorder.add_run(result, engine, backend.rank)

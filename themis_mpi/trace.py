@@ -8,7 +8,7 @@ in the column names.
 Layout (format version 1)::
 
     /                  attrs: format, format_version, complete, transport, topology, topology_label,
-                              npus, clock, time_scale, active_per_dim, endpoint_delay_ns,
+                              npus, clock, time_scale, active_per_dim, endpoint_delay_ns, compat,
                               command_line, start_time, versions (JSON)
     /topology          dim, kind, npus, bandwidth_gbps, latency_ns, algorithm
     /collectives       collective, op, policy, intra, dtype, redop, size_bytes, count, chunks,
@@ -153,7 +153,12 @@ class TraceRecorder:
         from .cost import CostModel
 
         run = engine.collectives[0]
-        cost = CostModel(self.topology, run.collective.itemsize, self.settings.get("endpoint_delay_ns", 0.0))
+        cost = CostModel(
+            self.topology,
+            run.collective.itemsize,
+            self.settings.get("endpoint_delay_ns", 0.0),
+            self.settings.get("compat", ""),
+        )
         self.add(result, run.orders, event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s))
 
     @property

@@ -1,20 +1,31 @@
-"""Training iterations of a workload as one engine process: compute as delays, collectives overlapping.
+"""Training iterations of a workload as one engine process, following ASTRA-sim 1.0's layer loops.
 
-Per iteration, as in ASTRA-sim 1.0's layer loop:
+The loop depends on the workload's parallelism, as in ASTRA-sim 1.0's ``Workload.cc``
+(``iterate_*``). Every collective a layer issues counts as finished the layer's update time
+after its last chunk (``Layer::call``: ``*_Comm_Finished_After_Delay``); a collective that
+involves no dim finishes at once.
 
-- Forward, layer by layer: a layer starts once the previous layer is done and its own weights are
-  updated (its previous weight-gradient collective finished, plus the update time). Compute, then
-  the forward collective, which the next layer waits for. (DLRM: the embedding layer's all-to-all
-  overlaps the bottom MLP and is waited for after the last bottom layer.)
-- Backward, last layer first: weight-gradient compute, then its collective is issued and runs in
-  the background; then input-gradient compute and its collective, which the next (earlier) layer
-  waits for. Layer 0 has no input gradient. With activation checkpointing, a layer that initiates
-  a recompute first runs the forward again from the nearest checkpoint at or before it.
-- The next iteration's forward starts right after the backward of layer 0.
+- Forward, layer by layer: wait until the layer's weight-gradient collective of the previous
+  iteration has finished, compute, then (all but DATA and DLRM) issue the forward collective
+  and wait for it. DLRM issues only its embedding all-to-all, without waiting, and waits for it
+  after the last bottom-MLP layer.
+- Backward, last layer first:
+  - DATA (and DLRM): weight-gradient compute, issue its collective (in the background), then,
+    but for layer 0, input-gradient compute. DLRM issues the embedding's backward all-to-all
+    after the input-gradient compute of the first top layer, and (HYBRID_DLRM, not _ENHANCED)
+    waits for it after layer 0's weight gradient.
+  - MODEL, the hybrids and the transformers: input-gradient compute, issue its collective in
+    the background (not for layer 0, except the transformers), weight-gradient compute, issue
+    its collective in the background, then wait for the input-gradient collective. With
+    activation checkpointing, a layer that initiates a recompute first runs the forward of the
+    layers from the nearest checkpoint at or before it up to (not including) itself.
+- MICRO issues every iteration's weight-gradient collective at once; DISTRIBUTED_INFERENCE runs
+  forward passes only.
 
 Several collectives are in flight at once and share the dims' queues. Every collective's chunk
 orders are chosen up front by the coordinator (the Themis loads reset per collective, so this is
-what choosing them at issue gives) and broadcast once.
+what choosing them at issue gives) and broadcast once. ASTRA-sim also spends one cycle on every
+step of its loop; with ``compat="astra-sim-1.0"`` the loop does too (`TrainingLoop.tick_ns`).
 """
 
 from __future__ import annotations
@@ -65,13 +76,18 @@ class TrainingSpec:
 def collective_of(
     workload: Workload, layer: Layer, phase: str, topology: Topology, spec: TrainingSpec
 ) -> Collective | None:
-    """The Collective a layer's phase issues, or None (no collective, no size, or no dims)."""
+    """The Collective a layer's phase issues, or None (no collective, no size, or no dims).
+
+    The file's bytes are per NPU and, as ASTRA-sim reads them, the input of the collective: an
+    all-gather's output (the size of a `Collective`) is that times the group's NPUs.
+    """
     p = layer.phase(phase)
     dims = tuple(d for d in workload.dims(layer, phase, topology) if topology.dims[d].npus > 1)
     if p.op is None or p.size_bytes <= 0 or not dims:
         return None
     itemsize = np.dtype(spec.dtype).itemsize
-    count = max(1, int(p.size_bytes * spec.comm_scale) // itemsize)
+    size_bytes = p.size_bytes * (topology.group_npus(dims) if p.op == "all_gather" else 1)
+    count = max(1, int(size_bytes * spec.comm_scale) // itemsize)
     return Collective(p.op, count, spec.dtype, spec.chunks, dims)
 
 
@@ -90,6 +106,17 @@ def distinct_collectives(workload: Workload, topology: Topology, spec: TrainingS
     return list(out)
 
 
+HYBRID_LOOPS = (
+    "MODEL",
+    "HYBRID_DATA_MODEL",
+    "HYBRID_MODEL_DATA",
+    "HYBRID_CUSTOMIZED",
+    "HYBRID_TRANSFORMER",
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD",
+)
+DLRM_LOOPS = ("HYBRID_DLRM", "HYBRID_DLRM_ENHANCED")
+
+
 class TrainingLoop:
     """The layer loop of one NPU, as an engine process (`process`).
 
@@ -98,73 +125,131 @@ class TrainingLoop:
         topology: the network.
         spec: chunks, dtype, iterations and scales.
         orders: chunk orders of every distinct collective (see `distinct_collectives`).
+        fuse_last: all-reduces run their last dim as one AR stage (`policies.fuses_last_dim`).
+        tick_ns: time of one step of the loop (ASTRA-sim: one cycle; 0 by default).
     """
 
     def __init__(
-        self, workload: Workload, topology: Topology, spec: TrainingSpec, orders: dict[Collective, np.ndarray]
+        self,
+        workload: Workload,
+        topology: Topology,
+        spec: TrainingSpec,
+        orders: dict[Collective, np.ndarray],
+        fuse_last: bool = False,
+        tick_ns: float = 0.0,
     ):
         self.wl, self.topology, self.spec, self.orders = workload, topology, spec, orders
+        self.fuse_last, self.tick_ns = fuse_last, tick_ns
         self.iteration_starts: list[float] = []
         self.compute_ns = 0.0
         self.collectives_issued = 0
-        self.updates: list[Event | None] = [None] * len(workload.layers)  # value: weights-ready time
+        n = len(workload.layers)
+        self.wg_done: list[Event | None] = [None] * n  # weight-gradient collective finished (after update)
+        self.ig_done: list[Event | None] = [None] * n
+        self.fwd_done: list[Event | None] = [None] * n
 
-    def _compute(self, engine: Engine, compute_ns: float) -> Event:
+    # --- steps ---------------------------------------------------------------------------------
+
+    def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = compute_ns * self.spec.compute_scale
-        self.compute_ns += delay_ns
-        return engine.timeout(delay_ns)
+        if delay_ns > 0:
+            self.compute_ns += delay_ns
+            yield engine.timeout(delay_ns)
 
-    def _issue(self, engine: Engine, layer: Layer, phase: str) -> CollectiveRun | None:
+    def _tick(self, engine: Engine) -> ProcessGenerator:
+        if self.tick_ns:
+            yield engine.timeout(self.tick_ns)
+
+    def _issue(self, engine: Engine, layer: Layer, phase: str) -> Event | None:
+        """Issue the layer's phase collective; the event of its finish (after the update time)."""
         coll = collective_of(self.wl, layer, phase, self.topology, self.spec)
         if coll is None:
             return None
         self.collectives_issued += 1
-        return engine.issue(coll, self.orders[coll])
+        return engine.process(
+            self._finished(engine, layer, engine.issue(coll, self.orders[coll], fuse_last=self.fuse_last))
+        )
 
-    def _update(self, engine: Engine, layer: Layer, run: CollectiveRun | None) -> ProcessGenerator:
-        """Wait for a weight-gradient collective; the weights are ready after the update time."""
-        if run is not None:
-            yield run
-        return engine.now_ns + layer.update_ns * self.spec.compute_scale
+    def _finished(self, engine: Engine, layer: Layer, run: CollectiveRun) -> ProcessGenerator:
+        yield run
+        update_ns = layer.update_ns * self.spec.compute_scale
+        if update_ns > 0:
+            yield engine.timeout(update_ns)
+
+    @staticmethod
+    def _wait(event: Event | None) -> ProcessGenerator:
+        if event is not None:
+            yield event
+
+    # --- the loops -----------------------------------------------------------------------------
 
     def process(self, engine: Engine) -> ProcessGenerator:
-        """Every iteration, forward then backward."""
+        """Every iteration: forward, then backward (as the workload's parallelism has it)."""
+        kind = self.wl.parallelism
         layers = self.wl.layers
+        if kind == "MICRO":  # every iteration's weight-gradient collective at once
+            self.iteration_starts += [engine.now_ns] * self.spec.iterations
+            for _ in range(self.spec.iterations):
+                for layer in layers:
+                    self._issue(engine, layer, "wg")
+            return
         for _ in range(self.spec.iterations):
             self.iteration_starts.append(engine.now_ns)
-            yield from self._forward(engine, 0, len(layers) - 1, recompute=False)
-            for i in reversed(range(len(layers))):
-                if i in self.wl.checkpoint_initiates:
-                    start = max([c for c in self.wl.checkpoints if c <= i], default=0)
-                    yield from self._forward(engine, start, i, recompute=True)
-                layer = layers[i]
-                yield self._compute(engine, layer.wg.compute_ns)
-                self.updates[i] = engine.process(
-                    self._update(engine, layer, self._issue(engine, layer, "wg"))
-                )
-                if i == 0:
-                    break
-                yield self._compute(engine, layer.ig.compute_ns)
-                ig = self._issue(engine, layer, "ig")
-                if ig is not None:
-                    yield ig
+            yield from self._forward(engine, 0, len(layers))
+            if kind == "DISTRIBUTED_INFERENCE":
+                continue
+            if kind in HYBRID_LOOPS:
+                yield from self._backward_hybrid(engine)
+            else:
+                yield from self._backward_data(engine)
 
-    def _forward(self, engine: Engine, first: int, last: int, recompute: bool) -> ProcessGenerator:
-        """Layers first..last; a recompute neither waits for weights nor overlaps DLRM's all-to-all."""
-        dlrm = None if recompute else self.wl.dlrm_last_bottom_layer
-        embedding = None
-        for i in range(first, last + 1):
+    def _forward(self, engine: Engine, first: int, stop: int) -> ProcessGenerator:
+        """Layers first..stop-1."""
+        kind = self.wl.parallelism
+        for i in range(first, stop):
             layer = self.wl.layers[i]
-            update = self.updates[i]
-            if not recompute and update is not None:
-                yield update
-                if update.value > engine.now_ns:
-                    yield engine.at(update.value)
-            yield self._compute(engine, layer.fwd.compute_ns)
-            run = self._issue(engine, layer, "fwd")
-            if dlrm is not None and i == 0:
-                embedding = run  # the embedding all-to-all overlaps the bottom MLP
-            elif run is not None:
-                yield run
-            if dlrm is not None and i == dlrm and embedding is not None:
-                yield embedding
+            yield from self._wait(self.wg_done[i])
+            yield from self._compute(engine, layer.fwd.compute_ns)
+            if kind in DLRM_LOOPS:
+                if layer.fwd.op == "all_to_all":
+                    self.fwd_done[i] = self._issue(engine, layer, "fwd")  # overlaps the bottom MLP
+                elif i == self.wl.dlrm_last_bottom_layer:
+                    yield from self._wait(self.fwd_done[0])
+            elif kind != "DATA":
+                yield from self._wait(self._issue(engine, layer, "fwd"))
+            yield from self._tick(engine)
+
+    def _backward_data(self, engine: Engine) -> ProcessGenerator:
+        """DATA and DLRM: weight gradient, then input gradient, layer by layer."""
+        last_bottom = self.wl.dlrm_last_bottom_layer if self.wl.parallelism in DLRM_LOOPS else None
+        for i in reversed(range(len(self.wl.layers))):
+            layer = self.wl.layers[i]
+            yield from self._compute(engine, layer.wg.compute_ns)
+            self.wg_done[i] = self._issue(engine, layer, "wg")
+            if self.wl.parallelism == "HYBRID_DLRM":
+                yield from self._wait(self.ig_done[i])
+                self.ig_done[i] = None
+            yield from self._tick(engine)
+            if i == 0:
+                return
+            yield from self._compute(engine, layer.ig.compute_ns)
+            if last_bottom is not None and i == last_bottom + 1:  # the embedding's backward all-to-all
+                self.ig_done[0] = self._issue(engine, self.wl.layers[0], "ig")
+            yield from self._tick(engine)
+
+    def _backward_hybrid(self, engine: Engine) -> ProcessGenerator:
+        """MODEL, hybrids, transformers: input gradient (in the background), weight gradient, wait."""
+        transformer = self.wl.parallelism.startswith("HYBRID_TRANSFORMER")
+        for i in reversed(range(len(self.wl.layers))):
+            layer = self.wl.layers[i]
+            if i in self.wl.checkpoint_initiates:
+                start = max([c for c in self.wl.checkpoints if c <= i], default=0)
+                yield from self._tick(engine)
+                yield from self._forward(engine, start, i)
+            yield from self._compute(engine, layer.ig.compute_ns)
+            ig = self._issue(engine, layer, "ig") if i > 0 or transformer else None
+            yield from self._tick(engine)
+            yield from self._compute(engine, layer.wg.compute_ns)
+            self.wg_done[i] = self._issue(engine, layer, "wg")
+            yield from self._wait(ig)
+            yield from self._tick(engine)

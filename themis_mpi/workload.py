@@ -23,9 +23,10 @@ to model_parallel_NPU_group for the transformers (the remaining dims carry the d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import UsageError
+from .topology import Dim, Topology
 
 HEADERS = (
     "DATA",
@@ -129,6 +130,45 @@ class Workload:
             boundary = model_dims(topology, self.model_parallel_group)
             model, data = tuple(range(boundary)), tuple(range(boundary, n))
         return data if phase == "wg" else model
+
+    def fit_topology(self, topology: Topology) -> Topology:
+        """The topology a transformer's model-parallel group needs: one dim split if it must be.
+
+        ASTRA-sim splits a dim when the group is not a product of leading dims: a group of 4 on
+        16x8x8 runs on 4x4x8x8, each part keeping the dim's kind, bandwidth and latency (and its
+        algorithm where the part's size allows it). Other workloads keep the topology.
+        """
+        group = self.model_parallel_group
+        if not self.parallelism.startswith("HYBRID_TRANSFORMER") or group is None or group < 1:
+            return topology
+        product = 1
+        for k, dim in enumerate(topology.dims):
+            if (
+                group % product == 0
+                and dim.npus % (group // product) == 0
+                and 1 < group // product < dim.npus
+            ):
+                part = group // product
+                return topology.with_dims(
+                    [
+                        *topology.dims[:k],
+                        _resized(dim, part),
+                        _resized(dim, dim.npus // part),
+                        *topology.dims[k + 1 :],
+                    ]
+                )
+            product *= dim.npus
+            if product >= group:
+                break
+        return topology
+
+
+def _resized(dim: Dim, npus: int) -> Dim:
+    """The same dim with another NPU count (the kind's default algorithm if its own cannot run)."""
+    try:
+        return replace(dim, npus=npus)
+    except UsageError:
+        return replace(dim, npus=npus, algorithm="")
 
 
 def model_dims(topology, group: int | None) -> int:

@@ -21,7 +21,7 @@ from .. import algorithms
 from ..algorithms import Step, plan, plan_all_to_all
 from ..check import count_wrong, fill_input
 from ..collectives import Collective, owned_region, rs_dims
-from ..cost import A2A, AG, RS, CostModel
+from ..cost import A2A, AG, RS, CostModels
 from ..engine import CollectiveRun, StageRun, make_clock
 from ..topology import Topology
 from .grid import CartGrid
@@ -112,7 +112,7 @@ class MpiTransport:
         self.clock = make_clock(config.clock, config.time_scale)
         self.rank = grid.rank
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
-        self._costs: dict[int, CostModel] = {}
+        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat)
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec] = []
         self._reqs: list[MPI.Request] = []
@@ -136,12 +136,6 @@ class MpiTransport:
         return self.grid.watchdog.allreduce(values, MPI_OPS[op], what)
 
     # --- data ----------------------------------------------------------------------------------
-
-    def cost(self, itemsize: int) -> CostModel:
-        """The cost model for one element size (cached)."""
-        if itemsize not in self._costs:
-            self._costs[itemsize] = CostModel(self.topology, itemsize, self.config.endpoint_delay_ns)
-        return self._costs[itemsize]
 
     def open(self, run: CollectiveRun) -> None:
         """Fill a buffer with the closed-form input; each chunk's region starts at its bounds.
