@@ -1,11 +1,12 @@
 """Rules for ASTRA-sim 1.0 text workloads and training-iteration replay."""
 
+import hashlib
 import json
 import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, mpi_env, shared
+from harness import DATA, ROOT, cli, mpi_env
 
 from themis_mpi.errors import UsageError
 from themis_mpi.model import model_training
@@ -23,12 +24,18 @@ def test_reference_folder_is_there():
     assert len(REFERENCE_FILES) == 10
 
 
-def test_shipped_workloads_are_verbatim_copies():
-    """Each shipped workload is byte for byte the file in ../shared/reference-workloads."""
-    originals = shared("reference-workloads/astra-sim-1.0-text")
-    assert sorted(p.name for p in originals.glob("*.txt")) == [p.name for p in REFERENCE_FILES]
-    for path in REFERENCE_FILES:
-        assert path.read_bytes() == (originals / path.name).read_bytes(), path.name
+def test_shipped_data_are_verbatim_copies():
+    """Every file under tests/data has the SHA-256 its source had when it was copied (tests/data/SHA256SUMS)."""
+    listed = {}
+    for line in (DATA / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        listed[name] = digest
+    shipped = sorted(
+        str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.suffix in (".txt", ".csv")
+    )
+    assert sorted(listed) == shipped
+    for name, digest in listed.items():
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
 
 
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=lambda p: p.name)

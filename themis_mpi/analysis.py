@@ -27,15 +27,24 @@ def busbw_factor(op: str, npus: int) -> float:
     return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
 
 
+ASTRA_WINDOW_NS = 10_000.0  # ASTRA-sim's report_percentage(10000): 10 us windows
+
+
 @dataclass
 class DimResult:
-    """One dim's share of a run on one NPU: busy time, bytes sent, stages served."""
+    """One dim's share of a run on one NPU: busy time, bytes sent, stages served.
+
+    `utilization` is busy time over the run's time; `astra_busy_pct` is ASTRA-sim's figure (a dim
+    counts as busy while a stage is queued or running, averaged over complete 10 us windows; None
+    when the run is shorter than one window), see `astra_busy_pct`.
+    """
 
     dim: int
     busy_us: float
     bytes: int
     stages: int
     utilization: float
+    astra_busy_pct: float | None = None
 
     def to_dict(self) -> dict:
         """Plain values for JSON."""
@@ -110,16 +119,29 @@ class TrainingResult:
 
 
 def dim_results(
-    records: list[StageRun], topology: Topology, cost: Callable[[int], CostModel], time_us: float
+    records: list[StageRun],
+    topology: Topology,
+    cost: Callable[[int], CostModel],
+    time_us: float,
+    span_ns: tuple[float, float] = (0.0, 0.0),
 ) -> list[DimResult]:
-    """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us."""
+    """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us.
+
+    `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well.
+    """
+    astra = astra_busy_pct(records, len(topology.dims), span_ns[1], start_ns=span_ns[0])
     out = []
     for d in range(len(topology.dims)):
         mine = [r for r in records if r.stage.dim == d]
         busy_us = sum(r.end_ns - r.start_ns for r in mine) / 1e3
         sent = sum(cost(r.stage.itemsize).stage_bytes(d, r.stage.op, r.stage.full_elems) for r in mine)
-        out.append(DimResult(d, busy_us, int(sent), len(mine), busy_us / time_us if time_us > 0 else 0.0))
+        utilization = busy_us / time_us if time_us > 0 else 0.0
+        out.append(DimResult(d, busy_us, int(sent), len(mine), utilization, _finite(astra[d])))
     return out
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def summarize(
@@ -148,7 +170,7 @@ def summarize(
         algbw_gbps=algbw,
         busbw_gbps=busbw,
         utilization=ideal_us / time_us if time_us > 0 else 1.0,
-        dims=dim_results(run.runs, topology, cost, time_us),
+        dims=dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns)),
     )
 
 
@@ -234,6 +256,16 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
                     "queue_mean_us": float(wait.mean()) if len(wait) else 0.0,
                     "queue_p50_us": percentile(wait, 50),
                     "queue_p99_us": percentile(wait, 99),
+                    "astra_busy_pct": _finite(
+                        window_busy_pct(
+                            list(zip(on_dim["queued_us"] * 1e3, on_dim["end_us"] * 1e3)),
+                            0.0,
+                            time_us * 1e3,
+                            ASTRA_WINDOW_NS,
+                        )
+                    )
+                    if rank is not None
+                    else None,
                 }
             )
         row = trace.collective_row(cid)
@@ -276,42 +308,56 @@ def format_analysis(rows: list[dict]) -> str:
             f"{r['algbw_gbps']:.2f} GB/s, busbw {r['busbw_gbps']:.2f} GB/s, #wrong {wrong}"
         )
         lines.append(
-            f"#{'dim':>4} {'busy_us':>12} {'idle_us':>12} {'util%':>7} {'bytes':>14} {'stages':>7} "
-            f"{'queue_mean_us':>14} {'queue_p50_us':>13} {'queue_p99_us':>13}"
+            f"#{'dim':>4} {'busy_us':>12} {'idle_us':>12} {'util%':>7} {'astra%':>7} {'bytes':>14} "
+            f"{'stages':>7} {'queue_mean_us':>14} {'queue_p50_us':>13} {'queue_p99_us':>13}"
         )
         for d in r["dims"]:
+            astra = "-" if d["astra_busy_pct"] is None else f"{d['astra_busy_pct']:.2f}"
             lines.append(
                 f" {d['dim']:>4} {d['busy_us']:>12.2f} {d['idle_us']:>12.2f} "
-                f"{100 * d['utilization']:>7.2f} {d['bytes']:>14} {d['stages']:>7} "
+                f"{100 * d['utilization']:>7.2f} {astra:>7} {d['bytes']:>14} {d['stages']:>7} "
                 f"{d['queue_mean_us']:>14.2f} {d['queue_p50_us']:>13.2f} {d['queue_p99_us']:>13.2f}"
             )
     if len(rows) > 1:
-        lines.append("# side by side (GB/s with 1 GB = 2^30 B)")
         lines.append(
-            f"#{'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
-            f"{'util%':>7} {'busbw':>8} {'vs first':>8}"
+            "# side by side (GB/s with 1 GB = 2^30 B); speedup: the time of the first row of the same op and "
+            "size (#ref) over this one"
         )
-        first = rows[0]["time_us"]
-        for r in rows:
+        lines.append(
+            f"#{'row':>4} {'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
+            f"{'util%':>7} {'busbw':>8} {'speedup':>12}"
+        )
+        reference: dict[tuple, int] = {}
+        for i, r in enumerate(rows):
+            ref = reference.setdefault((r["op"], r["size_bytes"]), i)
+            speedup = (
+                "ref"
+                if ref == i
+                else f"{rows[ref]['time_us'] / r['time_us'] if r['time_us'] else 0:.2f}x vs #{ref}"
+            )
             lines.append(
-                f" {os.path.basename(r['trace']):>30} {r['collective']:>4} {r['policy']:>8} "
+                f" {i:>4} {os.path.basename(r['trace']):>30} {r['collective']:>4} {r['policy']:>8} "
                 f"{r['intra']:>5} {format_size(r['size_bytes']):>8} {r['time_us']:>12.2f} "
-                f"{100 * r['utilization']:>7.2f} {r['busbw_gbps']:>8.2f} "
-                f"{first / r['time_us'] if r['time_us'] else 0:>7.2f}x"
+                f"{100 * r['utilization']:>7.2f} {r['busbw_gbps']:>8.2f} {speedup:>12}"
             )
     return "\n".join(lines)
 
 
 def astra_busy_pct(
-    runs: Sequence[StageRun], n_dims: int, end_ns: float, window_ns: float = 10_000.0, since: str = "queued"
+    runs: Sequence[StageRun],
+    n_dims: int,
+    end_ns: float,
+    window_ns: float = ASTRA_WINDOW_NS,
+    since: str = "queued",
+    start_ns: float = 0.0,
 ) -> list[float]:
     """Per-dim utilization as ASTRA-sim 1.0 reports it for one NPU, in percent.
 
     ASTRA-sim's ``SchedulerUnit`` counts the chunks in a dim's queue (``active_Streams``: waiting
     or running) and its ``UsageTracker`` marks the dim busy while that count is above zero
     (``notify_stream_added`` / ``notify_stream_removed`` in Sys.cc). ``report_percentage(10000)``
-    (Workload.cc, UsageTracker.cc) cuts ``[0, end)`` into 10 us windows and reports the busy share
-    of every *complete* window (a last partial window is dropped); the mean of those is the figure.
+    (Workload.cc, UsageTracker.cc) cuts ``[start, end)`` into 10 us windows and reports the busy
+    share of every *complete* window (a last partial window is dropped); the mean is the figure.
 
     Args:
         runs: the stage records of one NPU.
@@ -319,29 +365,34 @@ def astra_busy_pct(
         end_ns: the report time (the collective's end).
         window_ns: window length (ASTRA-sim: 10000 cycles of 1 ns).
         since: "queued" (ASTRA-sim: a queued stage makes its dim busy) or "start".
+        start_ns: where the first window starts (the collective's issue).
 
     Returns:
         One percentage per dim; NaN when no window is complete.
     """
-    n_windows = int(end_ns // window_ns)
-    out = []
-    for d in range(n_dims):
-        spans = sorted(
-            (r.queued_ns if since == "queued" else r.start_ns, r.end_ns) for r in runs if r.stage.dim == d
-        )
-        merged: list[list[float]] = []
-        for a, b in spans:
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        if n_windows == 0:
-            out.append(math.nan)
-            continue
-        shares = []
-        for w in range(n_windows):
-            lo, hi = w * window_ns, (w + 1) * window_ns
-            busy = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
-            shares.append(100.0 * busy / window_ns)
-        out.append(sum(shares) / len(shares))
-    return out
+    spans = [
+        [(r.queued_ns if since == "queued" else r.start_ns, r.end_ns) for r in runs if r.stage.dim == d]
+        for d in range(n_dims)
+    ]
+    return [window_busy_pct(s, start_ns, end_ns, window_ns) for s in spans]
+
+
+def window_busy_pct(
+    spans: Sequence[tuple[float, float]], start_ns: float, end_ns: float, window_ns: float
+) -> float:
+    """Mean busy share (percent) of the complete windows of [start, end) covered by the union of spans."""
+    n_windows = int((end_ns - start_ns) // window_ns)
+    if n_windows <= 0:
+        return math.nan
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    shares = []
+    for w in range(n_windows):
+        lo, hi = start_ns + w * window_ns, start_ns + (w + 1) * window_ns
+        busy = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
+        shares.append(100.0 * busy / window_ns)
+    return sum(shares) / len(shares)

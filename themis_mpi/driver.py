@@ -187,7 +187,7 @@ def run_training(transport: Transport, workload: Workload, policy: str, spec: Tr
         compute_us=compute_ns / 1e3,
         exposed_comm_us=max(0.0, mean_ns - compute_ns) / 1e3,
         collectives=loop.collectives_issued,
-        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3),
+        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns)),
         wrong=_wrong(transport, engine.collectives),
         wall_s=wall_s,
         workload=workload.path,
