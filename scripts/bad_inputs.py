@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import h5py
 import numpy as np
@@ -37,20 +38,51 @@ RUNTIME = [
         "in collective C (...), chunk k, RS on dim d; a peer died; aborting the job` and the job aborts",
     ),
     (
-        "a rank frozen (SIGSTOP) or hung",
+        "a rank frozen (SIGSTOP) or hung mid-run",
         "after `--timeout-s` (default 60 s) without progress: `themis-mpi: error: rank R: no progress "
         "for T s waiting for rank(s) K in collective C (...), chunk k, RS on dim d; a peer died or stopped "
-        "responding; aborting the job`, then MPI_Abort ends every rank",
+        "responding; aborting the job`, then MPI_Abort ends every rank (exit 3)",
     ),
-    ("a Python exception on one rank (a bug)", "the traceback is printed and MPI_Abort ends every rank"),
+    (
+        "a rank frozen before MPI_Init",
+        "the others wait in MPI_Init; a guard process ends each after `--timeout-s`: `themis-mpi: error: MPI "
+        "did not start within T s: a rank died or stopped before MPI_Init; aborting` (no rank can be named "
+        "without MPI)",
+    ),
+    (
+        "a rank frozen after MPI_Init, before the grid is built",
+        "the start-up barrier is waited on quietly: `rank R: no progress for T s in the start-up barrier; "
+        "rank(s) K did not answer (died or stopped); aborting the job`",
+    ),
+    (
+        "rank 0 frozen while writing the trace",
+        "the others wait at the final barrier as long as rank 0 answers pings (a long write is fine); "
+        "once it stops answering: `rank R: waited T s in the final barrier; rank(s) 0 did not answer`; "
+        "no trace is left",
+    ),
+    (
+        "a wall-clock step longer than `--timeout-s`",
+        "not a stall: silence is measured from the step's deadline, not from its start",
+    ),
+    (
+        "a Python exception on one rank (a bug)",
+        "the traceback is printed once and MPI_Abort ends every rank (exit 1)",
+    ),
+    (
+        "a user mistake seen on one rank only",
+        "one line from that rank and MPI_Abort ends every rank (exit 2)",
+    ),
+    ("Ctrl-C", "`themis-mpi: interrupted` once, exit 130 (MPI_Abort under mpiexec); no traceback"),
+    ("output piped into `head`", "the command stops quietly (exit 141), no BrokenPipeError"),
     (
         "int32 sums that would overflow (over 46340 NPUs)",
         "`int32 cannot hold the sums of N NPUs' inputs (...); use int64 or a float type`",
     ),
     (
-        "a run that dies before writing its trace",
-        "no file at the trace path; rank 0 writes `.NAME.partial-PID.h5` beside it (attribute `complete=0`) "
-        "and renames it only when complete",
+        "a run that dies, or a disk that fills, while writing an output",
+        "no file at the path: every output is written beside it as `.NAME.partial-PID.EXT`, flushed to "
+        "disk and renamed only when complete; traces are written in a child process, so an HDF5 crash is "
+        "one line",
     ),
 ]
 
@@ -92,6 +124,28 @@ def main():
     open(incomplete, "wb").write(data)
     with h5py.File(incomplete, "a") as f:
         f.attrs["complete"] = 0
+    files["bad_utf8.yml"] = os.path.join(tmp, "bad_utf8.yml")
+    with open(files["bad_utf8.yml"], "wb") as f:
+        f.write(b"topology: [Ring]\nnpus_count: [2]\nbandwidth: [\xff\xfe]\nlatency: [1]\n")
+    write("huge_npus.yml", f"topology: [Ring]\nnpus_count: [{2**70}]\nbandwidth: [100]\nlatency: [1]\n")
+    write("huge_layer.txt", f"DATA\n1\nconv1 -1 5 NONE 0 5 NONE 0 5 ALLREDUCE {2**70} 5\n")
+    flipped = os.path.join(tmp, "flipped.h5")
+    with h5py.File(good, "r") as f:
+        offset = f["events"].id.get_offset()
+    flipped_data = bytearray(data)
+    flipped_data[offset + 40] ^= 0x10
+    open(flipped, "wb").write(bytes(flipped_data))
+    forged = os.path.join(tmp, "forged.h5")
+    open(forged, "wb").write(data)
+    with h5py.File(forged, "a") as f:
+        del f.attrs["topology"]
+    mpi_trace = os.path.join(tmp, "model-for-mpi.h5")
+    subprocess.run(
+        [*py, "model", "-t", "2x2x2", "-b", "1M", "-c", "4", "--trace", mpi_trace], check=True, cwd=ROOT
+    )
+    seventy = "_".join(["Ring(1,1,1)"] * 70)
+    link_dir = os.path.join(tmp, "a-directory")
+    os.makedirs(link_dir)
     mpi = [mpiexec_path(), "-n"]
     cases = [
         ("rank count does not match the topology", [*mpi, "4", *py, "run", "-t", "2x2x2"]),
@@ -124,6 +178,66 @@ def main():
         ("trace: marked incomplete", [*py, "analyze", incomplete]),
         ("replay on other dim sizes", [*py, "replay", good, "-t", "4x2"]),
         ("replay without a trace", [*py, "replay"]),
+        # issue 13: numbers out of any meaningful range, under mpiexec where they reach the ranks
+        ("a size sweep that never grows by whole bytes", [*py, "model", "-b", "8", "-e", "16", "-f", "1.01"]),
+        ("size factor nan", [*py, "model", "-b", "1M", "-e", "4M", "-f", "nan"]),
+        ("size factor inf", [*py, "model", "-b", "1M", "-e", "4M", "-f", "inf"]),
+        ("size factor 1e308", [*py, "model", "-b", "1M", "-e", "4M", "-f", "1e308"]),
+        ("a 2^70-byte size", [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "-b", "1180591620717411303424"]),
+        ("99999999999999G", [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "-b", "99999999999999G"]),
+        ("a 5,000-digit size", [*py, "model", "-b", "9" * 5000]),
+        ("a size this machine cannot hold", [*mpi, "8", *py, "run", "-b", "16G"]),
+        ("endpoint delay nan", [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "--endpoint-delay-ns", "nan"]),
+        ("negative endpoint delay", [*py, "model", "--endpoint-delay-ns", "-5"]),
+        ("1e30 NPUs in a dim", [*py, "model", "-t", "Ring(1e30,100,20)"]),
+        ("two dims of 1e10 NPUs", [*py, "model", "-t", "Ring(10000000000,1,1)_Ring(10000000000,1,1)"]),
+        ("YAML npus_count 2^70", [*py, "model", "-t", files["huge_npus.yml"]]),
+        ("YAML with invalid UTF-8", [*py, "model", "-t", files["bad_utf8.yml"]]),
+        ("bandwidths 1e300 and 1e-300", [*py, "model", "-t", "Ring(2,1e300,20)_Ring(2,1e-300,20)"]),
+        ("bandwidth 1e-320", [*py, "model", "-t", "Ring(2,1e-320,20)"]),
+        ("infinite latency", [*py, "model", "-t", "Ring(2,100,inf)"]),
+        ("latency override 1e308", [*py, "model", "--latency", "1e308,1,1"]),
+        (
+            "a 70-dim topology with --trace",
+            [*py, "model", "-t", seventy, "--trace", os.path.join(tmp, "70.h5")],
+        ),
+        (
+            "active chunks per dim 2^62",
+            [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "--active-chunks-per-dim", "4611686018427387904"],
+        ),
+        ("a billion chunks", [*py, "model", "-c", "1000000000"]),
+        (
+            "a non-UTF-8 argument with --trace",
+            [
+                *py,
+                "model",
+                "-b",
+                "1M",
+                "--trace",
+                os.path.join(tmp, "u.h5"),
+                "--json",
+                os.fsdecode(os.fsencode(tmp) + b"/\xff.json"),
+            ],
+        ),
+        ("more chunks than elements", [*py, "model", "-b", "64", "-c", "64"]),
+        ("workload: a 2^70-byte layer", [*py, "train", files["huge_layer.txt"]]),
+        ("comm scale nan", [*py, "train", files["micro.txt"], "--comm-scale", "nan"]),
+        ("comm scale inf", [*py, "train", files["micro.txt"], "--comm-scale", "inf"]),
+        ("comm scale 1e30", [*py, "train", files["micro.txt"], "--comm-scale", "1e30"]),
+        ("compute scale inf", [*py, "train", files["micro.txt"], "--compute-scale", "inf"]),
+        ("trace: one flipped bit in its events", [*py, "analyze", flipped]),
+        ("trace: forged, without its topology attribute", [*py, "analyze", forged]),
+        ("a model trace replayed under mpiexec", [*mpi, "8", *py, "replay", mpi_trace]),
+        ("output: missing directory", [*py, "model", "--json", os.path.join(tmp, "no", "such", "x.json")]),
+        ("output: a directory as --json", [*py, "model", "--json", link_dir]),
+        ("output: under /proc", [*py, "model", "--json", "/proc/self/x.json"]),
+        ("output: a device (/dev/null)", [*py, "model", "--json", "/dev/null"]),
+        ("output: a name too long for its temporary", [*py, "model", "--json", os.path.join(tmp, "x" * 250)]),
+        ("output: export over its own input", [*py, "export", good, "--perfetto", good]),
+        (
+            "output: a bad --json path under mpiexec",
+            [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "--json", os.path.join(tmp, "no", "x.json")],
+        ),
     ]
     if REF:
         transformer = os.path.join(REF, "Transformer_HybridParallel.txt")
@@ -138,22 +252,30 @@ def main():
         "",
         "Generated by `python scripts/bad_inputs.py`; every row ran for real (MPI rows under mpiexec).",
         "",
-        "| input | command | exit | traceback | message (first line of stderr) |",
-        "| --- | --- | --- | --- | --- |",
+        "| input | command | exit | seconds | traceback | message (first line of stderr) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for what, cmd in cases:
+        start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
         shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec")
-        message = err[0].replace(tmp + "/", "") if err else "(nothing)"
+        message = (
+            err[0].replace(tmp + "/", "")
+            if err
+            else f"(nothing; {len(proc.stdout.splitlines())} lines of output)"
+        )
         if REF:
             shown, message = shown.replace(REF + "/", ""), message.replace(REF + "/", "")
+        if len(shown) > 160:
+            shown = shown[:150] + " ..."
         lines.append(
-            f"| {what} | `{' '.join(shown.split())}` | {proc.returncode} | "
-            f"{'yes' if 'Traceback' in proc.stderr else 'no'} | {message.replace('|', '/')} |"
+            f"| {what} | `{' '.join(shown.split())}` | {proc.returncode} | {seconds:.1f} | "
+            f"{'yes' if 'Traceback' in proc.stderr else 'no'} | {message[:300].replace('|', '/')} |"
         )
-        print(f"{proc.returncode:>3} {what}: {message}")
+        print(f"{proc.returncode:>3} {seconds:5.1f}s {what}: {message[:160]}")
     lines += [
         "",
         "Runtime failures (from `tests/test_hardening.py` and `tests/test_collectives.py`):",
@@ -164,7 +286,9 @@ def main():
     lines += [f"| {what} | {happens} |" for what, happens in RUNTIME]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with atomic_path(args.out) as out, open(out, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(
+            ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        )
     print(f"wrote {args.out}")
 
 

@@ -15,7 +15,7 @@ from themis_mpi.driver import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.model import model_collective
 from themis_mpi.topology import parse_inline, parse_topology, parse_yaml
-from themis_mpi.trace import Trace, TraceRecorder
+from themis_mpi.trace import DATASETS, Trace, TraceRecorder
 from themis_mpi.workload import parse_workload
 
 REFERENCE = DATA / "astra-sim-1.0-text"
@@ -160,4 +160,21 @@ def test_trace_without_a_needed_table_is_refused(tmp_path, trace_bytes):
     with h5py.File(path, "a") as f:
         del f["events"]
     with pytest.raises(UsageError, match="damaged trace"):
+        Trace(str(path))
+
+
+@given(st.data())
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=40)
+def test_any_flipped_byte_of_a_tables_data_is_refused(tmp_path, trace_bytes, data):
+    """Every table carries a checksum: changing any one byte of its data makes reading the trace refuse it."""
+    path = tmp_path / "flipped.h5"
+    path.write_bytes(trace_bytes)
+    with h5py.File(path, "r") as f:
+        extents = [(name, f[name].id.get_offset(), f[name].id.get_storage_size()) for name in DATASETS]
+    name, offset, size = data.draw(st.sampled_from([e for e in extents if e[1] is not None and e[2] > 0]))
+    position = offset + data.draw(st.integers(0, size - 1))
+    flipped = bytearray(trace_bytes)
+    flipped[position] ^= data.draw(st.integers(1, 255))
+    path.write_bytes(bytes(flipped))
+    with pytest.raises(UsageError):
         Trace(str(path))

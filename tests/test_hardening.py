@@ -215,3 +215,168 @@ def test_a_workload_that_does_not_fit_exits_2_on_every_rank_at_once():
         "themis-mpi: error: model_parallel_NPU_group 128 does not match the leading dims of 2x2x2 "
         "(possible groups: 1, 2, 4, 8)"
     ]
+
+
+def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(tmp_path):
+    """A rank stopped before MPI_Init keeps the others in MPI_Init: they give up after the timeout, in one line."""
+    marker = str(tmp_path / "startup.json")
+    cmd = [
+        mpiexec_path(),
+        "-n",
+        "8",
+        sys.executable,
+        "-m",
+        "themis_mpi",
+        "run",
+        "-t",
+        "2x2x2",
+        "-b",
+        "1M",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--json",
+        marker,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        victim = None
+        deadline = time.monotonic() + 30
+        while victim is None and time.monotonic() < deadline:
+            victim = next((pid for pid, rank in job_pids(marker).items() if rank == 5), None)
+            time.sleep(0.02)
+        assert victim is not None, "rank 5 did not start"
+        os.kill(victim, signal.SIGSTOP)  # long before MPI_Init (the imports take longer)
+        struck = time.monotonic()
+        _, err = proc.communicate(timeout=TIMEOUT_S + 60)
+        took_s = time.monotonic() - struck
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in job_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0 and took_s < TIMEOUT_S + 30
+    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
+    assert lines == [
+        f"themis-mpi: error: MPI did not start within {TIMEOUT_S} s: a rank died or stopped before "
+        "MPI_Init; aborting"
+    ], err[-3000:]
+    assert not os.path.exists(marker)
+
+
+def test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout(tmp_path):
+    """A rank stopped after MPI_Init, before the grid: the others' start-up barrier names it and the job ends."""
+    proc, took_s = run_timed(
+        [
+            mpiexec_path(),
+            *launcher_keeps_survivors(),
+            "-n",
+            "8",
+            sys.executable,
+            str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+            "freeze-start",
+            "5",
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "1M",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--timeout-s",
+            str(TIMEOUT_S),
+        ],
+        timeout_s=TIMEOUT_S + 90,
+    )
+    assert proc.returncode != 0 and took_s < TIMEOUT_S + 60
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error:")]
+    assert lines and "start-up barrier" in lines[0] and "rank(s) 5 did not answer" in lines[0], proc.stderr[
+        -3000:
+    ]
+
+
+def test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace(tmp_path):
+    """Rank 0 stops as it writes the trace: the others, waiting at the final barrier, name it and end the job."""
+    trace = tmp_path / "frozen.h5"
+    cmd = [
+        mpiexec_path(),
+        *launcher_keeps_survivors(),
+        "-n",
+        "8",
+        sys.executable,
+        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+        "freeze-write",
+        "0",
+        "run",
+        "-t",
+        "2x2x2",
+        "-b",
+        "1M",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--trace",
+        str(trace),
+    ]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S + 90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in job_pids(str(trace)):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0 and time.monotonic() - start < TIMEOUT_S + 60
+    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
+    assert lines and "final barrier" in lines[0] and "rank(s) 0 did not answer" in lines[0], err[-3000:]
+    assert not trace.exists() and not list(tmp_path.glob(".*partial*"))
+
+
+def test_a_wall_clock_step_longer_than_the_timeout_is_not_silence():
+    """Under --clock wall a rank waiting for its own step deadline (2.4 s here) is not stalled by --timeout-s 1."""
+    proc, _ = run_timed(
+        [
+            mpiexec_path(),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "themis_mpi",
+            "run",
+            "-t",
+            "Ring(2,100,20)",
+            "-b",
+            "1M",
+            "-c",
+            "1",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "-p",
+            "baseline",
+            "--clock",
+            "wall",
+            "--time-scale",
+            "500000",
+            "--timeout-s",
+            "1",
+        ],
+        timeout_s=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = proc.stdout.strip().splitlines()[-1].split()
+    assert row[11] == "0"  # wrong

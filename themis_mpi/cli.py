@@ -32,7 +32,8 @@ from .driver import DEFAULT_TIMEOUT_S, RunConfig
 from .engine import INTRA_POLICIES
 from .errors import UsageError
 from .launch import env_rank, under_mpiexec
-from .output import write_json
+from .limits import MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
+from .output import check_output_path, write_json
 from .policies import POLICIES
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
 
@@ -45,9 +46,14 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     if not match:
         raise UsageError(f"bad size {text!r}: use a byte count with an optional K, M or G suffix")
-    value = int(match.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
+    digits = match.group(1)
+    if len(digits) > 20:
+        raise UsageError(f"size {text[:24]}... is out of range (at most {MAX_SIZE_BYTES} B per NPU)")
+    value = int(digits) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
     if value <= 0:
         raise UsageError(f"size must be positive, got {text!r}")
+    if value > MAX_SIZE_BYTES:
+        raise UsageError(f"size {text!r} is out of range (at most {MAX_SIZE_BYTES} B = 1 PiB per NPU)")
     return value
 
 
@@ -59,8 +65,8 @@ def size_sweep(first: int, last: int | None, factor: float) -> list[int]:
     last = first if last is None else last
     if last < first:
         raise UsageError(f"last size ({last} B) is smaller than the first ({first} B)")
-    if not math.isfinite(factor) or (factor <= 1 and last > first):
-        raise UsageError(f"size factor must be a finite number > 1 to sweep, got {factor}")
+    if not math.isfinite(factor) or factor > MAX_FACTOR or (factor <= 1 and last > first):
+        raise UsageError(f"size factor must be > 1 and at most {MAX_FACTOR:g} to sweep, got {factor}")
     sizes, size = [], first
     while size <= last:
         sizes.append(size)
@@ -308,9 +314,14 @@ def _collectives(args: argparse.Namespace, topo: Topology) -> list[Collective]:
     ):
         if size < itemsize:
             raise UsageError(f"size {size} B is smaller than one {args.dtype} element")
-        out.append(
-            Collective(args.op, size // itemsize, args.dtype, args.chunks, tuple(sorted(dims)), args.redop)
-        )
+        coll = Collective(args.op, size // itemsize, args.dtype, args.chunks, tuple(sorted(dims)), args.redop)
+        if coll.n_chunks < coll.chunks and env_rank() == 0:
+            print(
+                f"themis-mpi: warning: {size} B holds only {coll.count} {args.dtype} element(s): "
+                f"{coll.n_chunks} chunk(s) of one element instead of {coll.chunks}",
+                file=sys.stderr,
+            )
+        out.append(coll)
     return out
 
 
@@ -344,6 +355,13 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     return out
 
 
+def _check_outputs(*paths: str | None, inputs: tuple[str, ...] = ()) -> None:
+    """Refuse bad output paths before any work (on rank 0: a refusal there aborts the job with 2)."""
+    for path in paths:
+        if path:
+            check_output_path(path, inputs)
+
+
 def _header(topo: Topology, command: str, config: RunConfig) -> str:
     lines = [f"# themis-mpi {command}: topology {topo.label()}, {topo.npus} NPUs"]
     for d, dim in enumerate(topo.dims):
@@ -368,12 +386,15 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
     from .driver import open_backend, run_collective
     from .trace import TraceRecorder
 
-    if use_mpi and (args.iters < 1 or args.warmup_iters < 0):
-        raise UsageError("--iters must be >= 1 and --warmup-iters >= 0")
+    if use_mpi:
+        in_range("--iters", args.iters, 1, MAX_ITERS)
+        in_range("--warmup-iters", args.warmup_iters, 0, MAX_ITERS)
     topo = _topology(args)
     colls = _collectives(args, topo)
     configs = _configs(args)
     iters, warmup = (args.iters, args.warmup_iters) if use_mpi else (1, 0)
+    if use_mpi:
+        check_memory(3 * max(c.size_bytes for c in colls), "the buffer and scratch of the largest size")
     clock = configs[0][1].clock if use_mpi else "model"
     recorder = None
     if args.trace:
@@ -389,6 +410,7 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
     rows = []
     with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
         if backend.rank == 0:
+            _check_outputs(args.json, args.trace)
             print(_header(topo, command, configs[0][1]), flush=True)
         for coll in colls:
             for policy, config in configs:
@@ -406,12 +428,12 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
                 if recorder:
                     recorder.add_run(result, engine, backend.rank)
         events = backend.gather(recorder.my_events()) if recorder else None
-    if backend.rank == 0:
-        print(format_table(rows, len(topo.dims), clock))
-        if args.json:
-            write_json(args.json, [r.to_dict() for r in rows])
-        if recorder and events is not None:
-            recorder.write(args.trace, events)
+        if backend.rank == 0:  # inside: the other ranks wait (patiently) until the files are written
+            print(format_table(rows, len(topo.dims), clock))
+            if args.json:
+                write_json(args.json, [r.to_dict() for r in rows])
+            if recorder and events is not None:
+                recorder.write(args.trace, events, backend.service)
     return 0
 
 
@@ -436,12 +458,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     topo = wl.fit_topology(given)
     spec = TrainingSpec(args.chunks, args.dtype, args.iters, args.compute_scale, args.comm_scale)
     configs = _configs(args)
-    distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused before MPI starts
+    collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi = under_mpiexec()
+    if use_mpi and collectives:
+        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
     with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
+        if backend.rank == 0:
+            _check_outputs(args.json)
         rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in configs]
-    if backend.rank != 0:
-        return 0
+        if backend.rank == 0:
+            _report_training(args, wl, given, topo, spec, rows, use_mpi)
+    return 0
+
+
+def _report_training(args, wl, given: Topology, topo: Topology, spec, rows: list, use_mpi: bool) -> None:
+    """The `train` table (with each policy's speedup over the baseline) and its JSON."""
     base = next((r for r in rows if r.policy == "baseline"), None)
     for r in rows:
         r.speedup = base.iteration_us / r.iteration_us if base and r.iteration_us else None
@@ -469,7 +500,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     if args.json:
         write_json(args.json, [r.to_dict() for r in rows])
-    return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -483,14 +513,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     topo = _topology(args, parse_topology(args.topology) if args.topology else trace.topology())
     use_mpi = under_mpiexec()
     with open_backend(topo, use_mpi, args.timeout_s) as backend:
+        if backend.rank == 0:
+            _check_outputs(args.json, args.trace, inputs=(args.trace_in,))
         result = replay_trace(trace, topo, backend, args.timeout_s)
-    if backend.rank != 0:
-        return 0
-    print(format_replay(trace, result, topo, backend.name))
-    if args.json:
-        write_json(args.json, result.to_dict(trace))
-    if args.trace and result.recorder is not None and result.events is not None:
-        result.recorder.write(args.trace, result.events)
+        if backend.rank != 0:
+            return 0
+        print(format_replay(trace, result, topo, backend.name))
+        if args.json:
+            write_json(args.json, result.to_dict(trace))
+        if args.trace and result.recorder is not None and result.events is not None:
+            result.recorder.write(args.trace, result.events, backend.service)
     return 0 if (not result.unchanged or result.reproduced) else 1
 
 
@@ -502,6 +534,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     ranks = args.ranks
     if not ranks or any(r is None or r < 0 for r in ranks):
         raise UsageError("--ranks must list ranks >= 0, e.g. 0 or 0,3")
+    _check_outputs(args.json, inputs=tuple(args.traces))
+    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
+        raise UsageError(f"--plot {args.plot}: not a directory")
     traces = [Trace(p) for p in args.traces]
     rows = []
     for trace in traces:
@@ -539,6 +574,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .perfetto import to_perfetto, write_perfetto
     from .trace import Trace
 
+    _check_outputs(args.perfetto, inputs=(args.trace_in,))
     window = None
     if args.window is not None:
         if len(args.window) != 2 or None in args.window or not args.window[0] < args.window[1]:
@@ -633,6 +669,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"themis-mpi: error: {exc}", file=sys.stderr, flush=True)
             return 2
         return _abort(world, f"themis-mpi: error: {exc}", 2)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, and the job ends
+        world = _world()
+        if env_rank() == 0:
+            print("themis-mpi: interrupted", file=sys.stderr, flush=True)
+        if world is not None:
+            world.Abort(130)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a Unix filter does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:
         world = _world()
         if type(exc).__name__ == "Stalled" and world is not None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from .cost import A2A, AG, AR, RS, block_elems
 from .errors import UsageError
+from .limits import MAX_CHUNKS, MAX_SIZE_BYTES
 from .topology import Topology
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -90,8 +91,10 @@ class Collective:
             raise UsageError(f"unknown reduction {self.redop!r}; use one of {', '.join(REDOPS)}")
         if self.count < 1:
             raise UsageError(f"size must be at least one element, got {self.count} elements")
-        if self.chunks < 1:
-            raise UsageError(f"chunks must be >= 1, got {self.chunks}")
+        if self.size_bytes > MAX_SIZE_BYTES:
+            raise UsageError(f"size must be at most {MAX_SIZE_BYTES} B per NPU, got {self.size_bytes} B")
+        if not 1 <= self.chunks <= MAX_CHUNKS:
+            raise UsageError(f"chunks must be >= 1 and at most {MAX_CHUNKS}, got {self.chunks}")
 
     @property
     def itemsize(self) -> int:

@@ -8,7 +8,9 @@ every rank returns the same result. `run`, `model`, `replay` and `train` all com
 
 from __future__ import annotations
 
-import math
+import os
+import select
+import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +24,8 @@ from .collectives import Collective
 from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, check_compat
 from .engine import INTRA_POLICIES, CollectiveRun, Engine, Transport
 from .errors import UsageError
-from .launch import env_size
+from .launch import env_rank, env_size
+from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
 from .policies import chunk_orders, fuses_last_dim
 from .topology import Topology
 from .training import TrainingLoop, TrainingSpec, distinct_collectives
@@ -58,16 +61,12 @@ class RunConfig:
         check_compat(self.compat)
         if self.intra not in INTRA_POLICIES:
             raise UsageError(f"unknown intra-dim policy {self.intra!r}; use fifo or scf")
-        if not 1 <= self.active_per_dim <= 1024:
-            raise UsageError(f"active chunks per dim must be between 1 and 1024, got {self.active_per_dim}")
-        if not (math.isfinite(self.endpoint_delay_ns) and 0 <= self.endpoint_delay_ns <= 1e12):
-            raise UsageError(f"endpoint delay must be between 0 and 1e12 ns, got {self.endpoint_delay_ns}")
+        in_range("active chunks per dim", self.active_per_dim, 1, 1024)
+        in_range("endpoint delay", self.endpoint_delay_ns, 0, MAX_TIME_NS, "ns")
         if self.clock not in ("virtual", "wall"):
             raise UsageError(f"unknown clock {self.clock!r}; use virtual or wall")
-        if not (math.isfinite(self.time_scale) and 0 < self.time_scale <= 1e9):
-            raise UsageError(f"time scale must be > 0 and at most 1e9, got {self.time_scale}")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise UsageError(f"timeout must be a finite number of seconds > 0, got {self.timeout_s}")
+        in_range("time scale", self.time_scale, 1e-9, MAX_TIME_SCALE, "wall s per emulated s")
+        in_range("timeout", self.timeout_s, 0.1, MAX_TIMEOUT_S, "s")
 
 
 def share_orders(
@@ -217,8 +216,45 @@ class Backend(Protocol):
         """Every rank's trace events on rank 0 (None on the others)."""
         ...
 
-    def close(self) -> None:
-        """Free what the backend holds."""
+    def service(self) -> None:
+        """Answer liveness pings while this rank is busy on its own (writing outputs)."""
+
+    def close(self, barrier: bool = True) -> None:
+        """Wait for every rank (unless `barrier` is False), then free what the backend holds."""
+
+
+@contextmanager
+def _start_up_deadline(timeout_s: float) -> Iterator[None]:
+    """End this rank with one line if MPI_Init does not return within the timeout.
+
+    MPI_Init waits for every rank; one that died or stopped before reaching it would keep the
+    others there for ever (spinning, with the GIL held), out of reach of the watchdog, which
+    needs MPI itself. A forked guard process ends this one unless MPI starts in time.
+    """
+    if not hasattr(os, "fork"):
+        yield
+        return
+    read_fd, write_fd = os.pipe()
+    parent, guard = os.getpid(), os.fork()
+    if guard == 0:  # the guard: wait for the pipe to close, or give up
+        try:
+            os.close(write_fd)
+            ready, _, _ = select.select([read_fd], [], [], timeout_s)
+            if not ready:
+                if env_rank() == 0:
+                    line = f"MPI did not start within {timeout_s:g} s: a rank died or stopped before MPI_Init"
+                    os.write(2, f"themis-mpi: error: {line}; aborting\n".encode())
+                else:
+                    time.sleep(1.0)  # rank 0 says it once, before the launcher tears the job down
+                os.kill(parent, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    try:
+        yield
+    finally:
+        os.close(write_fd)  # the guard sees the pipe close and leaves
+        os.waitpid(guard, 0)
 
 
 @contextmanager
@@ -237,7 +273,8 @@ def open_backend(
                 f"topology {topology.label()} has {topology.npus} NPUs "
                 f"({'x'.join(map(str, topology.shape))}) but {ranks} MPI ranks were started"
             )
-        from mpi4py import MPI
+        with _start_up_deadline(timeout_s):
+            from mpi4py import MPI  # MPI_Init waits for every rank of the job
 
         from .mpi.transport import MpiBackend
 
@@ -248,5 +285,7 @@ def open_backend(
         backend = ModelBackend(topology)
     try:
         yield backend
-    finally:
-        backend.close()
+    except BaseException:
+        backend.close(barrier=False)  # the other ranks may be anywhere: the caller ends the job
+        raise
+    backend.close()

@@ -13,6 +13,7 @@ import sys
 
 LAUNCHER_RANK_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
 LAUNCHER_SIZE_KEYS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+LAUNCHER_LOCAL_SIZE_KEYS = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
 
 
 def env_rank() -> int:
@@ -29,6 +30,14 @@ def env_size() -> int | None:
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])
     return None
+
+
+def env_local_size() -> int:
+    """Ranks of this job on this machine (the launcher's word, else every rank of the job, else 1)."""
+    for key in LAUNCHER_LOCAL_SIZE_KEYS:
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return env_size() or 1
 
 
 def under_mpiexec() -> bool:

@@ -106,7 +106,10 @@ class ModelBackend:
         """The events themselves: the model's one NPU stands for every rank."""
         return events
 
-    def close(self) -> None:
+    def service(self) -> None:
+        """Nobody to answer."""
+
+    def close(self, barrier: bool = True) -> None:
         """Nothing to free."""
 
 

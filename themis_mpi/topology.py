@@ -16,6 +16,15 @@ import re
 from dataclasses import dataclass, replace
 
 from .errors import UsageError
+from .limits import (
+    MAX_BANDWIDTH_GBPS,
+    MAX_DIM_NPUS,
+    MAX_DIMS,
+    MAX_LATENCY_NS,
+    MAX_NPUS,
+    MIN_BANDWIDTH_GBPS,
+    in_range,
+)
 
 KINDS = ("Ring", "FullyConnected", "Switch")
 KIND_ALIASES = {
@@ -67,12 +76,10 @@ class Dim:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise UsageError(f"unknown dim kind {self.kind!r}; use one of {', '.join(KINDS)}")
-        if not isinstance(self.npus, int) or self.npus < 1:
-            raise UsageError(f"dim npus must be a positive integer, got {self.npus!r}")
-        if not math.isfinite(self.bandwidth_gbps) or self.bandwidth_gbps <= 0:
-            raise UsageError(f"dim bandwidth must be > 0 GB/s, got {self.bandwidth_gbps!r}")
-        if not math.isfinite(self.latency_ns) or self.latency_ns < 0:
-            raise UsageError(f"dim latency must be >= 0 ns, got {self.latency_ns!r}")
+        if not isinstance(self.npus, int) or not 1 <= self.npus <= MAX_DIM_NPUS:
+            raise UsageError(f"dim npus must be an integer between 1 and {MAX_DIM_NPUS}, got {self.npus!r}")
+        in_range("dim bandwidth", self.bandwidth_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s")
+        in_range("dim latency", self.latency_ns, 0, MAX_LATENCY_NS, "ns")
         algorithm = self.algorithm or default_algorithm(self.kind, self.npus)
         algorithm = ALGORITHM_ALIASES.get(algorithm, algorithm)
         if algorithm not in ALGORITHMS:
@@ -109,6 +116,10 @@ class Topology:
     def __post_init__(self):
         if not self.dims:
             raise UsageError("a topology needs at least one dim")
+        if len(self.dims) > MAX_DIMS:
+            raise UsageError(f"a topology has at most {MAX_DIMS} dims, got {len(self.dims)}")
+        if self.npus > MAX_NPUS:
+            raise UsageError(f"a topology has at most {MAX_NPUS} NPUs, got {self.npus}")
 
     @property
     def npus(self) -> int:
@@ -237,7 +248,7 @@ def parse_yaml(path: str) -> Topology:
     try:
         with open(path) as f:
             doc = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read topology file {path}: {str(exc).splitlines()[0]}") from None
     keys = ("topology", "npus_count", "bandwidth", "latency")
     if not isinstance(doc, dict) or any(k not in doc for k in keys):

@@ -5,7 +5,7 @@ parallel HDF5). It is written under a temporary name and renamed once complete, 
 never leaves a file at the trace path that looks whole. Plain h5py or h5dump read it; units are
 in the column names.
 
-Layout (format version 1)::
+Layout (format version 2)::
 
     /                  attrs: format, format_version, complete, transport, topology, topology_label,
                               npus, clock, time_scale, active_per_dim, endpoint_delay_ns, compat,
@@ -19,6 +19,9 @@ Layout (format version 1)::
     /events            rank, collective, chunk, stage, n_stages, op, dim, full_elems, bytes, slot, dim_seq,
                        queued_us, start_us, end_us, wall_start_s, wall_end_s
 
+Every dataset carries a ``sha256`` attribute, the digest of its bytes; a reader verifies it and
+the ranges of what it reads, so a damaged or forged file is refused with one line.
+
 Event times are virtual microseconds since the collective was issued; wall times are seconds
 since the rank's transport started. The model writes one NPU's events (rank 0), which stand for
 every NPU of a symmetric collective.
@@ -27,6 +30,7 @@ every NPU of a symmetric collective.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import pickle
@@ -35,7 +39,8 @@ import select
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -47,7 +52,7 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 FORMAT = "themis-mpi-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a sha256 attribute on every dataset
 
 EVENT_DTYPE = np.dtype(
     [
@@ -69,6 +74,11 @@ EVENT_DTYPE = np.dtype(
         ("wall_end_s", "<f8"),
     ]
 )
+
+
+def printable(text: str) -> str:
+    """Text that encodes as UTF-8: undecodable bytes of a command line become backslash escapes."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def versions() -> dict:
@@ -170,12 +180,23 @@ class TraceRecorder:
         """This rank's events of every recorded collective, as one table."""
         return np.concatenate(self.events) if self.events else np.zeros(0, EVENT_DTYPE)
 
-    def write(self, path: str, events: np.ndarray) -> None:
-        """Write the trace to a temporary name and rename it to `path` once complete."""
+    def write(self, path: str, events: np.ndarray, service: Callable[[], None] | None = None) -> None:
+        """Write the trace to a temporary name, in a child process, and rename it to `path` once complete.
+
+        `service` is called while the child writes (an MPI rank answers liveness pings meanwhile).
+        """
+        with atomic_path(path) as tmp:
+            in_child(
+                lambda: self._write_file(tmp, events), f"cannot write trace {path}", WRITE_TIMEOUT_S, service
+            )
+
+    def _write_file(self, path: str, events: np.ndarray) -> None:
         import h5py
 
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        with h5py.File(path, "w") as f:
             self._write(f, events)
+            for name in DATASETS:
+                f[name].attrs["sha256"] = checksum(f[name][()])
             f.attrs["complete"] = 1
 
     def _write(self, f, events: np.ndarray) -> None:
@@ -190,7 +211,7 @@ class TraceRecorder:
                 "topology": topo.spec(),
                 "topology_label": topo.label(),
                 "npus": topo.npus,
-                "command_line": " ".join(sys.argv),
+                "command_line": printable(" ".join(sys.argv)),
                 "start_time": self.start_time,
                 "versions": json.dumps(versions()),
                 **self.settings,
@@ -322,10 +343,18 @@ class Trace:
 
 
 READ_TIMEOUT_S = 60.0
+WRITE_TIMEOUT_S = 3600.0
+DATASETS = ("topology", "collectives", "schedule", "summary_dims", "events")
+T = TypeVar("T")
+
+
+def checksum(table: np.ndarray) -> str:
+    """SHA-256 of a table's bytes, stored with each dataset and verified on reading."""
+    return hashlib.sha256(np.ascontiguousarray(table).tobytes()).hexdigest()
 
 
 def _read(path: str):
-    """Attributes and tables of a trace, read in a forked child and sent back through a pipe.
+    """Attributes and tables of a trace, read in a forked child (see `in_child`).
 
     Fuzzing showed that on some damaged files the HDF5 library aborts the process, or corrupts
     its state so that it aborts at exit. The child takes those blows; this process never opens
@@ -333,33 +362,49 @@ def _read(path: str):
     """
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such trace file")
+    return in_child(lambda: _read_file(path), f"{path}: damaged trace", READ_TIMEOUT_S)
+
+
+def in_child(
+    fn: Callable[[], T], failed: str, timeout_s: float, service: Callable[[], None] | None = None
+) -> T:
+    """Run `fn` in a forked child and return its result; a crash, hang or error there is one line.
+
+    HDF5 can abort or segfault its process on a damaged file or a full disk. Run in a child, that
+    becomes a `UsageError` starting with `failed`. `service` is called while waiting (an MPI rank
+    answers liveness pings meanwhile).
+    """
     if not hasattr(os, "fork"):
-        return _read_file(path)
+        return fn()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # child
         try:
             os.close(r)
             try:
-                payload = ("ok", _read_file(path))
+                payload: tuple[str, Any] = ("ok", fn())
             except UsageError as exc:
                 payload = ("error", str(exc))
-            except Exception as exc:  # h5py raises many kinds on a damaged file
+            except Exception as exc:  # h5py raises many kinds
                 first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                payload = ("error", f"{path}: damaged trace ({first})")
+                payload = ("error", f"{failed} ({first})")
             with os.fdopen(w, "wb") as out:
                 pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
         finally:
             os._exit(0)
     os.close(w)
-    chunks, deadline = [], time.monotonic() + READ_TIMEOUT_S
+    chunks, deadline = [], time.monotonic() + timeout_s
     with os.fdopen(r, "rb") as pipe:
         while True:
-            ready, _, _ = select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
+            if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise UsageError(f"{path}: damaged trace (reading it did not finish in {READ_TIMEOUT_S:g} s)")
+                raise UsageError(f"{failed} (it did not finish in {timeout_s:g} s)")
+            if service is not None:
+                service()
+            ready, _, _ = select.select([pipe], [], [], 0.01)
+            if not ready:
+                continue
             data = os.read(pipe.fileno(), 1 << 20)
             if not data:
                 break
@@ -367,7 +412,7 @@ def _read(path: str):
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status) or not chunks:
         signal_note = f", signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else ""
-        raise UsageError(f"{path}: damaged trace (the HDF5 library crashed reading it{signal_note})")
+        raise UsageError(f"{failed} (the HDF5 library crashed{signal_note})")
     kind, value = pickle.loads(b"".join(chunks))
     if kind == "error":
         raise UsageError(value)
@@ -387,6 +432,55 @@ def _read_file(path: str):
         return _read_open(path, f)
 
 
+def _check_ranges(path: str, attrs: dict, topology, collectives, schedule, summary, events) -> None:
+    """Refuse a trace whose attributes or tables are out of their ranges (forged or damaged)."""
+    from .topology import parse_inline
+
+    def bad(what: str) -> UsageError:
+        return UsageError(f"{path}: damaged trace ({what})")
+
+    for key in ("topology", "npus", "transport", "active_per_dim", "endpoint_delay_ns"):
+        if key not in attrs:
+            raise bad(f"no {key!r} attribute")
+    try:
+        topo = parse_inline(str(attrs["topology"]))
+    except UsageError as exc:
+        raise bad(f"its topology: {exc}") from None
+    n_dims, npus = len(topo.dims), topo.npus
+    if int(attrs["npus"]) != npus or len(topology) != n_dims or not len(collectives):
+        raise bad("its topology, NPU count or collectives do not agree")
+    ids = collectives["collective"]
+    if (
+        (ids != np.arange(len(ids))).any()
+        or (collectives["chunks"] < 1).any()
+        or (collectives["count"] < 1).any()
+    ):
+        raise bad("collective ids, chunk counts or sizes out of range")
+    if (collectives["dims_mask"] < 1).any() or (collectives["dims_mask"] >= 1 << n_dims).any():
+        raise bad("involved dims out of range")
+    orders = schedule["order"]
+    if orders.ndim != 2 or orders.shape[1] != n_dims or (orders < 0).any() or (orders >= n_dims).any():
+        raise bad("chunk orders out of range")
+    times = (
+        np.stack([events["queued_us"], events["start_us"], events["end_us"]])
+        if len(events)
+        else np.zeros((3, 0))
+    )
+    if (
+        (events["rank"] < 0).any()
+        or (events["rank"] >= npus).any()
+        or (events["dim"] < 0).any()
+        or (events["dim"] >= n_dims).any()
+        or (events["collective"] < 0).any()
+        or (events["collective"] >= len(ids)).any()
+        or (events["bytes"] < 0).any()
+        or not np.isfinite(times).all()
+        or (times[0] > times[1]).any()
+        or (times[1] > times[2]).any()
+    ):
+        raise bad("events out of range")
+
+
 def _read_open(path: str, f):
     """Validate an open trace file and read its attributes and tables."""
     if f.attrs.get("format") != FORMAT:
@@ -399,11 +493,18 @@ def _read_open(path: str, f):
     if int(f.attrs.get("complete", 0)) != 1:
         raise UsageError(f"{path}: trace is marked incomplete (the run did not finish)")
     attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-    tables = [f[name][()] for name in ("topology", "collectives", "schedule", "summary_dims", "events")]
+    missing = [name for name in DATASETS if name not in f]
+    if missing:
+        raise UsageError(f"{path}: damaged trace (no {', '.join(missing)} table)")
+    tables = [f[name][()] for name in DATASETS]
+    for name, table in zip(DATASETS, tables):
+        if f[name].attrs.get("sha256") != checksum(table):
+            raise UsageError(f"{path}: damaged trace (the {name} table does not match its checksum)")
     for name, table, columns in (
         ("events", tables[4], EVENT_DTYPE.names),
         ("collectives", tables[1], COLLECTIVE_DTYPE.names),
     ):
         if table.dtype.names is None or set(columns or ()) - set(table.dtype.names):
             raise UsageError(f"{path}: damaged trace (the {name} table lacks columns)")
+    _check_ranges(path, attrs, *tables)
     return (attrs, *tables)

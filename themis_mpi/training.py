@@ -30,7 +30,6 @@ step of its loop; with ``compat="astra-sim-1.0"`` the loop does too (`TrainingLo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +37,7 @@ import numpy as np
 from .collectives import DTYPES, Collective
 from .engine import CollectiveRun, Engine, Event, ProcessGenerator
 from .errors import UsageError
+from .limits import MAX_CHUNKS, MAX_ITERS, MAX_SCALE, MAX_SIZE_BYTES, in_range
 from .topology import Topology
 from .workload import PHASES, Layer, Workload
 
@@ -61,16 +61,12 @@ class TrainingSpec:
     comm_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.chunks < 1:
-            raise UsageError(f"chunks must be >= 1, got {self.chunks}")
+        in_range("chunks", self.chunks, 1, MAX_CHUNKS)
         if self.dtype not in DTYPES:
             raise UsageError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPES)}")
-        if self.iterations < 1:
-            raise UsageError(f"iterations must be >= 1, got {self.iterations}")
-        if not (math.isfinite(self.compute_scale) and self.compute_scale >= 0):
-            raise UsageError(f"compute scale must be a finite number >= 0, got {self.compute_scale}")
-        if not (math.isfinite(self.comm_scale) and self.comm_scale > 0):
-            raise UsageError(f"comm scale must be a finite number > 0, got {self.comm_scale}")
+        in_range("iterations", self.iterations, 1, MAX_ITERS)
+        in_range("compute scale", self.compute_scale, 0, MAX_SCALE)
+        in_range("comm scale", self.comm_scale, 1 / MAX_SCALE, MAX_SCALE)
 
 
 def collective_of(
@@ -86,8 +82,13 @@ def collective_of(
     if p.op is None or p.size_bytes <= 0 or not dims:
         return None
     itemsize = np.dtype(spec.dtype).itemsize
-    size_bytes = p.size_bytes * (topology.group_npus(dims) if p.op == "all_gather" else 1)
-    count = max(1, int(size_bytes * spec.comm_scale) // itemsize)
+    size_bytes = p.size_bytes * (topology.group_npus(dims) if p.op == "all_gather" else 1) * spec.comm_scale
+    if size_bytes > MAX_SIZE_BYTES:
+        raise UsageError(
+            f"layer {layer.name}'s {phase} collective would move {size_bytes:.3g} B per NPU "
+            f"(at most {MAX_SIZE_BYTES} B)"
+        )
+    count = max(1, int(size_bytes) // itemsize)
     return Collective(p.op, count, spec.dtype, spec.chunks, dims)
 
 

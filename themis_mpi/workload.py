@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, replace
 
 from .errors import UsageError
+from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
 from .topology import Dim, Topology
 
 HEADERS = (
@@ -211,15 +212,17 @@ class _Tokens:
         self.pos += 1
         return self.items[self.pos - 1][0]
 
-    def number(self, what: str, integer: bool = False, minimum: float = 0.0) -> float:
+    def number(
+        self, what: str, integer: bool = False, minimum: float = 0.0, maximum: float = MAX_TIME_NS
+    ) -> float:
         tok = self.next(what)
         try:
             value = int(tok) if integer else float(tok)
         except ValueError:
             kind = "an integer" if integer else "a number"
             raise self.error(f"expected {what} ({kind})", self.pos - 1) from None
-        if not math.isfinite(value) or value < minimum:
-            raise self.error(f"{what} must be >= {minimum:g}", self.pos - 1)
+        if not math.isfinite(value) or not minimum <= value <= maximum:
+            raise self.error(f"{what} must be between {minimum:g} and {maximum:g}", self.pos - 1)
         return value
 
     def keyword(self, word: str) -> None:
@@ -254,7 +257,7 @@ def parse_workload(path: str) -> Workload:
             wl.checkpoint_initiates = toks.int_list("checkpoint-initiating layers")
     elif header.startswith("HYBRID_DLRM"):
         wl.dlrm_last_bottom_layer = int(toks.number("last bottom layer", integer=True))
-    n_layers = int(toks.number("the number of layers", integer=True, minimum=1))
+    n_layers = int(toks.number("the number of layers", integer=True, minimum=1, maximum=1_000_000))
     for i in range(n_layers):
         name = toks.next(f"layer {i}'s name")
         toks.number("the reserved (dependency) field", integer=True, minimum=-1)
@@ -266,7 +269,7 @@ def parse_workload(path: str) -> Workload:
                 raise toks.error(
                     f"unknown collective type (use one of {', '.join(COMM_TYPES)})", toks.pos - 1
                 )
-            size = int(toks.number(f"{phase} collective bytes", integer=True))
+            size = int(toks.number(f"{phase} collective bytes", integer=True, maximum=MAX_SIZE_BYTES))
             phases.append(Phase(compute, COMM_TYPES[kind], size if COMM_TYPES[kind] else 0))
         update = toks.number("weight update time")
         policy = header

@@ -1,9 +1,13 @@
-"""`themis-mpi ARGS` with one fault raised on one rank when its first collective starts.
+"""`themis-mpi ARGS` with one fault on one rank.
 
 Usage: ``mpiexec -n K python tests/jobs/inject_fault.py KIND RANK ARGS...`` with KIND one of
-``usage`` (a UsageError), ``bug`` (an unexpected exception) or ``stall`` (a `Stalled`).
+``usage`` (a UsageError), ``bug`` (an unexpected exception) or ``stall`` (a `Stalled`), raised
+when the rank's first collective starts, or ``freeze-start`` / ``freeze-write`` (the rank stops
+itself, SIGSTOP, before the start-up barrier / when it starts writing the trace).
 """
 
+import os
+import signal
 import sys
 
 from mpi4py import MPI
@@ -11,6 +15,8 @@ from mpi4py import MPI
 from themis_mpi import cli, driver
 from themis_mpi.errors import UsageError
 from themis_mpi.mpi.progress import Stalled
+from themis_mpi.mpi.transport import MpiBackend
+from themis_mpi.trace import TraceRecorder
 
 KIND, RANK = sys.argv[1], int(sys.argv[2])
 FAULTS = {
@@ -18,15 +24,31 @@ FAULTS = {
     "bug": ZeroDivisionError("injected bug"),
     "stall": Stalled("injected stall"),
 }
-original = driver.run_collective
+run_collective, write, backend_init = driver.run_collective, TraceRecorder.write, MpiBackend.__init__
 
 
-def faulty(*args, **kwargs):
+def faulty_run(*args, **kwargs):
     """Raise the fault on RANK, run normally elsewhere (the others wait for RANK)."""
-    if MPI.COMM_WORLD.Get_rank() == RANK:
+    if KIND in FAULTS and MPI.COMM_WORLD.Get_rank() == RANK:
         raise FAULTS[KIND]
-    return original(*args, **kwargs)
+    return run_collective(*args, **kwargs)
 
 
-driver.run_collective = faulty
+def frozen_write(self, *args, **kwargs):
+    """Freeze RANK as it starts writing the trace."""
+    if KIND == "freeze-write" and MPI.COMM_WORLD.Get_rank() == RANK:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return write(self, *args, **kwargs)
+
+
+def frozen_start(self, *args, **kwargs):
+    """Freeze RANK after MPI_Init, before its start-up barrier."""
+    if KIND == "freeze-start" and MPI.COMM_WORLD.Get_rank() == RANK:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    backend_init(self, *args, **kwargs)
+
+
+driver.run_collective = faulty_run
+MpiBackend.__init__ = frozen_start
+TraceRecorder.write = frozen_write
 sys.exit(cli.main(sys.argv[3:]))

@@ -89,13 +89,17 @@ class Watchdog:
             f"rank {self.comm.Get_rank()}: no progress for {self.timeout_s:g} s {what}; {self.lost_ranks()}"
         )
 
-    def backoff(self, describe: Callable[[], str]) -> Backoff:
+    def backoff(self, describe: Callable[[], str], patient: bool = False) -> Backoff:
         """A pause helper for one waiting loop; `describe()` says what it waits for."""
-        return Backoff(self, describe)
+        return Backoff(self, describe, patient)
 
-    def wait(self, request: MPI.Request, what: str) -> None:
-        """Complete a nonblocking request quietly (control collectives go through here)."""
-        backoff = self.backoff(lambda: f"in {what}")
+    def wait(self, request: MPI.Request, what: str, patient: bool = False) -> None:
+        """Complete a nonblocking request quietly (control collectives go through here).
+
+        A `patient` wait (for a rank that is busy on its own, such as rank 0 writing a trace)
+        gives up only when a peer stops answering pings, not after `timeout_s` of waiting.
+        """
+        backoff = self.backoff(lambda: f"in {what}", patient)
         try:
             while not request.Test():
                 backoff.pause()
@@ -123,11 +127,12 @@ class Backoff:
 
     The first `YIELDS` pauses give the core away (``sched_yield``), which costs little when a
     peer is runnable; after that the rank sleeps from 20 us, doubling up to `MAX_SLEEP_S`.
-    `reset` after progress. A pause more than the timeout after the last reset raises `Stalled`.
+    `reset` after progress. A pause more than the timeout after the last reset raises `Stalled`,
+    or, when `patient`, pings every rank and raises only if one stays silent.
     """
 
-    def __init__(self, watchdog: Watchdog, describe: Callable[[], str]):
-        self.watchdog, self.describe = watchdog, describe
+    def __init__(self, watchdog: Watchdog, describe: Callable[[], str], patient: bool = False):
+        self.watchdog, self.describe, self.patient = watchdog, describe, patient
         self.reset()
 
     def reset(self) -> None:
@@ -138,7 +143,16 @@ class Backoff:
         """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
         self.watchdog.service()
         if time.monotonic() - self.since > self.watchdog.timeout_s:
-            raise self.watchdog.stalled(self.describe())
+            if not self.patient:
+                raise self.watchdog.stalled(self.describe())
+            silent = self.watchdog.silent()
+            if silent:
+                me, waited = self.watchdog.comm.Get_rank(), self.watchdog.timeout_s
+                raise Stalled(
+                    f"rank {me}: waited {waited:g} s {self.describe()}; "
+                    f"rank(s) {', '.join(map(str, silent))} did not answer (died or stopped)"
+                )
+            self.reset()
         self.idle += 1
         if self.idle <= YIELDS:
             os.sched_yield()

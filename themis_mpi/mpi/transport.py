@@ -25,7 +25,7 @@ from ..cost import A2A, AG, RS, CostModels
 from ..engine import CollectiveRun, StageRun, make_clock
 from ..topology import Topology
 from .grid import CartGrid
-from .progress import Stalled
+from .progress import Stalled, Watchdog
 
 if TYPE_CHECKING:
     from ..driver import RunConfig
@@ -341,7 +341,10 @@ class MpiTransport:
             dues = [ex.t_ns + ex.costs[ex.k] for ex in self._active if ex.end_ns is None and ex.pending == 0]
             if horizon_ns < math.inf:
                 dues.append(horizon_ns)
-            backoff.pause(self.clock.seconds_until(min(dues)) if dues and self.clock.name == "wall" else None)
+            wait_s = self.clock.seconds_until(min(dues)) if dues and self.clock.name == "wall" else None
+            backoff.pause(wait_s)
+            if wait_s is not None and wait_s > 0:
+                backoff.reset()  # waiting for our own deadline: silence counts from when it passes
 
 
 class MpiBackend:
@@ -351,6 +354,10 @@ class MpiBackend:
 
     def __init__(self, comm: MPI.Intracomm, topology: Topology, timeout_s: float):
         self.topology = topology
+        self.world = Watchdog(comm, timeout_s)  # start-up and the last barrier, before and after the grid
+        # MPI's communicator constructors block; line the ranks up quietly first, so a rank that is
+        # frozen or dead at start-up is named within the timeout instead of hanging everybody
+        self.world.wait(comm.Ibarrier(), "the start-up barrier")
         self.grid = CartGrid(comm, topology, timeout_s)
         self.rank = self.grid.rank
 
@@ -373,6 +380,20 @@ class MpiBackend:
         )
         return everything
 
-    def close(self) -> None:
-        """Free the grid's communicators."""
-        self.grid.close()
+    def service(self) -> None:
+        """Answer liveness pings while this rank is busy on its own (rank 0 writing outputs)."""
+        self.grid.watchdog.service()
+        self.world.service()
+
+    def close(self, barrier: bool = True) -> None:
+        """Wait for every rank (rank 0 may still be writing), then free the grid's communicators.
+
+        The wait is patient: it ends the job only if a rank stops answering pings, so a long
+        trace write is fine and a frozen writer is named.
+        """
+        try:
+            if barrier:
+                self.grid.watchdog.wait(self.grid.cart.Ibarrier(), "the final barrier", patient=True)
+        finally:
+            self.grid.close()
+            self.world.close()
