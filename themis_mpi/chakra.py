@@ -711,7 +711,7 @@ def workload_text(workload: Any) -> str:
     """A text workload in the ASTRA-sim 1.0 format (tab-separated, as `traces/` has it)."""
     header = workload.parallelism
     if header.startswith("HYBRID_TRANSFORMER"):
-        header += f" model_parallel_NPU_group: {workload.model_parallel_group}"
+        header += f"\tmodel_parallel_NPU_group: {workload.model_parallel_group}"
         if header.startswith("HYBRID_TRANSFORMER_FWD_IN_BCKWD"):
             header += f" checkpoints: {len(workload.checkpoints)} " + " ".join(map(str, workload.checkpoints))
             header += f" checkpoint_initiates: {len(workload.checkpoint_initiates)} "
@@ -739,7 +739,7 @@ def et_to_workload_text(trace: EtTrace) -> str:
     header = parallelism
     group = trace.attr("themis_model_parallel_group")
     if parallelism.startswith("HYBRID_TRANSFORMER"):
-        header += f" model_parallel_NPU_group: {group}"
+        header += f"\tmodel_parallel_NPU_group: {group}"
         if parallelism == "HYBRID_TRANSFORMER_FWD_IN_BCKWD":
             checkpoints = trace.attr("themis_checkpoints", [])
             initiates = trace.attr("themis_checkpoint_initiates", [])
