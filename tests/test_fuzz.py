@@ -178,3 +178,35 @@ def test_any_flipped_byte_of_a_tables_data_is_refused(tmp_path, trace_bytes, dat
     path.write_bytes(bytes(flipped))
     with pytest.raises(UsageError):
         Trace(str(path))
+
+
+CHAKRA_SAMPLE = sorted((DATA / "astra-sim-chakra-et" / "all_reduce" / "8npus_1MB").glob("*.et"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_truncated_or_corrupted_chakra_traces(data):
+    """A cut or byte-flipped .et file: it parses, or a one-line UsageError names file, byte and record."""
+    from themis_mpi.chakra import parse_et_bytes
+
+    raw = bytearray(CHAKRA_SAMPLE[data.draw(st.integers(0, len(CHAKRA_SAMPLE) - 1))].read_bytes())
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    for _ in range(data.draw(st.integers(0, 4))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        parse_et_bytes(bytes(raw), "fuzz.et")
+    except UsageError as exc:
+        message = str(exc)
+        assert "\n" not in message and message.startswith("fuzz.et: byte ")
+        assert "GlobalMetadata" in message or ": node " in message
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_as_a_chakra_trace(raw):
+    """Any bytes: an ET trace, or a one-line UsageError."""
+    from themis_mpi.chakra import parse_et_bytes
+
+    accepts_or_usage_error(parse_et_bytes, raw, "r.et")

@@ -1,5 +1,6 @@
 """Rules for ASTRA-sim 1.0 text workloads and training-iteration replay."""
 
+import gzip
 import hashlib
 import json
 import subprocess
@@ -31,11 +32,15 @@ def test_shipped_data_are_verbatim_copies():
         digest, name = line.split(maxsplit=1)
         listed[name] = digest
     shipped = sorted(
-        str(p.relative_to(DATA)) for p in DATA.rglob("*") if p.is_file() and p.suffix in (".txt", ".csv")
+        str(p.relative_to(DATA)).removesuffix(".gz")
+        for p in DATA.rglob("*")
+        if p.is_file() and (p.suffix in (".txt", ".csv", ".et") or p.name.endswith(".et.gz"))
     )
     assert sorted(listed) == shipped
     for name, digest in listed.items():
-        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+        path = DATA / name
+        data = path.read_bytes() if path.exists() else gzip.decompress((DATA / f"{name}.gz").read_bytes())
+        assert hashlib.sha256(data).hexdigest() == digest, name
 
 
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=lambda p: p.name)

@@ -391,8 +391,16 @@ def window_busy_pct(
         else:
             merged.append([a, b])
     shares = []
+    first = 0  # spans before it end before the current window (they would add 0.0)
     for w in range(n_windows):
         lo, hi = start_ns + w * window_ns, start_ns + (w + 1) * window_ns
-        busy = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
+        busy: float = 0  # as sum() starts, so the sums are bit-identical
+        k = first
+        while k < len(merged) and merged[k][0] < hi:
+            a, b = merged[k]
+            busy += max(0.0, min(b, hi) - max(a, lo))
+            k += 1
+        while first < len(merged) and merged[first][1] <= hi:
+            first += 1
         shares.append(100.0 * busy / window_ns)
     return sum(shares) / len(shares)

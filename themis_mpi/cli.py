@@ -1,6 +1,6 @@
 """The `themis-mpi` command: options in, domain objects out, library calls, tables printed.
 
-Subcommands: run (under mpiexec), model, train, replay, analyze, export, topologies, info. Sizes
+Subcommands: run (under mpiexec), model, train, convert, replay, analyze, export, topologies, info. Sizes
 follow nccl-tests: ``-b`` first size, ``-e`` last size, ``-f`` factor between sizes, with binary
 suffixes K, M, G (64M = 64 * 2^20 bytes). Bandwidths are GB/s with 1 GB = 2^30 bytes.
 
@@ -33,7 +33,7 @@ from .engine import INTRA_POLICIES
 from .errors import UsageError
 from .launch import env_rank, under_mpiexec
 from .limits import MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
-from .output import check_output_path, write_json
+from .output import atomic_path, check_output_path, write_json
 from .policies import POLICIES
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
 
@@ -229,9 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train",
         help="training iterations of a workload (model, or the emulator under mpiexec)",
-        description=f"Replay training iterations of an ASTRA-sim 1.0 text workload. Units: {UNITS}.",
+        description="Replay training iterations of an ASTRA-sim 1.0 text workload, or a Chakra execution "
+        f"trace (.et file, or the prefix of prefix.<rank>.et files). Units: {UNITS}.",
     )
-    train.add_argument("workload", metavar="WORKLOAD", help="ASTRA-sim 1.0 text workload file")
+    train.add_argument(
+        "workload",
+        metavar="WORKLOAD",
+        help="ASTRA-sim 1.0 text workload, Chakra .et file (every rank runs it) "
+        "or the prefix of prefix.<rank>.et files",
+    )
     _add_topology(train)
     _add_schedule(train, "float32")
     train.add_argument("-n", "--iters", type=int, default=2, help="training iterations (default 2)")
@@ -247,8 +253,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="factor on every collective's size (bytes in the file; default 1)",
     )
+    train.add_argument(
+        "--comm-group",
+        metavar="JSON",
+        default=None,
+        help='Chakra traces: communicator groups {"id": [npu, ...]} for pg_name (ASTRA-sim\'s '
+        "--comm-group-configuration)",
+    )
     _add_mpi(train)
     train.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+
+    convert = sub.add_parser(
+        "convert",
+        help="convert a text workload to a Chakra ET file and back",
+        description="IN.txt -> OUT.et (or OUT.et.gz): the text loop as an execution graph for a topology "
+        "(it decides each collective's involved_dim). IN.et -> OUT.txt: the text workload an ET converted "
+        "here came from.",
+    )
+    convert.add_argument("input", metavar="IN", help="text workload or .et file")
+    convert.add_argument("output", metavar="OUT", help="output: .et / .et.gz, or a text file")
+    convert.add_argument("-t", "--topology", default="2x2x2", help="topology for text -> ET (default 2x2x2)")
+    convert.add_argument(
+        "-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)"
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -447,12 +474,122 @@ def cmd_model(args: argparse.Namespace) -> int:
     return _collective_sweep(args, False, "model")
 
 
+def _train_graph(args: argparse.Namespace) -> int:
+    """`themis-mpi train` on a Chakra trace: the graph under each policy."""
+    from .driver import open_backend, run_graph
+    from .graph import graph_collectives, load_graph, plan_graph
+    from .training import TrainingSpec
+    from .workload import Workload
+
+    graph = load_graph(args.workload, args.comm_group)
+    given = _topology(args)
+    topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
+    spec = TrainingSpec(args.chunks, args.dtype, 1, args.compute_scale, args.comm_scale)
+    configs = _configs(args)
+    use_mpi = under_mpiexec()
+    if not graph.symmetric and len(graph.traces) != topo.npus:
+        raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
+    ranks = range(topo.npus) if use_mpi else [0]
+    collectives = graph_collectives(graph, topo, spec, ranks)  # refused on every rank before MPI starts
+    plan = plan_graph(graph.trace(0), topo, 0, spec, graph.groups)
+    if use_mpi and collectives:
+        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
+    with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
+        if backend.rank == 0:
+            _check_outputs(args.json)
+        rows = [
+            run_graph(backend.transport(config), graph, policy, spec, ranks) for policy, config in configs
+        ]
+        if backend.rank == 0:
+            _report_graph(args, graph, plan, collectives, given, topo, spec, rows, use_mpi)
+    return 0
+
+
+def _report_graph(args, graph, plan, collectives, given: Topology, topo: Topology, spec, rows, use_mpi):
+    """The `train` table of a Chakra trace and its JSON."""
+    trace = graph.trace(0)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
+    files = "1 file for every rank" if graph.symmetric else f"{len(graph.traces)} per-rank files"
+    print(
+        f"# Chakra trace {args.workload}: {files}; "
+        f"rank 0: {len(trace.nodes)} nodes ({kinds}); {plan.collectives} collectives on the network "
+        f"({len(collectives)} distinct), {plan.messages} point-to-point messages; "
+        f"{plan.missing_deps} deps on absent nodes ignored, {plan.dropped_ctrl_deps} cyclic ctrl deps dropped"
+    )
+    print(
+        f"# topology {topo.label()}, {topo.npus} NPUs; {graph.iterations} iteration(s) in the graph, "
+        f"{spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
+    )
+    if topo != given:
+        print(
+            f"# model-parallel group {graph.model_parallel_group} splits a dim: "
+            f"{given.spec()} runs as {topo.spec()}"
+        )
+    _print_training_rows(rows, topo)
+    if args.json:
+        write_json(args.json, [r.to_dict() for r in rows])
+
+
+def _print_training_rows(rows: list, topo: Topology) -> None:
+    """The rows of `train`, with the speedup over the baseline."""
+    base = next((r for r in rows if r.policy == "baseline"), None)
+    for r in rows:
+        r.speedup = base.iteration_us / r.iteration_us if base and r.iteration_us else None
+    dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(len(topo.dims)))
+    print(
+        f"#{'policy':>9} {'intra':>5} {'iteration_us':>13} {'compute_us':>11} {'exposed_us':>11} "
+        f"{'colls':>6} {'#wrong':>7}{dim_cols} {'speedup':>8}"
+    )
+    for r in rows:
+        wrong = "N/A" if r.wrong is None else r.wrong
+        speed = f"{r.speedup:.3f}x" if r.speedup else "-"
+        print(
+            f" {r.policy:>9} {r.intra:>5} {r.iteration_us:>13.2f} {r.compute_us:>11.2f} "
+            f"{r.exposed_comm_us:>11.2f} {r.collectives:>6} {wrong:>7}"
+            + "".join(f" {100 * d.utilization:>6.1f}" for d in r.dims)
+            + f" {speed:>8}"
+        )
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """`themis-mpi convert`: text workload -> Chakra ET, or ET -> text workload."""
+    from . import chakra
+    from .graph import is_et_source
+    from .workload import parse_workload
+
+    in_range("--iters", args.iters, 1, MAX_ITERS)
+    check_output_path(args.output, inputs=(args.input,))
+    if is_et_source(args.input):
+        text = chakra.et_to_workload_text(chakra.read_et(args.input))
+        with atomic_path(args.output) as tmp, open(tmp, "w") as f:
+            f.write(text)
+        print(f"# wrote {args.output}: the text workload of {args.input}")
+        return 0
+    if not args.output.endswith((".et", ".et.gz")):
+        raise UsageError(f"{args.output}: a text workload converts to a .et or .et.gz file")
+    wl = parse_workload(args.input)
+    topo = parse_topology(args.topology)
+    trace = chakra.workload_to_et(wl, topo, args.iters, args.output)
+    chakra.write_et(args.output, trace)
+    counts = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
+    print(
+        f"# wrote {args.output}: {len(trace.nodes)} nodes ({counts}), {args.iters} iteration(s) of "
+        f"{args.input} ({wl.parallelism}, {len(wl.layers)} layers) on {wl.fit_topology(topo).label()}"
+    )
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """`themis-mpi train`: training iterations of a workload under each policy, with the speedup."""
     from .driver import open_backend, run_training
+    from .graph import is_et_source
     from .training import TrainingSpec, distinct_collectives
     from .workload import parse_workload
 
+    if is_et_source(args.workload):
+        return _train_graph(args)
+    if args.comm_group:
+        raise UsageError("--comm-group applies to Chakra traces only")
     wl = parse_workload(args.workload)
     given = _topology(args)
     topo = wl.fit_topology(given)
@@ -472,10 +609,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _report_training(args, wl, given: Topology, topo: Topology, spec, rows: list, use_mpi: bool) -> None:
-    """The `train` table (with each policy's speedup over the baseline) and its JSON."""
-    base = next((r for r in rows if r.policy == "baseline"), None)
-    for r in rows:
-        r.speedup = base.iteration_us / r.iteration_us if base and r.iteration_us else None
+    """The `train` table of a text workload and its JSON."""
     print(
         f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology {topo.label()}, "
         f"{topo.npus} NPUs; {spec.iterations} iterations, {spec.chunks} chunks per collective, "
@@ -484,20 +618,7 @@ def _report_training(args, wl, given: Topology, topo: Topology, spec, rows: list
     if topo != given:
         group = wl.model_parallel_group
         print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
-    dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(len(topo.dims)))
-    print(
-        f"#{'policy':>9} {'intra':>5} {'iteration_us':>13} {'compute_us':>11} {'exposed_us':>11} "
-        f"{'colls':>6} {'#wrong':>7}{dim_cols} {'speedup':>8}"
-    )
-    for r in rows:
-        wrong = "N/A" if r.wrong is None else r.wrong
-        speed = f"{r.speedup:.3f}x" if r.speedup else "-"
-        print(
-            f" {r.policy:>9} {r.intra:>5} {r.iteration_us:>13.2f} {r.compute_us:>11.2f} "
-            f"{r.exposed_comm_us:>11.2f} {r.collectives:>6} {wrong:>7}"
-            + "".join(f" {100 * d.utilization:>6.1f}" for d in r.dims)
-            + f" {speed:>8}"
-        )
+    _print_training_rows(rows, topo)
     if args.json:
         write_json(args.json, [r.to_dict() for r in rows])
 
@@ -620,6 +741,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "model": cmd_model,
     "train": cmd_train,
+    "convert": cmd_convert,
     "replay": cmd_replay,
     "analyze": cmd_analyze,
     "export": cmd_export,

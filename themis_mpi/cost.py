@@ -38,6 +38,7 @@ from .errors import UsageError
 from .topology import Dim, Topology
 
 RS, AG, A2A, AR = "RS", "AG", "A2A", "AR"
+P2P = "P2P"  # a point-to-point message (`CostModel.p2p_ns`), not a collective stage
 ASTRA_SIM_1_0 = "astra-sim-1.0"
 ASTRA_ENDPOINT_DELAY_NS = 10.0  # endpoint-delay of ASTRA-sim 1.0's system configurations
 ASTRA_CYCLE_NS = 1.0  # one cycle of ASTRA-sim's clock: every step of its workload loop takes one
@@ -199,6 +200,21 @@ class CostModel:
         t = start_ns
         for step_ns in self.step_times_ns(dim_index, op, full_elems):
             t = t + step_ns
+        return t
+
+    def p2p_ns(self, path: tuple[tuple[int, int], ...], n_bytes: int) -> float:
+        """A point-to-point message of n_bytes over `path`, a tuple of (dim, hops) in dim order.
+
+        Store and forward, one dim after the other: on each dim it takes ``hops * latency_ns +
+        n_bytes / link_bandwidth + endpoint_delay_ns``, where a FullyConnected link is B/(P-1)
+        and a Ring or Switch port B; hops are the ring distance on a Ring, 2 on a Switch, 1 on
+        a FullyConnected dim.
+        """
+        t = 0.0
+        for d, hops in path:
+            dim = self.topology.dims[d]
+            link = dim.bandwidth_bytes_per_ns / (dim.npus - 1 if dim.kind == "FullyConnected" else 1)
+            t = t + (hops * dim.latency_ns + n_bytes / link + self.endpoint_delay_ns)
         return t
 
     def stage_bytes(self, dim_index: int, op: str, full_elems: int) -> int:

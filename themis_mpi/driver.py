@@ -24,6 +24,7 @@ from .collectives import Collective
 from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, check_compat
 from .engine import INTRA_POLICIES, CollectiveRun, Engine, Transport
 from .errors import UsageError
+from .graph import Graph, GraphReplay, graph_collectives, plan_graph
 from .launch import env_rank, env_size
 from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
 from .policies import chunk_orders, fuses_last_dim
@@ -190,6 +191,56 @@ def run_training(transport: Transport, workload: Workload, policy: str, spec: Tr
         wrong=_wrong(transport, engine.collectives),
         wall_s=wall_s,
         workload=workload.path,
+        topology=topo.label(),
+        npus=topo.npus,
+    )
+
+
+def run_graph(
+    transport: Transport, graph: Graph, policy: str, spec: TrainingSpec, ranks: Sequence[int] | None = None
+) -> TrainingResult:
+    """A Chakra execution graph (`graph`) once; every collective and message on real data in MPI.
+
+    `ranks` whose graphs give the distinct collectives: all of them by default under MPI, rank
+    0 on the model. ``iterations`` and the per-iteration times come from the graph's
+    ``themis_iterations`` metadata (1 unless it was converted from a text workload).
+    """
+    topo, config = transport.topology, transport.config
+    if ranks is None:
+        ranks = range(topo.npus) if transport.name == "mpi" else [0]
+    plan = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
+    if plan.messages and config.compat:
+        raise UsageError("point-to-point messages are not supported with --compat")
+    collectives = graph_collectives(graph, topo, spec, ranks)
+    orders = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    engine = Engine(topo, transport, config.intra, config.active_per_dim, config.compat)
+    replay = GraphReplay(plan, orders, fuses_last_dim(policy))
+    t0 = _start(transport, engine, "the graph replay")
+    engine.process(replay.process(engine))
+    engine.run()
+    wall_s = float(transport.reduce([time.perf_counter() - t0 - transport.check_s], "max")[0])
+    total_ns, iterations = engine.now_ns, graph.iterations
+    mean_ns, compute_ns = total_ns / iterations, plan.compute_ns / iterations
+    wrong = None
+    if transport.checks_data:
+        mine = sum(r.wrong or 0 for r in engine.collectives) + sum(m.wrong or 0 for m in engine.messages)
+        wrong = int(transport.reduce(np.array([mine], np.int64), "sum")[0])
+    return TrainingResult(
+        policy=policy,
+        intra=config.intra,
+        chunks=spec.chunks,
+        transport=transport.name,
+        iterations=iterations,
+        total_us=total_ns / 1e3,
+        iteration_us=mean_ns / 1e3,
+        last_iteration_us=mean_ns / 1e3,
+        compute_us=compute_ns / 1e3,
+        exposed_comm_us=max(0.0, mean_ns - compute_ns) / 1e3,
+        collectives=replay.collectives_issued,
+        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns)),
+        wrong=wrong,
+        wall_s=wall_s,
+        workload=graph.source,
         topology=topo.label(),
         npus=topo.npus,
     )

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from .collectives import Collective, Stage, chunk_stages
-from .cost import AR, ASTRA_SIM_1_0, CostModel, check_compat
+from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel, check_compat
 from .errors import UsageError
 from .topology import Topology
 
@@ -174,6 +174,32 @@ class StageRun:
     start_seq: int = -1
     wall_start_s: float = math.nan
     wall_end_s: float = math.nan
+
+
+@dataclass(eq=False)
+class MessageRun(StageRun):
+    """A point-to-point message on this NPU, a send or a receive (`Engine.message`).
+
+    It takes no dim slot and shares no queue: it starts when issued and ends, on both NPUs, at
+    ``max(send issue, receive issue) + CostModel.p2p_ns(path, nbytes)``. ``done`` triggers then.
+
+    Attributes:
+        peer: the other NPU's rank.
+        send: True on the sender.
+        nbytes: message bytes.
+        tag: the trace's tag (sends and receives of one pair and tag match in issue order).
+        path: (dim, hops) of every dim the message crosses, in dim order.
+        wrong: bytes received that differ from the closed form (receiver, emulator only).
+        done: triggers when the message is complete on this NPU.
+    """
+
+    peer: int = -1
+    send: bool = True
+    nbytes: int = 0
+    tag: int = 0
+    path: tuple[tuple[int, int], ...] = ()
+    wrong: int | None = None
+    done: Event = field(default_factory=Event)
 
 
 @dataclass(eq=False)
@@ -315,6 +341,7 @@ class Engine:
         self.now_ns = 0.0
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
+        self.messages: list[MessageRun] = []
         self._timers: list[tuple[float, int, Event]] = []
         self._timer_seq = 0
         self._running = 0
@@ -364,6 +391,22 @@ class Engine:
                 self._claim_free((chunk_list[0].dim,))
         if run.chunks_left == 0:
             self._collective_done(run)
+        return run
+
+    def message(
+        self, peer: int, path: tuple[tuple[int, int], ...], nbytes: int, tag: int, send: bool
+    ) -> MessageRun:
+        """Issue a point-to-point send (or receive) now; yield ``run.done`` to wait for it."""
+        dim = path[0][0] if path else 0
+        stage = Stage(-1, len(self.messages), 0, 1, dim, P2P, nbytes, nbytes, 1)
+        run = MessageRun(
+            stage, self.now_ns, self.now_ns, peer=peer, send=send, nbytes=nbytes, tag=tag, path=path
+        )
+        run.start_seq = self._n_started
+        self._n_started += 1
+        self.messages.append(run)
+        self._running += 1
+        self._claimed.append(run)
         return run
 
     def timeout(self, delay_ns: float) -> Event:
@@ -427,6 +470,10 @@ class Engine:
 
     def _finish(self, run: StageRun) -> int | None:
         """Free the stage's slot and queue its chunk's next stage; returns that stage's dim."""
+        if isinstance(run, MessageRun):
+            self._running -= 1
+            run.done.succeed(run)
+            return None
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
         self._running -= 1

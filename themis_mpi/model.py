@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .cost import CostModels
-from .engine import CollectiveRun, StageRun, VirtualClock
+from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .topology import Topology
 
@@ -74,7 +74,10 @@ class ModelTransport:
     def start(self, run: StageRun) -> None:
         """Schedule the stage's completion from the cost model."""
         s = run.stage
-        end_ns = self.cost(s.itemsize).stage_end_ns(s.dim, s.op, s.full_elems, run.start_ns)
+        if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
+            end_ns = run.start_ns + self.cost(1).p2p_ns(run.path, run.nbytes)
+        else:
+            end_ns = self.cost(s.itemsize).stage_end_ns(s.dim, s.op, s.full_elems, run.start_ns)
         heapq.heappush(self._heap, (end_ns, self._seq, run))
         self._seq += 1
 

@@ -22,7 +22,7 @@ from ..algorithms import Step, plan, plan_all_to_all
 from ..check import count_wrong, fill_input
 from ..collectives import Collective, owned_region, rs_dims
 from ..cost import A2A, AG, RS, CostModels
-from ..engine import CollectiveRun, StageRun, make_clock
+from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
 from ..topology import Topology
 from .grid import CartGrid
 from .progress import Stalled, Watchdog
@@ -30,6 +30,7 @@ from .progress import Stalled, Watchdog
 if TYPE_CHECKING:
     from ..driver import RunConfig
 
+P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
@@ -84,6 +85,33 @@ class _StageExec:
         return t
 
 
+def p2p_payload(src: int, dst: int, tag: int, nbytes: int) -> np.ndarray:
+    """The closed-form bytes a point-to-point message carries: they depend on both ends and the tag."""
+    return ((np.arange(nbytes, dtype=np.int64) * 7 + src * 131 + dst * 17 + tag * 3) % 251).astype(np.uint8)
+
+
+class _MessageExec:
+    """One point-to-point message on this rank: its header exchange and its data.
+
+    Both ends send their issue time to the other (the sender with the data, the receiver as an
+    acknowledgement); both end at ``max(own issue, peer's issue) + cost``.
+    """
+
+    __slots__ = ("run", "t_ns", "costs", "k", "pending", "hdr_send", "hdr_recv", "data", "end_ns", "bound_ns")
+
+    def __init__(self, run: MessageRun, cost_ns: float):
+        self.run = run
+        self.t_ns = run.start_ns
+        self.costs = (cost_ns,)
+        self.k = 0
+        self.pending = 0
+        self.hdr_send = np.array([run.start_ns])
+        self.hdr_recv = np.empty(1)
+        self.data = np.empty(run.nbytes, np.uint8)
+        self.end_ns: float | None = None
+        self.bound_ns = run.start_ns + cost_ns  # the end is never earlier
+
+
 class _Data:
     """A collective's buffer on this rank and the region stack of each chunk."""
 
@@ -114,9 +142,10 @@ class MpiTransport:
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
         self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat)
         self._data: dict[int, _Data] = {}
-        self._active: list[_StageExec] = []
+        self._active: list[_StageExec | _MessageExec] = []
         self._reqs: list[MPI.Request] = []
-        self._owner: list[tuple[_StageExec, int]] = []  # (stage, peer's world rank) per request
+        # (stage or message, peer's world rank) per request
+        self._owner: list[tuple[_StageExec | _MessageExec, int]] = []
         self._spare: list[np.ndarray] = []  # scratch bytes of finished stages, for reuse
         self._buffers: list[np.ndarray] = []  # buffers of finished collectives, for reuse
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
@@ -178,6 +207,9 @@ class MpiTransport:
 
     def start(self, run: StageRun) -> None:
         """Post the first step of a stage the engine just started."""
+        if isinstance(run, MessageRun):
+            self._start_message(run)
+            return
         s = run.stage
         topo = self.topology
         dim = topo.dims[s.dim]
@@ -207,6 +239,46 @@ class MpiTransport:
         run.wall_start_s = time.perf_counter()
         self._active.append(ex)
         self._post(ex)
+
+    def _start_message(self, run: MessageRun) -> None:
+        """Post a point-to-point message's header exchange and data on the Cartesian communicator."""
+        ex = _MessageExec(run, self.cost(1).p2p_ns(run.path, run.nbytes))
+        comm, peer = self.grid.cart, run.peer
+        data_tag = P2P_TAG_BASE + 2 * (run.tag % P2P_TAGS)
+        run.wall_start_s = time.perf_counter()
+        if run.send:
+            ex.data[:] = p2p_payload(self.rank, peer, run.tag, run.nbytes)
+            reqs = [
+                comm.Irecv(ex.hdr_recv, peer, data_tag + 1),
+                comm.Isend(ex.hdr_send, peer, data_tag),
+                comm.Isend(ex.data, peer, data_tag),
+            ]
+        else:
+            reqs = [
+                comm.Irecv(ex.hdr_recv, peer, data_tag),
+                comm.Irecv(ex.data, peer, data_tag),
+                comm.Isend(ex.hdr_send, peer, data_tag + 1),
+            ]
+        self._reqs += reqs
+        self._owner += [(ex, peer)] * len(reqs)
+        ex.pending = len(reqs)
+        self._active.append(ex)
+
+    def _finish_message(self, ex: _MessageExec) -> bool:
+        """A message whose requests are done ends at max(own, peer's issue) + cost (check on receipt)."""
+        ex.t_ns = max(ex.t_ns, float(ex.hdr_recv[0]))
+        t_end = ex.t_ns + ex.costs[0]
+        if self.clock.now_ns() < t_end:
+            return False
+        run = ex.run
+        if not run.send:
+            t0 = time.perf_counter()
+            expected = p2p_payload(run.peer, self.rank, run.tag, run.nbytes)
+            run.wrong = int(np.count_nonzero(ex.data != expected))
+            self.check_s += time.perf_counter() - t0
+        ex.end_ns = t_end
+        run.wall_end_s = time.perf_counter()
+        return True
 
     def _scratch(self, nbytes: int) -> np.ndarray:
         """Scratch bytes for a stage: the smallest spare that fits, else fresh memory.
@@ -241,8 +313,10 @@ class MpiTransport:
             self._owner += [(ex, world[peer])] * 2
         ex.pending = 2 * (len(step.recvs) + len(step.sends))
 
-    def _finish_step(self, ex: _StageExec) -> bool:
+    def _finish_step(self, ex: _StageExec | _MessageExec) -> bool:
         """Apply a step whose messages have all arrived; False while its wall deadline is ahead."""
+        if isinstance(ex, _MessageExec):
+            return self._finish_message(ex)
         n_recvs = len(ex.steps[ex.k].recvs)
         sent_ns = max(ex.hdr_recv[:n_recvs].tolist(), default=-math.inf)
         t_next = max(ex.t_ns, sent_ns + ex.costs[ex.k])
@@ -304,6 +378,13 @@ class MpiTransport:
         if ex is None:
             return "with no message pending"
         s = ex.run.stage
+        if isinstance(ex, _MessageExec):
+            run = ex.run
+            side = f"send to rank {run.peer}" if run.send else f"receive from rank {run.peer}"
+            return (
+                f"waiting for rank(s) {', '.join(map(str, peers))} in a point-to-point {side} "
+                f"({run.nbytes} B, tag {run.tag})"
+            )
         collective = self._data[s.coll].collective
         return (
             f"waiting for rank(s) {', '.join(map(str, peers))} in collective {s.coll} "

@@ -1,0 +1,502 @@
+"""Replay of Chakra execution graphs (`chakra`) on the engine, as one process per node.
+
+Rules (README, "Chakra traces"):
+
+- A node starts once every node it depends on (``ctrl_deps`` and ``data_deps``) has finished.
+  Dependencies on ids absent from the trace are ignored (and counted); a cycle is refused.
+  Any number of collectives are in flight at once, sharing the dims' queues as in the
+  text-workload replay.
+- COMP nodes wait their duration: the ``themis_duration_ns`` attribute when present (written by
+  ``themis-mpi convert``, which needs sub-microsecond times), else ``duration_micros``. As in
+  ASTRA-sim 2.x (``HardwareResource``), an NPU runs one CPU op (``is_cpu_op``) and one GPU
+  compute node at a time; when one ends, the ready node with the smallest id goes next. A COMP
+  node with ``themis_overlap`` true takes neither (``convert`` writes the weight update after a
+  collective so, a timer in ASTRA-sim 1.0); nodes of zero duration take no time. GPU compute
+  nodes count as compute; exposed communication is the iteration time minus that compute.
+- COMM_COLL nodes with ``comm_type`` ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER or ALL_TO_ALL run as
+  collectives of ``comm_size`` bytes per NPU (an all-gather's input, as in the text format) over
+  the dims from ``pg_name`` (a communicator group: a sub-grid of the topology) and
+  ``involved_dim`` (a bool per dim; missing entries count as involved, extra entries are
+  ignored). BROADCAST is a delay of its duration (as ASTRA-sim does); a COMM_COLL node without
+  ``comm_type`` (PyTorch's CPU-side launch of a collective) is a delay too. Other types are
+  refused.
+- COMM_SEND / COMM_RECV nodes are point-to-point messages (`engine.MessageRun`) from
+  ``comm_src`` to ``comm_dst`` (this NPU by default) of ``comm_size`` bytes, tag ``comm_tag``.
+- METADATA, MEM_LOAD, MEM_STORE and INVALID nodes take no time.
+
+Every rank knows every collective it will issue before the first one (`graph_collectives`), so
+rank 0 chooses all chunk orders up front and a graph that does not fit is refused on every rank
+before MPI starts. A symmetric graph (one file) runs the same nodes on every rank; per-rank
+files are ``prefix.<rank>.et``. The model replays rank 0's graph.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import chakra
+from .chakra import EtTrace, Node
+from .collectives import Collective
+from .engine import Engine, Event, ProcessGenerator
+from .errors import UsageError
+from .topology import Topology
+from .training import TrainingSpec
+
+COLLECTIVE_OPS = {0: "all_reduce", 2: "all_gather", 6: "all_to_all", 7: "reduce_scatter"}
+BROADCAST = 5
+DELAY, COLL, SEND, RECV, NOP = "delay", "coll", "send", "recv", "nop"
+
+
+@dataclass(frozen=True)
+class Op:
+    """What one node does on one NPU (see the module doc); `deps` index earlier ops."""
+
+    index: int
+    node_id: int
+    kind: str
+    deps: tuple[int, ...] = ()
+    delay_ns: float = 0.0
+    compute: bool = False
+    resource: str = ""
+    collective: Collective | None = None
+    peer: int = -1
+    path: tuple[tuple[int, int], ...] = ()
+    nbytes: int = 0
+    tag: int = 0
+
+
+@dataclass
+class Plan:
+    """One NPU's ops in a topological order, with what the replay reports."""
+
+    path: str
+    rank: int
+    ops: list[Op]
+    missing_deps: int = 0
+    dropped_ctrl_deps: int = 0
+
+    @property
+    def compute_ns(self) -> float:
+        """Compute time of the graph (non-CPU COMP nodes)."""
+        return sum(op.delay_ns for op in self.ops if op.compute)
+
+    @property
+    def collectives(self) -> int:
+        """Collective nodes that run on the network."""
+        return sum(1 for op in self.ops if op.kind == COLL)
+
+    @property
+    def messages(self) -> int:
+        """Point-to-point sends and receives."""
+        return sum(1 for op in self.ops if op.kind in (SEND, RECV))
+
+
+@dataclass
+class Graph:
+    """One trace for every rank (symmetric), or one per rank, with its communicator groups."""
+
+    source: str
+    traces: list[EtTrace]
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def symmetric(self) -> bool:
+        """One trace that every rank runs."""
+        return len(self.traces) == 1
+
+    def trace(self, rank: int) -> EtTrace:
+        """The trace rank `rank` runs."""
+        return self.traces[0] if self.symmetric else self.traces[rank]
+
+    @property
+    def iterations(self) -> int:
+        """Training iterations the graph holds (``themis_iterations`` metadata, else 1)."""
+        value = self.traces[0].attr("themis_iterations", 1)
+        return value if isinstance(value, int) and value >= 1 else 1
+
+    @property
+    def model_parallel_group(self) -> int | None:
+        """A converted transformer's model-parallel group (it may split a dim), else None."""
+        value = self.traces[0].attr("themis_model_parallel_group")
+        return value if isinstance(value, int) and value >= 1 else None
+
+
+def is_et_source(path: str) -> bool:
+    """Whether `path` names a Chakra trace: a .et(.gz) file, or a prefix of prefix.<rank>.et files."""
+    if path.endswith((".et", ".et.gz")):
+        return True
+    return not os.path.isfile(path) and _rank_file(path, 0) is not None
+
+
+def _rank_file(prefix: str, rank: int) -> str | None:
+    for ext in (".et", ".et.gz"):
+        if os.path.isfile(f"{prefix}.{rank}{ext}"):
+            return f"{prefix}.{rank}{ext}"
+    return None
+
+
+def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
+    """ASTRA-sim's --comm-group-configuration JSON: {"group id": [npu, ...], ...}."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read communicator groups {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: communicator groups must be an object of id -> list of NPUs")
+    out = {}
+    for name, members in doc.items():
+        if not isinstance(members, list) or not members or not all(isinstance(m, int) for m in members):
+            raise UsageError(f"{path}: group {name!r} must be a non-empty list of NPU ids")
+        out[str(name)] = tuple(members)
+    return out
+
+
+def load_graph(source: str, comm_groups: str | None = None) -> Graph:
+    """A .et file (symmetric) or a prefix of prefix.0.et, prefix.1.et, ... (one per rank)."""
+    groups = load_comm_groups(comm_groups)
+    if os.path.isfile(source):
+        return Graph(source, [chakra.read_et(source)], groups)
+    paths: list[str] = []
+    while (path := _rank_file(source, len(paths))) is not None:
+        paths.append(path)
+    if not paths:
+        raise UsageError(f"no Chakra trace {source}: neither a file nor the prefix of {source}.0.et, ...")
+    return Graph(source, [chakra.read_et(p) for p in paths], groups)
+
+
+# --- planning: nodes to ops ----------------------------------------------------------------------
+
+
+def coords(topology: Topology, npu: int) -> tuple[int, ...]:
+    """An NPU's coordinate per dim (dim 0 varies fastest, as the MPI grid numbers ranks)."""
+    out = []
+    for dim in topology.dims:
+        out.append(npu % dim.npus)
+        npu //= dim.npus
+    return tuple(out)
+
+
+def group_dims(topology: Topology, members: Sequence[int], rank: int, what: str) -> tuple[int, ...]:
+    """The dims a communicator group spans; it must be the sub-grid through `rank` over them."""
+    if any(not 0 <= m < topology.npus for m in members):
+        raise UsageError(f"{what}: an NPU of the group is outside 0..{topology.npus - 1}")
+    if rank not in members:
+        raise UsageError(f"{what}: NPU {rank} runs the node but is not in the group {list(members)}")
+    mine = coords(topology, rank)
+    dims = tuple(d for d in range(len(mine)) if any(coords(topology, m)[d] != mine[d] for m in members))
+    expected = {
+        n
+        for n in range(topology.npus)
+        if all(c == m for d, (c, m) in enumerate(zip(coords(topology, n), mine)) if d not in dims)
+    }
+    if set(members) != expected or len(members) != len(set(members)):
+        raise UsageError(
+            f"{what}: group {list(members)} is not the sub-grid of {topology.label()} through NPU {rank} "
+            f"over dims {', '.join(map(str, dims))}"
+        )
+    return dims
+
+
+def _int_attr(node: Node, name: str, where: str, default: int | None = None) -> int:
+    value = node.attr(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        if value is None:
+            raise UsageError(f"{where}: missing attribute {name}")
+        raise UsageError(f"{where}: attribute {name} must be an integer, got {value!r}")
+    return value
+
+
+def duration_ns(node: Node) -> float:
+    """The node's duration: ``themis_duration_ns`` if present, else ``duration_micros`` in ns."""
+    value = node.attr("themis_duration_ns")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return node.duration_micros * 1e3
+
+
+def _collective(
+    node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str
+) -> Collective | None:
+    comm_type = _int_attr(node, "comm_type", where)
+    op = COLLECTIVE_OPS[comm_type]
+    size = _int_attr(node, "comm_size", where)
+    if size < 0:
+        raise UsageError(f"{where}: comm_size must be >= 0, got {size}")
+    n = len(topology.dims)
+    dims = tuple(range(n))
+    involved = node.attr("involved_dim")
+    if involved is not None:
+        if not isinstance(involved, list) or not all(isinstance(v, bool) for v in involved):
+            raise UsageError(f"{where}: involved_dim must be a bool list")
+        dims = tuple(d for d in dims if d >= len(involved) or involved[d])
+    pg = node.attr("pg_name", "")
+    if pg not in ("", "0", None):
+        if str(pg) not in groups:
+            raise UsageError(f"{where}: communicator group {pg!r} is not defined (--comm-group)")
+        spanned = group_dims(topology, groups[str(pg)], rank, f"{where}: group {pg}")
+        dims = tuple(d for d in dims if d in spanned)
+    dims = tuple(d for d in dims if topology.dims[d].npus > 1)
+    if size == 0 or not dims:
+        return None
+    itemsize = np.dtype(spec.dtype).itemsize
+    size_bytes = size * (topology.group_npus(dims) if op == "all_gather" else 1)
+    count = max(1, int(size_bytes * spec.comm_scale) // itemsize)
+    return Collective(op, count, spec.dtype, spec.chunks, dims)
+
+
+def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, where: str) -> Op | None:
+    send = node.type == chakra.COMM_SEND_NODE
+    src = _int_attr(node, "comm_src", where, rank if send else None)
+    dst = _int_attr(node, "comm_dst", where, None if send else rank)
+    if (src if send else dst) != rank:
+        side = "sender" if send else "receiver"
+        raise UsageError(f"{where}: runs on NPU {rank} but its {side} is NPU {src if send else dst}")
+    peer = dst if send else src
+    if not 0 <= peer < topology.npus:
+        raise UsageError(f"{where}: peer NPU {peer} is outside 0..{topology.npus - 1}")
+    nbytes = max(0, int(_int_attr(node, "comm_size", where) * spec.comm_scale))
+    tag = _int_attr(node, "comm_tag", where, 0)
+    if peer == rank or nbytes == 0:
+        return None
+    a, b = coords(topology, rank), coords(topology, peer)
+    path = []
+    for d, dim in enumerate(topology.dims):
+        if a[d] != b[d]:
+            k = abs(a[d] - b[d])
+            path.append((d, min(k, dim.npus - k) if dim.kind == "Ring" else dim.hops))
+    return Op(0, node.id, SEND if send else RECV, peer=peer, path=tuple(path), nbytes=nbytes, tag=tag)
+
+
+def plan_graph(
+    trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpec, groups: dict | None = None
+) -> Plan:
+    """One NPU's ops in topological order; a node that cannot run is refused with one line."""
+    groups = groups or {}
+    index_of: dict[int, int] = {}
+    for i, node in enumerate(trace.nodes):
+        if node.id in index_of:
+            raise UsageError(f"{trace.path}: node {i} (id {node.id}): duplicate node id")
+        index_of[node.id] = i
+    missing = 0
+    ctrl: list[set[int]] = []
+    data: list[set[int]] = []
+    for i, node in enumerate(trace.nodes):
+        c = {index_of[d] for d in node.ctrl_deps if d in index_of}
+        a = {index_of[d] for d in node.data_deps if d in index_of}
+        missing += sum(1 for d in node.deps if d not in index_of)
+        if i in a:
+            raise UsageError(f"{trace.path}: node {i} (id {node.id}): depends on its own data")
+        ctrl.append(c - {i})
+        data.append(a)
+    order, dropped = _topological(trace, ctrl, data)
+    deps = [ctrl[i] | data[i] for i in range(len(trace.nodes))]
+    position = {i: k for k, i in enumerate(order)}
+    ops = []
+    for k, i in enumerate(order):
+        node = trace.nodes[i]
+        where = f"{trace.path}: node {i} (id {node.id}, {node.type_name} {node.name!r})"
+        op = _op(node, topology, rank, spec, groups, where)
+        ops.append(
+            Op(
+                k,
+                node.id,
+                op.kind,
+                tuple(sorted(position[d] for d in deps[i])),
+                op.delay_ns,
+                op.compute,
+                op.resource,
+                op.collective,
+                op.peer,
+                op.path,
+                op.nbytes,
+                op.tag,
+            )
+        )
+    return Plan(trace.path, rank, ops, missing, dropped)
+
+
+def _op(node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str) -> Op:
+    delay = duration_ns(node) * spec.compute_scale
+    if node.type == chakra.COMP_NODE:
+        if node.attr("themis_overlap", False) is True:
+            return Op(0, node.id, DELAY, delay_ns=delay)
+        cpu = node.attr("is_cpu_op", False) is True
+        return Op(0, node.id, DELAY, delay_ns=delay, compute=not cpu, resource="cpu" if cpu else "gpu")
+    if node.type == chakra.COMM_COLL_NODE:
+        if not node.has_attr("comm_type"):  # a CPU-side launch op
+            return Op(0, node.id, DELAY, delay_ns=delay)
+        comm_type = _int_attr(node, "comm_type", where)
+        if comm_type == BROADCAST:
+            return Op(0, node.id, DELAY, delay_ns=delay)
+        if comm_type not in COLLECTIVE_OPS:
+            name = chakra.COMM_TYPES.get(comm_type, str(comm_type))
+            raise UsageError(
+                f"{where}: collective {name} is not supported "
+                "(all-reduce, reduce-scatter, all-gather, all-to-all, broadcast)"
+            )
+        coll = _collective(node, topology, rank, spec, groups, where)
+        return Op(0, node.id, COLL, collective=coll) if coll is not None else Op(0, node.id, NOP)
+    if node.type in (chakra.COMM_SEND_NODE, chakra.COMM_RECV_NODE):
+        return _message(node, topology, rank, spec, where) or Op(0, node.id, NOP)
+    if node.type in chakra.NODE_TYPES:
+        return Op(0, node.id, NOP)
+    raise UsageError(f"{where}: unknown node type {node.type}")
+
+
+def _topological(trace: EtTrace, ctrl: list[set[int]], data: list[set[int]]) -> tuple[list[int], int]:
+    """Kahn's order, ready nodes in file order; returns it and the ctrl deps dropped.
+
+    Some traces (PyTorch's older converter) use ``ctrl_deps`` for the parent op, which makes
+    cycles. When nothing is ready, the first waiting node in file order that waits on a ctrl
+    dep loses its unmet ctrl deps (removed from `ctrl`, counted). A cycle of data deps alone is
+    refused, naming one of its nodes.
+    """
+    import heapq
+
+    n = len(ctrl)
+    waiting = [len(ctrl[i] | data[i]) for i in range(n)]
+    users: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for d in ctrl[i] | data[i]:
+            users[d].append(i)
+    finished = [False] * n
+    ready = [i for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    dropped = 0
+    while len(order) < n:
+        if not ready:
+            stuck = next(
+                (i for i in range(n) if not finished[i] and any(not finished[d] for d in ctrl[i])), None
+            )
+            if stuck is None:
+                first = next(i for i in range(n) if not finished[i])
+                node = trace.nodes[first]
+                raise UsageError(f"{trace.path}: node {first} (id {node.id}): cycle of data dependencies")
+            unmet = {d for d in ctrl[stuck] if not finished[d]}
+            ctrl[stuck] -= unmet
+            dropped += len(unmet)
+            for d in unmet:
+                users[d].remove(stuck)
+                if d not in data[stuck]:
+                    waiting[stuck] -= 1
+            if waiting[stuck] == 0:
+                heapq.heappush(ready, stuck)
+            continue
+        i = heapq.heappop(ready)
+        finished[i] = True
+        order.append(i)
+        for u in users[i]:
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, u)
+    return order, dropped
+
+
+def graph_collectives(
+    graph: Graph, topology: Topology, spec: TrainingSpec, ranks: Sequence[int]
+) -> list[Collective]:
+    """Every distinct collective the given ranks issue, in rank then node order.
+
+    Every rank calls this with the same ranks before the first collective, so every rank knows
+    the same list (the chunk orders are broadcast for it at once), and a graph that does not fit
+    the topology is refused everywhere before MPI starts.
+    """
+    out: dict[Collective, None] = {}
+    simple = graph.symmetric and not any(
+        n.type in (chakra.COMM_SEND_NODE, chakra.COMM_RECV_NODE) or n.attr("pg_name", "") not in ("", "0")
+        for n in graph.traces[0].nodes
+    )
+    for rank in [0] if simple else ranks:
+        if not 0 <= rank < topology.npus:
+            continue
+        if not graph.symmetric and rank >= len(graph.traces):
+            raise UsageError(
+                f"{graph.source}: {len(graph.traces)} per-rank traces, "
+                f"but the topology has {topology.npus} NPUs"
+            )
+        for op in plan_graph(graph.trace(rank), topology, rank, spec, graph.groups).ops:
+            if op.collective is not None:
+                out.setdefault(op.collective)
+    return list(out)
+
+
+# --- replay ------------------------------------------------------------------------------------
+
+
+class Resource:
+    """One unit that runs one node at a time; waiting nodes go in order of node id."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self._waiting: list[tuple[int, int, Event]] = []
+
+    def acquire(self, node_id: int, seq: int) -> Event:
+        """An event that triggers when this node holds the unit."""
+        import heapq
+
+        event = Event()
+        if not self.busy:
+            self.busy = True
+            event.succeed()
+        else:
+            heapq.heappush(self._waiting, (node_id, seq, event))
+        return event
+
+    def release(self) -> None:
+        """Hand the unit to the waiting node with the smallest id (now), or free it."""
+        import heapq
+
+        if self._waiting:
+            heapq.heappop(self._waiting)[2].succeed()
+        else:
+            self.busy = False
+
+
+class GraphReplay:
+    """One NPU's graph as engine processes: one per node, started in topological order.
+
+    Args:
+        plan: the NPU's ops (`plan_graph`).
+        orders: chunk orders of every distinct collective (`graph_collectives`).
+        fuse_last: all-reduces run their last dim as one AR stage (`policies.fuses_last_dim`).
+    """
+
+    def __init__(self, plan: Plan, orders: dict[Collective, np.ndarray], fuse_last: bool = False):
+        self.plan, self.orders, self.fuse_last = plan, orders, fuse_last
+        self.collectives_issued = 0
+        self.messages: list = []
+        self.resources = {"cpu": Resource(), "gpu": Resource()}
+
+    def process(self, engine: Engine) -> ProcessGenerator:
+        """Start every node's process; end when the last node has finished."""
+        done: list[Event] = []
+        for op in self.plan.ops:
+            done.append(engine.process(self._node(engine, op, done)))
+        yield from done
+
+    def _node(self, engine: Engine, op: Op, done: list[Event]) -> ProcessGenerator:
+        for d in op.deps:
+            yield done[d]
+        if op.kind == DELAY and op.delay_ns > 0:
+            unit = self.resources.get(op.resource)
+            if unit is not None:
+                yield unit.acquire(op.node_id, op.index)
+            yield engine.timeout(op.delay_ns)
+            if unit is not None:
+                unit.release()
+        elif op.kind == COLL and op.collective is not None:
+            self.collectives_issued += 1
+            yield engine.issue(op.collective, self.orders[op.collective], fuse_last=self.fuse_last)
+        elif op.kind in (SEND, RECV):
+            run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
+            self.messages.append(run)
+            yield run.done
