@@ -177,7 +177,7 @@ WORKLOADS = {"resnet152": resnet152, "gnmt": gnmt, "dlrm": dlrm, "transformer_1t
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="traces", help="output folder (default traces)")
+    ap.add_argument("--out", default="results/traces", help="output folder (traces/ holds the shipped files)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     for name, build in WORKLOADS.items():

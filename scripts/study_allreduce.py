@@ -224,7 +224,11 @@ def plot_busy(rows, size, path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="docs/study", help="output folder (default docs/study)")
+    ap.add_argument(
+        "--out",
+        default="results/study",
+        help="output folder (default results/study; docs/study is the shipped copy)",
+    )
     ap.add_argument("--chunk-sweep-size", default=2**30, type=int, help="bytes (default 1 GiB)")
     args = ap.parse_args()
     sizes = [2**20 * 4**i for i in range(8)]  # 1 MiB .. 16 GiB

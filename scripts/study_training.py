@@ -40,7 +40,9 @@ LATENCY = {"paper latency": None, "zero latency": 0.0}
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces")
-    ap.add_argument("--out", default="docs/training")
+    ap.add_argument(
+        "--out", default="results/training", help="output folder (docs/training is the shipped copy)"
+    )
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
     args = ap.parse_args()

@@ -35,7 +35,7 @@ def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
     assert rows["themis"]["time_us"] < rows["baseline"]["time_us"]
     assert rows["baseline"]["utilization"] == pytest.approx(0.58, abs=0.01)
     assert "#wrong" in proc.stdout and "(GB/s)" in proc.stdout
-    assert proc.stdout.count("67108864") == 2  # rank 0 alone prints the table
+    assert proc.stdout.count("64 MiB") == 2  # rank 0 alone prints the table
 
 
 def test_json_rows_hold_the_documented_fields(tmp_path):
@@ -89,15 +89,15 @@ def test_json_rows_hold_the_documented_fields(tmp_path):
         (4, ["run", "-t", "2x2x2"], "but 4 MPI ranks were started"),
         (2, ["run", "-t", "no-such-preset"], "unknown topology preset"),
         (2, ["run", "-t", "SW(2,100"], "malformed topology dim"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be >= 1"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be >= 1"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be between 1 and"),
+        (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be between 1 and"),
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "0"], "size must be positive"),
         (2, ["run", "-t", "Ring(2,1,1)", "--minbytes=-4M"], "bad size"),
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "-4M"], "expected one argument"),
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
         (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
-        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "invalid choice"),
+        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "unknown policy"),
         (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
     ],
 )

@@ -183,37 +183,69 @@ def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[flo
 
 
 def format_size(n_bytes: int) -> str:
-    """Bytes with a binary suffix, as nccl-tests prints sizes: 64M, 1G, 512."""
-    for suffix, scale in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
-        if n_bytes >= scale and n_bytes % scale == 0:
-            return f"{n_bytes // scale}{suffix}"
-    return str(n_bytes)
+    """The one size format of every table and plot: binary units, e.g. 64 MiB, 1.5 KiB, 512 B."""
+    for suffix, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= scale:
+            value = n_bytes / scale
+            return f"{value:.0f} {suffix}" if n_bytes % scale == 0 else f"{value:.3g} {suffix}"
+    return f"{n_bytes} B"
 
 
-def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
-    """An nccl-tests-like table, one line per row, units in the header."""
+def table_header(n_dims: int, clock: str) -> str:
+    """The two header lines of the `run`/`model` table (units on the second)."""
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(n_dims))
     head = (
-        f"#{'size':>10} {'count':>11} {'type':>7} {'policy':>8} {'intra':>5} {'chunks':>6} "
+        f"#{'size':>9} {'count':>11} {'type':>7} {'policy':>8} {'intra':>5} {'chunks':>6} "
         f"{'time_us':>12} {'ideal_us':>12} {'algbw':>8} {'busbw':>8} {'util%':>6} "
         f"{'#wrong':>7}{dim_cols} {'wall_s':>9}"
     )
     unit = (
-        f"#{'(B)':>10} {'(elements)':>11} {'':>7} {'':>8} {'':>5} {'':>6} "
+        f"#{'':>9} {'(elements)':>11} {'':>7} {'':>8} {'':>5} {'':>6} "
         f"{'(' + clock + ')':>12} {'':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6} {'':>7}"
         f"{'':>{7 * n_dims}} {'(median)':>9}"
     )
-    lines = [head, unit]
-    for r in rows:
-        dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
-        wrong = "N/A" if r.wrong is None else str(r.wrong)
-        lines.append(
-            f" {r.size_bytes:>10} {r.count:>11} {r.dtype:>7} {r.policy:>8} "
-            f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} "
-            f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
-            f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
-        )
-    return "\n".join(lines)
+    return f"{head}\n{unit}"
+
+
+def table_row(r: CollectiveResult) -> str:
+    """One row of the `run`/`model` table: percentages for utilization, GB/s = 2^30 B/s."""
+    dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
+    wrong = "N/A" if r.wrong is None else str(r.wrong)
+    return (
+        f" {format_size(r.size_bytes):>9} {r.count:>11} {r.dtype:>7} {r.policy:>8} "
+        f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} "
+        f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
+        f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
+    )
+
+
+def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
+    """An nccl-tests-like table, one line per row, units in the header."""
+    return "\n".join([table_header(n_dims, clock), *(table_row(r) for r in rows)])
+
+
+def flat_row(row: dict) -> dict:
+    """A result's dict with its per-dim list spread into columns (dim0_busy_us, ...), for CSV."""
+    out = {k: v for k, v in row.items() if k != "dims"}
+    out["involved"] = " ".join(map(str, out.get("involved", []))) if "involved" in out else None
+    for d in row.get("dims", []):
+        for key, value in d.items():
+            if key != "dim":
+                out[f"dim{d['dim']}_{key}"] = value
+    return {k: v for k, v in out.items() if v is not None or k != "involved"}
+
+
+def queue_levels(queued_us: np.ndarray, started_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stages waiting in a queue after each instant at which it changes: (times, levels).
+
+    Changes at one instant are applied together, so a stage queued and started at the same time
+    never shows, and the level is never negative.
+    """
+    times = np.concatenate([queued_us, started_us])
+    steps = np.concatenate([np.ones(len(queued_us)), -np.ones(len(started_us))])
+    unique, index = np.unique(times, return_inverse=True)
+    levels = np.cumsum(np.bincount(index, weights=steps, minlength=len(unique)))
+    return unique, levels
 
 
 def percentile(values, q: float) -> float:
@@ -302,7 +334,7 @@ def format_analysis(rows: list[dict]) -> str:
     for r in rows:
         wrong = "N/A" if r["wrong"] is None else r["wrong"]
         lines.append(
-            f"# {r['trace']} #{r['collective']}: {r['op']} {format_size(r['size_bytes'])}B, {r['policy']}/"
+            f"# {r['trace']} #{r['collective']}: {r['op']} {format_size(r['size_bytes'])}, {r['policy']}/"
             f"{r['intra']}, {r['chunks']} chunks, {r['ranks']} rank(s): time {r['time_us']:.2f} us, "
             f"ideal {r['ideal_us']:.2f} us, utilization {100 * r['utilization']:.2f} %, algbw "
             f"{r['algbw_gbps']:.2f} GB/s, busbw {r['busbw_gbps']:.2f} GB/s, #wrong {wrong}"

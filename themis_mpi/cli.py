@@ -13,6 +13,7 @@ and aborts with 1.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import re
@@ -26,14 +27,15 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .analysis import format_size
 from .collectives import DTYPES, OPS, REDOPS, Collective
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
 from .engine import INTRA_POLICIES
 from .errors import UsageError
 from .launch import env_rank, under_mpiexec
-from .limits import MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
-from .output import atomic_path, check_output_path, write_json
+from .limits import MAX_CHUNKS, MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
+from .output import RowFiles, atomic_path, check_output_path, write_json
 from .policies import POLICIES
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
 
@@ -98,14 +100,16 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
         "--topology",
         default=default,
         help="preset name (see `themis-mpi topologies`), inline KIND(npus,GB/s,ns[,algorithm])_..., "
-        f"or ASTRA-sim network .yml (default {default or 'the recorded one'})",
+        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run and model take a "
+        "comma-separated list to sweep",
     )
     p.add_argument(
         "--algorithm",
         type=_csv(str),
+        action="append",
         default=None,
         help=f"per-dim algorithm override, comma-separated ({', '.join(ALGORITHMS)}, hd; "
-        "empty keeps the default)",
+        "empty keeps the default); run and model take it more than once to sweep",
     )
     p.add_argument(
         "--bandwidth",
@@ -119,15 +123,20 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
 
 
 def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
-    p.add_argument("-c", "--chunks", type=int, default=64, help="chunks per collective (default 64)")
     p.add_argument(
-        "-p", "--policy", default="both", choices=(*POLICIES, "both"), help="inter-dim policy (default both)"
+        "-c", "--chunks", type=_csv(int), default=[64], help="chunks per collective, a comma list sweeps (64)"
+    )
+    p.add_argument(
+        "-p",
+        "--policy",
+        default="both",
+        help=f"inter-dim policy, a comma list sweeps ({', '.join(POLICIES)}; both = all; default both)",
     )
     p.add_argument(
         "--intra",
         default="auto",
-        choices=(*INTRA_POLICIES, "auto"),
-        help="intra-dim queue policy; auto = fifo for baseline, scf for themis",
+        help=f"intra-dim queue policy, a comma list sweeps ({', '.join(INTRA_POLICIES)}, auto = fifo for "
+        "baseline, scf for themis; default auto)",
     )
     p.add_argument("--active-chunks-per-dim", type=int, default=1, help="stages each dim runs at once (1)")
     p.add_argument(
@@ -179,8 +188,12 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
     )
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument(
+        "--json", metavar="PATH", help="write the rows as a JSON list, updated as each row finishes"
+    )
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV, updated as each row finishes")
     p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -319,9 +332,39 @@ def build_parser() -> argparse.ArgumentParser:
 # --- options to domain objects -----------------------------------------------------------------
 
 
+def _split_list(text: str) -> list[str]:
+    """Comma-separated items, commas inside parentheses kept (inline topologies have them)."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    items.append(current.strip())
+    if not all(items):
+        raise UsageError(f"empty item in the list {text!r}")
+    return items
+
+
 def _topology(args: argparse.Namespace, base: Topology | None = None) -> Topology:
+    """The one topology of a command that takes one (train, replay)."""
+    if args.algorithm is not None and len(args.algorithm) > 1:
+        raise UsageError("this command takes one --algorithm list")
     topo = base if base is not None else parse_topology(args.topology)
-    return topo.with_overrides(args.bandwidth, args.latency, args.algorithm)
+    return topo.with_overrides(args.bandwidth, args.latency, args.algorithm[0] if args.algorithm else None)
+
+
+def _topologies(args: argparse.Namespace) -> list[Topology]:
+    """Every topology of a sweep: each -t item under each --algorithm override."""
+    out = []
+    for spec in _split_list(args.topology):
+        base = parse_topology(spec)
+        for algorithms in args.algorithm or [None]:
+            out.append(base.with_overrides(args.bandwidth, args.latency, algorithms))
+    return out
 
 
 def _collectives(args: argparse.Namespace, topo: Topology) -> list[Collective]:
@@ -341,15 +384,24 @@ def _collectives(args: argparse.Namespace, topo: Topology) -> list[Collective]:
     ):
         if size < itemsize:
             raise UsageError(f"size {size} B is smaller than one {args.dtype} element")
-        coll = Collective(args.op, size // itemsize, args.dtype, args.chunks, tuple(sorted(dims)), args.redop)
-        if coll.n_chunks < coll.chunks and env_rank() == 0:
-            print(
-                f"themis-mpi: warning: {size} B holds only {coll.count} {args.dtype} element(s): "
-                f"{coll.n_chunks} chunk(s) of one element instead of {coll.chunks}",
-                file=sys.stderr,
-            )
-        out.append(coll)
+        for chunks in _chunk_counts(args):
+            coll = Collective(args.op, size // itemsize, args.dtype, chunks, tuple(sorted(dims)), args.redop)
+            if coll.n_chunks < coll.chunks and env_rank() == 0:
+                print(
+                    f"themis-mpi: warning: {format_size(size)} holds only {coll.count} {args.dtype} "
+                    f"element(s): {coll.n_chunks} chunk(s) of one element instead of {coll.chunks}",
+                    file=sys.stderr,
+                )
+            out.append(coll)
     return out
+
+
+def _chunk_counts(args: argparse.Namespace) -> list[int]:
+    if not args.chunks or any(c is None for c in args.chunks):
+        raise UsageError("-c needs chunk counts, e.g. 64 or 4,16,64")
+    for c in args.chunks:
+        in_range("chunks", c, 1, MAX_CHUNKS)
+    return list(args.chunks)
 
 
 def _endpoint_delay_ns(args: argparse.Namespace) -> float:
@@ -361,10 +413,22 @@ def _endpoint_delay_ns(args: argparse.Namespace) -> float:
 
 def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
     """(policy, RunConfig) per policy to run; intra `auto` is fifo for baseline, scf for themis."""
-    policies = POLICIES if args.policy == "both" else (args.policy,)
+    policies = POLICIES if args.policy == "both" else _split_list(args.policy)
+    intras = _split_list(args.intra)
+    for name in policies:
+        if name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)} or both")
+    for name in intras:
+        if name not in (*INTRA_POLICIES, "auto"):
+            raise UsageError(
+                f"unknown intra-dim policy {name!r}; use one of {', '.join(INTRA_POLICIES)} or auto"
+            )
+    pairs = dict.fromkeys(
+        (policy, ("fifo" if policy == "baseline" else "scf") if intra == "auto" else intra)
+        for policy, intra in itertools.product(policies, intras)
+    )
     out = []
-    for policy in policies:
-        intra = args.intra if args.intra != "auto" else ("fifo" if policy == "baseline" else "scf")
+    for policy, intra in pairs:
         out.append(
             (
                 policy,
@@ -408,60 +472,104 @@ def _header(topo: Topology, command: str, config: RunConfig) -> str:
 
 
 def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> int:
-    """`run` and `model`: every size under every policy, through the one driver."""
-    from .analysis import format_table
+    """`run` and `model`: topologies x sizes x chunks x policies, each row shown and saved as it ends."""
+    from .analysis import flat_row, table_header, table_row
     from .driver import open_backend, run_collective
     from .trace import TraceRecorder
 
     if use_mpi:
         in_range("--iters", args.iters, 1, MAX_ITERS)
         in_range("--warmup-iters", args.warmup_iters, 0, MAX_ITERS)
-    topo = _topology(args)
-    colls = _collectives(args, topo)
+    topologies = _topologies(args)
+    if args.trace and len(topologies) > 1:
+        raise UsageError("--trace records one topology; sweep topologies without it")
+    sweep = [(topo, _collectives(args, topo)) for topo in topologies]
     configs = _configs(args)
     iters, warmup = (args.iters, args.warmup_iters) if use_mpi else (1, 0)
     if use_mpi:
-        check_memory(3 * max(c.size_bytes for c in colls), "the buffer and scratch of the largest size")
+        if not under_mpiexec():
+            npus = topologies[0].npus
+            raise UsageError(
+                f"run needs one MPI rank per NPU: mpiexec -n {npus} themis-mpi run ... (or use model)"
+            )
+        largest = max(c.size_bytes for _, colls in sweep for c in colls)
+        check_memory(3 * largest, "the buffer and scratch of the largest size")
     clock = configs[0][1].clock if use_mpi else "model"
-    recorder = None
-    if args.trace:
-        recorder = TraceRecorder(
-            topo,
-            "mpi" if use_mpi else "model",
-            clock=clock,
-            time_scale=configs[0][1].time_scale,
-            active_per_dim=args.active_chunks_per_dim,
-            endpoint_delay_ns=configs[0][1].endpoint_delay_ns,
-            compat=args.compat,
-        )
-    rows = []
-    with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
-        if backend.rank == 0:
-            _check_outputs(args.json, args.trace)
-            print(_header(topo, command, configs[0][1]), flush=True)
-        for coll in colls:
-            for policy, config in configs:
-                transport = backend.transport(config)
-                walls = []
-                for it in range(warmup + iters):
-                    last = it == warmup + iters - 1
-                    result, engine = run_collective(
-                        transport, coll, policy, check=bool(getattr(args, "check", 1)) and last
-                    )
-                    if it >= warmup:
-                        walls.append(result.wall_s)
-                result.wall_s, result.iters = statistics.median(walls), iters
-                rows.append(result)
-                if recorder:
-                    recorder.add_run(result, engine, backend.rank)
-        events = backend.gather(recorder.my_events()) if recorder else None
-        if backend.rank == 0:  # inside: the other ranks wait (patiently) until the files are written
-            print(format_table(rows, len(topo.dims), clock))
-            if args.json:
-                write_json(args.json, [r.to_dict() for r in rows])
-            if recorder and events is not None:
-                recorder.write(args.trace, events, backend.service)
+    files = RowFiles(args.json, args.csv, flat_row)
+    progress = _progress(sum(len(c) for _, c in sweep) * len(configs), args.quiet or env_rank() != 0)
+    for topo, colls in sweep:
+        recorder = None
+        if args.trace:
+            settings = configs[0][1]
+            recorder = TraceRecorder(
+                topo, "mpi" if use_mpi else "model", clock=clock, time_scale=settings.time_scale,
+                active_per_dim=settings.active_per_dim, endpoint_delay_ns=settings.endpoint_delay_ns,
+                compat=settings.compat,
+            )  # fmt: skip
+        with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
+            if backend.rank == 0:
+                _check_outputs(args.json, args.csv, args.trace)
+                progress.write(_header(topo, command, configs[0][1]))
+                progress.write(table_header(len(topo.dims), clock))
+            for coll in colls:
+                for policy, config in configs:
+                    transport = backend.transport(config)
+                    walls = []
+                    for it in range(warmup + iters):
+                        last = it == warmup + iters - 1
+                        check = bool(getattr(args, "check", 1)) and last
+                        result, engine = run_collective(transport, coll, policy, check=check)
+                        if it >= warmup:
+                            walls.append(result.wall_s)
+                    result.wall_s, result.iters = statistics.median(walls), iters
+                    if recorder:
+                        recorder.add_run(result, engine, backend.rank)
+                    if backend.rank == 0:
+                        progress.write(table_row(result))
+                        files.add(result.to_dict())
+                    progress.update()
+            events = backend.gather(recorder.my_events()) if recorder else None
+            if backend.rank == 0 and recorder and events is not None:
+                recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
+                progress.write(
+                    f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
+                )
+    progress.close()
+    files.close()
     return 0
+
+
+class _Lines:
+    """Where rows go as they finish: lines on stdout, a tqdm bar on stderr when it is a terminal."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm  # type: ignore[import-untyped]
+
+            self.bar = tqdm(total=total, unit="run", file=sys.stderr, leave=False)
+
+    def write(self, line: str) -> None:
+        """Print a line above the bar."""
+        if self.bar is not None:
+            self.bar.clear()
+        print(line, flush=True)
+        if self.bar is not None:
+            self.bar.refresh()
+
+    def update(self) -> None:
+        """One more run done."""
+        if self.bar is not None:
+            self.bar.update()
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _progress(total: int, quiet: bool) -> _Lines:
+    return _Lines(total, quiet)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -80,3 +80,45 @@ def write_json(path: str, doc: Any) -> None:
         return
     with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
+
+
+def write_csv(path: str, rows: Sequence[dict]) -> None:
+    """Write flat rows as CSV (columns: the union of their keys, in first-seen order), atomically."""
+    import csv
+
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    if path == STDOUT:
+        writer = csv.DictWriter(sys.stdout, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+class RowFiles:
+    """The `--json` and `--csv` files of a sweep, rewritten (atomically) after every finished row.
+
+    A killed sweep therefore leaves every row it finished in complete files.
+    """
+
+    def __init__(self, json_path: str | None, csv_path: str | None, flatten: Any = None):
+        self.json_path, self.csv_path, self.flatten = json_path, csv_path, flatten
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        """Record one more row and rewrite both files."""
+        self.rows.append(row)
+        if self.json_path and self.json_path != STDOUT:
+            write_json(self.json_path, self.rows)
+        if self.csv_path and self.csv_path != STDOUT:
+            write_csv(self.csv_path, [self.flatten(r) if self.flatten else r for r in self.rows])
+
+    def close(self) -> None:
+        """Standard output gets its copy at the end (it cannot be rewritten)."""
+        if self.json_path == STDOUT:
+            write_json(STDOUT, self.rows)
+        if self.csv_path == STDOUT:
+            write_csv(STDOUT, [self.flatten(r) if self.flatten else r for r in self.rows])

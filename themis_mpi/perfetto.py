@@ -11,11 +11,21 @@ import json
 
 import numpy as np
 
+from .errors import UsageError
 from .output import atomic_path
 
 
 def to_perfetto(trace, ranks=None, window_us=None, collectives=None) -> dict:
-    """The trace-event document of a trace, optionally filtered by rank, time window, collective."""
+    """The trace-event document of a trace, optionally filtered by rank, time window, collective.
+
+    Collectives are laid end to end on one time axis (1 us apart); the window is on that axis,
+    the one the exported file shows. A selection that keeps no stage is refused.
+    """
+    offsets = {}  # collectives laid end to end on one time axis
+    t = 0.0
+    for row in trace.collectives:
+        offsets[int(row["collective"])] = t
+        t += float(row["time_us"]) + 1.0
     ev = trace.events
     if ranks is not None:
         ev = ev[np.isin(ev["rank"], list(ranks))]
@@ -23,13 +33,11 @@ def to_perfetto(trace, ranks=None, window_us=None, collectives=None) -> dict:
         ev = ev[np.isin(ev["collective"], list(collectives))]
     if window_us is not None:
         lo, hi = window_us
-        ev = ev[(ev["end_us"] > lo) & (ev["start_us"] < hi)]
+        shift = np.array([offsets[int(c)] for c in ev["collective"]])
+        ev = ev[(ev["end_us"] + shift > lo) & (ev["start_us"] + shift < hi)]
+    if not len(ev):
+        raise UsageError("the selection (ranks, window, collective) keeps no stage of the trace")
     slots = int(ev["slot"].max()) + 1 if len(ev) else 1
-    offsets = {}  # collectives laid end to end on one time axis
-    t = 0.0
-    for row in trace.collectives:
-        offsets[int(row["collective"])] = t
-        t += float(row["time_us"]) + 1.0
     out = []
     topo = trace.topology_table
     for rank in sorted(set(ev["rank"].tolist())):

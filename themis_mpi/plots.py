@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .analysis import format_size, queue_levels
 from .output import atomic_path
 
 
@@ -73,8 +74,8 @@ def utilization_bars(rows: list[dict], path: str) -> str:
             [d + (i - (len(rows) - 1) / 2) * width for d in range(len(r["dims"]))],
             [100 * d["utilization"] for d in r["dims"]],
             width,
-            label=f"{os.path.basename(r['trace'])}#{r['collective']} {r['policy']}/{r['intra']} "
-            f"({100 * r['utilization']:.1f} % overall)",
+            label=f"{os.path.basename(r['trace'])}#{r['collective']} {format_size(r['size_bytes'])} "
+            f"{r['policy']}/{r['intra']} ({100 * r['utilization']:.1f} % overall)",
         )
     ax.set_xticks(range(n_dims), [f"dim {d}" for d in range(n_dims)])
     ax.set_ylabel("dim busy time / collective time (%)")
@@ -95,18 +96,15 @@ def queue_depth(trace, collective: int, path: str, rank: int = 0) -> str:
     fig, ax = plt.subplots(figsize=(12, 3.5))
     for d in range(len(trace.topology_table)):
         sel = ev[ev["dim"] == d]
-        times = np.concatenate([sel["queued_us"], sel["start_us"]])
-        steps = np.concatenate([np.ones(len(sel)), -np.ones(len(sel))])
-        order = np.lexsort((steps, times))  # a stage queued and started at once never counts
-        ax.step(
-            np.concatenate([[0.0], times[order]]),
-            np.concatenate([[0], np.cumsum(steps[order])]),
-            where="post",
-            label=f"dim {d}",
-        )
+        times, levels = queue_levels(sel["queued_us"], sel["start_us"])
+        ax.step(np.concatenate([[0.0], times]), np.concatenate([[0], levels]), where="post", label=f"dim {d}")
+    row = trace.collective_row(collective)
     ax.set_xlabel("virtual time since issue (us)")
     ax.set_ylabel("stages waiting")
-    ax.set_title(f"queue depth per dim, rank {rank}")
+    ax.set_title(
+        f"queue depth per dim: {row['op']} {format_size(row['size_bytes'])}, {row['policy']}/{row['intra']}, "
+        f"{row['chunks']} chunks, rank {rank}"
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()

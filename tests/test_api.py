@@ -1,0 +1,203 @@
+"""Rules for daily use: streaming rows, list-valued sweeps, CSV, the Python API, honest plots."""
+
+import csv
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from harness import ROOT, mpi_env, mpiexec_path
+
+import themis_mpi
+from themis_mpi.analysis import format_size, queue_levels
+
+
+def themis(*args, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "themis_mpi", *args],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=120,
+        **kw,
+    )
+
+
+def test_a_run_prints_each_row_as_it_finishes_and_a_killed_sweep_keeps_them(tmp_path):
+    """Under mpiexec the first row appears (and is in the CSV and JSON) while later sizes still run."""
+    out_csv, out_json = tmp_path / "rows.csv", tmp_path / "rows.json"
+    cmd = [
+        mpiexec_path(),
+        "-n",
+        "8",
+        sys.executable,
+        "-m",
+        "themis_mpi",
+        "run",
+        "-b",
+        "1M",
+        "-e",
+        "256M",
+        "-f",
+        "16",
+        "-p",
+        "baseline",
+        "-n",
+        "3",
+        "--csv",
+        str(out_csv),
+        "--json",
+        str(out_json),
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 120
+        first = None
+        while first is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()[-2000:]  # the job ended without a row
+            if line.strip().startswith("1 MiB"):
+                first = line
+        assert first is not None
+        time.sleep(0.5)
+        assert proc.poll() is None, "the sweep was already over: it did not stream"
+        proc.kill()  # mid-sweep (the 16 MiB and 256 MiB sizes are still to come)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["pkill", "-9", "-f", str(out_csv)], check=False)
+    rows = list(csv.DictReader(out_csv.open()))
+    assert 1 <= len(rows) < 3 and rows[0]["size_bytes"] == str(1 << 20) and rows[0]["wrong"] == "0"
+    assert json.loads(out_json.read_text())[0]["size_bytes"] == 1 << 20
+
+
+def test_a_list_valued_sweep_is_one_command_and_its_csv_has_every_row(tmp_path):
+    """`model -t A,B -c 4,16,64 -b 1M -e 4M -f 4 -p both` writes 2 x 3 x 2 x 2 = 24 rows."""
+    out = tmp_path / "sweep.csv"
+    proc = themis(
+        "model",
+        "-t",
+        "3D-SW_SW_SW_hetero,FC(8,175,700)_Ring(16,100,700)_SW(8,50,1700)",
+        "-c",
+        "4,16,64",
+        "-b",
+        "1M",
+        "-e",
+        "4M",
+        "-f",
+        "4",
+        "--csv",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 24
+    assert {r["topology"] for r in rows} == {
+        "3D-SW_SW_SW_hetero",
+        "FC(8,175,700,direct)_Ring(16,100,700,ring)_SW(8,50,1700,hd)",
+    }
+    assert {int(r["chunks"]) for r in rows} == {4, 16, 64} and {r["policy"] for r in rows} == {
+        "baseline",
+        "themis",
+    }
+    assert all(float(r["dim0_busy_us"]) <= float(r["time_us"]) * (1 + 1e-9) for r in rows)
+    assert proc.stdout.count("# themis-mpi model: topology") == 2
+
+
+def test_the_python_api_gives_the_same_numbers_as_the_command():
+    """themis_mpi.sweep returns result objects equal to what `themis-mpi model --json -` prints."""
+    results = themis_mpi.sweep(
+        "3D-SW_SW_SW_hetero", size=["1M", "64M"], policy=["baseline", "themis"], chunks=64
+    )
+    assert [(r.size_bytes, r.policy) for r in results] == [
+        (1 << 20, "baseline"),
+        (1 << 20, "themis"),
+        (64 << 20, "baseline"),
+        (64 << 20, "themis"),
+    ]
+    proc = themis(
+        "model",
+        "-t",
+        "3D-SW_SW_SW_hetero",
+        "-b",
+        "1M",
+        "-e",
+        "64M",
+        "-f",
+        "64",
+        "-d",
+        "float32",
+        "--json",
+        "-",
+    )
+    rows = json.loads(proc.stdout[proc.stdout.index("\n[") :])
+    assert [r["time_us"] for r in rows] == [r.time_us for r in results]
+
+
+def test_to_dataframe_names_pandas_when_it_is_missing_or_builds_the_frame():
+    """to_dataframe gives one row per result with per-dim columns, or says to install pandas."""
+    results = themis_mpi.sweep("2x2x2", size="1M", policy="themis", chunks=4)
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(themis_mpi.api.UsageError, match="pip install pandas"):
+            themis_mpi.to_dataframe(results)
+        return
+    frame = themis_mpi.to_dataframe(results)
+    assert len(frame) == 1 and "dim0_busy_us" in frame.columns
+
+
+@pytest.mark.parametrize(
+    "queued,started",
+    [
+        ([0, 0, 1, 2], [0, 1, 2, 2]),  # queued and started at the same instant
+        ([0, 5, 5, 5], [5, 5, 6, 7]),
+        ([3.5], [3.5]),
+    ],
+)
+def test_the_queue_depth_is_never_negative(queued, started):
+    """Changes at one instant are applied together: a stage queued and started at once never shows."""
+    times, levels = queue_levels(np.array(queued, float), np.array(started, float))
+    assert (levels >= 0).all() and levels[-1] == 0 and (np.diff(times) > 0).all()
+
+
+def test_one_size_format_everywhere():
+    """Binary units in every human-facing size."""
+    assert [format_size(n) for n in (512, 1024, 64 << 20, 1 << 30, 3 << 29)] == [
+        "512 B",
+        "1 KiB",
+        "64 MiB",
+        "1 GiB",
+        "1.5 GiB",
+    ]
+
+
+def test_run_without_mpiexec_says_how_to_launch():
+    """`themis-mpi run` started alone names the mpiexec command it needs."""
+    proc = themis("run", "-t", "2x2x2")
+    assert (
+        proc.returncode == 2 and "mpiexec -n 8 themis-mpi run" in proc.stderr and proc.stderr.count("\n") == 1
+    )
+
+
+def test_export_window_is_on_the_exported_axis_and_an_empty_selection_is_refused(tmp_path):
+    """The second collective starts after the first on the exported axis; a window past the end is an error."""
+    trace, out = tmp_path / "t.h5", tmp_path / "t.json"
+    assert themis("model", "-t", "2x2x2", "-b", "1M", "-c", "4", "--trace", str(trace)).returncode == 0
+    doc = json.loads(themis("export", str(trace), "--perfetto", str(out)).returncode == 0 and out.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    end_first = max(e["ts"] + e["dur"] for e in slices if e["args"]["collective"] == 0)
+    proc = themis(
+        "export", str(trace), "--perfetto", str(out), "--window", f"{end_first + 2},{end_first + 10}"
+    )
+    assert proc.returncode == 0
+    kept = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert kept and {e["args"]["collective"] for e in kept} == {1}
+    proc = themis("export", str(trace), "--perfetto", str(out), "--window", "1e9,2e9")
+    assert proc.returncode == 2 and "keeps no stage" in proc.stderr
