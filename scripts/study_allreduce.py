@@ -93,7 +93,7 @@ def tables(rows, sizes, chunk_counts, chunk_sweep_size) -> str:
     out = []
     for latency in LATENCY:
         out.append(
-            f"\n**Utilization (%) per topology, 64 chunks, {format_size(chunk_sweep_size)}B, {latency}**\n"
+            f"\n**Utilization (%) per topology, 64 chunks, {format_size(chunk_sweep_size)}, {latency}**\n"
         )
         out.append("| topology | " + " | ".join(labels) + " | Themis+SCF speedup |")
         out.append("|---" * (len(labels) + 2) + "|")
@@ -143,9 +143,9 @@ def tables(rows, sizes, chunk_counts, chunk_sweep_size) -> str:
                 )
                 for lb in labels
             ]
-            out.append(f"| {format_size(s)}B | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+            out.append(f"| {format_size(s)} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
     for latency in LATENCY:
-        out.append(f"\n**Mean utilization (%) vs chunks, {format_size(chunk_sweep_size)}B, {latency}**\n")
+        out.append(f"\n**Mean utilization (%) vs chunks, {format_size(chunk_sweep_size)}, {latency}**\n")
         out.append("| chunks | " + " | ".join(labels) + " |")
         out.append("|---" * (len(labels) + 1) + "|")
         for c in chunk_counts:
@@ -214,7 +214,7 @@ def plot_busy(rows, size, path):
         ax.set_xticks(range(n_dims), [f"dim {d}" for d in range(n_dims)])
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel(f"busy time per dim (ms), {format_size(size)}B, zero latency")
+    axes[0].set_ylabel(f"busy time per dim (ms), {format_size(size)}, zero latency")
     axes[0].legend(fontsize=8, title="dotted: collective time", title_fontsize=7)
     fig.tight_layout()
     with atomic_path(path) as tmp:
@@ -252,7 +252,7 @@ def main():
         rows,
         "chunks",
         "chunks",
-        f"chunks ({format_size(args.chunk_sweep_size)}B all-reduce)",
+        f"chunks ({format_size(args.chunk_sweep_size)} all-reduce)",
         os.path.join(args.out, "utilization_vs_chunks.png"),
         (chunk_counts, chunk_counts),
     )
