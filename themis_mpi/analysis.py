@@ -412,27 +412,19 @@ def astra_busy_pct(
 def window_busy_pct(
     spans: Sequence[tuple[float, float]], start_ns: float, end_ns: float, window_ns: float
 ) -> float:
-    """Mean busy share (percent) of the complete windows of [start, end) covered by the union of spans."""
+    """Mean busy share (percent) of the complete windows of [start, end) covered by the union of spans.
+
+    Every complete window counts equally, so the mean of their shares is the busy time within
+    the complete windows over their total length: one pass over the merged spans.
+    """
     n_windows = int((end_ns - start_ns) // window_ns)
     if n_windows <= 0:
         return math.nan
-    merged: list[list[float]] = []
+    lo, hi = start_ns, start_ns + n_windows * window_ns
+    busy, reach = 0.0, lo  # reach: how far the union of the spans seen so far extends
     for a, b in sorted(spans):
-        if merged and a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
-    shares = []
-    first = 0  # spans before it end before the current window (they would add 0.0)
-    for w in range(n_windows):
-        lo, hi = start_ns + w * window_ns, start_ns + (w + 1) * window_ns
-        busy: float = 0  # as sum() starts, so the sums are bit-identical
-        k = first
-        while k < len(merged) and merged[k][0] < hi:
-            a, b = merged[k]
-            busy += max(0.0, min(b, hi) - max(a, lo))
-            k += 1
-        while first < len(merged) and merged[first][1] <= hi:
-            first += 1
-        shares.append(100.0 * busy / window_ns)
-    return sum(shares) / len(shares)
+        a, b = max(a, reach), min(b, hi)
+        if b > a:
+            busy += b - a
+            reach = b
+    return 100.0 * busy / (hi - lo)

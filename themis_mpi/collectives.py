@@ -35,7 +35,7 @@ def split_bounds(n: int, parts: int) -> np.ndarray:
     return np.array(block_bounds(0, n, parts), dtype=np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stage:
     """One chunk's visit of one dim.
 

@@ -143,6 +143,7 @@ class CostModel:
         self.endpoint_delay_ns = float(endpoint_delay_ns)
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
         self.step_times_ns = lru_cache(maxsize=None)(self._step_times_ns)
+        self.stage_bytes = lru_cache(maxsize=None)(self._stage_bytes)
         self._astra_gaps_ns = lru_cache(maxsize=None)(self._astra_gaps)
 
     def step_time_ns(self, dim: Dim, msg_bytes: int, n_msgs: int) -> float:
@@ -217,8 +218,8 @@ class CostModel:
             t = t + (hops * dim.latency_ns + n_bytes / link + self.endpoint_delay_ns)
         return t
 
-    def stage_bytes(self, dim_index: int, op: str, full_elems: int) -> int:
-        """Bytes one NPU sends during the stage."""
+    def _stage_bytes(self, dim_index: int, op: str, full_elems: int) -> int:
+        """Bytes one NPU sends during the stage (`stage_bytes`, cached)."""
         dim = self.topology.dims[dim_index]
         if self.astra:
             return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize))

@@ -27,9 +27,10 @@ and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -161,7 +162,7 @@ class Process(Event):
 # --- runs --------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class StageRun:
     """One stage's life on this NPU: queued, started, ended (virtual ns; wall s)."""
 
@@ -306,6 +307,11 @@ class Transport(Protocol):
 # --- the engine --------------------------------------------------------------------------------
 
 
+def _first_index(flags: Iterator[bool], default: int) -> int:
+    """Index of the first true flag, else `default` (the scan runs in C)."""
+    return next(itertools.compress(itertools.count(), flags), default)
+
+
 class Engine:
     """Queues, slots and the event loop of one NPU.
 
@@ -336,6 +342,8 @@ class Engine:
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
+        self._keys: list[list[int]] = [[] for _ in range(n)]  # per queue: key_bytes, coll (C-speed scans)
+        self._colls: list[list[int]] = [[] for _ in range(n)]
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self.started = [0] * n
         self.now_ns = 0.0
@@ -428,20 +436,17 @@ class Engine:
 
     def _enqueue(self, stage: Stage) -> None:
         run = StageRun(stage, self.now_ns)
-        queue = self.queues[stage.dim]
+        d = stage.dim
         if self.astra and (self.intra == "fifo" or stage.op == AR):
-            pos = 0  # ahead of the first waiting stage of an earlier collective (LIFO priority)
-            while pos < len(queue) and queue[pos].stage.coll >= stage.coll:
-                pos += 1
-            queue.insert(pos, run)
-            return
-        if self.intra == "fifo" or stage.index == stage.n_stages - 2:
-            queue.append(run)  # SCF sends a chunk's second-to-last stage to the tail
-            return
-        pos = 0
-        while pos < len(queue) and queue[pos].stage.key_bytes < stage.key_bytes:
-            pos += 1
-        queue.insert(pos, run)
+            # ahead of the first waiting stage of an earlier collective (LIFO priority)
+            pos = _first_index(map(stage.coll.__gt__, self._colls[d]), len(self._colls[d]))
+        elif self.intra == "fifo" or stage.index == stage.n_stages - 2:
+            pos = len(self.queues[d])  # SCF sends a chunk's second-to-last stage to the tail
+        else:  # SCF: ahead of the first stage at least as large
+            pos = _first_index(map(stage.key_bytes.__le__, self._keys[d]), len(self._keys[d]))
+        self.queues[d].insert(pos, run)
+        self._keys[d].insert(pos, stage.key_bytes)
+        self._colls[d].insert(pos, stage.coll)
 
     def _claim_free(self, dims: Sequence[int] | None = None) -> None:
         """Start the heads of the queues of `dims` (all by default) that have a free slot.
@@ -452,6 +457,7 @@ class Engine:
             queue, slots = self.queues[d], self.slots[d]
             while queue and None in slots:
                 run = queue.pop(0)
+                del self._keys[d][0], self._colls[d][0]
                 run.slot = slots.index(None)
                 run.dim_seq = self.started[d]
                 run.start_seq = self._n_started
