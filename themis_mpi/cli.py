@@ -396,6 +396,14 @@ def _collectives(args: argparse.Namespace, topo: Topology) -> list[Collective]:
     return out
 
 
+def _one_chunk_count(args: argparse.Namespace) -> int:
+    """The chunk count of a command that takes one (train)."""
+    counts = _chunk_counts(args)
+    if len(counts) > 1:
+        raise UsageError("train takes one chunk count (sweep with the Python API or a shell loop)")
+    return counts[0]
+
+
 def _chunk_counts(args: argparse.Namespace) -> list[int]:
     if not args.chunks or any(c is None for c in args.chunks):
         raise UsageError("-c needs chunk counts, e.g. 64 or 4,16,64")
@@ -592,7 +600,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     graph = load_graph(args.workload, args.comm_group)
     given = _topology(args)
     topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
-    spec = TrainingSpec(args.chunks, args.dtype, 1, args.compute_scale, args.comm_scale)
+    spec = TrainingSpec(_one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
     configs = _configs(args)
     use_mpi = under_mpiexec()
     if not graph.symmetric and len(graph.traces) != topo.npus:
@@ -701,7 +709,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     wl = parse_workload(args.workload)
     given = _topology(args)
     topo = wl.fit_topology(given)
-    spec = TrainingSpec(args.chunks, args.dtype, args.iters, args.compute_scale, args.comm_scale)
+    spec = TrainingSpec(_one_chunk_count(args), args.dtype, args.iters, args.compute_scale, args.comm_scale)
     configs = _configs(args)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi = under_mpiexec()
