@@ -27,7 +27,7 @@ import numpy as np
 
 from . import __version__
 from .collectives import DTYPES, OPS, REDOPS, Collective
-from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
+from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, Endpoint
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
 from .engine import INTRA_POLICIES
 from .errors import UsageError
@@ -144,6 +144,26 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
     )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
+    p.add_argument(
+        "--hbm-gbps",
+        type=float,
+        default=0.0,
+        help="endpoint model: NPU memory bandwidth in GB/s; every step also pays its reduce/copy memory "
+        "traffic, overlapped with the transfer (default 0: off)",
+    )
+    p.add_argument(
+        "--compute-share",
+        type=float,
+        default=0.0,
+        help="endpoint model: share of the memory bandwidth compute keeps while it runs beside a "
+        "collective in training replay (default 0)",
+    )
+    p.add_argument(
+        "--ace",
+        action="store_true",
+        help="endpoint model: an Accelerator Collectives Engine reduces and copies; a chunk costs the NPU's "
+        "memory one read and one write",
+    )
 
 
 def _add_mpi(p: argparse.ArgumentParser, clock: bool = True) -> None:
@@ -376,6 +396,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                     time_scale=getattr(args, "time_scale", 1.0),
                     timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
                     compat=args.compat,
+                    endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
                 ),
             )
         )
@@ -400,6 +421,12 @@ def _header(topo: Topology, command: str, config: RunConfig) -> str:
         lines.append(
             f"#   endpoint delay {config.endpoint_delay_ns:g} ns"
             + (f", compat {config.compat}" if config.compat else "")
+        )
+    if config.endpoint.on:
+        e = config.endpoint
+        lines.append(
+            f"#   endpoint model: HBM {e.hbm_gbps:g} GB/s, compute share {e.compute_share:g}, "
+            + ("ACE (one read and one write per chunk)" if e.ace else "reductions and copies on the NPU")
         )
     return "\n".join(lines)
 

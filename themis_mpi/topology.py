@@ -23,6 +23,7 @@ from .limits import (
     MAX_LATENCY_NS,
     MAX_NPUS,
     MIN_BANDWIDTH_GBPS,
+    MIN_INA_EFFICIENCY,
     in_range,
 )
 
@@ -35,7 +36,7 @@ KIND_ALIASES = {
     "switch": "Switch",
 }
 SHORT_KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
-ALGORITHMS = ("ring", "direct", "halving_doubling")  # inline and CLI also accept "hd"
+ALGORITHMS = ("ring", "direct", "halving_doubling", "ina")  # inline and CLI also accept "hd", "ina:EFF"
 ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
 BYTES_PER_GB = 2**30
@@ -64,7 +65,9 @@ class Dim:
         npus: NPUs along this dim.
         bandwidth_gbps: per-NPU bandwidth of all links of this dim together, GB/s (2^30 B).
         latency_ns: per-hop latency.
-        algorithm: ring, direct or halving_doubling; defaults by kind.
+        algorithm: ring, direct, halving_doubling or ina (in-network aggregation, Switch dims
+            only; ``ina:EFF`` also sets `efficiency`); defaults by kind.
+        efficiency: share of the bandwidth an in-switch reduction reaches (ina only; 1 otherwise).
     """
 
     kind: str
@@ -72,6 +75,7 @@ class Dim:
     bandwidth_gbps: float
     latency_ns: float
     algorithm: str = ""
+    efficiency: float = 1.0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -82,6 +86,18 @@ class Dim:
         in_range("dim latency", self.latency_ns, 0, MAX_LATENCY_NS, "ns")
         algorithm = self.algorithm or default_algorithm(self.kind, self.npus)
         algorithm = ALGORITHM_ALIASES.get(algorithm, algorithm)
+        efficiency = self.efficiency
+        if algorithm.startswith("ina:"):
+            algorithm, text = "ina", algorithm[4:]
+            try:
+                efficiency = float(text)
+            except ValueError:
+                raise UsageError(f"bad ina efficiency {text!r}: use ina:EFF with 0 < EFF <= 1") from None
+        if algorithm != "ina":
+            efficiency = 1.0  # the efficiency factor applies to in-switch reductions only
+        in_range("ina efficiency", efficiency, MIN_INA_EFFICIENCY, 1.0)
+        if algorithm == "ina" and self.kind != "Switch":
+            raise UsageError(f"ina (in-network aggregation) needs a Switch dim, got a {self.kind} dim")
         if algorithm not in ALGORITHMS:
             raise UsageError(f"unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if algorithm == "halving_doubling" and not is_power_of_two(self.npus):
@@ -89,6 +105,16 @@ class Dim:
                 f"halving_doubling needs a power-of-two dim, got {self.npus} NPUs on a {self.kind} dim"
             )
         object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "efficiency", float(efficiency))
+
+    @property
+    def algorithm_label(self) -> str:
+        """The algorithm as the inline syntax writes it: ``hd``, ``ina``, ``ina:0.9``, ``ring``..."""
+        if self.algorithm == "halving_doubling":
+            return "hd"
+        if self.algorithm == "ina" and self.efficiency != 1.0:
+            return f"ina:{self.efficiency:g}"
+        return self.algorithm
 
     @property
     def hops(self) -> int:
@@ -102,8 +128,10 @@ class Dim:
 
     def spec(self) -> str:
         """The inline form of this dim, e.g. ``SW(8,100,700,hd)``."""
-        algorithm = "hd" if self.algorithm == "halving_doubling" else self.algorithm
-        return f"{SHORT_KIND[self.kind]}({self.npus},{self.bandwidth_gbps:g},{self.latency_ns:g},{algorithm})"
+        return (
+            f"{SHORT_KIND[self.kind]}({self.npus},{self.bandwidth_gbps:g},{self.latency_ns:g},"
+            f"{self.algorithm_label})"
+        )
 
 
 @dataclass(frozen=True)
