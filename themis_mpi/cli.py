@@ -201,6 +201,12 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
     p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
+    p.add_argument(
+        "--format",
+        default="themis",
+        choices=("themis", "nccl"),
+        help="table format: this package's (default) or nccl-tests' (GB/s of 1e9 B, one block per policy)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -330,6 +336,30 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1 (default all)")
     export.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
     export.add_argument("--collective", type=int, default=None, help="keep one collective")
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit a dim's latency and bandwidth to an nccl-tests log",
+        description="Read an all_reduce_perf / all_gather_perf / reduce_scatter_perf table and fit the "
+        "latency and bandwidth of one dim of the log's NPU count, by least squares on time vs size; "
+        f"print the fitted topology and the error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
+    )
+    calibrate.add_argument("log", metavar="LOG", help="nccl-tests output (text)")
+    calibrate.add_argument(
+        "-o",
+        "--op",
+        default=None,
+        choices=("all_reduce", "all_gather", "reduce_scatter"),
+        help="the collective (default: from the log)",
+    )
+    calibrate.add_argument(
+        "--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)"
+    )
+    calibrate.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
+    calibrate.add_argument("--algorithm", default="ring", help="algorithm of the fitted dim (default ring)")
+    calibrate.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
+    calibrate.add_argument("--min-size", default="1M", help="smallest size fitted (default 1M)")
+    calibrate.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
 
     sub.add_parser("topologies", help="list the topology presets")
     sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
@@ -483,7 +513,12 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
                     recorder.add_run(result, engine, backend.rank)
         events = backend.gather(recorder.my_events()) if recorder else None
         if backend.rank == 0:  # inside: the other ranks wait (patiently) until the files are written
-            print(format_table(rows, len(topo.dims), clock))
+            if args.format == "nccl":
+                from .calibrate import format_nccl
+
+                print(format_nccl(rows, topo.group_npus(colls[0].dims)))
+            else:
+                print(format_table(rows, len(topo.dims), clock))
             if args.json:
                 write_json(args.json, [r.to_dict() for r in rows])
             if recorder and events is not None:
@@ -739,6 +774,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """`themis-mpi calibrate`: fit a dim to an nccl-tests log and show the error per size."""
+    from .calibrate import fit, format_fit, read_nccl_log
+    from .limits import MAX_CHUNKS
+    from .topology import KIND_ALIASES
+
+    _check_outputs(args.json, inputs=(args.log,))
+    in_range("--chunks", args.chunks, 1, MAX_CHUNKS)
+    if args.npus is not None:
+        in_range("--npus", args.npus, 2, 2**20)
+    kind = KIND_ALIASES.get(args.kind.lower())
+    if kind is None:
+        raise UsageError(f"unknown dim kind {args.kind!r}; use SW, Ring or FC")
+    log = read_nccl_log(args.log, args.op, args.npus)
+    result = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
+    print(format_fit(log, result))
+    if args.json:
+        write_json(args.json, result.to_dict())
+    return 0
+
+
 def cmd_topologies(args: argparse.Namespace) -> int:
     """`themis-mpi topologies`: the presets with their inline form."""
     width = max(map(len, PRESETS))
@@ -772,6 +828,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": cmd_replay,
     "analyze": cmd_analyze,
     "export": cmd_export,
+    "calibrate": cmd_calibrate,
     "topologies": cmd_topologies,
     "info": cmd_info,
 }
