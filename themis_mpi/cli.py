@@ -18,6 +18,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from .launch import env_rank, under_mpiexec
 from .limits import MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
 from .output import atomic_path, check_output_path, write_json
 from .policies import POLICIES
-from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
+from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, SOURCES, Topology, parse_topology
 
 UNITS = "sizes in bytes (suffixes K/M/G are binary); bandwidth in GB/s with 1 GB = 2^30 B; times in us"
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
@@ -808,6 +809,9 @@ def cmd_topologies(args: argparse.Namespace) -> int:
             f"  {name:<{width}} {topo.npus:>5}  {topo.spec()}\n  {'':<{width}} {'':>5}  "
             f"# {DESCRIPTIONS[name]}"
         )
+        if name in SOURCES:
+            for line in textwrap.wrap(SOURCES[name], 96):
+                print(f"  {'':<{width}} {'':>5}  #   {line}")
     return 0
 
 
