@@ -78,15 +78,24 @@ class TrainingSpec:
         in_range("comm scale", self.comm_scale, 1 / MAX_SCALE, MAX_SCALE)
 
 
+def shares_memory(engine: Engine) -> bool:
+    """Whether compute and collectives share the memory: an engine whose run has the endpoint model.
+
+    (A `TrainingLoop` also drives recorders that only write the loop down, `chakra`.)
+    """
+    transport = getattr(engine, "transport", None)
+    return transport is not None and transport.config.endpoint.on
+
+
 def compute_rate(engine: Engine) -> float:
     """The pace of a compute phase starting now: 1, or less while collectives use the memory.
 
     The rule of the module doc; 1 unless the endpoint model is on. Every rank sees the same
     running stages at the same virtual time, so every rank computes the same rate.
     """
-    endpoint = engine.transport.config.endpoint
-    if not endpoint.on:
+    if not shares_memory(engine):
         return 1.0
+    endpoint = engine.transport.config.endpoint
     demand = sum(engine.transport.cost(r.stage.itemsize).memory_rate(r) for r in engine.running_stages())
     hbm = endpoint.hbm_bytes_per_ns
     return max(1.0 - min(demand, (1.0 - endpoint.compute_share) * hbm) / hbm, MIN_COMPUTE_RATE)
@@ -177,11 +186,14 @@ class TrainingLoop:
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = compute_ns * self.spec.compute_scale
         if delay_ns > 0:
-            delay_ns /= compute_rate(engine)
+            shared = shares_memory(engine)
+            if shared:
+                delay_ns /= compute_rate(engine)
+                engine.computing += 1
             self.compute_ns += delay_ns
-            engine.computing += 1
             yield engine.timeout(delay_ns)
-            engine.computing -= 1
+            if shared:
+                engine.computing -= 1
 
     def _tick(self, engine: Engine) -> ProcessGenerator:
         if self.tick_ns:
