@@ -7,7 +7,8 @@ Usage::
 Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (every dim kind
 and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
 both policies and both intra-dim policies. A spec is ``{"topology": ..., "cases": [{op, count,
-dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, compat, clock, time_scale]}]}``; the
+dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, compat, clock, time_scale, hbm_gbps,
+ace]}]}``; the
 tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any disagreement.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from themis_mpi.collectives import Collective
-from themis_mpi.cost import CostModel
+from themis_mpi.cost import CostModel, Endpoint
 from themis_mpi.driver import RunConfig, run_collective
 from themis_mpi.model import model_collective
 from themis_mpi.mpi.grid import CartGrid
@@ -74,8 +75,7 @@ def stage_cost_sums_us(engine, topo, cost):
     """Per dim, the cost model's time of every stage this rank served (us)."""
     sums = np.zeros(len(topo.dims))
     for r in engine.records:
-        s = r.stage
-        sums[s.dim] += cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0) / 1e3
+        sums[r.stage.dim] += sum(cost.run_steps_ns(r)) / 1e3
     return sums
 
 
@@ -98,13 +98,14 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
                 active_per_dim=case.get("active", 1),
                 endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0),
                 compat=case.get("compat", ""),
+                endpoint=Endpoint(case.get("hbm_gbps", 0.0), 0.0, case.get("ace", False)),
             )
             clock = replace(
                 config, clock=case.get("clock", "virtual"), time_scale=case.get("time_scale", 1.0)
             )
             emu, engine = run_collective(MpiTransport(grid, clock), coll, case["policy"])
             model, _ = model_collective(topo, coll, case["policy"], config)
-            cost = CostModel(topo, coll.itemsize, config.endpoint_delay_ns)
+            cost = CostModel(topo, coll.itemsize, config.endpoint_delay_ns, endpoint=config.endpoint)
             sums = stage_cost_sums_us(engine, topo, cost)
             busy = np.array([d.busy_us for d in emu.dims])
             lo = grid.watchdog.allreduce([emu.time_us], MPI.MIN)

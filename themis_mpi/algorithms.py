@@ -38,7 +38,16 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     An AR stage (the baseline's All-Reduce phase on its last dim) is the RS steps, which leave
     block c reduced, followed by the AG steps, which spread every reduced block back over the
     whole region; the region stays ``[lo, hi)`` throughout.
+
+    In-network aggregation (``ina``) has one step per stage, as its cost does; the switch's
+    reduction is emulated over the sub-communicator: RS and AG run as direct steps, and an AR
+    stage sends the whole region to every peer and reduces all they send into place.
     """
+    if algorithm == "ina" and op == AR and p > 1:
+        peers = [(j, lo, hi) for j in range(p) if j != c]
+        return [Step(tuple(peers), tuple(peers), REDUCE)]
+    if algorithm == "ina":
+        algorithm = "direct"
     if op == AR:
         return plan(algorithm, RS, p, c, lo, hi) + plan(algorithm, AG, p, c, lo, hi)
     b = block_bounds(lo, hi, p)

@@ -19,6 +19,7 @@ import os
 import re
 import statistics
 import sys
+import textwrap
 import time
 import traceback
 from collections.abc import Callable
@@ -29,7 +30,7 @@ import numpy as np
 from . import __version__
 from .analysis import format_size
 from .collectives import DTYPES, OPS, REDOPS, Collective
-from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
+from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, Endpoint
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
 from .engine import INTRA_POLICIES
 from .errors import UsageError
@@ -37,7 +38,7 @@ from .launch import env_rank, under_mpiexec
 from .limits import MAX_CHUNKS, MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
 from .output import RowFiles, atomic_path, check_output_path, write_json
 from .policies import POLICIES
-from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
+from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, SOURCES, Topology, parse_topology
 
 UNITS = "sizes in bytes (suffixes K/M/G are binary); bandwidth in GB/s with 1 GB = 2^30 B; times in us"
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
@@ -153,6 +154,26 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
     )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
+    p.add_argument(
+        "--hbm-gbps",
+        type=float,
+        default=0.0,
+        help="endpoint model: NPU memory bandwidth in GB/s; every step also pays its reduce/copy memory "
+        "traffic, overlapped with the transfer (default 0: off)",
+    )
+    p.add_argument(
+        "--compute-share",
+        type=float,
+        default=0.0,
+        help="endpoint model: share of the memory bandwidth compute keeps while it runs beside a "
+        "collective in training replay (default 0)",
+    )
+    p.add_argument(
+        "--ace",
+        action="store_true",
+        help="endpoint model: an Accelerator Collectives Engine reduces and copies; a chunk costs the NPU's "
+        "memory one read and one write",
+    )
 
 
 def _add_mpi(p: argparse.ArgumentParser, clock: bool = True) -> None:
@@ -194,6 +215,12 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV, updated as each row finishes")
     p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--format",
+        default="themis",
+        choices=("themis", "nccl"),
+        help="table format: this package's (default) or nccl-tests' (GB/s of 1e9 B, one block per policy)",
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -324,6 +351,30 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
     export.add_argument("--collective", type=int, default=None, help="keep one collective")
 
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="fit a dim's latency and bandwidth to an nccl-tests log",
+        description="Read an all_reduce_perf / all_gather_perf / reduce_scatter_perf table and fit the "
+        "latency and bandwidth of one dim of the log's NPU count, by least squares on time vs size; "
+        f"print the fitted topology and the error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
+    )
+    calibrate.add_argument("log", metavar="LOG", help="nccl-tests output (text)")
+    calibrate.add_argument(
+        "-o",
+        "--op",
+        default=None,
+        choices=("all_reduce", "all_gather", "reduce_scatter"),
+        help="the collective (default: from the log)",
+    )
+    calibrate.add_argument(
+        "--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)"
+    )
+    calibrate.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
+    calibrate.add_argument("--algorithm", default="ring", help="algorithm of the fitted dim (default ring)")
+    calibrate.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
+    calibrate.add_argument("--min-size", default="1M", help="smallest size fitted (default 1M)")
+    calibrate.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
+
     sub.add_parser("topologies", help="list the topology presets")
     sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
     return parser
@@ -448,6 +499,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
                     time_scale=getattr(args, "time_scale", 1.0),
                     timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
                     compat=args.compat,
+                    endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
                 ),
             )
         )
@@ -472,6 +524,12 @@ def _header(topo: Topology, command: str, config: RunConfig) -> str:
         lines.append(
             f"#   endpoint delay {config.endpoint_delay_ns:g} ns"
             + (f", compat {config.compat}" if config.compat else "")
+        )
+    if config.endpoint.on:
+        e = config.endpoint
+        lines.append(
+            f"#   endpoint model: HBM {e.hbm_gbps:g} GB/s, compute share {e.compute_share:g}, "
+            + ("ACE (one read and one write per chunk)" if e.ace else "reductions and copies on the NPU")
         )
     return "\n".join(lines)
 
@@ -518,7 +576,9 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
             if backend.rank == 0:
                 _check_outputs(args.json, args.csv, args.trace)
                 progress.write(_header(topo, command, configs[0][1]))
-                progress.write(table_header(len(topo.dims), clock))
+                if args.format != "nccl":
+                    progress.write(table_header(len(topo.dims), clock))
+            rows = []
             for coll in colls:
                 for policy, config in configs:
                     transport = backend.transport(config)
@@ -533,9 +593,15 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
                     if recorder:
                         recorder.add_run(result, engine, backend.rank)
                     if backend.rank == 0:
-                        progress.write(table_row(result))
+                        if args.format != "nccl":
+                            progress.write(table_row(result))
                         files.add(result.to_dict())
+                    rows.append(result)
                     progress.update()
+            if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
+                from .calibrate import format_nccl
+
+                progress.write(format_nccl(rows, topo.group_npus(colls[0].dims)))
             events = backend.gather(recorder.my_events()) if recorder else None
             if backend.rank == 0 and recorder and events is not None:
                 recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
@@ -828,6 +894,27 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """`themis-mpi calibrate`: fit a dim to an nccl-tests log and show the error per size."""
+    from .calibrate import fit, format_fit, read_nccl_log
+    from .limits import MAX_CHUNKS
+    from .topology import KIND_ALIASES
+
+    _check_outputs(args.json, inputs=(args.log,))
+    in_range("--chunks", args.chunks, 1, MAX_CHUNKS)
+    if args.npus is not None:
+        in_range("--npus", args.npus, 2, 2**20)
+    kind = KIND_ALIASES.get(args.kind.lower())
+    if kind is None:
+        raise UsageError(f"unknown dim kind {args.kind!r}; use SW, Ring or FC")
+    log = read_nccl_log(args.log, args.op, args.npus)
+    result = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
+    print(format_fit(log, result))
+    if args.json:
+        write_json(args.json, result.to_dict())
+    return 0
+
+
 def cmd_topologies(args: argparse.Namespace) -> int:
     """`themis-mpi topologies`: the presets with their inline form."""
     width = max(map(len, PRESETS))
@@ -841,6 +928,9 @@ def cmd_topologies(args: argparse.Namespace) -> int:
             f"  {name:<{width}} {topo.npus:>5}  {topo.spec()}\n  {'':<{width}} {'':>5}  "
             f"# {DESCRIPTIONS[name]}"
         )
+        if name in SOURCES:
+            for line in textwrap.wrap(SOURCES[name], 96):
+                print(f"  {'':<{width}} {'':>5}  #   {line}")
     return 0
 
 
@@ -861,6 +951,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "replay": cmd_replay,
     "analyze": cmd_analyze,
     "export": cmd_export,
+    "calibrate": cmd_calibrate,
     "topologies": cmd_topologies,
     "info": cmd_info,
 }

@@ -151,7 +151,9 @@ def chunk_stages(
     All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
     dim's RS and AG are separate stages (Themis), or with `fuse_last` one AR stage that holds
     the dim for both halves (the baseline: ASTRA-sim's ``Sys::generate_collective`` with
-    ``localBWAware`` builds an All-Reduce phase there).
+    ``localBWAware`` builds an All-Reduce phase there). An ina last dim is always one AR stage:
+    in-network aggregation reduces and returns the chunk in one pass through the switch, where
+    separate halves would send it up twice.
     Reduce-scatter: RS along `order`. All-gather: AG along `order`, growing to `chunk_elems`.
     All-to-all: one A2A stage per dim along `order`, size unchanged.
     """
@@ -167,7 +169,7 @@ def chunk_stages(
         rs = [(d, RS, s) for d, s in zip(down, sizes)]
         ag = [(d, AG, s) for d, s in zip(down[::-1], sizes[::-1])]
         plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
-        if fuse_last and op == "all_reduce" and rs:
+        if op == "all_reduce" and rs and (fuse_last or topology.dims[rs[-1][0]].algorithm == "ina"):
             plan = [*rs[:-1], (rs[-1][0], AR, rs[-1][2]), *ag[1:]]
     itemsize = collective.itemsize
     return [

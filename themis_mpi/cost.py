@@ -23,6 +23,22 @@ branch ASTRA-sim-1.0 and its analytical backend), see `astra_steps`:
 - a received reduce-scatter message is reduced locally in ``3 * floor(bytes / 500000)`` ns
   (``PacketBundle::call``: ``mem_write + 2 mem_read`` of ``SimpleMemory``, 500000 B/ns).
 
+In-network aggregation (``ina``, Switch dims, `ina_traffic`): the NPU streams its data up to
+the switch, which reduces it and streams the result down. A step costs ``2 * latency_ns +
+max(up, down) / (efficiency * B) + endpoint_delay_ns`` (two hops; up and down overlap on the
+full-duplex port): an AR stage sends S up and receives S down, an RS stage sends S and receives
+S/P, an AG stage sends S/P and receives S (the switch multicasts). All-to-all on an ina dim runs
+direct.
+
+The endpoint model (`Endpoint`, off unless ``hbm_gbps`` is set) adds the NPU's memory traffic
+(`memory_bytes`): a step costs ``hops * latency_ns + max(network_ns, memory_bytes / M_d) +
+endpoint_delay_ns``, network transfer and memory traffic overlapping as in a pipeline. ``M_d``
+is dim d's share of the HBM bandwidth H given to collectives, split between the dims in
+proportion to their network bandwidth: ``M_d = H * (1 - s) * B_d / sum(B)``, with ``s`` the
+compute share when a compute phase was running at the stage's start (`Engine.computing`) and 0
+otherwise. With ACE the engine reduces and copies: a chunk reads its input from HBM once (spread
+over its first stage's steps) and writes its output once (over its last stage's steps).
+
 Sizes are nominal: a stage on ``full_elems`` elements splits them into P blocks of
 ``ceil(full_elems / P)`` elements, the size every rank's timing uses even where the real blocks
 are a little shorter. Timing therefore never differs between ranks, so every rank makes the same
@@ -32,10 +48,12 @@ scheduling decisions (padding in time, as a real implementation pads in memory).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 from .errors import UsageError
-from .topology import Dim, Topology
+from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
+from .topology import BYTES_PER_GB, Dim, Topology
 
 RS, AG, A2A, AR = "RS", "AG", "A2A", "AR"
 P2P = "P2P"  # a point-to-point message (`CostModel.p2p_ns`), not a collective stage
@@ -45,6 +63,44 @@ ASTRA_CYCLE_NS = 1.0  # one cycle of ASTRA-sim's clock: every step of its worklo
 COMPATS = ("", ASTRA_SIM_1_0)
 ASTRA_MEM_BYTES_PER_NS = 500000  # SimpleMemory(npu_access_bw_GB=500000) in the backend's main.cc
 ASTRA_MEM_ACCESSES = 3  # PacketBundle::call: mem_write + mem_read + mem_read, each floored
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The NPU endpoint: its memory bandwidth, the share kept for compute, and ACE.
+
+    Attributes:
+        hbm_gbps: HBM bandwidth per NPU in GB/s (2^30 B); 0 turns the endpoint model off.
+        compute_share: share of the HBM bandwidth compute keeps while it runs beside a
+            collective (training replay); collectives get the rest then, all of it otherwise.
+        ace: an Accelerator Collectives Engine reduces and copies, so a chunk costs the NPU's
+            memory one read of its input and one write of its output.
+    """
+
+    hbm_gbps: float = 0.0
+    compute_share: float = 0.0
+    ace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hbm_gbps:
+            in_range("HBM bandwidth", self.hbm_gbps, MIN_HBM_GBPS, MAX_HBM_GBPS, "GB/s")
+        elif self.ace or self.compute_share:
+            raise UsageError("--ace and --compute-share need the endpoint model: set --hbm-gbps")
+        in_range("compute share", self.compute_share, 0.0, MAX_COMPUTE_SHARE)
+
+    @property
+    def on(self) -> bool:
+        """Whether steps pay for memory traffic."""
+        return self.hbm_gbps > 0
+
+    @property
+    def hbm_bytes_per_ns(self) -> float:
+        """H in bytes per ns."""
+        return self.hbm_gbps * BYTES_PER_GB / 1e9
+
+
+NO_ENDPOINT = Endpoint()
+REDUCE_MEM, COPY_MEM = 5, 2  # NPU memory bytes per network byte of a reduce / copy step (`memory_bytes`)
 
 
 def check_compat(compat: str) -> str:
@@ -101,6 +157,38 @@ def block_elems(full_elems: int, npus: int) -> int:
     return -(-full_elems // npus)
 
 
+def ina_traffic(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[int, int]:
+    """Bytes one NPU sends up to and receives from the switch in an ina stage (one step)."""
+    full = block_elems(full_elems, dim.npus) * dim.npus * itemsize
+    block = full // dim.npus
+    return {RS: (full, block), AG: (block, full), AR: (full, full)}[op]
+
+
+def memory_bytes(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[int, ...]:
+    """NPU memory bytes of each step without ACE (the README's table).
+
+    A sent message is read from HBM once; a received message is written once (copy), or
+    written, read back with the local operand and the sum written (reduce): ``5 n b`` for a
+    reduce-scatter step of n messages of b bytes, ``2 n b`` for an all-gather or all-to-all
+    step. An ina step reads what it sends up and writes what comes down.
+    """
+    if dim.npus == 1:
+        return ()
+    if dim.algorithm == "ina" and op != A2A:
+        return (sum(ina_traffic(dim, op, full_elems, itemsize)),)
+    if op == AR:
+        return memory_bytes(dim, RS, full_elems, itemsize) + memory_bytes(dim, AG, full_elems, itemsize)
+    per_byte = REDUCE_MEM if op == RS else COPY_MEM
+    return tuple(per_byte * b * n for b, n in steps(dim, op, full_elems, itemsize))
+
+
+def io_bytes(op: str, full_elems: int, npus: int, itemsize: int) -> tuple[int, int]:
+    """A stage's input and output bytes (an RS leaves a block, an AG starts from one)."""
+    full = full_elems * itemsize
+    block = block_elems(full_elems, npus) * itemsize
+    return (block if op == AG else full), (block if op == RS else full)
+
+
 def steps(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[tuple[int, int], ...]:
     """The algorithm steps of one stage: a tuple of (message bytes, messages at once).
 
@@ -115,6 +203,8 @@ def steps(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[tuple[int,
     if p == 1:
         return ()
     block_bytes = block_elems(full_elems, p) * itemsize
+    if dim.algorithm == "ina" and op != A2A:  # what the NPU sends up (`ina_traffic`)
+        return ((ina_traffic(dim, op, full_elems, itemsize)[0], 1),)
     if op == AR:
         return steps(dim, RS, full_elems, itemsize) + steps(dim, AG, full_elems, itemsize)
     if op == A2A or dim.algorithm == "direct":
@@ -135,24 +225,96 @@ class CostModel:
         itemsize: bytes per element of the collective.
         endpoint_delay_ns: extra delay per algorithm step (ASTRA-sim adds 10 ns).
         compat: "" for this project's model, or "astra-sim-1.0" to time steps as `astra_steps`.
+        endpoint: the NPU's memory bandwidth and ACE (off by default).
     """
 
-    def __init__(self, topology: Topology, itemsize: int, endpoint_delay_ns: float = 0.0, compat: str = ""):
+    def __init__(
+        self,
+        topology: Topology,
+        itemsize: int,
+        endpoint_delay_ns: float = 0.0,
+        compat: str = "",
+        endpoint: Endpoint = NO_ENDPOINT,
+    ):
         self.topology = topology
         self.itemsize = itemsize
         self.endpoint_delay_ns = float(endpoint_delay_ns)
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
-        self.step_times_ns = lru_cache(maxsize=None)(self._step_times_ns)
         self.stage_bytes = lru_cache(maxsize=None)(self._stage_bytes)
+        self.endpoint = endpoint
+        if self.astra and (endpoint.on or any(d.algorithm == "ina" for d in topology.dims)):
+            raise UsageError("the endpoint model and ina are not part of --compat astra-sim-1.0")
+        share = sum(d.bandwidth_bytes_per_ns for d in topology.dims if d.npus > 1) or 1.0
+        self.memory_bytes_per_ns = [
+            endpoint.hbm_bytes_per_ns * d.bandwidth_bytes_per_ns / share for d in topology.dims
+        ]
+        self._step_times = lru_cache(maxsize=None)(self._step_times_ns)
         self._astra_gaps_ns = lru_cache(maxsize=None)(self._astra_gaps)
 
-    def step_time_ns(self, dim: Dim, msg_bytes: int, n_msgs: int) -> float:
-        """Time of one step: n messages of msg_bytes sent at once on dim (to n different peers)."""
+    def step_times_ns(
+        self,
+        dim_index: int,
+        op: str,
+        full_elems: int,
+        first: bool = False,
+        last: bool = False,
+        shared: bool = False,
+    ) -> tuple[float, ...]:
+        """The times of a stage's steps.
+
+        `first` and `last` say whether the stage is its chunk's first and last (ACE reads and
+        writes the chunk's data there), `shared` whether a compute phase ran when it started;
+        they matter only under the endpoint model.
+        """
+        if not self.endpoint.on:
+            return self._step_times(dim_index, op, full_elems, False, False, False)
+        if not self.endpoint.ace:
+            first = last = False
+        return self._step_times(
+            dim_index, op, full_elems, first, last, shared and self.endpoint.compute_share > 0
+        )
+
+    def step_time_ns(self, dim: Dim, msg_bytes: int, n_msgs: int, memory_ns: float = 0.0) -> float:
+        """Time of one step: n messages of msg_bytes sent at once on dim (to n different peers).
+
+        `memory_ns`, the step's NPU memory time under the endpoint model, overlaps the transfer.
+        """
         if dim.kind == "FullyConnected":  # one link of B/(P-1) per peer, all in parallel
             transfer_ns = msg_bytes * (dim.npus - 1) / dim.bandwidth_bytes_per_ns
         else:  # one port of B, shared
             transfer_ns = n_msgs * msg_bytes / dim.bandwidth_bytes_per_ns
-        return dim.hops * dim.latency_ns + transfer_ns + self.endpoint_delay_ns
+        return dim.hops * dim.latency_ns + max(transfer_ns, memory_ns) + self.endpoint_delay_ns
+
+    def ina_step_ns(self, dim: Dim, op: str, full_elems: int, memory_ns: float = 0.0) -> float:
+        """Time of an ina stage's one step: two hops, then max(up, down) at efficiency * B."""
+        up, down = ina_traffic(dim, op, full_elems, self.itemsize)
+        transfer_ns = max(up, down) / (dim.efficiency * dim.bandwidth_bytes_per_ns)
+        return dim.hops * dim.latency_ns + max(transfer_ns, memory_ns) + self.endpoint_delay_ns
+
+    def step_memory_bytes(
+        self, dim_index: int, op: str, full_elems: int, first: bool, last: bool
+    ) -> list[float]:
+        """Each step's NPU memory bytes under the endpoint model (module doc); zeros when it is off.
+
+        With ACE, a chunk's first stage reads its input and its last stage writes its output,
+        spread evenly over the stage's steps (the engine streams them).
+        """
+        dim = self.topology.dims[dim_index]
+        n = len(steps(dim, op, full_elems, self.itemsize))
+        if not self.endpoint.on or n == 0:
+            return [0.0] * n
+        if not self.endpoint.ace:
+            return [float(m) for m in memory_bytes(dim, op, full_elems, self.itemsize)]
+        read, write = io_bytes(op, full_elems, dim.npus, self.itemsize)
+        return [((read if first else 0) + (write if last else 0)) / n] * n
+
+    def memory_ns(self, dim_index: int, op: str, full_elems: int, first: bool, last: bool, shared: bool):
+        """Each step's NPU memory time: its bytes at the dim's share of the HBM (module doc)."""
+        mem = self.step_memory_bytes(dim_index, op, full_elems, first, last)
+        if not self.endpoint.on:
+            return tuple(0.0 for _ in mem)
+        rate = self.memory_bytes_per_ns[dim_index] * (1 - self.endpoint.compute_share if shared else 1.0)
+        return tuple(m / rate for m in mem)
 
     def message_ns(self, dim: Dim, msg_bytes: int, hops: int) -> float:
         """ASTRA-sim 1.0's time of one message: whole ns, one FullyConnected link per peer."""
@@ -190,18 +352,57 @@ class CostModel:
                 key.append(t)
         return tuple(key)
 
-    def _step_times_ns(self, dim_index: int, op: str, full_elems: int) -> tuple[float, ...]:
+    def _step_times_ns(
+        self, dim_index: int, op: str, full_elems: int, first: bool, last: bool, shared: bool
+    ) -> tuple[float, ...]:
         dim = self.topology.dims[dim_index]
         if self.astra:
             return tuple(sum(g) for g in self._astra_gaps_ns(dim_index, op, full_elems))
-        return tuple(self.step_time_ns(dim, b, n) for b, n in steps(dim, op, full_elems, self.itemsize))
+        mem = self.memory_ns(dim_index, op, full_elems, first, last, shared)
+        if dim.algorithm == "ina" and op != A2A and dim.npus > 1:
+            return (self.ina_step_ns(dim, op, full_elems, mem[0]),)
+        return tuple(
+            self.step_time_ns(dim, b, n, m)
+            for (b, n), m in zip(steps(dim, op, full_elems, self.itemsize), mem)
+        )
 
-    def stage_end_ns(self, dim_index: int, op: str, full_elems: int, start_ns: float) -> float:
+    def stage_end_ns(
+        self,
+        dim_index: int,
+        op: str,
+        full_elems: int,
+        start_ns: float,
+        first: bool = False,
+        last: bool = False,
+        shared: bool = False,
+    ) -> float:
         """End of a stage started at start_ns, summed step by step exactly as the emulator does."""
         t = start_ns
-        for step_ns in self.step_times_ns(dim_index, op, full_elems):
+        for step_ns in self.step_times_ns(dim_index, op, full_elems, first, last, shared):
             t = t + step_ns
         return t
+
+    def run_steps_ns(self, run) -> tuple[float, ...]:
+        """The step times of a started stage (`engine.StageRun`).
+
+        Its place in its chunk and whether compute shared the memory when it started count.
+        """
+        s = run.stage
+        return self.step_times_ns(
+            s.dim, s.op, s.full_elems, s.index == 0, s.index == s.n_stages - 1, run.mem_shared
+        )
+
+    def memory_rate(self, run) -> float:
+        """Average NPU memory bytes per ns of a started stage (training replay's compute rule)."""
+        if not self.endpoint.on:
+            return 0.0
+        s = run.stage
+        ace = self.endpoint.ace
+        mem = self.step_memory_bytes(
+            s.dim, s.op, s.full_elems, ace and s.index == 0, ace and s.index == s.n_stages - 1
+        )
+        total_ns = sum(self.run_steps_ns(run))
+        return sum(mem) / total_ns if total_ns > 0 else 0.0
 
     def p2p_ns(self, path: tuple[tuple[int, int], ...], n_bytes: int) -> float:
         """A point-to-point message of n_bytes over `path`, a tuple of (dim, hops) in dim order.
@@ -229,14 +430,23 @@ class CostModel:
 class CostModels:
     """The cost model of each element size a run uses, made on first use (callable by itemsize)."""
 
-    def __init__(self, topology: Topology, endpoint_delay_ns: float = 0.0, compat: str = ""):
+    def __init__(
+        self,
+        topology: Topology,
+        endpoint_delay_ns: float = 0.0,
+        compat: str = "",
+        endpoint: Endpoint = NO_ENDPOINT,
+    ):
         self.topology, self.endpoint_delay_ns, self.compat = topology, endpoint_delay_ns, compat
+        self.endpoint = endpoint
         self._models: dict[int, CostModel] = {}
 
     def __call__(self, itemsize: int) -> CostModel:
         """The cost model for one element size."""
         if itemsize not in self._models:
-            self._models[itemsize] = CostModel(self.topology, itemsize, self.endpoint_delay_ns, self.compat)
+            self._models[itemsize] = CostModel(
+                self.topology, itemsize, self.endpoint_delay_ns, self.compat, self.endpoint
+            )
         return self._models[itemsize]
 
 

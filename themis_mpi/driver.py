@@ -21,7 +21,7 @@ import numpy as np
 
 from .analysis import CollectiveResult, TrainingResult, dim_results, summarize
 from .collectives import Collective
-from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, check_compat
+from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, NO_ENDPOINT, Endpoint, check_compat
 from .engine import INTRA_POLICIES, CollectiveRun, Engine, Transport
 from .errors import UsageError
 from .graph import Graph, GraphReplay, graph_collectives, plan_graph
@@ -48,6 +48,7 @@ class RunConfig:
         timeout_s: seconds a rank waits without progress before it ends the job (MPI only).
         compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
             semantics where they are modelling choices (see `cost` and `engine`).
+        endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
     """
 
     intra: str = "fifo"
@@ -57,9 +58,12 @@ class RunConfig:
     time_scale: float = 1.0
     timeout_s: float = DEFAULT_TIMEOUT_S
     compat: str = ""
+    endpoint: Endpoint = NO_ENDPOINT
 
     def __post_init__(self) -> None:
         check_compat(self.compat)
+        if self.compat and self.endpoint.on:
+            raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
         if self.intra not in INTRA_POLICIES:
             raise UsageError(f"unknown intra-dim policy {self.intra!r}; use fifo or scf")
         in_range("active chunks per dim", self.active_per_dim, 1, 1024)

@@ -175,6 +175,7 @@ class StageRun:
     start_seq: int = -1
     wall_start_s: float = math.nan
     wall_end_s: float = math.nan
+    mem_shared: bool = False  # a compute phase was running when it started (`cost.Endpoint`)
 
 
 @dataclass(eq=False)
@@ -355,6 +356,7 @@ class Engine:
         self._running = 0
         self._claimed: list[StageRun] = []  # started, not yet handed to the transport
         self._n_started = 0
+        self.computing = 0  # compute phases running now (training replay; `cost.Endpoint`)
         self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
 
     # --- the process API -----------------------------------------------------------------------
@@ -462,6 +464,7 @@ class Engine:
                 run.dim_seq = self.started[d]
                 run.start_seq = self._n_started
                 run.start_ns = self.now_ns
+                run.mem_shared = self.computing > 0
                 self.started[d] += 1
                 self._n_started += 1
                 slots[run.slot] = run
@@ -501,6 +504,10 @@ class Engine:
         coll.succeed(coll)
 
     # --- the event loop ------------------------------------------------------------------------
+
+    def running_stages(self) -> list[StageRun]:
+        """The stages holding a dim slot now."""
+        return [run for slots in self.slots for run in slots if run is not None]
 
     def _finish_order_key(self, run: StageRun, t_ns: float) -> tuple[float, ...]:
         s = run.stage

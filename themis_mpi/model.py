@@ -46,7 +46,7 @@ class ModelTransport:
         self.topology = topology
         self.config = config
         self.clock = VirtualClock()
-        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat)
+        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self._heap: list[tuple[float, int, StageRun]] = []
         self._seq = 0
 
@@ -77,7 +77,9 @@ class ModelTransport:
         if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
             end_ns = run.start_ns + self.cost(1).p2p_ns(run.path, run.nbytes)
         else:
-            end_ns = self.cost(s.itemsize).stage_end_ns(s.dim, s.op, s.full_elems, run.start_ns)
+            end_ns = run.start_ns
+            for step_ns in self.cost(s.itemsize).run_steps_ns(run):
+                end_ns = end_ns + step_ns
         heapq.heappush(self._heap, (end_ns, self._seq, run))
         self._seq += 1
 

@@ -60,6 +60,17 @@ class ThemisTracker:
     def _ratio(self, d: int) -> float:
         return self.topology.dims[d].bandwidth_gbps / self.topology.dims[0].bandwidth_gbps
 
+    def _rs_share(self, d: int) -> float:
+        """Bytes dim d's port carries per byte reduce-scattered on it (same for its all-gather).
+
+        (P-1)/P for ring, direct and halving-doubling; 1/efficiency for ina, whose NPU sends all
+        it holds up (RS) or receives all of it down (AG) through the switch (`cost.ina_traffic`).
+        """
+        dim = self.topology.dims[d]
+        if dim.algorithm == "ina":
+            return 1.0 / dim.efficiency
+        return (dim.npus - 1) / dim.npus
+
     def next_order(self, op: str, chunk_bytes: int) -> list[int]:
         """Choose one chunk's order (rules 1 to 4 of THEMIS.md) and add its load."""
         n = len(self.loads)
@@ -68,8 +79,8 @@ class ThemisTracker:
         if first is None:
             return baseline_order(op, n)
         last = self._sorted[-1]
-        p = self.topology.dims[first].npus
-        gap_bytes = (self.loads[last] - self.loads[first]) * self._ratio(first) / ((p - 1) / p) * MIB
+        gap = (self.loads[last] - self.loads[first]) * self._ratio(first)
+        gap_bytes = gap / self._rs_share(first) * MIB
         if gap_bytes < chunk_bytes / 16:
             self.fallbacks += 1
             self._sorted = list(range(n))
@@ -85,14 +96,22 @@ class ThemisTracker:
             for d in order:
                 if self._active(d):
                     p_d = self.topology.dims[d].npus
-                    self.loads[d] += m / MIB * (p_d - 1) / self._ratio(d)
+                    if self.topology.dims[d].algorithm == "ina":
+                        self.loads[d] += m * p_d / MIB * self._rs_share(d) / self._ratio(d)
+                    else:
+                        self.loads[d] += m / MIB * (p_d - 1) / self._ratio(d)
                     m *= p_d
             return order
         m = chunk_bytes
+        last_active = [d for d in rs_order if self._active(d)][-1]
         for d in rs_order:
             if self._active(d):
                 p_d = self.topology.dims[d].npus
-                self.loads[d] += m / MIB * (p_d - 1) / p_d / self._ratio(d)
+                if self.topology.dims[d].algorithm == "ina":  # the last one is one AR pass: half of RS + AG
+                    fused = 0.5 if d == last_active else 1.0
+                    self.loads[d] += fused * m / MIB * self._rs_share(d) / self._ratio(d)
+                else:
+                    self.loads[d] += m / MIB * (p_d - 1) / p_d / self._ratio(d)
                 m //= p_d
         return rs_order
 

@@ -23,6 +23,7 @@ from .limits import (
     MAX_LATENCY_NS,
     MAX_NPUS,
     MIN_BANDWIDTH_GBPS,
+    MIN_INA_EFFICIENCY,
     in_range,
 )
 
@@ -35,7 +36,7 @@ KIND_ALIASES = {
     "switch": "Switch",
 }
 SHORT_KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
-ALGORITHMS = ("ring", "direct", "halving_doubling")  # inline and CLI also accept "hd"
+ALGORITHMS = ("ring", "direct", "halving_doubling", "ina")  # inline and CLI also accept "hd", "ina:EFF"
 ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
 BYTES_PER_GB = 2**30
@@ -64,7 +65,9 @@ class Dim:
         npus: NPUs along this dim.
         bandwidth_gbps: per-NPU bandwidth of all links of this dim together, GB/s (2^30 B).
         latency_ns: per-hop latency.
-        algorithm: ring, direct or halving_doubling; defaults by kind.
+        algorithm: ring, direct, halving_doubling or ina (in-network aggregation, Switch dims
+            only; ``ina:EFF`` also sets `efficiency`); defaults by kind.
+        efficiency: share of the bandwidth an in-switch reduction reaches (ina only; 1 otherwise).
     """
 
     kind: str
@@ -72,6 +75,7 @@ class Dim:
     bandwidth_gbps: float
     latency_ns: float
     algorithm: str = ""
+    efficiency: float = 1.0
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -82,6 +86,18 @@ class Dim:
         in_range("dim latency", self.latency_ns, 0, MAX_LATENCY_NS, "ns")
         algorithm = self.algorithm or default_algorithm(self.kind, self.npus)
         algorithm = ALGORITHM_ALIASES.get(algorithm, algorithm)
+        efficiency = self.efficiency
+        if algorithm.startswith("ina:"):
+            algorithm, text = "ina", algorithm[4:]
+            try:
+                efficiency = float(text)
+            except ValueError:
+                raise UsageError(f"bad ina efficiency {text!r}: use ina:EFF with 0 < EFF <= 1") from None
+        if algorithm != "ina":
+            efficiency = 1.0  # the efficiency factor applies to in-switch reductions only
+        in_range("ina efficiency", efficiency, MIN_INA_EFFICIENCY, 1.0)
+        if algorithm == "ina" and self.kind != "Switch":
+            raise UsageError(f"ina (in-network aggregation) needs a Switch dim, got a {self.kind} dim")
         if algorithm not in ALGORITHMS:
             raise UsageError(f"unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
         if algorithm == "halving_doubling" and not is_power_of_two(self.npus):
@@ -89,6 +105,16 @@ class Dim:
                 f"halving_doubling needs a power-of-two dim, got {self.npus} NPUs on a {self.kind} dim"
             )
         object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "efficiency", float(efficiency))
+
+    @property
+    def algorithm_label(self) -> str:
+        """The algorithm as the inline syntax writes it: ``hd``, ``ina``, ``ina:0.9``, ``ring``..."""
+        if self.algorithm == "halving_doubling":
+            return "hd"
+        if self.algorithm == "ina" and self.efficiency != 1.0:
+            return f"ina:{self.efficiency:g}"
+        return self.algorithm
 
     @property
     def hops(self) -> int:
@@ -102,8 +128,10 @@ class Dim:
 
     def spec(self) -> str:
         """The inline form of this dim, e.g. ``SW(8,100,700,hd)``."""
-        algorithm = "hd" if self.algorithm == "halving_doubling" else self.algorithm
-        return f"{SHORT_KIND[self.kind]}({self.npus},{self.bandwidth_gbps:g},{self.latency_ns:g},{algorithm})"
+        return (
+            f"{SHORT_KIND[self.kind]}({self.npus},{self.bandwidth_gbps:g},{self.latency_ns:g},"
+            f"{self.algorithm_label})"
+        )
 
 
 @dataclass(frozen=True)
@@ -184,6 +212,11 @@ PRESETS = {
     "3D-FC_Ring_SW": "FC(8,175,700)_Ring(16,100,700)_SW(8,50,1700)",
     "4D-Ring_SW_SW_SW": "Ring(4,250,20)_SW(4,200,700)_SW(8,100,700)_SW(8,50,1700)",
     "4D-Ring_FC_Ring_SW": "Ring(4,375,20)_FC(8,175,700)_Ring(4,150,700)_SW(8,100,1700)",
+    # Platforms the paper names (sources in SOURCES; 1 GB = 2^30 B, so 450e9 B/s = 419.1 GB/s).
+    "HGX-H100-SW_SW_SW": "SW(8,419.1,700)_SW(32,46.57,1700)_SW(4,46.57,1700)",
+    "Zion-FC_SW": "FC(8,175,700)_SW(128,46.57,1700)",
+    "TPUv4-4x4x4": "Ring(4,93.13,500)_Ring(4,93.13,500)_Ring(4,93.13,500)",
+    "TPUv4-16x16x16": "Ring(16,93.13,500)_Ring(16,93.13,500)_Ring(16,93.13,500)",
     # ASTRA-sim's 2023 tutorial point (THEMIS.md): 512 NPUs, halving-doubling everywhere.
     "tutorial-8x8x8": "SW(8,50,1)_SW(8,50,1)_SW(8,50,1)",
     # Laptop sizes. Equal bandwidth per dim makes the baseline overload dim 0.
@@ -198,12 +231,37 @@ DESCRIPTIONS = {
     "3D-FC_Ring_SW": "paper: Zion-like FC package, ring, scale-out switch",
     "4D-Ring_SW_SW_SW": "paper: 4 levels",
     "4D-Ring_FC_Ring_SW": "paper: 4 levels",
+    "HGX-H100-SW_SW_SW": "HGX/DGX H100 SuperPOD: NVSwitch x8, rail leaf x32 nodes, spine x4 units",
+    "Zion-FC_SW": "Facebook Zion: 8 OAMs fully connected, scale-out switch",
+    "TPUv4-4x4x4": "TPU v4 cube: 64 chips, 3D torus",
+    "TPUv4-16x16x16": "TPU v4 pod: 4096 chips, 3D torus (OCS-closed wraparound)",
     "tutorial-8x8x8": "ASTRA-sim 2023 tutorial (1 GiB AR check)",
     "2x2x2": "laptop, 8 ranks, equal bandwidth",
     "4x4x4": "laptop/cluster, 64 ranks, equal bandwidth",
     "2x2x2-hetero": "laptop, 8 ranks, 200/100/50 GB/s",
     "4x2": "laptop, 8 ranks, two dims",
     "8": "laptop, 8 ranks, one ring",
+}
+
+SOURCES = {
+    "HGX-H100-SW_SW_SW": (
+        "dim 0: NVLink 4 through NVSwitch, 18 links = 450 GB/s (1e9 B/s) per direction per GPU, 8 GPUs "
+        "(NVIDIA H100 datasheet, HGX H100 / DGX H100 user guide); dim 1: one ConnectX-7 400 Gb/s = 50e9 B/s "
+        "per GPU into its rail's leaf switch, 32 nodes per scalable unit; dim 2: non-blocking spine, 4 "
+        "scalable units (NVIDIA DGX SuperPOD H100 reference architecture). Latencies are the Themis "
+        "paper's (700 ns in-node switch, 1700 ns scale-out), not measured."
+    ),
+    "Zion-FC_SW": (
+        "8 OAM accelerators fully connected in the node (Facebook Zion, OCP Summit 2019; OCP OAM spec: "
+        "7 links per module); FC bandwidth and latency are the Themis paper's FC package (175 GB/s, "
+        "700 ns); scale-out assumed one 400 Gb/s NIC per accelerator (50e9 B/s) into a 128-node switch."
+    ),
+    "TPUv4-4x4x4": (
+        "TPU v4 (Jouppi et al., ISCA 2023): 6 ICI links per chip, a 4x4x4 cube per rack, cubes joined by "
+        "optical circuit switches into a torus; a link carries 50e9 B/s per direction (400 Gb/s), two "
+        "links per dim = 100e9 B/s = 93.13 GB/s; 500 ns per hop assumed (sub-microsecond neighbours)."
+    ),
+    "TPUv4-16x16x16": "as TPUv4-4x4x4; 64 cubes = 4096 chips in a 16x16x16 torus (the full pod).",
 }
 
 _INLINE_DIM = re.compile(r"^\s*([A-Za-z]+)\s*\(([^()]*)\)\s*$")

@@ -26,6 +26,13 @@ Several collectives are in flight at once and share the dims' queues. Every coll
 orders are chosen up front by the coordinator (the Themis loads reset per collective, so this is
 what choosing them at issue gives) and broadcast once. ASTRA-sim also spends one cycle on every
 step of its loop; with ``compat="astra-sim-1.0"`` the loop does too (`TrainingLoop.tick_ns`).
+
+Under the endpoint model (`cost.Endpoint`) compute and collectives share the NPU's memory
+bandwidth H, by a rule every rank applies to the same engine state: a stage that starts while a
+compute phase runs gets ``(1 - compute_share)`` of its memory share (`cost.CostModel`), and a
+compute phase (taken as memory-bound) that starts while stages run progresses at the rate
+``max(1 - min(D, (1 - compute_share) H) / H, MIN_COMPUTE_RATE)``, D being the running stages'
+average memory bytes per ns (`cost.CostModel.memory_rate`).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from .errors import UsageError
 from .limits import MAX_CHUNKS, MAX_ITERS, MAX_SCALE, MAX_SIZE_BYTES, in_range
 from .topology import Topology
 from .workload import PHASES, Layer, Workload
+
+MIN_COMPUTE_RATE = 1 / 64  # compute never stops entirely under the endpoint model
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,29 @@ class TrainingSpec:
         in_range("iterations", self.iterations, 1, MAX_ITERS)
         in_range("compute scale", self.compute_scale, 0, MAX_SCALE)
         in_range("comm scale", self.comm_scale, 1 / MAX_SCALE, MAX_SCALE)
+
+
+def shares_memory(engine: Engine) -> bool:
+    """Whether compute and collectives share the memory: an engine whose run has the endpoint model.
+
+    (A `TrainingLoop` also drives recorders that only write the loop down, `chakra`.)
+    """
+    transport = getattr(engine, "transport", None)
+    return transport is not None and transport.config.endpoint.on
+
+
+def compute_rate(engine: Engine) -> float:
+    """The pace of a compute phase starting now: 1, or less while collectives use the memory.
+
+    The rule of the module doc; 1 unless the endpoint model is on. Every rank sees the same
+    running stages at the same virtual time, so every rank computes the same rate.
+    """
+    if not shares_memory(engine):
+        return 1.0
+    endpoint = engine.transport.config.endpoint
+    demand = sum(engine.transport.cost(r.stage.itemsize).memory_rate(r) for r in engine.running_stages())
+    hbm = endpoint.hbm_bytes_per_ns
+    return max(1.0 - min(demand, (1.0 - endpoint.compute_share) * hbm) / hbm, MIN_COMPUTE_RATE)
 
 
 def collective_of(
@@ -154,8 +186,14 @@ class TrainingLoop:
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = compute_ns * self.spec.compute_scale
         if delay_ns > 0:
+            shared = shares_memory(engine)
+            if shared:
+                delay_ns /= compute_rate(engine)
+                engine.computing += 1
             self.compute_ns += delay_ns
             yield engine.timeout(delay_ns)
+            if shared:
+                engine.computing -= 1
 
     def _tick(self, engine: Engine) -> ProcessGenerator:
         if self.tick_ns:

@@ -140,7 +140,7 @@ class MpiTransport:
         self.clock = make_clock(config.clock, config.time_scale)
         self.rank = grid.rank
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
-        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat)
+        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec | _MessageExec] = []
         self._reqs: list[MPI.Request] = []
@@ -234,7 +234,7 @@ class MpiTransport:
             (sum(b - a for _, a, b in st.recvs) for st in steps if st.mode != algorithms.COPY), default=0
         )
         scratch = self._scratch(scratch_elems * collective.itemsize).view(collective.dtype)
-        costs = self.cost(collective.itemsize).step_times_ns(s.dim, s.op, s.full_elems)
+        costs = self.cost(collective.itemsize).run_steps_ns(run)
         ex = _StageExec(run, self.grid.subcomms[s.dim], run.dim_seq % self.tag_mod, steps, costs, scratch)
         run.wall_start_s = time.perf_counter()
         self._active.append(ex)
