@@ -1,5 +1,6 @@
 """Rules for dying and silent ranks: bounded time, a one-line diagnosis, no complete-looking trace."""
 
+import json
 import os
 import signal
 import subprocess
@@ -374,9 +375,11 @@ def test_a_wall_clock_step_longer_than_the_timeout_is_not_silence():
             "500000",
             "--timeout-s",
             "1",
+            "--json",
+            "-",
         ],
         timeout_s=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    row = proc.stdout.strip().splitlines()[-1].split()
-    assert row[11] == "0"  # wrong
+    (row,) = json.loads(proc.stdout[proc.stdout.index("\n[") :])
+    assert row["wrong"] == 0 and row["time_us"] > 2.4e6 / 500000 * 1e6 / 1e6

@@ -609,7 +609,8 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
                     f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
                 )
     progress.close()
-    files.close()
+    if backend.rank == 0:
+        files.close()
     return 0
 
 
