@@ -58,6 +58,9 @@ class CollectiveResult:
     Times are virtual microseconds except `wall_s` (the slowest rank's wall seconds); under the
     wall clock `time_us` is the measured wall time divided by the time scale and `virtual_us`
     keeps the virtual one. `wrong` is summed over ranks (None when not checked, and in the model).
+    `dim_bound_us` is the per-dim bound of the schedule that ran, ``max_d(bytes_d / B_d)``;
+    `schedule` names what the policy chose (e.g. ``themis-lat/scf/16`` under predictive) and
+    `decision_s` is the coordinator's time to choose it.
     """
 
     op: str
@@ -84,6 +87,9 @@ class CollectiveResult:
     npus: int = 0
     iters: int = 1
     time_scale: float = 1.0
+    dim_bound_us: float = 0.0
+    schedule: str = ""
+    decision_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -112,6 +118,7 @@ class TrainingResult:
     workload: str = ""
     topology: str = ""
     npus: int = 0
+    decision_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -156,6 +163,7 @@ def summarize(
         time_us = (run.end_ns - run.issued_ns) / 1e3
     ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
     algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
+    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns))
     return CollectiveResult(
         op=coll.op,
         involved=list(coll.dims),
@@ -164,13 +172,22 @@ def summarize(
         count=coll.count,
         dtype=coll.dtype,
         redop=coll.redop,
-        chunks=coll.n_chunks,
+        chunks=len(run.bounds) - 1,
         time_us=time_us,
         ideal_us=ideal_us,
         algbw_gbps=algbw,
         busbw_gbps=busbw,
         utilization=ideal_us / time_us if time_us > 0 else 1.0,
-        dims=dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns)),
+        dims=dims,
+        dim_bound_us=dim_bound_us(dims, topology),
+    )
+
+
+def dim_bound_us(dims: Sequence[DimResult], topology: Topology) -> float:
+    """The per-dim bound of a schedule: ``max_d(bytes_d / B_d)`` in us (bytes one NPU sent on d)."""
+    return max(
+        (d.bytes / topology.dims[d.dim].bandwidth_bytes_per_ns / 1e3 for d in dims),
+        default=0.0,
     )
 
 
@@ -194,13 +211,13 @@ def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
     """An nccl-tests-like table, one line per row, units in the header."""
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(n_dims))
     head = (
-        f"#{'size':>10} {'count':>11} {'type':>7} {'policy':>8} {'intra':>5} {'chunks':>6} "
-        f"{'time_us':>12} {'ideal_us':>12} {'algbw':>8} {'busbw':>8} {'util%':>6} "
+        f"#{'size':>10} {'count':>11} {'type':>7} {'policy':>10} {'intra':>5} {'chunks':>6} "
+        f"{'time_us':>12} {'ideal_us':>12} {'dimbound_us':>12} {'algbw':>8} {'busbw':>8} {'util%':>6} "
         f"{'#wrong':>7}{dim_cols} {'wall_s':>9}"
     )
     unit = (
-        f"#{'(B)':>10} {'(elements)':>11} {'':>7} {'':>8} {'':>5} {'':>6} "
-        f"{'(' + clock + ')':>12} {'':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6} {'':>7}"
+        f"#{'(B)':>10} {'(elements)':>11} {'':>7} {'':>10} {'':>5} {'':>6} "
+        f"{'(' + clock + ')':>12} {'':>12} {'':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6} {'':>7}"
         f"{'':>{7 * n_dims}} {'(median)':>9}"
     )
     lines = [head, unit]
@@ -208,8 +225,8 @@ def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
         dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
         wrong = "N/A" if r.wrong is None else str(r.wrong)
         lines.append(
-            f" {r.size_bytes:>10} {r.count:>11} {r.dtype:>7} {r.policy:>8} "
-            f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} "
+            f" {r.size_bytes:>10} {r.count:>11} {r.dtype:>7} {r.policy:>10} "
+            f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} {r.dim_bound_us:>12.2f} "
             f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
             f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
         )

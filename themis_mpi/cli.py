@@ -1,6 +1,7 @@
 """The `themis-mpi` command: options in, domain objects out, library calls, tables printed.
 
-Subcommands: run (under mpiexec), model, train, replay, analyze, export, topologies, info. Sizes
+Subcommands: run (under mpiexec), model, train, replay, analyze, export, topologies, policies,
+info. Sizes
 follow nccl-tests: ``-b`` first size, ``-e`` last size, ``-f`` factor between sizes, with binary
 suffixes K, M, G (64M = 64 * 2^20 bytes). Bandwidths are GB/s with 1 GB = 2^30 bytes.
 
@@ -29,11 +30,10 @@ from . import __version__
 from .collectives import DTYPES, OPS, REDOPS, Collective
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
-from .engine import INTRA_POLICIES
 from .errors import UsageError
 from .launch import env_rank, under_mpiexec
 from .output import write_json
-from .policies import POLICIES
+from .policies import InterPolicy, inter_class, inter_names, intra_class, intra_names, make_inter, origin
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, Topology, parse_topology
 
 UNITS = "sizes in bytes (suffixes K/M/G are binary); bandwidth in GB/s with 1 GB = 2^30 B; times in us"
@@ -115,13 +115,17 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
 def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument("-c", "--chunks", type=int, default=64, help="chunks per collective (default 64)")
     p.add_argument(
-        "-p", "--policy", default="both", choices=(*POLICIES, "both"), help="inter-dim policy (default both)"
+        "-p",
+        "--policy",
+        default="both",
+        help="inter-dim policies, comma-separated (see `themis-mpi policies`); both = baseline,themis; "
+        "all = every one (default both)",
     )
     p.add_argument(
         "--intra",
         default="auto",
-        choices=(*INTRA_POLICIES, "auto"),
-        help="intra-dim queue policy; auto = fifo for baseline, scf for themis",
+        help="intra-dim queue policy (fifo, scf, rg, lrpf or a plugin); auto = each inter-dim policy's "
+        "own (fifo for baseline and roundRobin, scf otherwise)",
     )
     p.add_argument("--active-chunks-per-dim", type=int, default=1, help="stages each dim runs at once (1)")
     p.add_argument(
@@ -279,6 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--collective", type=int, default=None, help="keep one collective")
 
     sub.add_parser("topologies", help="list the topology presets")
+    sub.add_parser("policies", help="list the inter-dim and intra-dim scheduling policies (and plugins)")
     sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
     return parser
 
@@ -321,12 +326,28 @@ def _endpoint_delay_ns(args: argparse.Namespace) -> float:
     return ASTRA_ENDPOINT_DELAY_NS if args.compat == ASTRA_SIM_1_0 else 0.0
 
 
-def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
-    """(policy, RunConfig) per policy to run; intra `auto` is fifo for baseline, scf for themis."""
-    policies = POLICIES if args.policy == "both" else (args.policy,)
+def _policy_names(text: str) -> list[str]:
+    """The names of `--policy`: a comma-separated list, ``both`` (baseline,themis) or ``all``."""
+    if text == "all":
+        return inter_names()
+    names = ["baseline", "themis"] if text == "both" else [n.strip() for n in text.split(",")]
+    for name in names:
+        inter_class(name)
+    return names
+
+
+def _configs(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:
+    """(policy, RunConfig) per policy to run; intra `auto` is the policy's own default.
+
+    Each policy is one instance for the whole command, so state it keeps between collectives
+    (roundRobin's counter) carries on.
+    """
+    if args.intra != "auto":
+        intra_class(args.intra)
     out = []
-    for policy in policies:
-        intra = args.intra if args.intra != "auto" else ("fifo" if policy == "baseline" else "scf")
+    for name in _policy_names(args.policy):
+        policy = make_inter(name)
+        intra = args.intra if args.intra != "auto" else policy.default_intra
         out.append(
             (
                 policy,
@@ -571,6 +592,21 @@ def cmd_topologies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policies(args: argparse.Namespace) -> int:
+    """`themis-mpi policies`: every inter-dim and intra-dim policy, with where it comes from."""
+    inter, intra = inter_names(), intra_names()
+    width = max(map(len, inter + intra))
+    print(f"# inter-dim policies (--policy); {len(inter)}")
+    for name in inter:
+        cls = inter_class(name)
+        tags = f"auto intra {cls.default_intra}" + (", sizes chunks" if cls.sizes_chunks else "")
+        print(f"  {name:<{width}}  {cls.description}  [{tags}; {origin(name)}]")
+    print(f"# intra-dim policies (--intra); {len(intra)}")
+    for name in intra:
+        print(f"  {name:<{width}}  {intra_class(name).description}  [{origin(name)}]")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """`themis-mpi info`: versions, for bug reports and trace metadata."""
     from .trace import versions
@@ -588,6 +624,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "analyze": cmd_analyze,
     "export": cmd_export,
     "topologies": cmd_topologies,
+    "policies": cmd_policies,
     "info": cmd_info,
 }
 
