@@ -1,9 +1,10 @@
 """`predictive`: the coordinator tries candidate schedules on the model and keeps the fastest.
 
-Rank 0 builds the candidates (baseline with FIFO, Themis with SCF and themis-lat with SCF, each at
-the requested chunk count and at every halving of it down to one chunk), times each with the
-model transport under the run's own cost model (`PolicyContext.evaluate_collective`), and
-broadcasts the fastest; ties go to the earlier candidate. Since the baseline and Themis at the
+Rank 0 times candidate schedules with the model transport under the run's own cost model
+(`PolicyContext.evaluate_collective`) and broadcasts the fastest (`fastest`): baseline with FIFO
+and Themis with SCF at the requested chunk count, then themis-lat with SCF at the requested count
+and at its halvings, down to one chunk or until two halvings in a row bring nothing. A candidate
+whose lower bound (busiest dim, longest chunk chain) cannot beat the best time so far is skipped. Since the baseline and Themis at the
 requested chunk count are candidates, the choice is never slower than either on the model, and the
 emulator's virtual clock equals the model.
 
@@ -23,13 +24,16 @@ import itertools
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from ..collectives import Collective
+from ..collectives import Collective, chunk_stages
 from .base import InterPolicy, PolicyContext, Schedule
 
 BASE_CANDIDATES = (("baseline", "fifo"), ("themis", "scf"), ("themis-lat", "scf"))
+LADDER = ("themis-lat", "scf")  # the policy whose chunk count is searched
+PATIENCE = 2  # halvings in a row without a better time end the chunk-count search
 
 
 def chunk_variants(collective: Collective) -> list[int]:
@@ -41,33 +45,67 @@ def chunk_variants(collective: Collective) -> list[int]:
     return out
 
 
-def candidates(context: PolicyContext, collective: Collective) -> list[Schedule]:
-    """Every candidate schedule of a collective, labelled ``policy/intra/chunks``."""
-    from dataclasses import replace
-
+def candidate(context: PolicyContext, collective: Collective, name: str, intra: str, chunks: int) -> Schedule:
+    """One candidate: policy `name` with queue policy `intra` at `chunks` chunks, labelled."""
     from .registry import make_inter
 
-    out = []
-    for name, intra in BASE_CANDIDATES:
-        policy = make_inter(name)
-        for chunks in chunk_variants(collective):
-            variant = replace(collective, chunks=chunks)
-            s = policy.schedule(context, variant)
-            out.append(replace(s, intra=intra, label=f"{name}/{intra}/{s.n_chunks}"))
-    return out
+    s = make_inter(name).schedule(context, replace(collective, chunks=chunks))
+    return replace(s, intra=intra, label=f"{name}/{intra}/{s.n_chunks}")
 
 
-def fastest(
-    context: PolicyContext, collective: Collective
-) -> tuple[Schedule, float, list[tuple[str, float]]]:
-    """The fastest candidate on the model, its time in us, and every candidate's time."""
+def lower_bound_us(context: PolicyContext, collective: Collective, schedule: Schedule) -> float:
+    """A time no run of the schedule beats, in us.
+
+    The busiest dim's stage time (over its slots), and the longest chunk's own chain of stages
+    (a chunk's stages run one after another).
+    """
+    topo, cost = context.topology, context.cost(collective.itemsize)
+    busy = [0.0] * len(topo.dims)
+    chain, memo = 0.0, {}
+    for k in range(schedule.n_chunks):
+        key = (schedule.chunk_elems(k), tuple(schedule.orders[k].tolist()))
+        if key not in memo:
+            per_dim = [0.0] * len(topo.dims)
+            for st in chunk_stages(topo, collective, 0, k, key[0], key[1], schedule.fuse_last):
+                per_dim[st.dim] += cost.stage_end_ns(st.dim, st.op, st.full_elems, 0.0)
+            memo[key] = per_dim
+        per_dim = memo[key]
+        chain = max(chain, sum(per_dim))
+        busy = [b + a for b, a in zip(busy, per_dim)]
+    return max(chain, max(busy) / context.config.active_per_dim) / 1e3
+
+
+def fastest(context: PolicyContext, collective: Collective) -> tuple[Schedule, float, list[tuple[str, float]]]:
+    """The fastest candidate on the model, its time in us, and the times of those timed.
+
+    Timed in this order: baseline and Themis at the requested chunk count (so the choice is never
+    slower than either), then themis-lat at the requested count and at each halving, until
+    `PATIENCE` halvings in a row bring no better time. A candidate whose `lower_bound_us` is above
+    the best time so far is not timed. Equal times keep the earlier candidate.
+    """
     assert context.evaluate_collective is not None
-    best, best_us, times = None, float("inf"), []
-    for s in candidates(context, collective):
+    best: Schedule | None = None
+    best_us, times = float("inf"), []
+
+    def consider(s: Schedule) -> bool:
+        nonlocal best, best_us
+        if best is not None and lower_bound_us(context, collective, s) > best_us:
+            return False
         t = context.evaluate_collective(collective, s)
         times.append((s.label, t))
         if t < best_us:
             best, best_us = s, t
+            return True
+        return False
+
+    for name, intra in BASE_CANDIDATES:
+        if (name, intra) != LADDER:
+            consider(candidate(context, collective, name, intra, collective.n_chunks))
+    misses = 0
+    for chunks in chunk_variants(collective):
+        misses = 0 if consider(candidate(context, collective, *LADDER, chunks)) else misses + 1
+        if misses >= PATIENCE and chunks < collective.n_chunks:
+            break
     assert best is not None
     return best, best_us, times
 
@@ -108,8 +146,6 @@ class Predictive(InterPolicy):
 
 
 def _with(schedule: Schedule, intra: str, label: str) -> Schedule:
-    from dataclasses import replace
-
     return replace(schedule, intra=intra, label=label)
 
 
