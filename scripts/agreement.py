@@ -6,9 +6,10 @@ Usage::
 
 Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (every dim kind
 and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
-every built-in inter-dim policy with FIFO and SCF, and themis with RG and LRPF. A spec is ``{"topology": ..., "cases": [{op, count,
-dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, compat, clock, time_scale]}]}``; the
-tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any disagreement.
+every built-in inter-dim policy with FIFO and SCF, and themis with RG and LRPF. A spec is
+``{"topology": ..., "cases": [{op, count, dtype, chunks, policy, intra[, active, redop,
+endpoint_delay_ns, compat, clock, time_scale]}]}``; the tests use it. Rank 0 prints a table and
+writes JSON; the exit status is 1 on any disagreement.
 """
 
 import argparse

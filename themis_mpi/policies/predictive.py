@@ -4,9 +4,9 @@ Rank 0 times candidate schedules with the model transport under the run's own co
 (`PolicyContext.evaluate_collective`) and broadcasts the fastest (`fastest`): baseline with FIFO
 and Themis with SCF at the requested chunk count, then themis-lat with SCF at the requested count
 and at its halvings, down to one chunk or until two halvings in a row bring nothing. A candidate
-whose lower bound (busiest dim, longest chunk chain) cannot beat the best time so far is skipped. Since the baseline and Themis at the
-requested chunk count are candidates, the choice is never slower than either on the model, and the
-emulator's virtual clock equals the model.
+whose lower bound (busiest dim, longest chunk chain) cannot beat the best time so far is skipped.
+Since the baseline and Themis at the requested chunk count are candidates, the choice is never
+slower than either on the model, and the emulator's virtual clock equals the model.
 
 For a training run (`Predictive.schedule_all`) the candidates are whole assignments: every
 collective under baseline, under Themis, under themis-lat, and each collective's own fastest
@@ -75,7 +75,9 @@ def lower_bound_us(context: PolicyContext, collective: Collective, schedule: Sch
     return max(chain, max(busy) / context.config.active_per_dim) / 1e3
 
 
-def fastest(context: PolicyContext, collective: Collective) -> tuple[Schedule, float, list[tuple[str, float]]]:
+def fastest(
+    context: PolicyContext, collective: Collective
+) -> tuple[Schedule, float, list[tuple[str, float]]]:
     """The fastest candidate on the model, its time in us, and the times of those timed.
 
     Timed in this order: baseline and Themis at the requested chunk count (so the choice is never
@@ -150,17 +152,25 @@ def _with(schedule: Schedule, intra: str, label: str) -> Schedule:
 
 
 def best_found(
-    context: PolicyContext, collective: Collective, budget_s: float = 0.2, seed: int = 0
+    context: PolicyContext,
+    collective: Collective,
+    budget_s: float = 0.2,
+    seed: int = 0,
+    start: tuple[Schedule, float] | None = None,
 ) -> tuple[Schedule, float, int]:
     """A local search over chunk orders with the model as the oracle, bounded in time.
 
     Starts from the fastest `predictive` candidate; each move gives one chunk another order of
     its active dims (every order with up to 4 active dims) and is kept when the model says the
-    collective got faster. Returns the best schedule, its time in us and the evaluations made.
+    collective got faster. `start` (a schedule and its time) replaces the first step. Returns the
+    best schedule, its time in us and the evaluations made.
     """
     assert context.evaluate_collective is not None
-    best, best_us, times = fastest(context, collective)
-    evaluations = len(times)
+    if start is None:
+        best, best_us, times = fastest(context, collective)
+        evaluations = len(times)
+    else:
+        (best, best_us), evaluations = start, 0
     topo = context.topology
     active = [d for d in range(len(topo.dims)) if d in collective.dims and topo.dims[d].npus > 1]
     rest = [d for d in range(len(topo.dims)) if d not in active]
