@@ -6,10 +6,10 @@ Usage::
 
 Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (every dim kind
 and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
-both policies and both intra-dim policies. A spec is ``{"topology": ..., "cases": [{op, count,
-dtype, chunks, policy, intra[, active, redop, endpoint_delay_ns, compat, clock, time_scale, hbm_gbps,
-ace]}]}``; the
-tests use it. Rank 0 prints a table and writes JSON; the exit status is 1 on any disagreement.
+every built-in inter-dim policy with FIFO and SCF, and themis with RG and LRPF. A spec is
+``{"topology": ..., "cases": [{op, count, dtype, chunks, policy, intra[, active, redop,
+endpoint_delay_ns, compat, clock, time_scale, hbm_gbps, ace]}]}``; the tests use it. Rank 0
+prints a table and writes JSON; the exit status is 1 on any disagreement.
 """
 
 import argparse
@@ -55,7 +55,7 @@ def default_topologies(n: int) -> list[str]:
 
 
 def default_cases() -> list[dict]:
-    """Two sizes x three chunk counts x both policies x both intra-dim policies."""
+    """Two sizes x three chunk counts x every built-in policy pair (see the module doc)."""
     return [
         {
             "op": "all_reduce",
@@ -65,8 +65,16 @@ def default_cases() -> list[dict]:
             "policy": policy,
             "intra": intra,
         }
-        for (count, chunks), policy, intra in itertools.product(
-            [(100003, 7), (100003, 64), (1 << 20, 1), (1 << 20, 64)], ["baseline", "themis"], ["fifo", "scf"]
+        for (count, chunks), (policy, intra) in itertools.product(
+            [(100003, 7), (100003, 64), (1 << 20, 1), (1 << 20, 64)],
+            [
+                *itertools.product(
+                    ["baseline", "themis", "themisFlex", "roundRobin", "themis-lat", "predictive"],
+                    ["fifo", "scf"],
+                ),
+                ("themis", "rg"),
+                ("themis", "lrpf"),
+            ],
         )
     ]
 

@@ -97,7 +97,7 @@ def test_json_rows_hold_the_documented_fields(tmp_path):
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
         (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
         (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
-        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "unknown policy"),
+        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "unknown policy 'greedy'"),
         (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
     ],
 )

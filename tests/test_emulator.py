@@ -110,3 +110,44 @@ def test_astra_sim_compat_mode_moves_exact_data_in_the_models_time(tmp_path, n, 
         assert [d["busy_us"] for d in r["emu"]["dims"]] == [d["busy_us"] for d in r["model"]["dims"]], r[
             "case"
         ]
+
+
+EVERY_POLICY = [
+    ("baseline", "fifo"),
+    ("themis", "scf"),
+    ("themisFlex", "scf"),
+    ("roundRobin", "fifo"),
+    ("themis-lat", "scf"),
+    ("predictive", "scf"),
+    ("themis", "rg"),
+    ("themis", "lrpf"),
+    ("baseline", "lrpf"),
+    ("themisFlex", "rg"),
+]
+
+
+@pytest.mark.parametrize("topo", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
+def test_every_policy_on_8_ranks_moves_exact_data_in_the_models_time(tmp_path, topo):
+    """Every inter- and intra-dim policy of the registry (variable chunks included): wrong = 0 and the model's times exactly."""
+    cases = [
+        {"op": op, "count": count, "chunks": chunks, "dtype": "float32", "policy": pol, "intra": intra}
+        for pol, intra in EVERY_POLICY
+        for op, count, chunks in [
+            ("all_reduce", 100003, 7),
+            ("all_reduce", 1 << 18, 16),
+            ("reduce_scatter", 1 << 16, 8),
+            ("all_gather", 1 << 16, 8),
+        ]
+    ]
+    rows = run_cases(8, {"topology": topo, "cases": cases}, tmp_path)
+    assert len(rows) == len(cases)
+    for r in rows:
+        assert r["emu"]["wrong"] == 0, r["case"]
+        assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
+        assert r["emu"]["chunks"] == r["model"]["chunks"], r["case"]
+        assert [d["busy_us"] for d in r["emu"]["dims"]] == [d["busy_us"] for d in r["model"]["dims"]], r[
+            "case"
+        ]
+    if topo == "2x2x2":  # here themisFlex's loads drift apart, so some chunks grow
+        flex = [r for r in rows if r["case"]["policy"] == "themisFlex" and r["case"]["op"] == "all_reduce"]
+        assert any(r["emu"]["chunks"] != r["case"]["chunks"] for r in flex)

@@ -6,7 +6,7 @@ from themis_mpi.collectives import Collective, chunk_stages
 from themis_mpi.cost import AG, RS, CostModel, ideal_time_us, steps
 from themis_mpi.driver import RunConfig
 from themis_mpi.model import model_collective
-from themis_mpi.policies import fuses_last_dim
+from themis_mpi.policies import inter_class
 from themis_mpi.topology import Dim, parse_topology
 
 
@@ -47,11 +47,12 @@ def test_one_chunk_time_is_the_sum_of_its_stage_times(topo_name, policy):
     coll = Collective("all_reduce", 3 * 2**20 + 1, "float32", 1, tuple(range(len(topo.dims))))
     row, engine = model_collective(topo, coll, policy)
     cost = CostModel(topo, 4)
-    stages = chunk_stages(topo, coll, 0, 0, coll.count, list(range(len(topo.dims))), fuses_last_dim(policy))
+    fused = inter_class(policy).fuses_last_dim
+    stages = chunk_stages(topo, coll, 0, 0, coll.count, list(range(len(topo.dims))), fused)
     total_us = sum(cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0) for s in stages) / 1e3
     assert row.time_us == pytest.approx(total_us, rel=1e-12)
     involved = sum(1 for d in topo.dims if d.npus > 1)
-    assert len(engine.records) == len(stages) == 2 * involved - fuses_last_dim(policy)
+    assert len(engine.records) == len(stages) == 2 * involved - fused
 
 
 def test_equal_bandwidth_2x2x2_baseline_utilization_is_58_percent():

@@ -24,9 +24,9 @@ def run_loop(tmp_path, text, topology):
     topo = wl.fit_topology(parse_topology(topology))
     transport = ModelTransport(topo, config)
     collectives = distinct_collectives(wl, topo, spec)
-    orders = dict(zip(collectives, share_orders(transport, "baseline", collectives)))
+    schedules = dict(zip(collectives, share_orders(transport, "baseline", collectives)))
     engine = Engine(topo, transport)
-    loop = TrainingLoop(wl, topo, spec, orders)
+    loop = TrainingLoop(wl, topo, spec, schedules)
     engine.process(loop.process(engine))
     engine.run()
     return loop, engine

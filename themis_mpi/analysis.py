@@ -58,6 +58,9 @@ class CollectiveResult:
     Times are virtual microseconds except `wall_s` (the slowest rank's wall seconds); under the
     wall clock `time_us` is the measured wall time divided by the time scale and `virtual_us`
     keeps the virtual one. `wrong` is summed over ranks (None when not checked, and in the model).
+    `dim_bound_us` is the per-dim bound of the schedule that ran, ``max_d(bytes_d / B_d)``;
+    `schedule` names what the policy chose (e.g. ``themis-lat/scf/16`` under predictive) and
+    `decision_s` is the coordinator's time to choose it.
     """
 
     op: str
@@ -84,6 +87,9 @@ class CollectiveResult:
     npus: int = 0
     iters: int = 1
     time_scale: float = 1.0
+    dim_bound_us: float = 0.0
+    schedule: str = ""
+    decision_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -112,6 +118,7 @@ class TrainingResult:
     workload: str = ""
     topology: str = ""
     npus: int = 0
+    decision_s: float = 0.0
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -156,6 +163,7 @@ def summarize(
         time_us = (run.end_ns - run.issued_ns) / 1e3
     ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
     algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
+    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns))
     return CollectiveResult(
         op=coll.op,
         involved=list(coll.dims),
@@ -164,13 +172,22 @@ def summarize(
         count=coll.count,
         dtype=coll.dtype,
         redop=coll.redop,
-        chunks=coll.n_chunks,
+        chunks=len(run.bounds) - 1,
         time_us=time_us,
         ideal_us=ideal_us,
         algbw_gbps=algbw,
         busbw_gbps=busbw,
         utilization=ideal_us / time_us if time_us > 0 else 1.0,
-        dims=dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns)),
+        dims=dims,
+        dim_bound_us=dim_bound_us(dims, topology),
+    )
+
+
+def dim_bound_us(dims: Sequence[DimResult], topology: Topology) -> float:
+    """The per-dim bound of a schedule: ``max_d(bytes_d / B_d)`` in us (bytes one NPU sent on d)."""
+    return max(
+        (d.bytes / topology.dims[d.dim].bandwidth_bytes_per_ns / 1e3 for d in dims),
+        default=0.0,
     )
 
 
@@ -195,13 +212,13 @@ def table_header(n_dims: int, clock: str) -> str:
     """The two header lines of the `run`/`model` table (units on the second)."""
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(n_dims))
     head = (
-        f"#{'size':>9} {'count':>11} {'type':>7} {'policy':>8} {'intra':>5} {'chunks':>6} "
-        f"{'time_us':>12} {'ideal_us':>12} {'algbw':>8} {'busbw':>8} {'util%':>6} "
+        f"#{'size':>9} {'count':>11} {'type':>7} {'policy':>10} {'intra':>5} {'chunks':>6} "
+        f"{'time_us':>12} {'ideal_us':>12} {'dimbound_us':>12} {'algbw':>8} {'busbw':>8} {'util%':>6} "
         f"{'#wrong':>7}{dim_cols} {'wall_s':>9}"
     )
     unit = (
-        f"#{'':>9} {'(elements)':>11} {'':>7} {'':>8} {'':>5} {'':>6} "
-        f"{'(' + clock + ')':>12} {'':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6} {'':>7}"
+        f"#{'':>9} {'(elements)':>11} {'':>7} {'':>10} {'':>5} {'':>6} "
+        f"{'(' + clock + ')':>12} {'':>12} {'':>12} {'(GB/s)':>8} {'(GB/s)':>8} {'':>6} {'':>7}"
         f"{'':>{7 * n_dims}} {'(median)':>9}"
     )
     return f"{head}\n{unit}"
@@ -212,8 +229,8 @@ def table_row(r: CollectiveResult) -> str:
     dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
     wrong = "N/A" if r.wrong is None else str(r.wrong)
     return (
-        f" {format_size(r.size_bytes):>9} {r.count:>11} {r.dtype:>7} {r.policy:>8} "
-        f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} "
+        f" {format_size(r.size_bytes):>9} {r.count:>11} {r.dtype:>7} {r.policy:>10} "
+        f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} {r.dim_bound_us:>12.2f} "
         f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
         f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
     )

@@ -75,11 +75,21 @@ def group_rank(topology: Topology, dims, coords) -> int:
     return sum(coords[d] * stride for d, stride in topology.group_strides(dims).items())
 
 
-def owned_regions(topology: Topology, collective: Collective, coords, orders) -> list[tuple[int, int]]:
-    """Per chunk, the region a full reduce-scatter along the chunk's order leaves on this NPU."""
-    bounds = collective.chunk_bounds()
+def _bounds(collective: Collective, bounds) -> np.ndarray:
+    """The run's chunk bounds, or the collective's nominal ones."""
+    return collective.chunk_bounds() if bounds is None else np.asarray(bounds, dtype=np.int64)
+
+
+def owned_regions(
+    topology: Topology, collective: Collective, coords, orders, bounds=None
+) -> list[tuple[int, int]]:
+    """Per chunk, the region a full reduce-scatter along the chunk's order leaves on this NPU.
+
+    `bounds` are the run's chunk bounds (default: the collective's nominal chunks).
+    """
+    bounds = _bounds(collective, bounds)
     regions = []
-    for k in range(collective.n_chunks):
+    for k in range(len(bounds) - 1):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         for d in rs_dims(topology, collective, orders[k]):
             lo, hi = owned_region(topology.dims[d].npus, coords[d], lo, hi)
@@ -87,12 +97,12 @@ def owned_regions(topology: Topology, collective: Collective, coords, orders) ->
     return regions
 
 
-def owners(topology: Topology, collective: Collective, orders) -> np.ndarray:
+def owners(topology: Topology, collective: Collective, orders, bounds=None) -> np.ndarray:
     """Group rank of the NPU whose block each element is after a reduce-scatter."""
     strides = topology.group_strides(collective.dims)
     owner = np.zeros(collective.count, dtype=np.int64)
-    bounds = collective.chunk_bounds()
-    for k in range(collective.n_chunks):
+    bounds = _bounds(collective, bounds)
+    for k in range(len(bounds) - 1):
         leaves = [(int(bounds[k]), int(bounds[k + 1]), 0)]
         for d in rs_dims(topology, collective, orders[k]):
             p = topology.dims[d].npus
@@ -122,27 +132,29 @@ def check_range(dtype, npus: int) -> None:
         )
 
 
-def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders):
-    """Write this NPU's closed-form input; an all-gather fills only its own blocks."""
+def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders, bounds=None):
+    """Write this NPU's closed-form input; an all-gather fills only its own blocks (of `bounds`)."""
     n = topology.group_npus(collective.dims)
     check_range(buffer.dtype, n)
     rank = group_rank(topology, collective.dims, coords)
     pattern = input_values(rank, n, 0, value_period(n), buffer.dtype)
     if collective.op == "all_gather":
         buffer[:] = SENTINEL
-        for lo, hi in owned_regions(topology, collective, coords, orders):
+        for lo, hi in owned_regions(topology, collective, coords, orders, bounds):
             fill_periodic(buffer, lo, hi, pattern)
         return
     fill_periodic(buffer, 0, collective.count, pattern)
 
 
-def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders) -> int:
-    """Elements of this NPU's result that differ from the closed form."""
+def count_wrong(
+    buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders, bounds=None
+) -> int:
+    """Elements of this NPU's result that differ from the closed form (chunks cut at `bounds`)."""
     n = topology.group_npus(collective.dims)
     if collective.op == "all_to_all":
-        return _wrong_all_to_all(buffer, topology, collective, coords)
+        return _wrong_all_to_all(buffer, topology, collective, coords, bounds)
     if collective.op == "all_gather":
-        owner = owners(topology, collective, orders)
+        owner = owners(topology, collective, orders, bounds)
         wrong = 0
         for lo in range(0, collective.count, BLOCK_ELEMS):
             hi = min(lo + BLOCK_ELEMS, collective.count)
@@ -151,19 +163,19 @@ def count_wrong(buffer: np.ndarray, topology: Topology, collective: Collective, 
         return wrong
     pattern = _reduced_pattern(collective.redop, n, np.arange(value_period(n), dtype=np.int64), buffer.dtype)
     if collective.op == "reduce_scatter":
-        regions = owned_regions(topology, collective, coords, orders)
+        regions = owned_regions(topology, collective, coords, orders, bounds)
     else:
         regions = [(0, collective.count)]
     return sum(count_periodic_mismatch(buffer, lo, hi, pattern) for lo, hi in regions)
 
 
-def _wrong_all_to_all(buffer, topology: Topology, collective: Collective, coords) -> int:
+def _wrong_all_to_all(buffer, topology: Topology, collective: Collective, coords, bounds=None) -> int:
     """All-to-all: block j of each chunk must hold what group rank j had in this NPU's block."""
     n = topology.group_npus(collective.dims)
     rank = group_rank(topology, collective.dims, coords)
-    bounds = collective.chunk_bounds()
+    bounds = _bounds(collective, bounds)
     wrong = 0
-    for k in range(collective.n_chunks):
+    for k in range(len(bounds) - 1):
         lo, hi = int(bounds[k]), int(bounds[k + 1])
         b = (hi - lo) // n
         src = np.repeat(np.arange(n, dtype=np.int64), b)

@@ -1,6 +1,7 @@
 """The `themis-mpi` command: options in, domain objects out, library calls, tables printed.
 
-Subcommands: run (under mpiexec), model, train, convert, replay, analyze, export, topologies, info. Sizes
+Subcommands: run (under mpiexec), model, train, convert, replay, analyze, export, calibrate, topologies,
+policies, info. Sizes
 follow nccl-tests: ``-b`` first size, ``-e`` last size, ``-f`` factor between sizes, with binary
 suffixes K, M, G (64M = 64 * 2^20 bytes). Bandwidths are GB/s with 1 GB = 2^30 bytes.
 
@@ -13,7 +14,6 @@ and aborts with 1.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import os
 import re
@@ -32,12 +32,11 @@ from .analysis import format_size
 from .collectives import DTYPES, OPS, REDOPS, Collective
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, Endpoint
 from .driver import DEFAULT_TIMEOUT_S, RunConfig
-from .engine import INTRA_POLICIES
 from .errors import UsageError
 from .launch import env_rank, under_mpiexec
 from .limits import MAX_CHUNKS, MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_memory, in_range
 from .output import RowFiles, atomic_path, check_output_path, write_json
-from .policies import POLICIES
+from .policies import InterPolicy, inter_class, inter_names, intra_class, intra_names, make_inter, origin
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, SOURCES, Topology, parse_topology
 
 UNITS = "sizes in bytes (suffixes K/M/G are binary); bandwidth in GB/s with 1 GB = 2^30 B; times in us"
@@ -131,13 +130,14 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         "-p",
         "--policy",
         default="both",
-        help=f"inter-dim policy, a comma list sweeps ({', '.join(POLICIES)}; both = all; default both)",
+        help="inter-dim policies, comma-separated (see `themis-mpi policies`); both = baseline,themis; "
+        "all = every one (default both)",
     )
     p.add_argument(
         "--intra",
         default="auto",
-        help=f"intra-dim queue policy, a comma list sweeps ({', '.join(INTRA_POLICIES)}, auto = fifo for "
-        "baseline, scf for themis; default auto)",
+        help="intra-dim queue policies, comma-separated (fifo, scf, rg, lrpf or a plugin); auto = each "
+        "inter-dim policy's own (fifo for baseline and roundRobin, scf otherwise)",
     )
     p.add_argument("--active-chunks-per-dim", type=int, default=1, help="stages each dim runs at once (1)")
     p.add_argument(
@@ -376,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
 
     sub.add_parser("topologies", help="list the topology presets")
+    sub.add_parser("policies", help="list the inter-dim and intra-dim scheduling policies (and plugins)")
     sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
     return parser
 
@@ -470,39 +471,45 @@ def _endpoint_delay_ns(args: argparse.Namespace) -> float:
     return ASTRA_ENDPOINT_DELAY_NS if args.compat == ASTRA_SIM_1_0 else 0.0
 
 
-def _configs(args: argparse.Namespace) -> list[tuple[str, RunConfig]]:
-    """(policy, RunConfig) per policy to run; intra `auto` is fifo for baseline, scf for themis."""
-    policies = POLICIES if args.policy == "both" else _split_list(args.policy)
+def _policy_names(text: str) -> list[str]:
+    """The names of `--policy`: a comma-separated list, ``both`` (baseline,themis) or ``all``."""
+    if text == "all":
+        return inter_names()
+    names = ["baseline", "themis"] if text == "both" else _split_list(text)
+    for name in names:
+        inter_class(name)
+    return names
+
+
+def _configs(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:
+    """(policy, RunConfig) per policy and intra-dim policy; intra `auto` is the policy's own default.
+
+    Each policy is one instance for the whole command, so state it keeps between collectives
+    (roundRobin's counter) carries on.
+    """
     intras = _split_list(args.intra)
-    for name in policies:
-        if name not in POLICIES:
-            raise UsageError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)} or both")
     for name in intras:
-        if name not in (*INTRA_POLICIES, "auto"):
-            raise UsageError(
-                f"unknown intra-dim policy {name!r}; use one of {', '.join(INTRA_POLICIES)} or auto"
-            )
-    pairs = dict.fromkeys(
-        (policy, ("fifo" if policy == "baseline" else "scf") if intra == "auto" else intra)
-        for policy, intra in itertools.product(policies, intras)
-    )
+        if name != "auto":
+            intra_class(name)
     out = []
-    for policy, intra in pairs:
-        out.append(
-            (
-                policy,
-                RunConfig(
-                    intra=intra,
-                    active_per_dim=args.active_chunks_per_dim,
-                    endpoint_delay_ns=_endpoint_delay_ns(args),
-                    clock=getattr(args, "clock", "virtual"),
-                    time_scale=getattr(args, "time_scale", 1.0),
-                    timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
-                    compat=args.compat,
-                    endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
-                ),
+    for name in _policy_names(args.policy):
+        policy = make_inter(name)
+        for intra in dict.fromkeys(policy.default_intra if i == "auto" else i for i in intras):
+            out.append(
+                (
+                    policy,
+                    RunConfig(
+                        intra=intra,
+                        active_per_dim=args.active_chunks_per_dim,
+                        endpoint_delay_ns=_endpoint_delay_ns(args),
+                        clock=getattr(args, "clock", "virtual"),
+                        time_scale=getattr(args, "time_scale", 1.0),
+                        timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
+                        compat=args.compat,
+                        endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
+                    ),
+                )
             )
-        )
     return out
 
 
@@ -935,6 +942,21 @@ def cmd_topologies(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policies(args: argparse.Namespace) -> int:
+    """`themis-mpi policies`: every inter-dim and intra-dim policy, with where it comes from."""
+    inter, intra = inter_names(), intra_names()
+    width = max(map(len, inter + intra))
+    print(f"# inter-dim policies (--policy); {len(inter)}")
+    for name in inter:
+        cls = inter_class(name)
+        tags = f"auto intra {cls.default_intra}" + (", sizes chunks" if cls.sizes_chunks else "")
+        print(f"  {name:<{width}}  {cls.description}  [{tags}; {origin(name)}]")
+    print(f"# intra-dim policies (--intra); {len(intra)}")
+    for name in intra:
+        print(f"  {name:<{width}}  {intra_class(name).description}  [{origin(name)}]")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """`themis-mpi info`: versions, for bug reports and trace metadata."""
     from .trace import versions
@@ -954,6 +976,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export": cmd_export,
     "calibrate": cmd_calibrate,
     "topologies": cmd_topologies,
+    "policies": cmd_policies,
     "info": cmd_info,
 }
 

@@ -1,9 +1,10 @@
 """The one run driver: a collective, or training iterations, on any transport.
 
 The same code runs on the model (one process, `model.ModelTransport`) and on the emulator (one
-MPI rank per NPU, `mpi.transport.MpiTransport`): rank 0 chooses the chunk orders and broadcasts
-them, every rank issues the same collectives on its engine, and the results are reduced so that
-every rank returns the same result. `run`, `model`, `replay` and `train` all come through here.
+MPI rank per NPU, `mpi.transport.MpiTransport`): rank 0 asks the inter-dim policy for every
+collective's schedule (chunk bounds, orders, queue policy) and broadcasts it (`share_schedules`),
+every rank issues the same collectives on its engine, and the results are reduced so that every
+rank returns the same result. `run`, `model`, `replay` and `train` all come through here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -22,12 +23,12 @@ import numpy as np
 from .analysis import CollectiveResult, TrainingResult, dim_results, summarize
 from .collectives import Collective
 from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, NO_ENDPOINT, Endpoint, check_compat
-from .engine import INTRA_POLICIES, CollectiveRun, Engine, Transport
+from .engine import CollectiveRun, Engine, Transport
 from .errors import UsageError
 from .graph import Graph, GraphReplay, graph_collectives, plan_graph
 from .launch import env_rank, env_size
 from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
-from .policies import chunk_orders, fuses_last_dim
+from .policies import InterPolicy, PolicyContext, PolicyError, Schedule, intra_names, make_inter, origin
 from .topology import Topology
 from .training import TrainingLoop, TrainingSpec, distinct_collectives
 from .workload import Workload
@@ -40,7 +41,7 @@ class RunConfig:
     """How a run is carried out, whatever it runs.
 
     Attributes:
-        intra: intra-dim queue policy, fifo or scf.
+        intra: intra-dim queue policy, a name of the registry (fifo, scf, rg, lrpf or a plugin).
         active_per_dim: stages each dim runs at once.
         endpoint_delay_ns: delay added to every algorithm step (ASTRA-sim uses 10).
         clock: virtual (emulated time travels with the messages) or wall (delays really waited).
@@ -64,8 +65,11 @@ class RunConfig:
         check_compat(self.compat)
         if self.compat and self.endpoint.on:
             raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
-        if self.intra not in INTRA_POLICIES:
-            raise UsageError(f"unknown intra-dim policy {self.intra!r}; use fifo or scf")
+        if self.intra not in intra_names():
+            raise UsageError(
+                f"unknown intra-dim policy {self.intra!r}; use one of {', '.join(intra_names())} "
+                "(themis-mpi policies)"
+            )
         in_range("active chunks per dim", self.active_per_dim, 1, 1024)
         in_range("endpoint delay", self.endpoint_delay_ns, 0, MAX_TIME_NS, "ns")
         if self.clock not in ("virtual", "wall"):
@@ -74,32 +78,166 @@ class RunConfig:
         in_range("timeout", self.timeout_s, 0.1, MAX_TIMEOUT_S, "s")
 
 
-def share_orders(
-    transport: Transport,
-    policy: str,
-    collectives: Sequence[Collective],
-    given: Sequence[np.ndarray] | None = None,
-) -> list[np.ndarray]:
-    """Every collective's chunk orders: chosen on rank 0, broadcast as one int32 array.
+PolicyLike = str | InterPolicy
 
-    `given` orders (a replay's) replace the policy's choice. Every rank knows the collectives,
-    so every rank knows the array's shape.
-    """
-    n_dims = len(transport.topology.dims)
-    counts = [c.n_chunks for c in collectives]
-    flat = np.empty((sum(counts), n_dims), dtype=np.int32)
-    if transport.rank == 0 and len(flat):
-        chosen = (
-            given
-            if given is not None
-            else [
-                chunk_orders(policy, transport.topology, c.op, c.size_bytes, c.n_chunks, c.dims)
-                for c in collectives
-            ]
+
+def as_policy(policy: PolicyLike) -> InterPolicy:
+    """A policy instance: the given one, or a fresh one of that name."""
+    return make_inter(policy) if isinstance(policy, str) else policy
+
+
+def model_oracle(topology: Topology, config: RunConfig):
+    """The model as an oracle for policies: one collective's time in us under a schedule."""
+    from .model import ModelTransport
+
+    def evaluate_collective(collective: Collective, schedule: Schedule) -> float:
+        engine = Engine(
+            topology, ModelTransport(topology, config), config.intra, config.active_per_dim, config.compat
         )
-        flat[:] = np.concatenate([np.asarray(o, dtype=np.int32) for o in chosen])
-    transport.bcast(flat, "the broadcast of the chunk orders")
-    return np.split(flat, np.cumsum(counts)[:-1]) if counts else []
+        run = issue(engine, collective, schedule)
+        engine.run()
+        return (run.end_ns - run.issued_ns) / 1e3
+
+    return evaluate_collective
+
+
+def issue(engine: Engine, collective: Collective, schedule: Schedule, check: bool = True) -> CollectiveRun:
+    """Issue a collective on an engine with its schedule."""
+    return engine.issue(
+        collective, schedule.orders, check, schedule.fuse_last, schedule.bounds, schedule.intra
+    )
+
+
+def validate_schedule(schedule: Schedule, collective: Collective, n_dims: int) -> Schedule:
+    """The schedule with numpy types checked; `PolicyError` when it cannot run the collective."""
+    if not isinstance(schedule, Schedule):
+        raise PolicyError(f"returned {type(schedule).__name__}, not a Schedule")
+    bounds = np.asarray(schedule.bounds)
+    orders = np.asarray(schedule.orders)
+    chunks = len(bounds) - 1
+    if bounds.ndim != 1 or chunks < 1 or orders.shape != (chunks, n_dims):
+        raise PolicyError(
+            f"returned bounds of shape {bounds.shape} and orders of shape {orders.shape}; "
+            f"they must be (chunks + 1,) and (chunks, {n_dims})"
+        )
+    if bounds[0] != 0 or bounds[-1] != collective.count or np.any(np.diff(bounds) < 1):
+        raise PolicyError(
+            f"returned chunk bounds that do not cut [0, {collective.count}) into non-empty chunks"
+        )
+    if np.any(np.sort(orders, axis=1) != np.arange(n_dims)):
+        k = int(np.argmax(np.any(np.sort(orders, axis=1) != np.arange(n_dims), axis=1)))
+        raise PolicyError(
+            f"returned order {orders[k].tolist()} for chunk {k}; it must be a permutation of the dims"
+        )
+    if schedule.intra and schedule.intra not in intra_names():
+        raise PolicyError(f"asked for the unknown intra-dim policy {schedule.intra!r}")
+    return replace(schedule, bounds=bounds.astype(np.int64), orders=orders.astype(np.int32))
+
+
+def share_schedules(
+    transport: Transport,
+    policy: PolicyLike,
+    collectives: Sequence[Collective],
+    given: Sequence[Schedule] | None = None,
+    evaluate=None,
+) -> tuple[list[Schedule], float]:
+    """Every collective's schedule, chosen on rank 0 and broadcast; and rank 0's decision time in s.
+
+    Rank 0 asks the policy (or takes `given`, a replay's) and checks the result; a policy that
+    raises or returns an invalid schedule becomes one `PolicyError` line naming it, which every
+    rank raises together. Four uppercase broadcasts: a header of known shape (status, text length,
+    decision time, then chunks and fused flag per collective), the text (the error, or each
+    collective's queue policy and label), and one int64 table of every chunk's bounds and order.
+
+    Args:
+        transport: the run's transport.
+        policy: a policy instance (its state carries over between calls) or a name.
+        collectives: every collective the run issues (distinct ones for training).
+        given: schedules to broadcast instead of asking the policy.
+        evaluate: the whole run's oracle for `PolicyContext.evaluate` (training); a single
+            collective gets the model of that collective.
+    """
+    topo = transport.topology
+    n_dims, n_coll = len(topo.dims), len(collectives)
+    header = np.zeros(3 + 2 * n_coll, dtype=np.int64)
+    text = ""
+    schedules: list[Schedule] = []
+    if transport.rank == 0:
+        t0 = time.perf_counter()
+        try:
+            schedules = (
+                list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
+            )
+            if len(schedules) != n_coll:
+                raise PolicyError(f"returned {len(schedules)} schedules for {n_coll} collectives")
+            schedules = [validate_schedule(s, c, n_dims) for s, c in zip(schedules, collectives)]
+            text = "\n".join(f"{s.intra}\t{s.label}" for s in schedules)
+            header[3::2] = [s.n_chunks for s in schedules]
+            header[4::2] = [s.fuse_last for s in schedules]
+        except Exception as exc:
+            name = policy if isinstance(policy, str) else policy.name
+            where = origin(name) if given is None and name in _names() else "given"
+            why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
+            header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
+        header[2] = int((time.perf_counter() - t0) * 1e9)
+        header[1] = len(text.encode())
+    transport.bcast(header, "the broadcast of the schedule header")
+    if header[1]:
+        raw = (
+            np.frombuffer(text.encode(), np.uint8).copy()
+            if transport.rank == 0
+            else np.empty(header[1], np.uint8)
+        )
+        transport.bcast(raw, "the broadcast of the schedule text")
+        text = raw.tobytes().decode()
+    if header[0]:
+        raise PolicyError(text)
+    counts = header[3::2].tolist()
+    table = np.zeros((sum(counts), 2 + n_dims), dtype=np.int64)
+    if transport.rank == 0 and len(table):
+        table[:] = np.concatenate(
+            [np.column_stack([s.bounds[:-1], s.bounds[1:], s.orders]) for s in schedules]
+        )
+    if len(table):
+        transport.bcast(table, "the broadcast of the chunk bounds and orders")
+    lines = text.split("\n") if n_coll else []
+    out, row = [], 0
+    for i, c in enumerate(counts):
+        part = table[row : row + c]
+        row += c
+        intra, label = lines[i].split("\t", 1)
+        bounds = np.append(part[:, 0], part[-1, 1]).astype(np.int64)
+        out.append(Schedule(bounds, part[:, 2:].astype(np.int32), bool(header[4 + 2 * i]), intra, label))
+    return out, float(header[2]) / 1e9
+
+
+def _names() -> list[str]:
+    from .policies import inter_names
+
+    return inter_names()
+
+
+def _decide(
+    transport: Transport, policy: PolicyLike, collectives: Sequence[Collective], evaluate
+) -> list[Schedule]:
+    """Rank 0: the policy's schedules, with the model as its oracle."""
+    config = transport.config
+    one = model_oracle(transport.topology, config)
+    if evaluate is None and len(collectives) == 1:
+        (only,) = collectives
+
+        def evaluate(schedules: Sequence[Schedule]) -> float:
+            return one(only, schedules[0])
+
+    context = PolicyContext(transport.topology, config, transport.cost, one, evaluate)
+    return as_policy(policy).schedule_all(context, collectives)
+
+
+def share_orders(
+    transport: Transport, policy: PolicyLike, collectives: Sequence[Collective]
+) -> list[Schedule]:
+    """The schedules alone (`share_schedules` without the decision time)."""
+    return share_schedules(transport, policy, collectives)[0]
 
 
 def _start(transport: Transport, engine: Engine, what: str) -> float:
@@ -122,8 +260,8 @@ def _wrong(transport: Transport, runs: Sequence[CollectiveRun]) -> int | None:
 def run_collective(
     transport: Transport,
     collective: Collective,
-    policy: str,
-    orders: np.ndarray | None = None,
+    policy: PolicyLike,
+    schedule: Schedule | None = None,
     check: bool = True,
 ) -> tuple[CollectiveResult, Engine]:
     """Run one collective; every rank returns the same result.
@@ -131,8 +269,8 @@ def run_collective(
     Args:
         transport: the model or the MPI transport, with its `RunConfig`.
         collective: what to run.
-        policy: the inter-dim policy that chooses the chunk orders.
-        orders: replay these chunk orders instead of asking the policy.
+        policy: the inter-dim policy (an instance keeps its state between calls, or a name).
+        schedule: replay this schedule instead of asking the policy.
         check: check the reduced data against the closed form (emulator only).
 
     Returns:
@@ -141,10 +279,13 @@ def run_collective(
         wall time divided by the time scale.
     """
     config = transport.config
-    (orders,) = share_orders(transport, policy, [collective], None if orders is None else [orders])
+    name = policy if isinstance(policy, str) else policy.name
+    (schedule,), decision_s = share_schedules(
+        transport, policy, [collective], None if schedule is None else [schedule]
+    )
     engine = Engine(transport.topology, transport, config.intra, config.active_per_dim, config.compat)
     t0 = _start(transport, engine, "the collective")
-    run = engine.issue(collective, orders, check, fuses_last_dim(policy))
+    run = issue(engine, collective, schedule, check)
     engine.run()
     wall_s = float(transport.reduce([time.perf_counter() - t0 - transport.check_s], "max")[0])
     wall = transport.clock.name == "wall"
@@ -152,7 +293,8 @@ def run_collective(
         run, transport.topology, transport.cost, wall_s / config.time_scale * 1e6 if wall else None
     )
     result.virtual_us = (run.end_ns - run.issued_ns) / 1e3 if wall else None
-    result.policy, result.intra = policy, config.intra
+    result.policy, result.intra = name, schedule.intra or config.intra
+    result.schedule, result.decision_s = schedule.label, decision_s
     result.clock = "model" if transport.name == "model" else transport.clock.name
     result.wrong, result.wall_s = _wrong(transport, [run]), wall_s
     result.topology, result.npus = transport.topology.label(), transport.topology.npus
@@ -160,17 +302,38 @@ def run_collective(
     return result, engine
 
 
-def run_training(transport: Transport, workload: Workload, policy: str, spec: TrainingSpec) -> TrainingResult:
+def training_oracle(topology: Topology, config: RunConfig, workload: Workload, spec: TrainingSpec):
+    """The model as an oracle for a training run: mean iteration time in us under given schedules."""
+    from .model import ModelTransport
+
+    collectives = distinct_collectives(workload, topology, spec)
+
+    def evaluate(schedules: Sequence[Schedule]) -> float:
+        transport = ModelTransport(topology, config)
+        engine = Engine(topology, transport, config.intra, config.active_per_dim, config.compat)
+        tick_ns = ASTRA_CYCLE_NS if config.compat == ASTRA_SIM_1_0 else 0.0
+        loop = TrainingLoop(workload, topology, spec, dict(zip(collectives, schedules)), tick_ns)
+        engine.process(loop.process(engine))
+        engine.run()
+        return engine.now_ns / spec.iterations / 1e3
+
+    return evaluate
+
+
+def run_training(
+    transport: Transport, workload: Workload, policy: PolicyLike, spec: TrainingSpec
+) -> TrainingResult:
     """Training iterations of a workload; every collective on real data (and checked) in MPI.
 
     The transport's topology must fit the workload (see `workload.Workload.fit_topology`).
     """
     topo, config = transport.topology, transport.config
     collectives = distinct_collectives(workload, topo, spec)
-    orders = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
+    schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
     engine = Engine(topo, transport, config.intra, config.active_per_dim, config.compat)
     tick_ns = ASTRA_CYCLE_NS if config.compat == ASTRA_SIM_1_0 else 0.0
-    loop = TrainingLoop(workload, topo, spec, orders, fuses_last_dim(policy), tick_ns)
+    loop = TrainingLoop(workload, topo, spec, dict(zip(collectives, schedules)), tick_ns)
     t0 = _start(transport, engine, "training")
     engine.process(loop.process(engine))
     engine.run()
@@ -180,7 +343,7 @@ def run_training(transport: Transport, workload: Workload, policy: str, spec: Tr
     compute_ns = loop.compute_ns / spec.iterations
     mean_ns = total_ns / spec.iterations
     return TrainingResult(
-        policy=policy,
+        policy=policy if isinstance(policy, str) else policy.name,
         intra=config.intra,
         chunks=spec.chunks,
         transport=transport.name,
@@ -197,11 +360,16 @@ def run_training(transport: Transport, workload: Workload, policy: str, spec: Tr
         workload=workload.path,
         topology=topo.label(),
         npus=topo.npus,
+        decision_s=decision_s,
     )
 
 
 def run_graph(
-    transport: Transport, graph: Graph, policy: str, spec: TrainingSpec, ranks: Sequence[int] | None = None
+    transport: Transport,
+    graph: Graph,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    ranks: Sequence[int] | None = None,
 ) -> TrainingResult:
     """A Chakra execution graph (`graph`) once; every collective and message on real data in MPI.
 
@@ -216,9 +384,9 @@ def run_graph(
     if plan.messages and config.compat:
         raise UsageError("point-to-point messages are not supported with --compat")
     collectives = graph_collectives(graph, topo, spec, ranks)
-    orders = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     engine = Engine(topo, transport, config.intra, config.active_per_dim, config.compat)
-    replay = GraphReplay(plan, orders, fuses_last_dim(policy))
+    replay = GraphReplay(plan, schedules)
     t0 = _start(transport, engine, "the graph replay")
     engine.process(replay.process(engine))
     engine.run()
@@ -230,7 +398,7 @@ def run_graph(
         mine = sum(r.wrong or 0 for r in engine.collectives) + sum(m.wrong or 0 for m in engine.messages)
         wrong = int(transport.reduce(np.array([mine], np.int64), "sum")[0])
     return TrainingResult(
-        policy=policy,
+        policy=policy if isinstance(policy, str) else policy.name,
         intra=config.intra,
         chunks=spec.chunks,
         transport=transport.name,

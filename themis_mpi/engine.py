@@ -2,7 +2,8 @@
 
 Every chunk is a small state machine walking its stage list. Each dim has one queue of waiting
 stages and ``active_per_dim`` slots; when a slot frees, the head of the queue starts. The
-intra-dim policy decides where a newly queued stage goes (`fifo` or `scf`, THEMIS.md).
+intra-dim policy of the stage's collective (`policies.IntraPolicy`: fifo, scf, rg, lrpf or a
+plugin) decides where a newly queued stage goes among the waiting ones.
 
 Time is virtual, in ns. The engine never computes how long a stage takes: it hands started
 stages to a `Transport` and asks it for the next batch of completions. The model transport
@@ -16,7 +17,7 @@ With ``compat="astra-sim-1.0"`` the engine follows ASTRA-sim 1.0's ``Sys.cc`` in
 completions at the same instant are processed one at a time in `CostModel.finish_order_key`
 order (ASTRA-sim runs the events of one tick in registration order), each starting the stages it
 frees (``notify_stream_removed``, then ``notify_stream_added``) before the next is processed; and
-a FIFO queue (also used for AR stages) puts a later collective's stages ahead of the waiting
+an AR stage queues as in a FIFO queue, which puts a later collective's stages ahead of the waiting
 stages of earlier ones (``insert_stream`` with the ``LIFO`` priority of ``get_priority``).
 
 Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
@@ -27,10 +28,9 @@ and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,12 +39,11 @@ import numpy as np
 from .collectives import Collective, Stage, chunk_stages
 from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel, check_compat
 from .errors import UsageError
+from .policies import IntraPolicy, PolicyError, QueueView, make_intra
 from .topology import Topology
 
 if TYPE_CHECKING:
     from .driver import RunConfig
-
-INTRA_POLICIES = ("fifo", "scf")
 
 
 # --- clocks ------------------------------------------------------------------------------------
@@ -212,6 +211,9 @@ class CollectiveRun(Event):
         coll_id: issue order on this engine.
         collective: what was issued.
         orders: every chunk's dim order, shape (chunks, n_dims).
+        bounds: element bounds of the chunks, shape (chunks + 1,).
+        intra: the intra-dim policy its stages queue by.
+        fuse_last: an all-reduce's last dim runs as one AR stage.
         stages: every chunk's stage list.
         issued_ns: virtual issue time.
         chunks_left: chunks not finished yet.
@@ -224,10 +226,13 @@ class CollectiveRun(Event):
     coll_id: int
     collective: Collective
     orders: np.ndarray
+    bounds: np.ndarray
+    intra: IntraPolicy
     stages: list[list[Stage]]
     issued_ns: float
     chunks_left: int
     check: bool = True
+    fuse_last: bool = False
     end_ns: float = math.nan
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
@@ -308,18 +313,13 @@ class Transport(Protocol):
 # --- the engine --------------------------------------------------------------------------------
 
 
-def _first_index(flags: Iterator[bool], default: int) -> int:
-    """Index of the first true flag, else `default` (the scan runs in C)."""
-    return next(itertools.compress(itertools.count(), flags), default)
-
-
 class Engine:
     """Queues, slots and the event loop of one NPU.
 
     Args:
         topology: the network.
         transport: who runs the started stages.
-        intra: intra-dim policy, fifo or scf.
+        intra: the default intra-dim policy's name (a collective may bring its own).
         active_per_dim: stages each dim runs at once.
         compat: "" or "astra-sim-1.0" (ASTRA-sim's tie and priority rules, see the module doc).
     """
@@ -332,19 +332,18 @@ class Engine:
         active_per_dim: int = 1,
         compat: str = "",
     ):
-        if intra not in INTRA_POLICIES:
-            raise UsageError(f"unknown intra-dim policy {intra!r}; use fifo or scf")
         if active_per_dim < 1:
             raise UsageError(f"active chunks per dim must be >= 1, got {active_per_dim}")
         self.topology = topology
         self.transport = transport
         self.intra = intra
+        self._intra: dict[str, IntraPolicy] = {}
+        self.intra_policy(intra)
+        self.compat = compat
         self.active_per_dim = active_per_dim
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
-        self._keys: list[list[int]] = [[] for _ in range(n)]  # per queue: key_bytes, coll (C-speed scans)
-        self._colls: list[list[int]] = [[] for _ in range(n)]
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self.started = [0] * n
         self.now_ns = 0.0
@@ -367,6 +366,8 @@ class Engine:
         orders: Sequence[Sequence[int]] | np.ndarray,
         check: bool = True,
         fuse_last: bool = False,
+        bounds: np.ndarray | None = None,
+        intra: str = "",
     ) -> CollectiveRun:
         """Issue a collective now, chunk by chunk; a chunk whose first dim is free starts at once.
 
@@ -375,23 +376,28 @@ class Engine:
             orders: every chunk's dim order.
             check: let the transport check the result against the closed form.
             fuse_last: run an all-reduce's last dim as one AR stage (the baseline's rule).
+            bounds: element bounds of the chunks (default: the nominal `Collective.chunk_bounds`).
+            intra: the intra-dim policy of this collective's stages ("" = the engine's).
         """
         coll_id = len(self.collectives)
-        bounds = collective.chunk_bounds()
+        bounds = collective.chunk_bounds() if bounds is None else np.asarray(bounds, dtype=np.int64)
         stages = [
             chunk_stages(
                 self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]), orders[k], fuse_last
             )
-            for k in range(collective.n_chunks)
+            for k in range(len(bounds) - 1)
         ]
         run = CollectiveRun(
             coll_id,
             collective,
             np.asarray(orders, dtype=np.int32),
+            bounds,
+            self.intra_policy(intra or self.intra),
             stages,
             self.now_ns,
             sum(1 for s in stages if s),
             check,
+            fuse_last,
         )
         self.collectives.append(run)
         self.transport.open(run)
@@ -436,19 +442,33 @@ class Engine:
 
     # --- queues --------------------------------------------------------------------------------
 
+    def intra_policy(self, name: str) -> IntraPolicy:
+        """The engine's instance of an intra-dim policy, made on first use."""
+        if name not in self._intra:
+            self._intra[name] = make_intra(name)
+        return self._intra[name]
+
     def _enqueue(self, stage: Stage) -> None:
         run = StageRun(stage, self.now_ns)
-        d = stage.dim
-        if self.astra and (self.intra == "fifo" or stage.op == AR):
-            # ahead of the first waiting stage of an earlier collective (LIFO priority)
-            pos = _first_index(map(stage.coll.__gt__, self._colls[d]), len(self._colls[d]))
-        elif self.intra == "fifo" or stage.index == stage.n_stages - 2:
-            pos = len(self.queues[d])  # SCF sends a chunk's second-to-last stage to the tail
-        else:  # SCF: ahead of the first stage at least as large
-            pos = _first_index(map(stage.key_bytes.__le__, self._keys[d]), len(self._keys[d]))
-        self.queues[d].insert(pos, run)
-        self._keys[d].insert(pos, stage.key_bytes)
-        self._colls[d].insert(pos, stage.coll)
+        queue = self.queues[stage.dim]
+        policy = self.collectives[stage.coll].intra
+        view = QueueView(
+            [r.stage for r in queue], sum(r is not None for r in self.slots[stage.dim]), self.compat
+        )
+        if self.astra and stage.op == AR:
+            policy = self.intra_policy("fifo")  # ASTRA-sim queues All-Reduce phases FIFO, by priority
+        try:
+            pos = policy.position(view, stage)
+        except Exception as exc:
+            raise PolicyError(
+                f"intra-dim policy {policy.name!r} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos <= len(queue):
+            raise PolicyError(
+                f"intra-dim policy {policy.name!r} returned position {pos!r}; "
+                f"it must be between 0 and {len(queue)}"
+            )
+        queue.insert(int(pos), run)
 
     def _claim_free(self, dims: Sequence[int] | None = None) -> None:
         """Start the heads of the queues of `dims` (all by default) that have a free slot.
@@ -459,7 +479,6 @@ class Engine:
             queue, slots = self.queues[d], self.slots[d]
             while queue and None in slots:
                 run = queue.pop(0)
-                del self._keys[d][0], self._colls[d][0]
                 run.slot = slots.index(None)
                 run.dim_seq = self.started[d]
                 run.start_seq = self._n_started

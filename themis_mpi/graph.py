@@ -44,6 +44,7 @@ from .chakra import EtTrace, Node
 from .collectives import Collective
 from .engine import Engine, Event, ProcessGenerator
 from .errors import UsageError
+from .policies import Schedule
 from .topology import Topology
 from .training import TrainingSpec
 
@@ -466,12 +467,11 @@ class GraphReplay:
 
     Args:
         plan: the NPU's ops (`plan_graph`).
-        orders: chunk orders of every distinct collective (`graph_collectives`).
-        fuse_last: all-reduces run their last dim as one AR stage (`policies.fuses_last_dim`).
+        schedules: the schedule (chunk bounds, orders, queue policy) of every distinct collective.
     """
 
-    def __init__(self, plan: Plan, orders: dict[Collective, np.ndarray], fuse_last: bool = False):
-        self.plan, self.orders, self.fuse_last = plan, orders, fuse_last
+    def __init__(self, plan: Plan, schedules: dict[Collective, Schedule]):
+        self.plan, self.schedules = plan, schedules
         self.collectives_issued = 0
         self.messages: list = []
         self.resources = {"cpu": Resource(), "gpu": Resource()}
@@ -495,7 +495,8 @@ class GraphReplay:
                 unit.release()
         elif op.kind == COLL and op.collective is not None:
             self.collectives_issued += 1
-            yield engine.issue(op.collective, self.orders[op.collective], fuse_last=self.fuse_last)
+            s = self.schedules[op.collective]
+            yield engine.issue(op.collective, s.orders, True, s.fuse_last, s.bounds, s.intra)
         elif op.kind in (SEND, RECV):
             run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)

@@ -21,8 +21,9 @@ from .topology import Topology
 if TYPE_CHECKING:
     from .analysis import CollectiveResult, TrainingResult
     from .collectives import Collective
-    from .driver import RunConfig
+    from .driver import PolicyLike, RunConfig
     from .engine import Engine
+    from .policies import Schedule
     from .training import TrainingSpec
     from .workload import Workload
 
@@ -121,18 +122,22 @@ class ModelBackend:
 def model_collective(
     topology: Topology,
     collective: Collective,
-    policy: str,
+    policy: PolicyLike,
     config: RunConfig | None = None,
-    orders: np.ndarray | None = None,
+    schedule: Schedule | None = None,
 ) -> tuple[CollectiveResult, Engine]:
     """One collective on the model: `driver.run_collective` on a fresh model transport."""
     from .driver import RunConfig, run_collective
 
-    return run_collective(ModelTransport(topology, config or RunConfig()), collective, policy, orders)
+    return run_collective(ModelTransport(topology, config or RunConfig()), collective, policy, schedule)
 
 
 def model_training(
-    workload: Workload, topology: Topology, policy: str, spec: TrainingSpec, config: RunConfig | None = None
+    workload: Workload,
+    topology: Topology,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    config: RunConfig | None = None,
 ) -> TrainingResult:
     """Training iterations on the model: `driver.run_training` on a fresh model transport.
 

@@ -17,18 +17,34 @@ from .analysis import CollectiveResult
 from .collectives import Collective
 from .driver import Backend, RunConfig, run_collective
 from .errors import UsageError
+from .policies import Schedule, inter_class, inter_names
 from .topology import Topology
 from .trace import Trace, TraceRecorder
 
 
-def recorded_collectives(trace: Trace) -> Iterator[tuple[Collective, str, str, np.ndarray]]:
-    """(Collective, policy, intra, orders) of every collective in the trace, in order."""
+def recorded_collectives(trace: Trace) -> Iterator[tuple[Collective, str, str, Schedule]]:
+    """(Collective, policy, intra, schedule) of every collective in the trace, in order.
+
+    Traces written before chunk bounds were recorded get the nominal chunks and the policy's
+    fused rule.
+    """
     n = len(trace.topology_table)
     for c in trace.collectives["collective"].tolist():
         row = trace.collective_row(c)
         dims = tuple(d for d in range(n) if row["dims_mask"] >> d & 1)
         coll = Collective(row["op"], row["count"], row["dtype"], row["chunks"], dims, row["redop"])
-        yield coll, row["policy"], row["intra"], trace.orders(c)
+        recorded = trace.bounds_and_fused(c)
+        if recorded is None:
+            policy = row["policy"]
+            fused = policy in inter_names() and inter_class(policy).fuses_last_dim
+            recorded = coll.chunk_bounds(), fused
+        bounds, fused = recorded
+        yield (
+            coll,
+            row["policy"],
+            row["intra"],
+            Schedule(bounds, trace.orders(c), fused, row["intra"], "replay"),
+        )
 
 
 def compare_events(recorded: np.ndarray, replayed: np.ndarray) -> float:
@@ -115,11 +131,11 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
         compat=compat,
     )
     results = []
-    for coll, policy, intra, orders in recorded_collectives(trace):
+    for coll, policy, intra, schedule in recorded_collectives(trace):
         config = RunConfig(
             intra=intra, active_per_dim=active, endpoint_delay_ns=delay, timeout_s=timeout_s, compat=compat
         )
-        result, engine = run_collective(backend.transport(config), coll, policy, orders=orders)
+        result, engine = run_collective(backend.transport(config), coll, policy, schedule=schedule)
         results.append(result)
         recorder.add_run(result, engine, backend.rank)
     events = backend.gather(recorder.my_events())

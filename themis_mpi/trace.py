@@ -14,7 +14,9 @@ Layout (format version 2)::
     /collectives       collective, op, policy, intra, dtype, redop, size_bytes, count, chunks,
                        dims_mask, issued_us, time_us, ideal_us, utilization, algbw_gbps, busbw_gbps,
                        wrong (-1: not checked), wall_s
-    /schedule          collective, chunk, order[n_dims]  (the chunk orders as broadcast)
+    /schedule          collective, chunk, order[n_dims], lo, hi, fused  (the schedule as broadcast:
+                       orders, element bounds of each chunk, and 1 where an all-reduce's last dim
+                       ran as one AR stage)
     /summary_dims      collective, dim, busy_us, idle_us, bytes, stages, utilization
     /events            rank, collective, chunk, stage, n_stages, op, dim, full_elems, bytes, slot, dim_seq,
                        queued_us, start_us, end_us, wall_start_s, wall_end_s
@@ -149,13 +151,26 @@ class TraceRecorder:
         self.settings = settings
         self.rows: list[CollectiveResult] = []
         self.orders: list[np.ndarray] = []
+        self.bounds: list[np.ndarray] = []
+        self.fused: list[bool] = []
         self.events: list[np.ndarray] = []
         self.start_time = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
-    def add(self, result: CollectiveResult, orders: np.ndarray, events: np.ndarray) -> None:
-        """Record one collective: its result, chunk orders and this rank's events."""
+    def add(
+        self,
+        result: CollectiveResult,
+        orders: np.ndarray,
+        events: np.ndarray,
+        bounds: np.ndarray | None = None,
+        fused: bool = False,
+    ) -> None:
+        """Record one collective: its result, schedule (orders, bounds, fused) and this rank's events."""
         self.rows.append(result)
         self.orders.append(np.asarray(orders, dtype=np.int32))
+        self.bounds.append(
+            np.linspace(0, result.count, len(orders) + 1).astype(np.int64) if bounds is None else bounds
+        )
+        self.fused.append(fused)
         self.events.append(events)
 
     def add_run(self, result: CollectiveResult, engine: Engine, rank: int = 0) -> None:
@@ -169,7 +184,8 @@ class TraceRecorder:
             self.settings.get("endpoint_delay_ns", 0.0),
             self.settings.get("compat", ""),
         )
-        self.add(result, run.orders, event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s))
+        events = event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s)
+        self.add(result, run.orders, events, run.bounds, run.fuse_last)
 
     @property
     def n_collectives(self) -> int:
@@ -268,12 +284,21 @@ class TraceRecorder:
                 )
         f.create_dataset("collectives", data=colls)
         f.create_dataset("summary_dims", data=summary)
-        sched_dtype = np.dtype([("collective", "<i4"), ("chunk", "<i4"), ("order", "<i4", (n,))])
+        sched_dtype = np.dtype(
+            [
+                ("collective", "<i4"),
+                ("chunk", "<i4"),
+                ("order", "<i4", (n,)),
+                ("lo", "<i8"),
+                ("hi", "<i8"),
+                ("fused", "<i1"),
+            ]
+        )
         sched = np.zeros(sum(len(o) for o in self.orders), dtype=sched_dtype)
         k = 0
-        for i, orders in enumerate(self.orders):
+        for i, (orders, bounds) in enumerate(zip(self.orders, self.bounds)):
             for c, order in enumerate(orders):
-                sched[k] = (i, c, order)
+                sched[k] = (i, c, order, bounds[c], bounds[c + 1], self.fused[i])
                 k += 1
         f.create_dataset("schedule", data=sched)
         f.create_dataset("events", data=events, compression="gzip" if len(events) > 4096 else None)
@@ -335,6 +360,15 @@ class Trace:
         """The chunk orders of one collective as broadcast, shape (chunks, n_dims)."""
         sel = self.schedule[self.schedule["collective"] == collective]
         return sel["order"][np.argsort(sel["chunk"])]
+
+    def bounds_and_fused(self, collective: int) -> tuple[np.ndarray, bool] | None:
+        """The chunk bounds and fused flag of one collective (None in traces that predate them)."""
+        names = self.schedule.dtype.names or ()
+        if "lo" not in names:
+            return None
+        sel = self.schedule[self.schedule["collective"] == collective]
+        sel = sel[np.argsort(sel["chunk"])]
+        return np.append(sel["lo"], sel["hi"][-1:]).astype(np.int64), bool(sel["fused"].any())
 
     def collective_row(self, collective: int) -> dict:
         """One row of /collectives as a dict of Python values."""

@@ -22,10 +22,11 @@ involves no dim finishes at once.
 - MICRO issues every iteration's weight-gradient collective at once; DISTRIBUTED_INFERENCE runs
   forward passes only.
 
-Several collectives are in flight at once and share the dims' queues. Every collective's chunk
-orders are chosen up front by the coordinator (the Themis loads reset per collective, so this is
-what choosing them at issue gives) and broadcast once. ASTRA-sim also spends one cycle on every
-step of its loop; with ``compat="astra-sim-1.0"`` the loop does too (`TrainingLoop.tick_ns`).
+Several collectives are in flight at once and share the dims' queues. Every distinct collective's
+schedule (chunk bounds, orders, queue policy) is chosen up front by the coordinator (the Themis
+loads reset per collective, so this is what choosing them at issue gives) and broadcast once.
+ASTRA-sim also spends one cycle on every step of its loop; with ``compat="astra-sim-1.0"`` the
+loop does too (`TrainingLoop.tick_ns`).
 
 Under the endpoint model (`cost.Endpoint`) compute and collectives share the NPU's memory
 bandwidth H, by a rule every rank applies to the same engine state: a stage that starts while a
@@ -45,6 +46,7 @@ from .collectives import DTYPES, Collective
 from .engine import CollectiveRun, Engine, Event, ProcessGenerator
 from .errors import UsageError
 from .limits import MAX_CHUNKS, MAX_ITERS, MAX_SCALE, MAX_SIZE_BYTES, in_range
+from .policies import Schedule
 from .topology import Topology
 from .workload import PHASES, Layer, Workload
 
@@ -157,8 +159,7 @@ class TrainingLoop:
         workload: the parsed workload.
         topology: the network.
         spec: chunks, dtype, iterations and scales.
-        orders: chunk orders of every distinct collective (see `distinct_collectives`).
-        fuse_last: all-reduces run their last dim as one AR stage (`policies.fuses_last_dim`).
+        schedules: the schedule of every distinct collective (see `distinct_collectives`).
         tick_ns: time of one step of the loop (ASTRA-sim: one cycle; 0 by default).
     """
 
@@ -167,12 +168,11 @@ class TrainingLoop:
         workload: Workload,
         topology: Topology,
         spec: TrainingSpec,
-        orders: dict[Collective, np.ndarray],
-        fuse_last: bool = False,
+        schedules: dict[Collective, Schedule],
         tick_ns: float = 0.0,
     ):
-        self.wl, self.topology, self.spec, self.orders = workload, topology, spec, orders
-        self.fuse_last, self.tick_ns = fuse_last, tick_ns
+        self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
+        self.tick_ns = tick_ns
         self.iteration_starts: list[float] = []
         self.compute_ns = 0.0
         self.collectives_issued = 0
@@ -205,9 +205,9 @@ class TrainingLoop:
         if coll is None:
             return None
         self.collectives_issued += 1
-        return engine.process(
-            self._finished(engine, layer, engine.issue(coll, self.orders[coll], fuse_last=self.fuse_last))
-        )
+        s = self.schedules[coll]
+        run = engine.issue(coll, s.orders, True, s.fuse_last, s.bounds, s.intra)
+        return engine.process(self._finished(engine, layer, run))
 
     def _finished(self, engine: Engine, layer: Layer, run: CollectiveRun) -> ProcessGenerator:
         yield run

@@ -115,10 +115,10 @@ class _MessageExec:
 class _Data:
     """A collective's buffer on this rank and the region stack of each chunk."""
 
-    __slots__ = ("collective", "buffer", "regions", "orders")
+    __slots__ = ("collective", "buffer", "regions", "orders", "bounds")
 
-    def __init__(self, collective: Collective, buffer: np.ndarray, orders: np.ndarray):
-        self.collective, self.buffer, self.orders = collective, buffer, orders
+    def __init__(self, collective: Collective, buffer: np.ndarray, orders: np.ndarray, bounds: np.ndarray):
+        self.collective, self.buffer, self.orders, self.bounds = collective, buffer, orders, bounds
         self.regions: list[list[tuple[int, int]]] = []
 
 
@@ -167,16 +167,16 @@ class MpiTransport:
     # --- data ----------------------------------------------------------------------------------
 
     def open(self, run: CollectiveRun) -> None:
-        """Fill a buffer with the closed-form input; each chunk's region starts at its bounds.
+        """Fill a buffer with the closed-form input; each chunk's region starts at the run's bounds.
 
         A standalone all-gather starts from the block a reduce-scatter along the reversed order
         would leave, so its regions are narrowed ahead of time.
         """
         coll = run.collective
-        data = _Data(coll, self._buffer(coll), run.orders)
-        fill_input(data.buffer, self.topology, coll, self.grid.coords, run.orders)
-        bounds = coll.chunk_bounds()
-        for k in range(coll.n_chunks):
+        data = _Data(coll, self._buffer(coll), run.orders, run.bounds)
+        fill_input(data.buffer, self.topology, coll, self.grid.coords, run.orders, run.bounds)
+        bounds = run.bounds
+        for k in range(len(bounds) - 1):
             stack = [(int(bounds[k]), int(bounds[k + 1]))]
             if coll.op == "all_gather":
                 for d in rs_dims(self.topology, coll, run.orders[k]):
@@ -190,7 +190,7 @@ class MpiTransport:
         if run.check:
             t0 = time.perf_counter()
             run.wrong = count_wrong(
-                data.buffer, self.topology, data.collective, self.grid.coords, data.orders
+                data.buffer, self.topology, data.collective, self.grid.coords, data.orders, data.bounds
             )
             self.check_s += time.perf_counter() - t0
         self._buffers.append(data.buffer)

@@ -1,0 +1,119 @@
+"""A third-party policy installed from outside the package: listed, and run on both transports.
+
+The plugin is the README's example, taken from the README itself (between the
+``plugin-example`` markers), installed into a temporary directory the way pip lays it out (the
+module and a dist-info with ``entry_points.txt``), and put on PYTHONPATH, which the mpiexec ranks
+inherit (`harness.mpi_env`). No network, no build step.
+"""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from harness import DATA, ROOT, cli, mpi_env
+
+BROKEN = """
+from themis_mpi.policies import InterPolicy
+
+
+class Broken(InterPolicy):
+    name = "broken"
+    description = "returns an order that is no permutation"
+
+    def order(self, chunk):
+        return [0, 0, 0]
+"""
+
+
+def readme_example() -> tuple[str, str, str]:
+    """(module name, module source, entry-point line) of the README's example plugin."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- plugin-example -->")[1]
+    source = re.search(r"```python\n# (\w+)\.py\n(.*?)```", block, re.S)
+    entry = re.search(r'\[project\.entry-points\."themis_mpi\.policies"\]\n(.*?)\n', block)
+    assert source and entry, "the README lost its example plugin"
+    return source.group(1), source.group(2), entry.group(1)
+
+
+def install(site, dist: str, module: str, source: str, entry: str) -> None:
+    """Lay a one-module distribution out as pip does: the module and its dist-info.
+
+    `entry` is the pyproject line (``name = "module:Class"``); entry_points.txt has it unquoted.
+    """
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    unquoted = entry.replace('"', "")
+    (info / "entry_points.txt").write_text(f"[themis_mpi.policies]\n{unquoted}\n")
+    (info / "RECORD").write_text("")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The README's plugin and a broken one, installed into a temporary site directory."""
+    path = tmp_path_factory.mktemp("site")
+    module, source, entry = readme_example()
+    install(path, "zigzag-policy", module, source, entry)
+    install(path, "broken-policy", "broken_policy", BROKEN, 'broken = "broken_policy:Broken"')
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", str(path))
+    yield path
+    mp.undo()
+
+
+def themis(args, **kw) -> subprocess.CompletedProcess:
+    """`python -m themis_mpi ARGS` in one process (the model)."""
+    return subprocess.run(
+        [sys.executable, "-m", "themis_mpi", *args],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        timeout=120,
+        **kw,
+    )
+
+
+def test_the_plugin_is_listed_with_its_origin(site):
+    """`themis-mpi policies` lists the plugin beside the built-in policies, naming its module."""
+    proc = themis(["policies"])
+    assert proc.returncode == 0, proc.stderr
+    line = next(ln for ln in proc.stdout.splitlines() if ln.strip().startswith("zigzag"))
+    assert "plugin zigzag_policy:ZigZag" in line
+
+
+def test_the_plugin_runs_on_the_emulator_with_exact_data_and_the_models_time(site, tmp_path):
+    """`mpiexec -n 8 themis-mpi run -p zigzag`: wrong = 0, and `model` gives the same time."""
+    args = ["-t", "2x2x2", "-b", "1M", "-c", "8", "-p", "zigzag"]
+    proc = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+    assert proc.returncode == 0, proc.stderr
+    model = themis(["model", *args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr
+    (emu,) = json.loads((tmp_path / "emu.json").read_text())
+    (mod,) = json.loads((tmp_path / "model.json").read_text())
+    assert emu["policy"] == "zigzag" and emu["wrong"] == 0
+    assert emu["time_us"] == mod["time_us"]
+
+
+def test_the_plugin_replays_a_workload_on_both_transports(site, tmp_path):
+    """`train -p zigzag` on the model and under mpiexec: the same iteration time, wrong = 0."""
+    args = ["train", str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"), "-t", "2x2x2"]
+    args += ["-c", "4", "-n", "1", "--comm-scale", "0.01", "-p", "zigzag"]
+    model = themis([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr
+    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr
+    (m,) = json.loads((tmp_path / "model.json").read_text())
+    (e,) = json.loads((tmp_path / "emu.json").read_text())
+    assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
+
+
+def test_a_broken_plugin_ends_every_rank_with_one_line_naming_it(site):
+    """A plugin's invalid order is caught on rank 0; every rank exits 2 with one line, no hang."""
+    proc = cli(8, ["run", "-t", "2x2x2", "-b", "1M", "-c", "4", "-p", "broken"], timeout_s=90)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
+    assert len(lines) == 1 and "policy 'broken' (plugin broken_policy:Broken)" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr

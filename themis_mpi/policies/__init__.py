@@ -1,0 +1,82 @@
+"""Scheduling policies as a platform: the interface, the built-in policies and the registry.
+
+- `base`: `InterPolicy` and `IntraPolicy` (what a policy gets and returns), `Schedule`.
+- `inter`: ASTRA-sim 1.0's inter-dim policies (baseline, themis, themisFlex, roundRobin) and
+  themis-lat.
+- `intra`: ASTRA-sim 1.0's intra-dim policies (fifo, scf, rg, lrpf).
+- `predictive`: the model-predictive policy and the best-found search.
+- `registry`: names to classes, plugins through the ``themis_mpi.policies`` entry-point group.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..topology import Topology
+from .base import (
+    Chunk,
+    InterPolicy,
+    IntraPolicy,
+    PolicyContext,
+    PolicyError,
+    QueueView,
+    Schedule,
+    baseline_order,
+    fixed_schedule,
+)
+from .inter import ThemisTracker
+from .registry import (
+    ENTRY_POINT_GROUP,
+    inter_class,
+    inter_names,
+    intra_class,
+    intra_names,
+    make_inter,
+    make_intra,
+    origin,
+)
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Chunk",
+    "InterPolicy",
+    "IntraPolicy",
+    "PolicyContext",
+    "PolicyError",
+    "QueueView",
+    "Schedule",
+    "ThemisTracker",
+    "baseline_order",
+    "chunk_orders",
+    "fixed_schedule",
+    "inter_class",
+    "inter_names",
+    "intra_class",
+    "intra_names",
+    "make_inter",
+    "make_intra",
+    "origin",
+    "policy_context",
+]
+
+
+def policy_context(topology: Topology, config=None) -> PolicyContext:
+    """A context for calling a policy outside a run (the default settings, no oracle)."""
+    from ..cost import CostModels
+    from ..driver import RunConfig
+
+    config = config or RunConfig()
+    return PolicyContext(topology, config, CostModels(topology, config.endpoint_delay_ns, config.compat))
+
+
+def chunk_orders(
+    policy: str, topology: Topology, op: str, size_bytes: int, chunks: int, involved
+) -> np.ndarray:
+    """Every chunk's dim order under a fixed-chunk policy, int32 of shape (chunks, n_dims).
+
+    A float64 collective of ``size_bytes`` (at least one element per chunk) on the involved dims.
+    """
+    from ..collectives import Collective
+
+    coll = Collective(op, max(1, size_bytes // 8), "float64", chunks, tuple(sorted(involved)))
+    return make_inter(policy).schedule(policy_context(topology), coll).orders

@@ -1,0 +1,240 @@
+"""The policy interface: what an inter-dim and an intra-dim policy get and return.
+
+An inter-dim policy (`InterPolicy`) turns a collective into a `Schedule`: its chunks (element
+bounds in the buffer) and every chunk's dim order. The default `InterPolicy.schedule` walks the
+stream of chunks and asks `order` for each one (and `size` first, for a policy that sizes its
+chunks). A policy that needs the whole picture overrides `schedule` (or `schedule_all`, which
+sees every collective of a training run at once).
+
+An intra-dim policy (`IntraPolicy`) orders one dim's queue: `position` says where a newly queued
+stage goes among the waiting ones. Running stages are never pre-empted.
+
+Both kinds are small classes with a `name` and a one-line `description`, found by name in the
+registry (`registry`), which also loads third-party policies from the ``themis_mpi.policies``
+entry-point group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from ..collectives import Collective, Stage
+from ..errors import UsageError
+from ..topology import Topology
+
+if TYPE_CHECKING:
+    from ..cost import CostModel
+    from ..driver import RunConfig
+
+MAX_CHUNKS = 1 << 16  # a sized stream may not cut a collective into more chunks than this
+
+
+class PolicyError(UsageError):
+    """A policy (usually a plugin) raised or returned something invalid; one line naming it."""
+
+
+def baseline_order(op: str, n_dims: int) -> list[int]:
+    """Hierarchical order: ascending dims, except a standalone all-gather, which descends."""
+    order = list(range(n_dims))
+    return order[::-1] if op == "all_gather" else order
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A collective's schedule as rank 0 broadcasts it.
+
+    Attributes:
+        bounds: element bounds of the chunks in the buffer, int64 of shape (chunks + 1,), from 0
+            to the collective's count, strictly increasing.
+        orders: every chunk's dim order (the first phase's), int32 of shape (chunks, n_dims).
+        fuse_last: an all-reduce runs its last dim as one AR stage (the baseline's rule).
+        intra: the intra-dim policy this collective's stages queue by ("" = the run's).
+        label: what produced it, e.g. ``themis-lat/scf/16`` for a choice of `predictive`.
+    """
+
+    bounds: np.ndarray
+    orders: np.ndarray
+    fuse_last: bool = False
+    intra: str = ""
+    label: str = ""
+
+    @property
+    def n_chunks(self) -> int:
+        """Chunks of the schedule."""
+        return len(self.orders)
+
+    def chunk_elems(self, k: int) -> int:
+        """Elements of chunk k."""
+        return int(self.bounds[k + 1] - self.bounds[k])
+
+
+def fixed_schedule(collective: Collective, orders, fuse_last: bool = False, intra: str = "") -> Schedule:
+    """A schedule on the collective's nominal chunks (`Collective.chunk_bounds`)."""
+    return Schedule(collective.chunk_bounds(), np.asarray(orders, dtype=np.int32), fuse_last, intra)
+
+
+@dataclass
+class PolicyContext:
+    """What a policy may look at besides the collective.
+
+    Attributes:
+        topology: the network.
+        config: the run settings (intra-dim policy, endpoint delay, compat, ...).
+        cost: the cost model of each element size (`cost.CostModels`), the one the run is timed with.
+        evaluate_collective: the model as an oracle, when the driver offers one: the time in us
+            one collective takes alone under a schedule (the run's settings, a fresh engine).
+        evaluate: the same for the whole run: the time in us (the collective's, or a training
+            iteration's) the run would take with these schedules, one per collective handed to
+            `InterPolicy.schedule_all`, in order.
+    """
+
+    topology: Topology
+    config: RunConfig
+    cost: Callable[[int], CostModel]
+    evaluate_collective: Callable[[Collective, Schedule], float] | None = None
+    evaluate: Callable[[Sequence[Schedule]], float] | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One chunk of the stream, as a policy sees it.
+
+    Attributes:
+        index: chunk index in the collective.
+        offset: its first element.
+        elems: its elements (the nominal size when `InterPolicy.size` is asked).
+        remaining: elements from `offset` to the end of the buffer.
+        collective: the collective it belongs to.
+    """
+
+    index: int
+    offset: int
+    elems: int
+    remaining: int
+    collective: Collective
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the chunk."""
+        return self.elems * self.collective.itemsize
+
+    @property
+    def op(self) -> str:
+        """The collective's op."""
+        return self.collective.op
+
+
+class InterPolicy:
+    """An inter-dim policy: each chunk's dim order (and size, for policies that size chunks).
+
+    Subclasses set `name` and `description` and implement `order`; the rest is optional. One
+    instance serves a whole run (state may carry from one collective to the next); `begin` is
+    called before each collective's chunks.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    fuses_last_dim: ClassVar[bool] = False  # an all-reduce's last dim as one AR stage (baseline)
+    default_intra: ClassVar[str] = "scf"  # the intra-dim policy `--intra auto` pairs it with
+    sizes_chunks: ClassVar[bool] = False  # ask `size` for every chunk's element count
+
+    def begin(self, context: PolicyContext, collective: Collective) -> None:
+        """A new collective: reset per-collective state (the default does nothing)."""
+
+    def order(self, chunk: Chunk) -> Sequence[int]:
+        """The chunk's order: a permutation of all dims (the first phase's visiting order)."""
+        raise NotImplementedError
+
+    def size(self, chunk: Chunk) -> int:
+        """The chunk's element count, between 1 and ``chunk.remaining`` (when `sizes_chunks`)."""
+        return chunk.elems
+
+    def schedule(self, context: PolicyContext, collective: Collective) -> Schedule:
+        """The collective's schedule: the stream of chunks, each sized and ordered in turn."""
+        self.begin(context, collective)
+        n_dims = len(context.topology.dims)
+        nominal = collective.chunk_bounds()
+        if not self.sizes_chunks:
+            orders = np.empty((collective.n_chunks, n_dims), dtype=np.int32)
+            for k in range(collective.n_chunks):
+                lo, hi = int(nominal[k]), int(nominal[k + 1])
+                chunk = Chunk(k, lo, hi - lo, collective.count - lo, collective)
+                orders[k] = checked_order(self, self.order(chunk), n_dims, chunk)
+            return Schedule(nominal, orders, self.fuses_last_dim, label=self.name)
+        bounds: list[int] = [0]
+        rows: list[list[int]] = []
+        offset = 0
+        while offset < collective.count:
+            k = len(rows)
+            if k >= MAX_CHUNKS:
+                raise PolicyError(f"policy {self.name!r} cut a collective into more than {MAX_CHUNKS} chunks")
+            step = int(nominal[k + 1] - nominal[k]) if k < collective.n_chunks else int(nominal[1])
+            remaining = collective.count - offset
+            elems = self.size(Chunk(k, offset, min(step, remaining), remaining, collective))
+            if (
+                isinstance(elems, bool)
+                or not isinstance(elems, (int, np.integer))
+                or not 1 <= elems <= remaining
+            ):
+                raise PolicyError(
+                    f"policy {self.name!r} sized chunk {k} at {elems!r} elements; "
+                    f"it must be an integer between 1 and {remaining}"
+                )
+            chunk = Chunk(k, offset, int(elems), remaining, collective)
+            rows.append(checked_order(self, self.order(chunk), n_dims, chunk))
+            offset += int(elems)
+            bounds.append(offset)
+        return Schedule(
+            np.array(bounds, dtype=np.int64),
+            np.array(rows, dtype=np.int32),
+            self.fuses_last_dim,
+            label=self.name,
+        )
+
+    def schedule_all(self, context: PolicyContext, collectives: Sequence[Collective]) -> list[Schedule]:
+        """Every collective's schedule, in order (a training run hands them all at once)."""
+        return [self.schedule(context, c) for c in collectives]
+
+
+def checked_order(policy: InterPolicy, order, n_dims: int, chunk: Chunk) -> list[int]:
+    """The order as a list of ints, or a `PolicyError` naming the policy when it is no permutation."""
+    try:
+        values = [int(d) for d in order]
+    except (TypeError, ValueError):
+        values = None
+    if values is None or sorted(values) != list(range(n_dims)):
+        raise PolicyError(
+            f"policy {policy.name!r} returned order {order!r} for chunk {chunk.index}; "
+            f"it must be a permutation of the {n_dims} dims 0..{n_dims - 1}"
+        )
+    return values
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """One dim's queue as an intra-dim policy sees it.
+
+    Attributes:
+        waiting: the waiting stages, head first (running stages are not in it).
+        running: stages running on the dim now.
+        compat: "" or "astra-sim-1.0" (ASTRA-sim's rules where they differ).
+    """
+
+    waiting: Sequence[Stage]
+    running: int
+    compat: str = ""
+
+
+class IntraPolicy:
+    """An intra-dim policy: where a newly queued stage goes among one dim's waiting stages."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def position(self, queue: QueueView, stage: Stage) -> int:
+        """Index in ``queue.waiting`` before which the new stage goes (``len`` = the tail)."""
+        raise NotImplementedError

@@ -1,0 +1,124 @@
+"""The one registry of policies: the built-in ones, then plugins from the entry-point group.
+
+A plugin is a distribution that declares, in its packaging metadata::
+
+    [project.entry-points."themis_mpi.policies"]
+    my-policy = "my_policy:MyPolicy"
+
+where ``MyPolicy`` subclasses `InterPolicy` or `IntraPolicy`. Entry points are read once, on
+first use; a plugin that fails to load, is not a policy class, or takes a built-in's name is
+refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from ..errors import UsageError
+from .base import InterPolicy, IntraPolicy
+from .inter import Baseline, RoundRobin, Themis, ThemisFlex, ThemisLat
+from .intra import Fifo, Lrpf, Rg, Scf
+from .predictive import Predictive
+
+ENTRY_POINT_GROUP = "themis_mpi.policies"
+BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
+    Baseline,
+    Themis,
+    ThemisFlex,
+    RoundRobin,
+    ThemisLat,
+    Predictive,
+)
+BUILTIN_INTRA: tuple[type[IntraPolicy], ...] = (Fifo, Scf, Rg, Lrpf)
+
+_loaded: dict[str, tuple[dict[str, type], dict[str, str]]] = {}
+
+
+def _plugin_error(ep, why: str) -> UsageError:
+    dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
+    return UsageError(f"policy plugin {ep.name!r} ({ep.value}, from {dist}) {why}")
+
+
+def _registry() -> tuple[dict[str, type], dict[str, str]]:
+    """Name -> class of every policy, and name -> where it comes from ("builtin" or the plugin)."""
+    if "all" in _loaded:
+        return _loaded["all"]
+    classes: dict[str, type] = {}
+    origin: dict[str, str] = {}
+    builtin: tuple[type[InterPolicy] | type[IntraPolicy], ...] = (*BUILTIN_INTER, *BUILTIN_INTRA)
+    for policy in builtin:
+        classes[policy.name], origin[policy.name] = policy, "builtin"
+    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            cls = ep.load()
+        except Exception as exc:
+            raise _plugin_error(ep, f"failed to load: {type(exc).__name__}: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, (InterPolicy, IntraPolicy))):
+            raise _plugin_error(ep, "is not a subclass of InterPolicy or IntraPolicy")
+        name = getattr(cls, "name", "") or ep.name
+        if name in classes and classes[name] is not cls:
+            raise _plugin_error(ep, f"takes the name {name!r}, which {origin[name]} policy already has")
+        classes[name], origin[name] = cls, f"plugin {ep.value}"
+    _loaded["all"] = (classes, origin)
+    return classes, origin
+
+
+def inter_names() -> list[str]:
+    """Names of the inter-dim policies: the built-in ones first, then plugins."""
+    classes, _ = _registry()
+    return [n for n, c in classes.items() if issubclass(c, InterPolicy)]
+
+
+def intra_names() -> list[str]:
+    """Names of the intra-dim policies: the built-in ones first, then plugins."""
+    classes, _ = _registry()
+    return [n for n, c in classes.items() if issubclass(c, IntraPolicy)]
+
+
+def origin(name: str) -> str:
+    """Where a policy comes from: "builtin" or "plugin module:Class"."""
+    return _registry()[1][name]
+
+
+def inter_class(name: str) -> type[InterPolicy]:
+    """The inter-dim policy class of a name; one line naming the choices when unknown."""
+    classes, _ = _registry()
+    cls = classes.get(name)
+    if cls is None or not issubclass(cls, InterPolicy):
+        raise UsageError(
+            f"unknown policy {name!r}; use one of {', '.join(inter_names())} (themis-mpi policies)"
+        )
+    return cls
+
+
+def intra_class(name: str) -> type[IntraPolicy]:
+    """The intra-dim policy class of a name; one line naming the choices when unknown."""
+    classes, _ = _registry()
+    cls = classes.get(name)
+    if cls is None or not issubclass(cls, IntraPolicy):
+        raise UsageError(
+            f"unknown intra-dim policy {name!r}; use one of {', '.join(intra_names())} (themis-mpi policies)"
+        )
+    return cls
+
+
+def make_inter(name: str) -> InterPolicy:
+    """A fresh instance of an inter-dim policy (a plugin that fails to construct is named)."""
+    cls = inter_class(name)
+    try:
+        return cls()
+    except Exception as exc:
+        raise UsageError(
+            f"policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def make_intra(name: str) -> IntraPolicy:
+    """A fresh instance of an intra-dim policy."""
+    cls = intra_class(name)
+    try:
+        return cls()
+    except Exception as exc:
+        raise UsageError(
+            f"intra-dim policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
+        ) from None
