@@ -647,11 +647,12 @@ def _report_training(args, wl, given: Topology, topo: Topology, spec, rows: list
         from .training import bucket_plan
 
         buckets = bucket_plan(wl, topo, spec)
-        sizes = ", ".join(f"{b.collective.size_bytes / 2**20:.2f}" for b in buckets)
+        sizes = [b.collective.size_bytes / 2**20 for b in buckets] or [0.0]
         first = f", first {spec.first_bucket_mib:g} MiB" if spec.first_bucket_mib is not None else ""
         print(
-            f"# gradient buckets of {spec.bucket_mib:g} MiB{first}: {len(buckets)} buckets per iteration, "
-            f"backward order, MiB: {sizes}"
+            f"# gradient buckets of {spec.bucket_mib:g} MiB{first}: {len(buckets)} per iteration for "
+            f"{sum(len(b.layers) for b in buckets)} layers, {min(sizes):.2f} to {max(sizes):.2f} MiB, "
+            f"{sum(sizes):.2f} MiB in all"
         )
     _print_training_rows(rows, topo)
     if args.json:
