@@ -218,3 +218,36 @@ def test_emulator_with_buckets_equals_the_model(tmp_path, workload, topology, ra
     for e, m in zip(emu, mod):
         assert e["wrong"] == 0 and e["transport"] == "mpi" and m["transport"] == "model"
         assert e["iteration_us"] == m["iteration_us"] and e["collectives"] == m["collectives"] > 0
+
+
+def generate(tmp_path, *flags):
+    """Run scripts/generate_workloads.py with flags into a fresh folder; the folder."""
+    out = tmp_path / ("_".join(flags).strip("-") or "default")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "generate_workloads.py"), "--out", str(out), *flags],
+        capture_output=True,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_generator_reproduces_the_shipped_workloads(tmp_path):
+    """Default flags give traces/*.txt and --bucket-mib 0 gives traces/per-layer/*.txt, byte for byte."""
+    for flags, shipped in (((), ROOT / "traces"), (("--bucket-mib", "0"), ROOT / "traces" / "per-layer")):
+        out = generate(tmp_path, *flags)
+        for name in ("resnet152", "gnmt", "dlrm", "transformer_1t"):
+            assert (out / f"{name}.txt").read_text() == (shipped / f"{name}.txt").read_text(), (flags, name)
+
+
+def test_a_4x_faster_accelerator_quarters_the_compute_times(tmp_path):
+    """--peak-tflops 3956 (4 x 989): every compute time a quarter (to the ns), update times unchanged."""
+    base, fast = generate(tmp_path), generate(tmp_path, "--peak-tflops", "3956")
+    for name in ("resnet152", "gnmt", "transformer_1t"):
+        a, b = parse_workload(str(base / f"{name}.txt")), parse_workload(str(fast / f"{name}.txt"))
+        for la, lb in zip(a.layers, b.layers):
+            assert abs(lb.fwd.compute_ns - la.fwd.compute_ns / 4) <= 1 and lb.update_ns == la.update_ns
+            assert lb.wg.size_bytes == la.wg.size_bytes
