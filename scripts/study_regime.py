@@ -313,6 +313,7 @@ def heat_map(rows: list[dict], w: str, path: str, latency: str) -> None:
         ax.set_xlabel("compute speed")
         ax.set_title(f"{title}")
     axes[0].set_ylabel("gradient bucket")
+    axes[1].set_yticklabels([])
     fig.colorbar(im, ax=axes, label="speedup over baseline (mean of 4 topologies)")
     fig.suptitle(f"{label}, {latency}: paper {paper:.2f}x (* within 10 %)")
     with atomic_path(path) as tmp:
