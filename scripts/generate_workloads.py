@@ -2,12 +2,15 @@
 
 Usage::
 
-    python scripts/generate_workloads.py [--out traces]
+    python scripts/generate_workloads.py [--out traces] [--peak-tflops 989] [--efficiency 0.5]
+                                         [--bucket-mib 25]
 
 Writes resnet152.txt, gnmt.txt, dlrm.txt and transformer_1t.txt. Every number comes from the
 model's architecture and the assumptions below, which traces/README.md repeats:
 
-- Accelerator: 989 TFLOP/s peak (H100-class dense FP16/BF16), 50 % achieved, for every layer.
+- Accelerator: 989 TFLOP/s peak (H100-class dense FP16/BF16), 50 % achieved, for every layer
+  (`--peak-tflops`, `--efficiency`: the compute times for another accelerator; the update times,
+  bound by memory bandwidth, stay).
 - Times in ns. Forward compute = forward FLOPs / achieved rate; the input-gradient and the
   weight-gradient compute each take as long as the forward (backward = 2x forward).
 - Gradients and activations in 2-byte precision (mixed-precision training); a layer's
@@ -18,7 +21,8 @@ model's architecture and the assumptions below, which traces/README.md repeats:
 - Data-parallel gradients are all-reduced in 25 MiB buckets, as PyTorch DDP does: walking the
   layers from the last to the first, a bucket's all-reduce is issued by the layer that fills it
   (the last, partial bucket by layer 0). Without buckets, ResNet-152's 156 small all-reduces,
-  each cut into 64 chunks, would be latency-bound whatever the schedule.
+  each cut into 64 chunks, would be latency-bound whatever the schedule. `--bucket-mib 0` writes
+  one all-reduce per layer (traces/per-layer/), for `themis-mpi train --bucket-mib N` to bucket.
 """
 
 import argparse
@@ -44,6 +48,14 @@ def update_ns(params: float) -> int:
 
 
 BUCKET_BYTES = 25 * 2**20
+
+
+def configure(peak_tflops: float = 989.0, efficiency: float = 0.5, bucket_mib: float = 25.0) -> None:
+    """Set the accelerator (peak TFLOP/s, achieved fraction) and the bucket size (0: per layer)."""
+    global PEAK_FLOPS, EFFICIENCY, BUCKET_BYTES
+    if not (peak_tflops > 0 and 0 < efficiency <= 1 and bucket_mib >= 0):
+        raise SystemExit("need --peak-tflops > 0, 0 < --efficiency <= 1 and --bucket-mib >= 0")
+    PEAK_FLOPS, EFFICIENCY, BUCKET_BYTES = peak_tflops * 1e12, efficiency, round(bucket_mib * 2**20)
 
 
 def bucketed(layers: list[tuple]) -> list[str]:
@@ -175,15 +187,36 @@ def transformer_1t() -> list[str]:
 WORKLOADS = {"resnet152": resnet152, "gnmt": gnmt, "dlrm": dlrm, "transformer_1t": transformer_1t}
 
 
+def generate(out: str) -> list[str]:
+    """Write the four workloads into `out` with the current settings; their paths."""
+    os.makedirs(out, exist_ok=True)
+    paths = []
+    for name, build in WORKLOADS.items():
+        path = os.path.join(out, f"{name}.txt")
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
+            f.write("\n".join(build()) + "\n")
+        paths.append(path)
+    return paths
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/traces", help="output folder (traces/ holds the shipped files)")
+    ap.add_argument(
+        "--peak-tflops", type=float, default=989.0, help="accelerator peak TFLOP/s (default 989, H100)"
+    )
+    ap.add_argument(
+        "--efficiency", type=float, default=0.5, help="fraction of the peak achieved (default 0.5)"
+    )
+    ap.add_argument(
+        "--bucket-mib",
+        type=float,
+        default=25.0,
+        help="DDP bucket of the data-parallel gradients in the file; 0 = one all-reduce per layer (25)",
+    )
     args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    for name, build in WORKLOADS.items():
-        path = os.path.join(args.out, f"{name}.txt")
-        with atomic_path(path) as tmp, open(tmp, "w") as f:
-            f.write("\n".join(build()) + "\n")
+    configure(args.peak_tflops, args.efficiency, args.bucket_mib)
+    for path in generate(args.out):
         print(f"wrote {path}")
 
 

@@ -285,13 +285,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--compute-scale",
         type=float,
         default=1.0,
-        help="factor on compute and update times (ns in the file; default 1)",
+        help="what-if accelerator speed: factor on compute and update times (ns in the file); "
+        "0.25 = an accelerator 4x faster (default 1)",
     )
     train.add_argument(
         "--comm-scale",
         type=float,
         default=1.0,
-        help="factor on every collective's size (bytes in the file; default 1)",
+        help="what-if model width or dtype: factor on every collective's size (bytes in the file); "
+        "2 = fp32 instead of 2-byte gradients and activations (default 1)",
+    )
+    train.add_argument(
+        "--bucket-mib",
+        type=float,
+        default=0.0,
+        help="fuse weight-gradient collectives into gradient buckets of this many MiB, DDP's way "
+        "(PyTorch DDP: 25, Horovod: 64); 0 = one collective per layer, as the file says (default 0)",
+    )
+    train.add_argument(
+        "--first-bucket-mib",
+        type=float,
+        default=None,
+        help="cap of the first bucket (the last layers' gradients; DDP: 1; default: --bucket-mib)",
     )
     train.add_argument(
         "--comm-group",
@@ -671,6 +686,8 @@ def _train_graph(args: argparse.Namespace) -> int:
     from .training import TrainingSpec
     from .workload import Workload
 
+    if args.bucket_mib or args.first_bucket_mib is not None:
+        raise UsageError("--bucket-mib and --first-bucket-mib apply to text workloads only")
     graph = load_graph(args.workload, args.comm_group)
     given = _topology(args)
     topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
@@ -783,7 +800,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     wl = parse_workload(args.workload)
     given = _topology(args)
     topo = wl.fit_topology(given)
-    spec = TrainingSpec(_one_chunk_count(args), args.dtype, args.iters, args.compute_scale, args.comm_scale)
+    spec = TrainingSpec(
+        _one_chunk_count(args),
+        args.dtype,
+        args.iters,
+        args.compute_scale,
+        args.comm_scale,
+        args.bucket_mib,
+        args.first_bucket_mib,
+    )
     configs = _configs(args)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi = under_mpiexec()
@@ -808,6 +833,17 @@ def _report_training(args, wl, given: Topology, topo: Topology, spec, rows: list
     if topo != given:
         group = wl.model_parallel_group
         print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
+    if spec.bucket_mib:
+        from .training import bucket_plan
+
+        buckets = bucket_plan(wl, topo, spec)
+        sizes = [b.collective.size_bytes / 2**20 for b in buckets] or [0.0]
+        first = f", first {spec.first_bucket_mib:g} MiB" if spec.first_bucket_mib is not None else ""
+        print(
+            f"# gradient buckets of {spec.bucket_mib:g} MiB{first}: {len(buckets)} per iteration for "
+            f"{sum(len(b.layers) for b in buckets)} layers, {min(sizes):.2f} to {max(sizes):.2f} MiB, "
+            f"{sum(sizes):.2f} MiB in all"
+        )
     _print_training_rows(rows, topo)
     if args.json:
         write_json(args.json, [r.to_dict() for r in rows])

@@ -22,6 +22,14 @@ involves no dim finishes at once.
 - MICRO issues every iteration's weight-gradient collective at once; DISTRIBUTED_INFERENCE runs
   forward passes only.
 
+Gradient buckets (``TrainingSpec.bucket_mib``, 0 by default: one collective per layer, as above
+and as ASTRA-sim runs it) fuse weight-gradient collectives the way PyTorch DDP does (`bucket_plan`):
+walking the layers from the last to the first, consecutive weight-gradient collectives of the
+same op and dims fill a bucket until it holds at least the cap, and the bucket's collective is
+issued where its last gradient (its lowest layer) would have issued its own. Every member layer
+counts as finished its own update time after the bucket's collective, so the next iteration's
+forward of a layer waits for its bucket.
+
 Several collectives are in flight at once and share the dims' queues. Every distinct collective's
 schedule (chunk bounds, orders, queue policy) is chosen up front by the coordinator (the Themis
 loads reset per collective, so this is what choosing them at issue gives) and broadcast once.
@@ -45,7 +53,15 @@ import numpy as np
 from .collectives import DTYPES, Collective
 from .engine import CollectiveRun, Engine, Event, ProcessGenerator
 from .errors import UsageError
-from .limits import MAX_CHUNKS, MAX_ITERS, MAX_SCALE, MAX_SIZE_BYTES, in_range
+from .limits import (
+    MAX_BUCKET_MIB,
+    MAX_CHUNKS,
+    MAX_ITERS,
+    MAX_SCALE,
+    MAX_SIZE_BYTES,
+    MIN_BUCKET_MIB,
+    in_range,
+)
 from .policies import Schedule
 from .topology import Topology
 from .workload import PHASES, Layer, Workload
@@ -61,8 +77,15 @@ class TrainingSpec:
         chunks: chunks per collective.
         dtype: element type of the collectives (sizes in the file are bytes).
         iterations: training iterations.
-        compute_scale: factor on every compute and update time (accelerator speed).
-        comm_scale: factor on every collective's size (ASTRA-sim's comm-scale).
+        compute_scale: factor on every compute and update time: the what-if of another
+            accelerator (0.25 = four times faster; `scripts/generate_workloads.py --peak-tflops`
+            regenerates the times themselves).
+        comm_scale: factor on every collective's size (ASTRA-sim's comm-scale): the what-if of
+            another gradient and activation precision (2 = fp32 instead of the files' 2 bytes)
+            or of layers that many times wider in bytes.
+        bucket_mib: gradient bucket cap in MiB (0: one weight-gradient collective per layer);
+            see `bucket_plan`.
+        first_bucket_mib: the first bucket's cap (None: `bucket_mib`; DDP uses 1 MiB).
     """
 
     chunks: int = 64
@@ -70,6 +93,8 @@ class TrainingSpec:
     iterations: int = 2
     compute_scale: float = 1.0
     comm_scale: float = 1.0
+    bucket_mib: float = 0.0
+    first_bucket_mib: float | None = None
 
     def __post_init__(self) -> None:
         in_range("chunks", self.chunks, 1, MAX_CHUNKS)
@@ -78,6 +103,12 @@ class TrainingSpec:
         in_range("iterations", self.iterations, 1, MAX_ITERS)
         in_range("compute scale", self.compute_scale, 0, MAX_SCALE)
         in_range("comm scale", self.comm_scale, 1 / MAX_SCALE, MAX_SCALE)
+        if self.bucket_mib != 0:
+            in_range("bucket size", self.bucket_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB (or 0)")
+        if self.first_bucket_mib is not None:
+            if self.bucket_mib == 0:
+                raise UsageError("a first bucket size needs a bucket size (--bucket-mib)")
+            in_range("first bucket size", self.first_bucket_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB")
 
 
 def shares_memory(engine: Engine) -> bool:
@@ -126,16 +157,83 @@ def collective_of(
     return Collective(p.op, count, spec.dtype, spec.chunks, dims)
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """Weight-gradient collectives fused into one, as a DDP gradient bucket.
+
+    Attributes:
+        layers: the member layers' indices in backward order (last layer first).
+        collective: the fused collective: its members' op, dtype, chunks and dims, their
+            element counts summed.
+    """
+
+    layers: tuple[int, ...]
+    collective: Collective
+
+    @property
+    def issuer(self) -> int:
+        """The layer whose weight gradient is ready last (the lowest): it issues the bucket."""
+        return self.layers[-1]
+
+
+def bucket_plan(workload: Workload, topology: Topology, spec: TrainingSpec) -> list[Bucket]:
+    """The gradient buckets of a workload, in backward order ([] when `spec.bucket_mib` is 0).
+
+    PyTorch DDP's rule (``compute_bucket_assignment_by_size``): walking the layers from the
+    last to the first, every weight-gradient collective joins the open bucket; the bucket closes
+    as soon as it holds at least its cap (so it may pass the cap by its last gradient), the first
+    bucket's cap being `spec.first_bucket_mib` and every later one's `spec.bucket_mib`. A
+    collective of another op or other dims than the open bucket's (another group) closes it
+    first: only consecutive collectives of one kind and group are fused. Layers without a
+    weight-gradient collective are skipped. A pure function of the workload, the topology and
+    the spec, so every rank knows the plan (and the fused collectives) before the run.
+    """
+    if not spec.bucket_mib:
+        return []
+    caps = [spec.first_bucket_mib or spec.bucket_mib, spec.bucket_mib]
+    buckets: list[Bucket] = []
+    members: list[tuple[int, Collective]] = []
+
+    def close() -> None:
+        first = members[0][1]
+        count = sum(c.count for _, c in members)
+        if count * first.itemsize > MAX_SIZE_BYTES:
+            raise UsageError(
+                f"a gradient bucket would move {count * first.itemsize} B per NPU (at most {MAX_SIZE_BYTES})"
+            )
+        fused = Collective(first.op, count, first.dtype, first.chunks, first.dims)
+        buckets.append(Bucket(tuple(i for i, _ in members), fused))
+        members.clear()
+
+    for layer in reversed(workload.layers):
+        coll = collective_of(workload, layer, "wg", topology, spec)
+        if coll is None:
+            continue
+        if members and (coll.op, coll.dims) != (members[0][1].op, members[0][1].dims):
+            close()
+        members.append((layer.index, coll))
+        cap_bytes = caps[min(len(buckets), 1)] * 2**20
+        if sum(c.size_bytes for _, c in members) >= cap_bytes:
+            close()
+    if members:
+        close()
+    return buckets
+
+
 def distinct_collectives(workload: Workload, topology: Topology, spec: TrainingSpec) -> list[Collective]:
-    """Every distinct collective the workload issues, in file order.
+    """Every distinct collective the workload issues, in file order (a bucket's at its issuer).
 
     Every rank computes this before the first collective, so a workload that does not fit the
     topology is refused on every rank at once.
     """
+    buckets = {b.issuer: b.collective for b in bucket_plan(workload, topology, spec)}
     out: dict[Collective, None] = {}
     for layer in workload.layers:
         for phase in PHASES:
-            coll = collective_of(workload, layer, phase, topology, spec)
+            if phase == "wg" and buckets:
+                coll = buckets.get(layer.index)
+            else:
+                coll = collective_of(workload, layer, phase, topology, spec)
             if coll is not None:
                 out.setdefault(coll)
     return list(out)
@@ -177,6 +275,7 @@ class TrainingLoop:
         self.compute_ns = 0.0
         self.collectives_issued = 0
         n = len(workload.layers)
+        self.buckets = {i: b for b in bucket_plan(workload, topology, spec) for i in b.layers}
         self.wg_done: list[Event | None] = [None] * n  # weight-gradient collective finished (after update)
         self.ig_done: list[Event | None] = [None] * n
         self.fwd_done: list[Event | None] = [None] * n
@@ -201,6 +300,8 @@ class TrainingLoop:
 
     def _issue(self, engine: Engine, layer: Layer, phase: str) -> Event | None:
         """Issue the layer's phase collective; the event of its finish (after the update time)."""
+        if phase == "wg" and self.buckets:
+            return self._issue_bucket(engine, layer)
         coll = collective_of(self.wl, layer, phase, self.topology, self.spec)
         if coll is None:
             return None
@@ -208,6 +309,23 @@ class TrainingLoop:
         s = self.schedules[coll]
         run = engine.issue(coll, s.orders, True, s.fuse_last, s.bounds, s.intra)
         return engine.process(self._finished(engine, layer, run))
+
+    def _issue_bucket(self, engine: Engine, layer: Layer) -> Event | None:
+        """A bucket's issuer issues the fused collective and sets every member's finish event.
+
+        Each member layer finishes its own update time after the bucket's collective; the other
+        members issue nothing (None: their events are set when the issuer comes).
+        """
+        bucket = self.buckets.get(layer.index)
+        if bucket is None or layer.index != bucket.issuer:
+            return None
+        self.collectives_issued += 1
+        coll = bucket.collective
+        s = self.schedules[coll]
+        run = engine.issue(coll, s.orders, True, s.fuse_last, s.bounds, s.intra)
+        for i in bucket.layers:
+            self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], run))
+        return self.wg_done[layer.index]
 
     def _finished(self, engine: Engine, layer: Layer, run: CollectiveRun) -> ProcessGenerator:
         yield run
