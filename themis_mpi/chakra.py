@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import types
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -606,7 +607,7 @@ class _Recorder:
             attrs.append(Attr("themis_overlap", "bool", True))
         return self._add(name, COMP_NODE, attrs, delay_ns)
 
-    def issue(self, collective: Any, orders: Any, check: bool = True, fuse_last: bool = False) -> _Recorded:
+    def issue(self, collective: Any, orders: Any, *args: Any, **kwargs: Any) -> _Recorded:
         involved = [d in collective.dims for d in range(len(self.topology.dims))]
         attrs = [
             Attr("is_cpu_op", "bool", False),
@@ -662,11 +663,13 @@ def workload_to_et(workload: Any, topology: Any, iterations: int = 1, path: str 
                 yield engine.timeout(layer.update_ns)
             recorder.update = ""
 
-    class AnyOrders(dict):
-        def __missing__(self, key: Any) -> None:
-            return None
+    class AnySchedule(dict):
+        """Every collective's schedule: none matters, the recorder only notes the collective."""
 
-    loop = Loop(workload, fitted, spec, AnyOrders())
+        def __missing__(self, key: Any) -> Any:
+            return types.SimpleNamespace(orders=None, fuse_last=False, bounds=None, intra="")
+
+    loop = Loop(workload, fitted, spec, AnySchedule())
     recorder.process(loop.process(recorder))  # type: ignore[arg-type]
     attrs = [
         Attr("themis_source", "string", os.path.basename(workload.path)),
