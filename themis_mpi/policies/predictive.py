@@ -85,7 +85,8 @@ def fastest(
     `PATIENCE` halvings in a row bring no better time. A candidate whose `lower_bound_us` is above
     the best time so far is not timed. Equal times keep the earlier candidate.
     """
-    assert context.evaluate_collective is not None
+    evaluate = context.evaluate_collective
+    assert evaluate is not None
     best: Schedule | None = None
     best_us, times = float("inf"), []
 
@@ -93,7 +94,7 @@ def fastest(
         nonlocal best, best_us
         if best is not None and lower_bound_us(context, collective, s) > best_us:
             return False
-        t = context.evaluate_collective(collective, s)
+        t = evaluate(collective, s)
         times.append((s.label, t))
         if t < best_us:
             best, best_us = s, t
