@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .analysis import CollectiveResult
+from .analysis import CollectiveResult, format_size
 from .collectives import Collective
 from .driver import Backend, RunConfig, run_collective
 from .errors import UsageError
@@ -164,7 +164,7 @@ def format_replay(trace: Trace, replay: ReplayResult, topology: Topology, backen
         f"# replay of {trace.path} ({trace.attrs['transport']}, {trace.attrs['topology_label']}) on "
         f"{'the emulator' if backend == 'mpi' else 'the model'}, topology {topology.label()}"
         + ("" if replay.unchanged else " (changed)"),
-        f"#{'coll':>4} {'op':>14} {'policy':>8} {'size_bytes':>12} {'recorded_us':>12} {'replay_us':>12} "
+        f"#{'coll':>4} {'op':>14} {'policy':>8} {'size':>12} {'recorded_us':>12} {'replay_us':>12} "
         f"{'change%':>8}  per-dim busy_us recorded -> replay",
     ]
     for c, r in enumerate(replay.results):
@@ -173,7 +173,7 @@ def format_replay(trace: Trace, replay: ReplayResult, topology: Topology, backen
         busy = "  ".join(f"d{d.dim}:{o:.2f}->{d.busy_us:.2f}" for d, o in zip(r.dims, old_dims["busy_us"]))
         change = 100 * (r.time_us / old["time_us"] - 1) if old["time_us"] else 0.0
         lines.append(
-            f" {c:>4} {r.op:>14} {r.policy:>8} {r.size_bytes:>12} {old['time_us']:>12.3f} "
+            f" {c:>4} {r.op:>14} {r.policy:>8} {format_size(r.size_bytes):>12} {old['time_us']:>12.3f} "
             f"{r.time_us:>12.3f} {change:>8.2f}  {busy}"
         )
     if replay.unchanged:
