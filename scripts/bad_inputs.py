@@ -182,6 +182,26 @@ def main():
         ("trace: marked incomplete", [*py, "analyze", incomplete]),
         ("replay on other dim sizes", [*py, "replay", good, "-t", "4x2"]),
         ("replay without a trace", [*py, "replay"]),
+        ("calibrate: missing log", [*py, "calibrate", os.path.join(tmp, "nope.log")]),
+        ("calibrate: a log with no nccl-tests table", [*py, "calibrate", files["micro.txt"]]),
+        ("buckets: negative size", [*py, "train", files["micro.txt"], "--bucket-mib", "-1"]),
+        ("buckets: nan", [*py, "train", files["micro.txt"], "--bucket-mib", "nan"]),
+        (
+            "buckets on a Chakra trace",
+            [
+                *py,
+                "train",
+                os.path.join(
+                    ROOT, "tests", "data", "astra-sim-chakra-et", "all_reduce", "8npus_1MB", "all_reduce.0.et"
+                ),
+                "--bucket-mib",
+                "25",
+            ],
+        ),
+        ("endpoint model: negative memory bandwidth", [*py, "model", "--hbm-gbps", "-5"]),
+        ("endpoint model with --compat", [*py, "model", "--hbm-gbps", "1000", "--compat", "astra-sim-1.0"]),
+        ("ina on a Ring dim", [*py, "model", "-t", "Ring(4,100,20,ina)"]),
+        ("a plugin policy that is not installed", [*py, "model", "-p", "no-such-policy"]),
         # issue 13: numbers out of any meaningful range, under mpiexec where they reach the ranks
         ("a size sweep that never grows by whole bytes", [*py, "model", "-b", "8", "-e", "16", "-f", "1.01"]),
         ("size factor nan", [*py, "model", "-b", "1M", "-e", "4M", "-f", "nan"]),
