@@ -55,6 +55,13 @@ def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> s
         ) from None
 
 
+def local(args, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
+    """`themis-mpi ARGS` in one process (the model), without mpiexec."""
+    kw.setdefault("cwd", ROOT)
+    return subprocess.run([sys.executable, "-m", "themis_mpi", *args], capture_output=True, text=True,
+                          env=mpi_env(), timeout=timeout_s, **kw)  # fmt: skip
+
+
 def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
     """`themis-mpi ARGS` under mpiexec with n ranks."""
     return mpirun(n, ["-m", "themis_mpi", *args], **kw)

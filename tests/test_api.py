@@ -8,22 +8,15 @@ import time
 
 import numpy as np
 import pytest
-from harness import ROOT, mpi_env, mpiexec_path
+from harness import ROOT, local, mpi_env, mpiexec_path
 
 import themis_mpi
 from themis_mpi.analysis import format_size, queue_levels
 
 
 def themis(*args, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "themis_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=120,
-        **kw,
-    )
+    """`themis-mpi ARGS` in one process."""
+    return local(args, **kw)
 
 
 def test_a_run_prints_each_row_as_it_finishes_and_a_killed_sweep_keeps_them(tmp_path):

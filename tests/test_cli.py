@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import ROOT, cli, mpi_env
+from harness import ROOT, cli, local, mpi_env
 
 
 def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
@@ -132,14 +132,7 @@ def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
         ],
     )
     assert proc.returncode == 0, proc.stderr
-    model = subprocess.run(
-        [sys.executable, "-m", "themis_mpi", "model", *args, "--json", str(model_out)],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
+    model = local(["model", *args, "--json", str(model_out)], timeout_s=60)
     assert model.returncode == 0, model.stderr
     virtual = {r["policy"]: r["time_us"] for r in json.loads(model_out.read_text())}
     for r in json.loads(wall_out.read_text()):
@@ -178,14 +171,7 @@ def test_model_command_prints_the_same_columns_without_mpi(tmp_path):
 
 def test_info_names_every_version():
     """`themis-mpi info` reports the package, numpy, mpi4py, h5py and MPI library versions."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "themis_mpi", "info"],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
+    proc = local(["info"], timeout_s=60)
     assert proc.returncode == 0, proc.stderr
     for name in ("themis-mpi", "numpy", "mpi4py", "h5py", "MPI"):
         assert f"{name}:" in proc.stdout

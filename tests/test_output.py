@@ -2,25 +2,17 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from harness import ROOT, mpi_env
+from harness import local
 
 from themis_mpi.errors import UsageError
 from themis_mpi.output import atomic_path, check_output_path, write_json
 
 
 def themis(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "themis_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=120,
-    )
+    """`themis-mpi ARGS` in one process."""
+    return local(args)
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

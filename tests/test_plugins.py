@@ -8,11 +8,9 @@ inherit (`harness.mpi_env`). No network, no build step.
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
-from harness import DATA, ROOT, cli, mpi_env
+from harness import DATA, ROOT, cli, local
 
 BROKEN = """
 from themis_mpi.policies import InterPolicy
@@ -64,16 +62,7 @@ def site(tmp_path_factory):
     mp.undo()
 
 
-def themis(args, **kw) -> subprocess.CompletedProcess:
-    """`python -m themis_mpi ARGS` in one process (the model)."""
-    return subprocess.run(
-        [sys.executable, "-m", "themis_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        timeout=120,
-        **kw,
-    )
+themis = local  # `python -m themis_mpi ARGS` in one process (the model)
 
 
 def test_the_plugin_is_listed_with_its_origin(site):

@@ -1,13 +1,11 @@
 """Rules for HDF5 traces, analysis, plots, Perfetto export and replay."""
 
 import json
-import subprocess
-import sys
 
 import h5py
 import numpy as np
 import pytest
-from harness import ROOT, cli, mpi_env
+from harness import cli, local
 
 from themis_mpi.analysis import analyze_trace
 from themis_mpi.errors import UsageError
@@ -15,19 +13,6 @@ from themis_mpi.perfetto import to_perfetto
 from themis_mpi.trace import Trace
 
 RUN_ARGS = ["-t", "2x2x2", "-b", "1M", "-c", "8", "--policy", "both"]
-
-
-def local(args, **kw):
-    """`themis-mpi ARGS` in this process's environment, without mpiexec."""
-    return subprocess.run(
-        [sys.executable, "-m", "themis_mpi", *args],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=120,
-        **kw,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,9 @@
 import gzip
 import hashlib
 import json
-import subprocess
-import sys
 
 import pytest
-from harness import DATA, ROOT, cli, mpi_env
+from harness import DATA, cli, local
 
 from themis_mpi.errors import UsageError
 from themis_mpi.model import model_training
@@ -180,14 +178,7 @@ def test_emulator_iteration_time_equals_the_model(tmp_path, name, topology, rank
     out_emu, out_model = tmp_path / "emu.json", tmp_path / "model.json"
     proc = cli(ranks, [*args, "--json", str(out_emu)])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    model = subprocess.run(
-        [sys.executable, "-m", "themis_mpi", *args, "--json", str(out_model)],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=120,
-    )
+    model = local([*args, "--json", str(out_model)])
     assert model.returncode == 0, model.stderr
     emu, mod = json.loads(out_emu.read_text()), json.loads(out_model.read_text())
     for e, m in zip(emu, mod):
