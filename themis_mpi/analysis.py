@@ -236,11 +236,6 @@ def table_row(r: CollectiveResult) -> str:
     )
 
 
-def format_table(rows: list[CollectiveResult], n_dims: int, clock: str) -> str:
-    """An nccl-tests-like table, one line per row, units in the header."""
-    return "\n".join([table_header(n_dims, clock), *(table_row(r) for r in rows)])
-
-
 def flat_row(row: dict) -> dict:
     """A result's dict with its per-dim list spread into columns (dim0_busy_us, ...), for CSV."""
     out = {k: v for k, v in row.items() if k != "dims"}

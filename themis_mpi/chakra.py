@@ -710,22 +710,6 @@ def _layer_line(workload: Any, layer: Any) -> str:
     return "\t".join(cells)
 
 
-def workload_text(workload: Any) -> str:
-    """A text workload in the ASTRA-sim 1.0 format (tab-separated, as `traces/` has it)."""
-    header = workload.parallelism
-    if header.startswith("HYBRID_TRANSFORMER"):
-        header += f"\tmodel_parallel_NPU_group: {workload.model_parallel_group}"
-        if header.startswith("HYBRID_TRANSFORMER_FWD_IN_BCKWD"):
-            header += f" checkpoints: {len(workload.checkpoints)} " + " ".join(map(str, workload.checkpoints))
-            header += f" checkpoint_initiates: {len(workload.checkpoint_initiates)} "
-            header += " ".join(map(str, workload.checkpoint_initiates))
-    elif header.startswith("HYBRID_DLRM"):
-        header += f"\t{workload.dlrm_last_bottom_layer}"
-    lines = [header, str(len(workload.layers))]
-    lines += [_layer_line(workload, layer) for layer in workload.layers]
-    return "\n".join(lines) + "\n"
-
-
 def et_to_workload_text(trace: EtTrace) -> str:
     """The text workload an ET converted by `workload_to_et` came from.
 

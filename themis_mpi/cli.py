@@ -584,7 +584,7 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
         check_memory(3 * largest, "the buffer and scratch of the largest size")
     clock = configs[0][1].clock if use_mpi else "model"
     files = RowFiles(args.json, args.csv, flat_row)
-    progress = _progress(sum(len(c) for _, c in sweep) * len(configs), args.quiet or env_rank() != 0)
+    progress = _Lines(sum(len(c) for _, c in sweep) * len(configs), args.quiet or env_rank() != 0)
     for topo, colls in sweep:
         recorder = None
         if args.trace:
@@ -663,10 +663,6 @@ class _Lines:
         """Remove the bar."""
         if self.bar is not None:
             self.bar.close()
-
-
-def _progress(total: int, quiet: bool) -> _Lines:
-    return _Lines(total, quiet)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

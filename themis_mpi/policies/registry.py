@@ -80,26 +80,22 @@ def origin(name: str) -> str:
     return _registry()[1][name]
 
 
-def inter_class(name: str) -> type[InterPolicy]:
-    """The inter-dim policy class of a name; one line naming the choices when unknown."""
+def _policy_class(name: str, base: type, what: str, names: list[str]) -> type:
     classes, _ = _registry()
     cls = classes.get(name)
-    if cls is None or not issubclass(cls, InterPolicy):
-        raise UsageError(
-            f"unknown policy {name!r}; use one of {', '.join(inter_names())} (themis-mpi policies)"
-        )
+    if cls is None or not issubclass(cls, base):
+        raise UsageError(f"unknown {what} {name!r}; use one of {', '.join(names)} (themis-mpi policies)")
     return cls
+
+
+def inter_class(name: str) -> type[InterPolicy]:
+    """The inter-dim policy class of a name; one line naming the choices when unknown."""
+    return _policy_class(name, InterPolicy, "policy", inter_names())
 
 
 def intra_class(name: str) -> type[IntraPolicy]:
     """The intra-dim policy class of a name; one line naming the choices when unknown."""
-    classes, _ = _registry()
-    cls = classes.get(name)
-    if cls is None or not issubclass(cls, IntraPolicy):
-        raise UsageError(
-            f"unknown intra-dim policy {name!r}; use one of {', '.join(intra_names())} (themis-mpi policies)"
-        )
-    return cls
+    return _policy_class(name, IntraPolicy, "intra-dim policy", intra_names())
 
 
 def make_inter(name: str) -> InterPolicy:
