@@ -86,6 +86,11 @@ def as_policy(policy: PolicyLike) -> InterPolicy:
     return make_inter(policy) if isinstance(policy, str) else policy
 
 
+def policy_name(policy: PolicyLike) -> str:
+    """The registry name of a policy given by name or as an instance."""
+    return policy if isinstance(policy, str) else policy.name
+
+
 def model_oracle(topology: Topology, config: RunConfig):
     """The model as an oracle for policies: one collective's time in us under a schedule."""
     from .model import ModelTransport
@@ -175,7 +180,7 @@ def share_schedules(
             header[3::2] = [s.n_chunks for s in schedules]
             header[4::2] = [s.fuse_last for s in schedules]
         except Exception as exc:
-            name = policy if isinstance(policy, str) else policy.name
+            name = policy_name(policy)
             where = origin(name) if given is None and name in _names() else "given"
             why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
             header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
@@ -279,7 +284,7 @@ def run_collective(
         wall time divided by the time scale.
     """
     config = transport.config
-    name = policy if isinstance(policy, str) else policy.name
+    name = policy_name(policy)
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
@@ -343,7 +348,7 @@ def run_training(
     compute_ns = loop.compute_ns / spec.iterations
     mean_ns = total_ns / spec.iterations
     return TrainingResult(
-        policy=policy if isinstance(policy, str) else policy.name,
+        policy=policy_name(policy),
         intra=config.intra,
         chunks=spec.chunks,
         transport=transport.name,
@@ -398,7 +403,7 @@ def run_graph(
         mine = sum(r.wrong or 0 for r in engine.collectives) + sum(m.wrong or 0 for m in engine.messages)
         wrong = int(transport.reduce(np.array([mine], np.int64), "sum")[0])
     return TrainingResult(
-        policy=policy if isinstance(policy, str) else policy.name,
+        policy=policy_name(policy),
         intra=config.intra,
         chunks=spec.chunks,
         transport=transport.name,
