@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -138,13 +139,21 @@ def dim_results(
     """
     astra = astra_busy_pct(records, len(topology.dims), span_ns[1], start_ns=span_ns[0])
     out = []
-    for d in range(len(topology.dims)):
-        mine = [r for r in records if r.stage.dim == d]
-        busy_us = sum(r.end_ns - r.start_ns for r in mine) / 1e3
-        sent = sum(cost(r.stage.itemsize).stage_bytes(d, r.stage.op, r.stage.full_elems) for r in mine)
+    for d, mine in enumerate(runs_by_dim(records, len(topology.dims))):
+        busy_us = sum([r.end_ns - r.start_ns for r in mine]) / 1e3
+        shapes = Counter([(r.stage.itemsize, r.stage.op, r.stage.full_elems) for r in mine])
+        sent = sum(cost(size).stage_bytes(d, op, elems) * n for (size, op, elems), n in shapes.items())
         utilization = busy_us / time_us if time_us > 0 else 0.0
         out.append(DimResult(d, busy_us, int(sent), len(mine), utilization, _finite(astra[d])))
     return out
+
+
+def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
+    """The runs of each dim, in their order (one pass)."""
+    by_dim: list[list[StageRun]] = [[] for _ in range(n_dims)]
+    for r in runs:
+        by_dim[r.stage.dim].append(r)
+    return by_dim
 
 
 def _finite(value: float) -> float | None:
@@ -414,10 +423,11 @@ def astra_busy_pct(
     Returns:
         One percentage per dim; NaN when no window is complete.
     """
-    spans = [
-        [(r.queued_ns if since == "queued" else r.start_ns, r.end_ns) for r in runs if r.stage.dim == d]
-        for d in range(n_dims)
-    ]
+    by_dim = runs_by_dim(runs, n_dims)
+    if since == "queued":
+        spans = [[(r.queued_ns, r.end_ns) for r in mine] for mine in by_dim]
+    else:
+        spans = [[(r.start_ns, r.end_ns) for r in mine] for mine in by_dim]
     return [window_busy_pct(s, start_ns, end_ns, window_ns) for s in spans]
 
 

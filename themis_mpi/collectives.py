@@ -35,9 +35,9 @@ def split_bounds(n: int, parts: int) -> np.ndarray:
     return np.array(block_bounds(0, n, parts), dtype=np.int64)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Stage:
-    """One chunk's visit of one dim.
+    """One chunk's visit of one dim (read-only by convention: frozen would cost 5x to create).
 
     Attributes:
         coll: collective id (issue order).
@@ -137,16 +137,10 @@ def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
     return b[c], b[c + 1]
 
 
-def chunk_stages(
-    topology: Topology,
-    collective: Collective,
-    coll_id: int,
-    chunk: int,
-    chunk_elems: int,
-    order,
-    fuse_last: bool = False,
-) -> list[Stage]:
-    """The stages of one chunk, in execution order.
+def chunk_plan(
+    topology: Topology, collective: Collective, chunk_elems: int, order, fuse_last: bool = False
+) -> list[tuple[int, str, int]]:
+    """A chunk's stages as ``(dim, op, full_elems)``, in execution order.
 
     All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
     dim's RS and AG are separate stages (Themis), or with `fuse_last` one AR stage that holds
@@ -159,20 +153,38 @@ def chunk_stages(
     """
     op = collective.op
     if op == "all_to_all":
-        plan = [(d, A2A, chunk_elems) for d in active_dims(topology, collective, order)]
-    else:
-        down = rs_dims(topology, collective, order)
-        sizes, n = [], chunk_elems
-        for d in down:
-            sizes.append(n)
-            n = block_elems(n, topology.dims[d].npus)
-        rs = [(d, RS, s) for d, s in zip(down, sizes)]
-        ag = [(d, AG, s) for d, s in zip(down[::-1], sizes[::-1])]
-        plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
-        if op == "all_reduce" and rs and (fuse_last or topology.dims[rs[-1][0]].algorithm == "ina"):
-            plan = [*rs[:-1], (rs[-1][0], AR, rs[-1][2]), *ag[1:]]
-    itemsize = collective.itemsize
+        return [(d, A2A, chunk_elems) for d in active_dims(topology, collective, order)]
+    down = rs_dims(topology, collective, order)
+    sizes, n = [], chunk_elems
+    for d in down:
+        sizes.append(n)
+        n = block_elems(n, topology.dims[d].npus)
+    rs = [(d, RS, s) for d, s in zip(down, sizes)]
+    ag = [(d, AG, s) for d, s in zip(down[::-1], sizes[::-1])]
+    plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+    if op == "all_reduce" and rs and (fuse_last or topology.dims[rs[-1][0]].algorithm == "ina"):
+        plan = [*rs[:-1], (rs[-1][0], AR, rs[-1][2]), *ag[1:]]
+    return plan
+
+
+def plan_stages(plan: list[tuple[int, str, int]], coll_id: int, chunk: int, itemsize: int) -> list[Stage]:
+    """The `Stage` objects of one chunk's plan (`chunk_plan`)."""
+    n = len(plan)
     return [
-        Stage(coll_id, chunk, i, len(plan), d, kind, full, full * itemsize, itemsize)
+        Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize)
         for i, (d, kind, full) in enumerate(plan)
     ]
+
+
+def chunk_stages(
+    topology: Topology,
+    collective: Collective,
+    coll_id: int,
+    chunk: int,
+    chunk_elems: int,
+    order,
+    fuse_last: bool = False,
+) -> list[Stage]:
+    """The stages of one chunk, in execution order (`chunk_plan` made into `Stage` objects)."""
+    plan = chunk_plan(topology, collective, chunk_elems, order, fuse_last)
+    return plan_stages(plan, coll_id, chunk, collective.itemsize)

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import wraps
 
 from .errors import UsageError
 from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
@@ -217,6 +217,26 @@ def steps(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[tuple[int,
     return tuple((m * block_bytes, 1) for m in masks)
 
 
+def memo_method(method):
+    """Cache a method's results per instance and positional arguments.
+
+    The cache is a dict on the instance, not an ``lru_cache`` of a bound method, which would tie
+    the instance into a reference cycle that only the garbage collector frees.
+    """
+    attr = f"_memo_{method.__name__}"
+
+    @wraps(method)
+    def cached(self, *args):
+        cache = self.__dict__.get(attr)
+        if cache is None:
+            cache = self.__dict__[attr] = {}
+        if args not in cache:
+            cache[args] = method(self, *args)
+        return cache[args]
+
+    return cached
+
+
 class CostModel:
     """Step and stage times of a topology for one element size.
 
@@ -240,7 +260,6 @@ class CostModel:
         self.itemsize = itemsize
         self.endpoint_delay_ns = float(endpoint_delay_ns)
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
-        self.stage_bytes = lru_cache(maxsize=None)(self._stage_bytes)
         self.endpoint = endpoint
         if self.astra and (endpoint.on or any(d.algorithm == "ina" for d in topology.dims)):
             raise UsageError("the endpoint model and ina are not part of --compat astra-sim-1.0")
@@ -248,8 +267,6 @@ class CostModel:
         self.memory_bytes_per_ns = [
             endpoint.hbm_bytes_per_ns * d.bandwidth_bytes_per_ns / share for d in topology.dims
         ]
-        self._step_times = lru_cache(maxsize=None)(self._step_times_ns)
-        self._astra_gaps_ns = lru_cache(maxsize=None)(self._astra_gaps)
 
     def step_times_ns(
         self,
@@ -267,10 +284,10 @@ class CostModel:
         they matter only under the endpoint model.
         """
         if not self.endpoint.on:
-            return self._step_times(dim_index, op, full_elems, False, False, False)
+            return self._step_times_ns(dim_index, op, full_elems, False, False, False)
         if not self.endpoint.ace:
             first = last = False
-        return self._step_times(
+        return self._step_times_ns(
             dim_index, op, full_elems, first, last, shared and self.endpoint.compute_share > 0
         )
 
@@ -323,6 +340,7 @@ class CostModel:
             link_bytes_per_ns /= dim.npus - 1
         return float(math.floor(hops * dim.latency_ns + msg_bytes / link_bytes_per_ns))
 
+    @memo_method
     def _astra_gaps(self, dim_index: int, op: str, full_elems: int) -> tuple[tuple[float, ...], ...]:
         """Per step, the delays between ASTRA-sim's events: (send to receipt, endpoint[, reduce]).
 
@@ -346,18 +364,19 @@ class CostModel:
         registered it, and so on back to the stage's start.
         """
         key, t = [], end_ns
-        for step in reversed(self._astra_gaps_ns(dim_index, op, full_elems)):
+        for step in reversed(self._astra_gaps(dim_index, op, full_elems)):
             for gap in reversed(step):
                 t -= gap
                 key.append(t)
         return tuple(key)
 
+    @memo_method
     def _step_times_ns(
         self, dim_index: int, op: str, full_elems: int, first: bool, last: bool, shared: bool
     ) -> tuple[float, ...]:
         dim = self.topology.dims[dim_index]
         if self.astra:
-            return tuple(sum(g) for g in self._astra_gaps_ns(dim_index, op, full_elems))
+            return tuple(sum(g) for g in self._astra_gaps(dim_index, op, full_elems))
         mem = self.memory_ns(dim_index, op, full_elems, first, last, shared)
         if dim.algorithm == "ina" and op != A2A and dim.npus > 1:
             return (self.ina_step_ns(dim, op, full_elems, mem[0]),)
@@ -419,8 +438,9 @@ class CostModel:
             t = t + (hops * dim.latency_ns + n_bytes / link + self.endpoint_delay_ns)
         return t
 
-    def _stage_bytes(self, dim_index: int, op: str, full_elems: int) -> int:
-        """Bytes one NPU sends during the stage (`stage_bytes`, cached)."""
+    @memo_method
+    def stage_bytes(self, dim_index: int, op: str, full_elems: int) -> int:
+        """Bytes one NPU sends during the stage."""
         dim = self.topology.dims[dim_index]
         if self.astra:
             return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize))

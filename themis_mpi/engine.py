@@ -27,6 +27,7 @@ and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_stages
+from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel, check_compat
 from .errors import UsageError
 from .policies import IntraPolicy, PolicyError, QueueView, make_intra
@@ -344,7 +345,12 @@ class Engine:
         self.astra = check_compat(compat) == ASTRA_SIM_1_0
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
+        # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
+        # that queueing costs no copy) and the count of running ones
+        self.views = [QueueView([], 0, compat) for _ in range(n)]
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
+        self._fifo = self.intra_policy("fifo")
+        self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
         self.started = [0] * n
         self.now_ns = 0.0
         self.collectives: list[CollectiveRun] = []
@@ -381,12 +387,16 @@ class Engine:
         """
         coll_id = len(self.collectives)
         bounds = collective.chunk_bounds() if bounds is None else np.asarray(bounds, dtype=np.int64)
-        stages = [
-            chunk_stages(
-                self.topology, collective, coll_id, k, int(bounds[k + 1] - bounds[k]), orders[k], fuse_last
-            )
-            for k in range(len(bounds) - 1)
-        ]
+        sizes = np.diff(bounds).tolist()
+        rows = np.asarray(orders).tolist()
+        itemsize = collective.itemsize
+        stages = []
+        for k, elems in enumerate(sizes):
+            key = (collective.op, collective.dims, elems, tuple(rows[k]), fuse_last)
+            plan = self._plans.get(key)
+            if plan is None:
+                plan = self._plans[key] = chunk_plan(self.topology, collective, elems, rows[k], fuse_last)
+            stages.append(plan_stages(plan, coll_id, k, itemsize))
         run = CollectiveRun(
             coll_id,
             collective,
@@ -450,48 +460,56 @@ class Engine:
 
     def _enqueue(self, stage: Stage) -> None:
         run = StageRun(stage, self.now_ns)
-        queue = self.queues[stage.dim]
-        policy = self.collectives[stage.coll].intra
-        view = QueueView(
-            [r.stage for r in queue], sum(r is not None for r in self.slots[stage.dim]), self.compat
-        )
-        if self.astra and stage.op == AR:
-            policy = self.intra_policy("fifo")  # ASTRA-sim queues All-Reduce phases FIFO, by priority
+        view = self.views[stage.dim]
+        # (ASTRA-sim queues All-Reduce phases FIFO, by priority)
+        policy = self._fifo if self.astra and stage.op == AR else self.collectives[stage.coll].intra
         try:
             pos = policy.position(view, stage)
         except Exception as exc:
             raise PolicyError(
                 f"intra-dim policy {policy.name!r} failed: {type(exc).__name__}: {exc}"
             ) from None
-        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not 0 <= pos <= len(queue):
+        waiting = view.waiting
+        n = len(waiting)
+        if type(pos) is not int:
+            pos = int(pos) if isinstance(pos, np.integer) else -1
+        if pos == n:
+            self.queues[stage.dim].append(run)
+            waiting.append(stage)  # type: ignore[attr-defined]
+        elif 0 <= pos < n:
+            self.queues[stage.dim].insert(pos, run)
+            waiting.insert(pos, stage)  # type: ignore[attr-defined]
+        else:
             raise PolicyError(
-                f"intra-dim policy {policy.name!r} returned position {pos!r}; "
-                f"it must be between 0 and {len(queue)}"
+                f"intra-dim policy {policy.name!r} returned position {pos!r}; it must be between 0 and {n}"
             )
-        queue.insert(int(pos), run)
 
-    def _claim_free(self, dims: Sequence[int] | None = None) -> None:
-        """Start the heads of the queues of `dims` (all by default) that have a free slot.
+    def _claim_free(self, dims: Sequence[int]) -> None:
+        """Start the heads of the queues of `dims` that have a free slot.
 
-        The stages start now; the transport hears of them at the next `_start_free`.
+        The stages start now; the transport hears of them at the next `_start_claimed`. Only a
+        dim whose slot was freed or whose queue grew can have both a free slot and a waiting
+        stage, so the callers name those dims instead of scanning all.
         """
-        for d in range(len(self.queues)) if dims is None else dims:
-            queue, slots = self.queues[d], self.slots[d]
-            while queue and None in slots:
+        for d in dims:
+            queue, view = self.queues[d], self.views[d]
+            while queue and view.running < self.active_per_dim:
                 run = queue.pop(0)
-                run.slot = slots.index(None)
+                view.waiting.pop(0)  # type: ignore[attr-defined]
+                view.running += 1
+                slots = self.slots[d]
+                run.slot = slot = slots.index(None)
+                slots[slot] = run
                 run.dim_seq = self.started[d]
+                self.started[d] += 1
                 run.start_seq = self._n_started
+                self._n_started += 1
                 run.start_ns = self.now_ns
                 run.mem_shared = self.computing > 0
-                self.started[d] += 1
-                self._n_started += 1
-                slots[run.slot] = run
                 self._running += 1
                 self._claimed.append(run)
 
-    def _start_free(self) -> None:
-        self._claim_free()
+    def _start_claimed(self) -> None:
         claimed, self._claimed = self._claimed, []
         for run in claimed:
             self.transport.start(run)
@@ -500,10 +518,11 @@ class Engine:
         """Free the stage's slot and queue its chunk's next stage; returns that stage's dim."""
         if isinstance(run, MessageRun):
             self._running -= 1
-            run.done.succeed(run)
+            run.done.succeed()
             return None
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
+        self.views[stage.dim].running -= 1
         self._running -= 1
         self.records.append(run)
         coll = self.collectives[stage.coll]
@@ -520,7 +539,7 @@ class Engine:
     def _collective_done(self, coll: CollectiveRun) -> None:
         coll.end_ns = self.now_ns
         self.transport.close(coll)
-        coll.succeed(coll)
+        coll.succeed()
 
     # --- the event loop ------------------------------------------------------------------------
 
@@ -533,9 +552,24 @@ class Engine:
         return self.transport.cost(s.itemsize).finish_order_key(s.dim, s.op, s.full_elems, t_ns)
 
     def run(self) -> None:
-        """Run until every issued stage and timer is done."""
+        """Run until every issued stage and timer is done.
+
+        Python's cyclic garbage collector is paused meanwhile: the loop allocates a few objects per
+        stage and keeps them (the records), which made the collector's full passes cost as much as
+        the loop itself at thousands of chunks; it runs again once the loop is done.
+        """
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            self._loop()
+        finally:
+            if paused:
+                gc.enable()
+
+    def _loop(self) -> None:
         while True:
-            self._start_free()
+            if self._claimed:
+                self._start_claimed()
             if not self._running and not self._timers:
                 return
             horizon = self._timers[0][0] if self._timers else math.inf
@@ -547,10 +581,23 @@ class Engine:
                     nxt = self._finish(run)
                     self._claim_free((run.stage.dim,) if nxt is None else (run.stage.dim, nxt))
                 continue
+            if len(done) == 1:
+                run = done[0]
+                run.end_ns = t_ns
+                d = run.stage.dim
+                nxt = self._finish(run)
+                self._claim_free((d,) if nxt is None or nxt == d else (d, nxt) if d < nxt else (nxt, d))
+                continue
             if done:
-                for run in sorted(done, key=lambda r: (r.stage.dim, r.slot)):
+                done.sort(key=lambda r: (r.stage.dim, r.slot))
+                dims = set()
+                for run in done:
                     run.end_ns = t_ns
-                    self._finish(run)
+                    dims.add(run.stage.dim)
+                    nxt = self._finish(run)
+                    if nxt is not None:
+                        dims.add(nxt)
+                self._claim_free(sorted(dims))
                 continue
             while self._timers and self._timers[0][0] <= t_ns:
                 _, _, event = heapq.heappop(self._timers)

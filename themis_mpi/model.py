@@ -49,6 +49,7 @@ class ModelTransport:
         self.clock = VirtualClock()
         self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self._heap: list[tuple[float, int, StageRun]] = []
+        self._steps: dict[tuple, tuple[float, ...]] = {}  # step times by stage shape (`run_steps_ns`)
         self._seq = 0
 
     # --- control: one rank, nothing to exchange --------------------------------------------------
@@ -78,8 +79,13 @@ class ModelTransport:
         if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
             end_ns = run.start_ns + self.cost(1).p2p_ns(run.path, run.nbytes)
         else:
+            first, last = s.index == 0, s.index == s.n_stages - 1
+            key = (s.itemsize, s.dim, s.op, s.full_elems, first, last, run.mem_shared)
+            steps = self._steps.get(key)
+            if steps is None:
+                steps = self._steps[key] = self.cost(s.itemsize).run_steps_ns(run)
             end_ns = run.start_ns
-            for step_ns in self.cost(s.itemsize).run_steps_ns(run):
+            for step_ns in steps:
                 end_ns = end_ns + step_ns
         heapq.heappush(self._heap, (end_ns, self._seq, run))
         self._seq += 1

@@ -214,9 +214,9 @@ def checked_order(policy: InterPolicy, order, n_dims: int, chunk: Chunk) -> list
     return values
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class QueueView:
-    """One dim's queue as an intra-dim policy sees it.
+    """One dim's queue as an intra-dim policy sees it (the engine's own: read it, never modify it).
 
     Attributes:
         waiting: the waiting stages, head first (running stages are not in it).
