@@ -99,9 +99,9 @@ class PolicyContext:
     evaluate: Callable[[Sequence[Schedule]], float] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Chunk:
-    """One chunk of the stream, as a policy sees it.
+    """One chunk of the stream, as a policy sees it (read-only by convention; frozen is 4x slower).
 
     Attributes:
         index: chunk index in the collective.
@@ -159,11 +159,13 @@ class InterPolicy:
         n_dims = len(context.topology.dims)
         nominal = collective.chunk_bounds()
         if not self.sizes_chunks:
-            orders = np.empty((collective.n_chunks, n_dims), dtype=np.int32)
+            edges = nominal.tolist()
+            rows = []
             for k in range(collective.n_chunks):
-                lo, hi = int(nominal[k]), int(nominal[k + 1])
-                chunk = Chunk(k, lo, hi - lo, collective.count - lo, collective)
-                orders[k] = checked_order(self, self.order(chunk), n_dims, chunk)
+                lo = edges[k]
+                chunk = Chunk(k, lo, edges[k + 1] - lo, collective.count - lo, collective)
+                rows.append(checked_order(self, self.order(chunk), n_dims, chunk))
+            orders = np.array(rows, dtype=np.int32).reshape(collective.n_chunks, n_dims)
             return Schedule(nominal, orders, self.fuses_last_dim, label=self.name)
         bounds: list[int] = [0]
         rows: list[list[int]] = []

@@ -50,19 +50,26 @@ class ThemisTracker:
     fallbacks: int = field(init=False, default=0)
 
     def __post_init__(self):
-        self.loads = [0.0] * len(self.topology.dims)
-        self._sorted = list(range(len(self.topology.dims)))
+        dims = self.topology.dims
+        self.loads = [0.0] * len(dims)
+        self._sorted = list(range(len(dims)))
+        # per-dim constants, looked up once per chunk and dim
+        self._is_active = [_involved_active(self.topology, self.involved, d) for d in range(len(dims))]
+        self._ratios = [d.bandwidth_gbps / dims[0].bandwidth_gbps for d in dims]
 
     def _active(self, d: int) -> bool:
-        return _involved_active(self.topology, self.involved, d)
+        return self._is_active[d]
 
     def _ratio(self, d: int) -> float:
-        return self.topology.dims[d].bandwidth_gbps / self.topology.dims[0].bandwidth_gbps
+        return self._ratios[d]
 
     def sort(self) -> int | None:
         """Stable-sort the dims by load (ties keep the last arrangement); the least-loaded active dim."""
-        self._sorted.sort(key=lambda d: self.loads[d])
-        return next((d for d in self._sorted if self._active(d)), None)
+        self._sorted.sort(key=self.loads.__getitem__)
+        for d in self._sorted:
+            if self._is_active[d]:
+                return d
+        return None
 
     def gap_bytes(self, first: int, op: str) -> float:
         """The load gap between the most loaded dim and `first`, as bytes of `first`'s largest stage.
@@ -123,16 +130,16 @@ class ThemisTracker:
                     m *= p_d
             return order
         m = chunk_bytes
-        active = [d for d in rs_order if self._active(d)]
-        for d in rs_order:
-            if self._active(d):
-                p_d = self.topology.dims[d].npus
-                if self.topology.dims[d].algorithm == "ina":  # the last one is one AR pass: half of RS + AG
-                    fused = 0.5 if d == active[-1] else 1.0
-                    self.loads[d] += fused * m / MIB * self._rs_share(d) / self._ratio(d)
-                else:
-                    self.loads[d] += m / MIB * (p_d - 1) / p_d / self._ratio(d)
-                m //= p_d
+        active = [d for d in rs_order if self._is_active[d]]
+        dims, loads, ratios = self.topology.dims, self.loads, self._ratios
+        for d in active:
+            p_d = dims[d].npus
+            if dims[d].algorithm == "ina":  # the last one is one AR pass: half of RS + AG
+                fused = 0.5 if d == active[-1] else 1.0
+                loads[d] += fused * m / MIB * self._rs_share(d) / ratios[d]
+            else:
+                loads[d] += m / MIB * (p_d - 1) / p_d / ratios[d]
+            m //= p_d
         return rs_order
 
 
