@@ -160,12 +160,12 @@ class InterPolicy:
         nominal = collective.chunk_bounds()
         if not self.sizes_chunks:
             edges = nominal.tolist()
-            rows = []
+            chosen = []
             for k in range(collective.n_chunks):
                 lo = edges[k]
                 chunk = Chunk(k, lo, edges[k + 1] - lo, collective.count - lo, collective)
-                rows.append(checked_order(self, self.order(chunk), n_dims, chunk))
-            orders = np.array(rows, dtype=np.int32).reshape(collective.n_chunks, n_dims)
+                chosen.append(checked_order(self, self.order(chunk), n_dims, chunk))
+            orders = np.array(chosen, dtype=np.int32).reshape(collective.n_chunks, n_dims)
             return Schedule(nominal, orders, self.fuses_last_dim, label=self.name)
         bounds: list[int] = [0]
         rows: list[list[int]] = []
