@@ -17,14 +17,9 @@ Only waiting stages are in the queue a policy sees; a running stage is never pre
 
 from __future__ import annotations
 
-from itertools import compress, count
-from operator import attrgetter
-
 from ..collectives import Stage
 from ..cost import AG, ASTRA_SIM_1_0, RS
 from .base import IntraPolicy, QueueView
-
-_KEY_BYTES = attrgetter("key_bytes")
 
 
 def astra_priority_position(queue: QueueView, stage: Stage) -> int:
@@ -59,9 +54,11 @@ class Scf(IntraPolicy):
         waiting = queue.waiting
         if stage.index == stage.n_stages - 2:
             return len(waiting)
-        # the scan at C speed: queues of thousands of stages are common at 1024+ NPUs
-        at_least = map(stage.key_bytes.__le__, map(_KEY_BYTES, waiting))
-        return next(compress(count(), at_least), len(waiting))
+        key = stage.key_bytes
+        for pos, other in enumerate(waiting):
+            if other.key_bytes >= key:
+                return pos
+        return len(waiting)
 
 
 class Rg(IntraPolicy):
