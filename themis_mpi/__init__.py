@@ -2,10 +2,30 @@
 
 Themis: Rashidi et al., ISCA 2022 (arXiv 2110.04478). The Python API (`sweep`, `train`,
 `to_dataframe`) runs the model in this process; `themis-mpi run` under mpiexec runs the emulator.
+The API is imported on first use, so an MPI rank that imports the package pays only for what it runs.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-from .api import sweep, to_dataframe, train  # noqa: E402
-
 __all__ = ["__version__", "sweep", "to_dataframe", "train"]
+
+if TYPE_CHECKING:
+    from .api import sweep, to_dataframe, train
+
+
+def __getattr__(name: str) -> Any:
+    """`sweep`, `train` and `to_dataframe` from `api`, imported on first use (PEP 562)."""
+    if name in ("sweep", "to_dataframe", "train"):
+        from . import api  # the model API: no MPI rank needs it
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, the lazily imported API included."""
+    return sorted({*globals(), *__all__})

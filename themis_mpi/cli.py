@@ -23,7 +23,7 @@ import textwrap
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from .limits import MAX_CHUNKS, MAX_FACTOR, MAX_ITERS, MAX_SIZE_BYTES, check_mem
 from .output import RowFiles, atomic_path, check_output_path, write_json
 from .policies import InterPolicy, inter_class, inter_names, intra_class, intra_names, make_inter, origin
 from .topology import ALGORITHMS, DESCRIPTIONS, PRESETS, SOURCES, Topology, parse_topology
+
+if TYPE_CHECKING:
+    from .trace import TraceRecorder
 
 UNITS = "sizes in bytes (suffixes K/M/G are binary); bandwidth in GB/s with 1 GB = 2^30 B; times in us"
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
@@ -563,7 +566,6 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
     """`run` and `model`: topologies x sizes x chunks x policies, each row shown and saved as it ends."""
     from .analysis import flat_row, table_header, table_row
     from .driver import open_backend, run_collective
-    from .trace import TraceRecorder
 
     if use_mpi:
         in_range("--iters", args.iters, 1, MAX_ITERS)
@@ -586,14 +588,7 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
     files = RowFiles(args.json, args.csv, flat_row)
     progress = _Lines(sum(len(c) for _, c in sweep) * len(configs), args.quiet or env_rank() != 0)
     for topo, colls in sweep:
-        recorder = None
-        if args.trace:
-            settings = configs[0][1]
-            recorder = TraceRecorder(
-                topo, "mpi" if use_mpi else "model", clock=clock, time_scale=settings.time_scale,
-                active_per_dim=settings.active_per_dim, endpoint_delay_ns=settings.endpoint_delay_ns,
-                compat=settings.compat,
-            )  # fmt: skip
+        recorder = _trace_recorder(topo, use_mpi, clock, configs[0][1]) if args.trace else None
         with open_backend(topo, use_mpi, configs[0][1].timeout_s) as backend:
             if backend.rank == 0:
                 _check_outputs(args.json, args.csv, args.trace)
@@ -634,6 +629,17 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
     if backend.rank == 0:
         files.close()
     return 0
+
+
+def _trace_recorder(topo: Topology, use_mpi: bool, clock: str, settings: RunConfig) -> TraceRecorder:
+    """The `--trace` recorder of one topology (every rank records its own stage events)."""
+    from .trace import TraceRecorder  # only --trace records: a plain run never loads the trace code
+
+    return TraceRecorder(
+        topo, "mpi" if use_mpi else "model", clock=clock, time_scale=settings.time_scale,
+        active_per_dim=settings.active_per_dim, endpoint_delay_ns=settings.endpoint_delay_ns,
+        compat=settings.compat,
+    )  # fmt: skip
 
 
 class _Lines:

@@ -36,17 +36,19 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import chakra
-from .chakra import EtTrace, Node
 from .collectives import Collective
 from .engine import Engine, Event, ProcessGenerator
 from .errors import UsageError
 from .policies import Schedule
 from .topology import Topology
 from .training import TrainingSpec
+
+if TYPE_CHECKING:
+    from .chakra import EtTrace, Node
 
 COLLECTIVE_OPS = {0: "all_reduce", 2: "all_gather", 6: "all_to_all", 7: "reduce_scatter"}
 BROADCAST = 5
@@ -162,6 +164,8 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
 
 def load_graph(source: str, comm_groups: str | None = None) -> Graph:
     """A .et file (symmetric) or a prefix of prefix.0.et, prefix.1.et, ... (one per rank)."""
+    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
+
     groups = load_comm_groups(comm_groups)
     if os.path.isfile(source):
         return Graph(source, [chakra.read_et(source)], groups)
@@ -254,6 +258,8 @@ def _collective(
 
 
 def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, where: str) -> Op | None:
+    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
+
     send = node.type == chakra.COMM_SEND_NODE
     src = _int_attr(node, "comm_src", where, rank if send else None)
     dst = _int_attr(node, "comm_dst", where, None if send else rank)
@@ -325,6 +331,8 @@ def plan_graph(
 
 
 def _op(node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str) -> Op:
+    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
+
     delay = duration_ns(node) * spec.compute_scale
     if node.type == chakra.COMP_NODE:
         if node.attr("themis_overlap", False) is True:
@@ -411,6 +419,8 @@ def graph_collectives(
     the same list (the chunk orders are broadcast for it at once), and a graph that does not fit
     the topology is refused everywhere before MPI starts.
     """
+    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
+
     out: dict[Collective, None] = {}
     simple = graph.symmetric and not any(
         n.type in (chakra.COMM_SEND_NODE, chakra.COMM_RECV_NODE) or n.attr("pg_name", "") not in ("", "0")
