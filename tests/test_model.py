@@ -118,3 +118,24 @@ def test_paper_study_in_the_bandwidth_bound_regime():
     assert means[("themis", "scf")] >= 0.95
     assert 0.50 <= means[("baseline", "fifo")] <= 0.65
     assert means[("themis", "fifo")] < means[("themis", "scf")]
+
+
+@pytest.mark.parametrize("policy,intra", [("baseline", "fifo"), ("themis", "scf"), ("predictive", "scf")])
+def test_a_finished_run_is_freed_without_the_garbage_collector(policy, intra):
+    """A model run builds no reference cycle, so its objects go when it does (the engine pauses the collector)."""
+    import gc
+
+    topo = parse_topology("4D-Ring_FC_Ring_SW")
+    coll = Collective("all_reduce", 1 << 20, "float32", 16, tuple(range(len(topo.dims))))
+    model_collective(topo, coll, policy, RunConfig(intra=intra))  # first use loads plugins, caches
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result, engine = model_collective(topo, coll, policy, RunConfig(intra=intra))
+        assert len(engine.records) > 0 and result.time_us > 0
+        del result, engine
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
