@@ -3,30 +3,39 @@
 Usage::
 
     python scripts/study_regime.py [--traces traces/per-layer] [--out docs/regime] [--jobs 2]
-                                   [--zero-latency]
+                                   [--zero-latency] [--workloads W,..] [--topologies T,..]
+                                   [--buckets 0,4,25,64,256] [--speeds 1,4,16] [--intra all]
 
 For each of the four workloads (one weight-gradient all-reduce per layer, traces/per-layer/) on
 each paper topology (paper latencies; every latency 0 with --zero-latency), two training
-iterations on the model with gradient
-buckets of 0 (per layer), 4, 25, 64 and 256 MiB (`train --bucket-mib`) and compute 1x, 4x and
-16x faster (`--compute-scale` 1, 1/4, 1/16), under every inter-dim policy of
-`themis_mpi.policies` with every intra-dim queue policy. Speedups are iteration-time ratios over
-the baseline (FIFO): Themis is Themis+SCF, "best" the fastest of all the combinations. Writes
-regime.json (every run), regime.md (the tables and, for each paper number, the cells within
-10 % of it) and one heat map per workload (speedup_<workload>.png) into --out.
+iterations on the model, 64 chunks per collective, with gradient buckets of 0 (per layer), 4,
+25, 64 and 256 MiB (`train --bucket-mib`) and compute 1x, 4x and 16x faster (`--compute-scale`
+1, 1/4, 1/16), under every inter-dim policy of the registry (`themis-mpi policies`) with every
+intra-dim policy of the registry (`--intra` restricts the latter). Speedups are iteration-time
+ratios over the baseline with FIFO. "Themis" is Themis+SCF; "best" the fastest pair; "best at
+64 chunks" the fastest pair whose schedules keep every collective's 64 chunks (`predictive` and
+`themisFlex` may cut a collective into other chunks). Writes regime.json (every cell, every
+pair's time), regime.md (the tables and, for each paper number, the cells within 10 % of it) and
+one heat map per workload (speedup_<workload>.png) into --out.
 
-Runs that repeat are run once: a bucket size that leaves every gradient alone is the per-layer
-run, and two bucket sizes with the same plan are the same run; chunk orders are computed once per
-collective and policy. The runs skip the per-dim analysis that `train` prints (a check at the
-start asserts that the iteration time equals `model_training`'s).
+Each run is `driver.share_schedules` (the policy's choice, with the training run as its oracle, as
+`train` asks it) and the `driver.training_oracle` of those schedules: `model_training`'s
+iteration time without its per-dim analysis (a check at the start asserts the two agree); the
+baseline run is `model_training` itself, for the compute time. Runs that repeat are run once: a
+bucket size that leaves every gradient alone is the per-layer run, and two bucket sizes with the
+same plan (`training.bucket_plan`) are the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
+import re
 import sys
 import time
+from collections import Counter
 from multiprocessing import get_context
 
 import matplotlib
@@ -34,14 +43,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.colors import LogNorm  # noqa: E402
 
-from themis_mpi import policies  # noqa: E402
-from themis_mpi.driver import RunConfig  # noqa: E402
-from themis_mpi.engine import INTRA_POLICIES, Engine  # noqa: E402
+from themis_mpi.driver import RunConfig, share_schedules, training_oracle  # noqa: E402
 from themis_mpi.model import ModelTransport, model_training  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.policies import inter_names, intra_names  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import TrainingLoop, TrainingSpec, bucket_plan, distinct_collectives  # noqa: E402
+from themis_mpi.training import TrainingSpec, bucket_plan, distinct_collectives  # noqa: E402
 from themis_mpi.workload import parse_workload  # noqa: E402
 
 WORKLOADS = {
@@ -56,33 +65,48 @@ SPEEDS = [1, 4, 16]
 REFERENCE = ("baseline", "fifo")
 THEMIS = ("themis", "scf")
 TOLERANCE = 0.10
+FIELDS = (("themis_speedup", "Themis+SCF"), ("best64_speedup", "best at 64 chunks"), ("best_speedup", "best"))
 
-_ORDERS: dict = {}
+
+def pair_name(pair: tuple[str, str]) -> str:
+    return "/".join(pair)
 
 
-def schedules() -> list[tuple[str, str]]:
-    """Every (inter-dim, intra-dim) policy pair the package offers now, the reference first."""
-    pairs = [(p, i) for p in policies.POLICIES for i in INTRA_POLICIES]
+def schedules(intras: list[str] | None = None) -> list[tuple[str, str]]:
+    """(inter, intra) pairs: every inter-dim policy of the registry x `intras`, the reference first.
+
+    `intras` (None: every intra-dim policy of the registry) always gains fifo and scf, which the
+    reference and Themis need.
+    """
+    chosen = intra_names() if intras is None else list(dict.fromkeys([*intras, "fifo", "scf"]))
+    pairs = [(p, i) for p in inter_names() for i in chosen]
     return [REFERENCE, *[pair for pair in pairs if pair != REFERENCE]]
 
 
-def iteration_us(wl, topo, policy: str, intra: str, spec: TrainingSpec) -> float:
-    """Mean iteration time of `driver.run_training` on the model, without the per-dim analysis."""
-    transport = ModelTransport(topo, RunConfig(intra=intra))
-    orders = {}
-    for coll in distinct_collectives(wl, topo, spec):
-        key = (topo.spec(), policy, coll)
-        if key not in _ORDERS:
-            _ORDERS[key] = np.asarray(
-                policies.chunk_orders(policy, topo, coll.op, coll.size_bytes, coll.n_chunks, coll.dims),
-                dtype=np.int32,
-            )
-        orders[coll] = _ORDERS[key]
-    engine = Engine(topo, transport, intra, 1, "")
-    loop = TrainingLoop(wl, topo, spec, orders, policies.fuses_last_dim(policy))
-    engine.process(loop.process(engine))
-    engine.run()
-    return engine.now_ns / spec.iterations / 1e3
+@functools.cache
+def workload_of(path: str):
+    """A parsed workload (once per process)."""
+    return parse_workload(path)
+
+
+def topology_of(name: str, zero_latency: bool):
+    """A paper topology (or any topology spec), with every latency 0 if asked."""
+    topo = parse_topology(name)
+    return topo.with_overrides(latency_ns=[0.0] * len(topo.dims)) if zero_latency else topo
+
+
+def iteration_us(wl, topo, policy: str, intra: str, spec: TrainingSpec) -> tuple[float, bool, Counter]:
+    """One run: mean iteration time in us, whether every collective kept its chunk count, labels.
+
+    `driver.run_training`'s steps on the model without its per-dim analysis: the policy's
+    schedules, chosen with the training run as its oracle, then the oracle's time of them.
+    """
+    config = RunConfig(intra=intra)
+    collectives = distinct_collectives(wl, topo, spec)
+    oracle = training_oracle(topo, config, wl, spec)
+    chosen, _ = share_schedules(ModelTransport(topo, config), policy, collectives, evaluate=oracle)
+    kept = all(s.n_chunks == c.n_chunks for s, c in zip(chosen, collectives))
+    return oracle(chosen), kept, Counter(s.label or policy for s in chosen)
 
 
 def plan_key(wl, topo, spec: TrainingSpec) -> tuple | None:
@@ -91,111 +115,139 @@ def plan_key(wl, topo, spec: TrainingSpec) -> tuple | None:
     return None if all(len(g) == 1 for g in groups) else groups
 
 
-def topology_of(name: str, zero_latency: bool):
-    """A paper topology, with every latency 0 if asked."""
-    topo = parse_topology(name)
-    return topo.with_overrides(latency_ns=[0.0] * len(topo.dims)) if zero_latency else topo
+def spec_of(speed: float, bucket: float, chunks: int, iterations: int) -> TrainingSpec:
+    return TrainingSpec(chunks, "float32", iterations, 1 / speed, 1.0, bucket)
 
 
-def _run(task: tuple) -> tuple[tuple, float, float]:
-    """One run (in a worker): the task, its iteration time in us, and the wall seconds it took."""
+def _run(task: tuple) -> tuple[tuple, dict, float]:
+    """One run (in a worker): the task, its result, and the wall seconds it took."""
     path, topology, policy, intra, speed, bucket, chunks, iterations, zero = task
-    wl = parse_workload(path)
-    topo = wl.fit_topology(topology_of(topology, zero))
-    spec = TrainingSpec(chunks, "float32", iterations, 1 / speed, 1.0, bucket)
     started = time.perf_counter()
-    return task, iteration_us(wl, topo, policy, intra, spec), time.perf_counter() - started
+    wl = workload_of(path)
+    topo = wl.fit_topology(topology_of(topology, zero))
+    spec = spec_of(speed, bucket, chunks, iterations)
+    if (policy, intra) == REFERENCE:  # the reference through `model_training` itself: its compute time too
+        res = model_training(wl, topo, policy, spec, RunConfig(intra=intra))
+        out = {
+            "us": res.iteration_us,
+            "kept": True,
+            "labels": Counter([policy]),
+            "compute_us": res.compute_us,
+        }
+    else:
+        us, kept, labels = iteration_us(wl, topo, policy, intra, spec)
+        out = {"us": us, "kept": kept, "labels": labels}
+    return task, out, time.perf_counter() - started
 
 
-def check_fast_path(path: str, chunks: int, iterations: int) -> None:
+def check_fast_path(path: str, topology: str, chunks: int, iterations: int, zero: bool, pairs) -> None:
     """The study's runs give `model_training`'s iteration time (on one small configuration)."""
-    wl = parse_workload(path)
-    topo = wl.fit_topology(parse_topology(TOPOLOGIES[0]))
-    spec = TrainingSpec(chunks, "float32", iterations, 0.25, 1.0, 25)
-    for policy, intra in schedules():
+    wl = workload_of(path)
+    topo = wl.fit_topology(topology_of(topology, zero))
+    spec = spec_of(4, 25, chunks, iterations)
+    for policy, intra in pairs:
         want = model_training(wl, topo, policy, spec, RunConfig(intra=intra)).iteration_us
-        got = iteration_us(wl, topo, policy, intra, spec)
+        got = iteration_us(wl, topo, policy, intra, spec)[0]
         assert got == want, (policy, intra, got, want)
 
 
-def select(workloads: list[str], topologies: list[str], buckets: list[int]) -> None:
-    """Restrict the study to subsets (for quick looks; the shipped copy runs everything)."""
-    global WORKLOADS, TOPOLOGIES, BUCKETS_MIB
-    unknown = set(workloads) - set(WORKLOADS)
-    if unknown:
-        raise SystemExit(f"unknown workloads {sorted(unknown)}; use {', '.join(WORKLOADS)}")
-    WORKLOADS = {w: WORKLOADS[w] for w in workloads}
-    TOPOLOGIES, BUCKETS_MIB = topologies, buckets
+def cost_rank(task: tuple, workloads: list[str]) -> tuple:
+    """Sort key that starts the slowest runs first: per layer, big workloads, predictive."""
+    path, _, policy, intra, _, bucket, *_ = task
+    name = os.path.splitext(os.path.basename(path))[0]
+    slow = ["resnet152", "transformer_1t"]
+    return (bucket != 0, name not in slow, slow.index(name) if name in slow else 0, policy != "predictive")
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces/per-layer", help="per-layer workloads (traces/per-layer)")
     ap.add_argument("--out", default="docs/regime")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2; 1: in this process)")
     ap.add_argument("--zero-latency", action="store_true", help="every link latency 0 (bandwidth-bound)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset (all four)")
-    ap.add_argument("--topologies", default=",".join(TOPOLOGIES), help="comma-separated subset (all four)")
+    ap.add_argument(
+        "--topologies", default=",".join(TOPOLOGIES), help="comma-separated topologies (the four paper ones)"
+    )
     ap.add_argument(
         "--buckets", default=",".join(map(str, BUCKETS_MIB)), help="bucket sizes in MiB (0,4,25,64,256)"
     )
-    args = ap.parse_args()
-    select(args.workloads.split(","), args.topologies.split(","), [int(b) for b in args.buckets.split(",")])
+    ap.add_argument("--speeds", default=",".join(map(str, SPEEDS)), help="compute speeds (1,4,16)")
+    ap.add_argument(
+        "--intra",
+        default="all",
+        help="intra-dim policies the best pair is searched over: all (every one of the registry, "
+        "the default) or a comma-separated list (fifo and scf are always included)",
+    )
+    args = ap.parse_args(argv)
+    args.workloads = args.workloads.split(",")
+    unknown = set(args.workloads) - set(WORKLOADS)
+    if unknown:
+        ap.error(f"unknown workloads {sorted(unknown)}; use {', '.join(WORKLOADS)}")
+    args.topologies = re.split(r",(?![^(]*\))", args.topologies)  # inline specs hold commas
+    args.buckets = [float(b) if "." in b else int(b) for b in args.buckets.split(",")]
+    args.speeds = [float(s) if "." in s else int(s) for s in args.speeds.split(",")]
+    args.intra = None if args.intra == "all" else args.intra.split(",")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
     started = time.perf_counter()
-    paths = {w: os.path.join(args.traces, f"{w}.txt") for w in WORKLOADS}
-    check_fast_path(os.path.join(args.traces, "dlrm.txt"), args.chunks, args.iterations)
-    pairs = schedules()
+    paths = {w: os.path.join(args.traces, f"{w}.txt") for w in args.workloads}
+    pairs = schedules(args.intra)
+    first = paths[args.workloads[0]]
+    checked = [p for p in pairs if p in (REFERENCE, THEMIS, ("predictive", "scf"))]
+    check_fast_path(first, args.topologies[0], args.chunks, args.iterations, args.zero_latency, checked)
 
     # distinct runs: bucket sizes with the same plan share one
-    canon: dict[tuple, tuple] = {}  # (workload, topology, speed, bucket) -> task key part
+    canon: dict[tuple, int | float] = {}  # (workload, topology, speed, bucket) -> the bucket run
     tasks: dict[tuple, None] = {}
     for w, path in paths.items():
-        wl = parse_workload(path)
-        for t in TOPOLOGIES:
+        wl = workload_of(path)
+        for t in args.topologies:
             topo = wl.fit_topology(topology_of(t, args.zero_latency))
             first_of_plan: dict = {}
-            for b in BUCKETS_MIB:
-                key = plan_key(wl, topo, TrainingSpec(args.chunks, bucket_mib=b))
-                first_of_plan.setdefault(key, b)
-                for s in SPEEDS:
-                    canon[(w, t, s, b)] = (w, t, s, first_of_plan[key])
-                    for policy, intra in pairs:
+            for b in args.buckets:
+                key = plan_key(wl, topo, spec_of(1, b, args.chunks, args.iterations))
+                b_run = first_of_plan.setdefault(key, b)
+                for s in args.speeds:
+                    canon[(w, t, s, b)] = b_run
+                    for p, i in pairs:
                         tasks.setdefault(
-                            (
-                                path,
-                                t,
-                                policy,
-                                intra,
-                                s,
-                                first_of_plan[key],
-                                args.chunks,
-                                args.iterations,
-                                args.zero_latency,
-                            )
+                            (path, t, p, i, s, b_run, args.chunks, args.iterations, args.zero_latency)
                         )
-    all_runs = len(WORKLOADS) * len(TOPOLOGIES) * len(BUCKETS_MIB) * len(SPEEDS) * len(pairs)
+    all_runs = len(canon) * len(pairs)
     sys.stderr.write(f"{all_runs} runs, {len(tasks)} distinct, on {args.jobs} worker(s)\n")
-    times: dict[tuple, float] = {}
-    wall = 0.0
-    # the per-layer runs are the slowest: start them first
-    order = sorted(tasks, key=lambda k: (k[5] != 0, "transformer" not in k[0]))
-    with get_context("fork").Pool(args.jobs) as pool:
-        for i, (task, us, secs) in enumerate(pool.imap_unordered(_run, order, chunksize=1)):
-            times[task] = us
-            wall += secs
-            sys.stderr.write(f"\r{i + 1}/{len(tasks)} runs, {time.perf_counter() - started:6.1f} s")
-    sys.stderr.write("\n")
+    results: dict[tuple, dict] = {}
+    run_s = 0.0
+    order = sorted(tasks, key=lambda k: cost_rank(k, args.workloads))
+    last_note = started
+    with get_context("fork").Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+        done = pool.imap_unordered(_run, order, chunksize=1) if pool else map(_run, order)
+        for n, (task, out, secs) in enumerate(done, 1):
+            results[task] = out
+            run_s += secs
+            now = time.perf_counter()
+            if now - last_note > 30 or n == len(tasks):
+                last_note = now
+                sys.stderr.write(f"{n}/{len(tasks)} runs, {now - started:.0f} s\n")
+                sys.stderr.flush()
 
     rows = []
-    for (w, t, s, b), (_, _, _, b_run) in canon.items():
-        us = {
-            f"{p}/{i}": times[(paths[w], t, p, i, s, b_run, args.chunks, args.iterations, args.zero_latency)]
+    for (w, t, s, b), b_run in canon.items():
+        runs = {
+            pair_name((p, i)): results[
+                (paths[w], t, p, i, s, b_run, args.chunks, args.iterations, args.zero_latency)
+            ]
             for p, i in pairs
         }
-        ref = us["/".join(REFERENCE)]
-        best = min(us, key=lambda k: us[k])
+        us = {k: r["us"] for k, r in runs.items()}
+        ref = us[pair_name(REFERENCE)]
+        best = min(us, key=lambda k: us[k])  # the first of equal times
+        best64 = min((k for k in us if runs[k]["kept"]), key=lambda k: us[k])
         rows.append(
             {
                 "workload": w,
@@ -203,19 +255,23 @@ def main() -> None:
                 "bucket_mib": b,
                 "compute_speed": s,
                 "same_run_as_bucket_mib": b_run,
+                "compute_us": runs[pair_name(REFERENCE)]["compute_us"],
                 "iteration_us": us,
-                "themis_speedup": ref / us["/".join(THEMIS)],
+                "keeps_chunks": {k: r["kept"] for k, r in runs.items()},
+                "themis_speedup": ref / us[pair_name(THEMIS)],
                 "best": best,
                 "best_speedup": ref / us[best],
+                "best_schedules": dict(runs[best]["labels"]),
+                "best64": best64,
+                "best64_speedup": ref / us[best64],
             }
         )
     elapsed = time.perf_counter() - started
     latency = "zero latency" if args.zero_latency else "paper latencies"
-    md = tables(rows, pairs, latency)
+    md = tables(rows, args, pairs, latency)
     md.append(
         f"\n{all_runs} runs ({len(tasks)} distinct, {args.iterations} iterations, {args.chunks} chunks "
-        f"per collective, {latency}) in {elapsed:.0f} s on {args.jobs} worker(s) "
-        f"({wall:.0f} s of runs).\n"
+        f"per collective, {latency}) in {elapsed:.0f} s on {args.jobs} worker(s) ({run_s:.0f} s of runs).\n"
     )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
@@ -223,9 +279,10 @@ def main() -> None:
     with atomic_path(os.path.join(args.out, f"regime{suffix}.md")) as tmp, open(tmp, "w") as f:
         f.write(text)
     write_json(os.path.join(args.out, f"regime{suffix}.json"), rows)
-    for w in WORKLOADS:
-        heat_map(rows, w, os.path.join(args.out, f"speedup_{w}{suffix}.png"), latency)
+    for w in args.workloads:
+        heat_map(rows, args, w, os.path.join(args.out, f"speedup_{w}{suffix}.png"), latency)
     print(text)
+    return rows
 
 
 def _mean(rows, w, b, s, field) -> float:
@@ -233,23 +290,36 @@ def _mean(rows, w, b, s, field) -> float:
     return sum(vals) / len(vals)
 
 
-def tables(rows: list[dict], pairs, latency: str) -> list[str]:
+def _bucket(b) -> str:
+    return f"{b:g} MiB" if b else "per layer"
+
+
+def tables(rows: list[dict], args, pairs, latency: str) -> list[str]:
     """Markdown: per workload, mean speedups over the topologies; then the paper's numbers."""
+    n_topo = len(args.topologies)
     md = [
-        f"Speedup of the iteration time over the baseline (FIFO), {latency}, mean over the four paper "
-        "topologies; "
-        "`Themis / best` (best: the fastest of " + ", ".join(f"{p}/{i}" for p, i in pairs) + ")."
+        f"Speedup of the iteration time over the baseline (FIFO), {latency}, mean over {n_topo} "
+        f"topolog{'ies' if n_topo > 1 else 'y'} ({', '.join(args.topologies)}): "
+        "`Themis+SCF / best at 64 chunks / best`; best: the fastest of "
+        + ", ".join(pair_name(p) for p in pairs)
+        + "; best at 64 chunks: the fastest of those whose schedules keep every collective's chunks."
     ]
-    for w, (label, paper) in WORKLOADS.items():
+    for w in args.workloads:
+        label, paper = WORKLOADS[w]
         md.append(f"\n**{label}** (paper: {paper:.2f}x)\n")
-        md.append("| bucket | " + " | ".join(f"compute {s}x" for s in SPEEDS) + " |")
-        md.append("|---" * (len(SPEEDS) + 1) + "|")
-        for b in BUCKETS_MIB:
-            cells = [
-                f"{_mean(rows, w, b, s, 'themis_speedup'):.2f}x / {_mean(rows, w, b, s, 'best_speedup'):.2f}x"
-                for s in SPEEDS
-            ]
-            md.append(f"| {b or 'per layer'}{' MiB' if b else ''} | " + " | ".join(cells) + " |")
+        md.append("| bucket | " + " | ".join(f"compute {s:g}x" for s in args.speeds) + " |")
+        md.append("|---" * (len(args.speeds) + 1) + "|")
+        for b in args.buckets:
+            cells = [" / ".join(f"{_mean(rows, w, b, s, f):.2f}x" for f, _ in FIELDS) for s in args.speeds]
+            md.append(f"| {_bucket(b)} | " + " | ".join(cells) + " |")
+        mine = [r for r in rows if r["workload"] == w]
+        for field, what in (("best", "best"), ("best64", "best at 64 chunks")):
+            counts = Counter(r[field] for r in mine).most_common()
+            md.append(
+                f"\n{what}: "
+                + ", ".join(f"{name} in {c}" for name, c in counts)
+                + f" of {len(mine)} cells (topology x bucket x speed)"
+            )
     md.append(
         f"\n**The paper's end-to-end numbers: cells within {TOLERANCE:.0%}** (Themis+SCF; mean over the "
         "topologies, and single topologies)\n"
@@ -258,63 +328,71 @@ def tables(rows: list[dict], pairs, latency: str) -> list[str]:
         "| workload | paper | closest mean (bucket, compute) | means within 10 % | topologies within 10 % |"
     )
     md.append("|---|---|---|---|---|")
-    for w, (label, paper) in WORKLOADS.items():
-        means = {(b, s): _mean(rows, w, b, s, "themis_speedup") for b in BUCKETS_MIB for s in SPEEDS}
+    for w in args.workloads:
+        label, paper = WORKLOADS[w]
+        means = {(b, s): _mean(rows, w, b, s, "themis_speedup") for b in args.buckets for s in args.speeds}
         close = min(means, key=lambda k: abs(means[k] - paper))
         within = [k for k, v in means.items() if abs(v - paper) <= TOLERANCE * paper]
         singles = [
-            r for r in rows if r["workload"] == w and abs(r["themis_speedup"] - paper) <= TOLERANCE * paper
+            r for r in rows if r["workload"] == w and abs(r["themis_speedup"] / paper - 1) <= TOLERANCE
         ]
         md.append(
-            f"| {label} | {paper:.2f}x | {means[close]:.2f}x ({close[0]} MiB, {close[1]}x) | "
-            + (", ".join(f"{b} MiB/{s}x: {means[(b, s)]:.2f}x" for b, s in within) or "none")
+            f"| {label} | {paper:.2f}x | {means[close]:.2f}x ({_bucket(close[0])}, {close[1]:g}x) | "
+            + (", ".join(f"{_bucket(b)}/{s:g}x: {means[(b, s)]:.2f}x" for b, s in within) or "none")
             + " | "
             + (
                 ", ".join(
-                    f"{r['topology']} {r['bucket_mib']} MiB/{r['compute_speed']}x: {r['themis_speedup']:.2f}x"
+                    f"{r['topology']} {_bucket(r['bucket_mib'])}/{r['compute_speed']:g}x: "
+                    f"{r['themis_speedup']:.2f}x"
                     for r in singles
                 )
                 or "none"
             )
             + " |"
         )
-    md.append("\nPer topology (Themis+SCF speedup; bucket MiB x compute speed):\n")
-    md.append(
-        "| workload | topology | " + " | ".join(f"{b}/{s}x" for b in BUCKETS_MIB for s in SPEEDS) + " |"
-    )
-    md.append("|---" * (2 + len(BUCKETS_MIB) * len(SPEEDS)) + "|")
-    for w, (label, _) in WORKLOADS.items():
-        for t in TOPOLOGIES:
-            sel = {
-                (r["bucket_mib"], r["compute_speed"]): r
-                for r in rows
-                if r["workload"] == w and r["topology"] == t
-            }
-            md.append(
-                f"| {label} | {t} | "
-                + " | ".join(f"{sel[(b, s)]['themis_speedup']:.2f}" for b in BUCKETS_MIB for s in SPEEDS)
-                + " |"
-            )
+    for field, what in FIELDS:
+        md.append(f"\nPer topology ({what} speedup; bucket MiB / compute speed):\n")
+        md.append(
+            "| workload | topology | "
+            + " | ".join(f"{b:g}/{s:g}x" for b in args.buckets for s in args.speeds)
+            + " |"
+        )
+        md.append("|---" * (2 + len(args.buckets) * len(args.speeds)) + "|")
+        for w in args.workloads:
+            for t in args.topologies:
+                sel = {
+                    (r["bucket_mib"], r["compute_speed"]): r
+                    for r in rows
+                    if r["workload"] == w and r["topology"] == t
+                }
+                md.append(
+                    f"| {WORKLOADS[w][0]} | {t} | "
+                    + " | ".join(f"{sel[(b, s)][field]:.2f}" for b in args.buckets for s in args.speeds)
+                    + " |"
+                )
     return md
 
 
-def heat_map(rows: list[dict], w: str, path: str, latency: str) -> None:
-    """Two panels (Themis+SCF, best policy): mean speedup over the topologies, bucket x compute speed."""
+def heat_map(rows: list[dict], args, w: str, path: str, latency: str) -> None:
+    """Three panels (Themis+SCF, best at 64 chunks, best): mean speedup, bucket x compute speed."""
     label, paper = WORKLOADS[w]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for ax, (field, title) in zip(axes, (("themis_speedup", "Themis+SCF"), ("best_speedup", "best policy"))):
-        grid = np.array([[_mean(rows, w, b, s, field) for s in SPEEDS] for b in BUCKETS_MIB])
-        im = ax.imshow(grid, cmap="RdBu_r", vmin=0.5, vmax=1.5, aspect="auto")
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    norm = LogNorm(vmin=0.5, vmax=2.0, clip=True)
+    for ax, (field, title) in zip(axes, FIELDS):
+        grid = np.array([[_mean(rows, w, b, s, field) for s in args.speeds] for b in args.buckets])
+        im = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")
         for (i, j), v in np.ndenumerate(grid):
             near = abs(v - paper) <= TOLERANCE * paper
             ax.text(j, i, f"{v:.2f}" + ("*" if near else ""), ha="center", va="center", fontsize=9)
-        ax.set_xticks(range(len(SPEEDS)), [f"{s}x" for s in SPEEDS])
-        ax.set_yticks(range(len(BUCKETS_MIB)), [f"{b} MiB" if b else "per layer" for b in BUCKETS_MIB])
+        ax.set_xticks(range(len(args.speeds)), [f"{s:g}x" for s in args.speeds])
+        ax.set_yticks(range(len(args.buckets)), [_bucket(b) for b in args.buckets])
         ax.set_xlabel("compute speed")
-        ax.set_title(f"{title}")
+        ax.set_title(title)
     axes[0].set_ylabel("gradient bucket")
-    axes[1].set_yticklabels([])
-    fig.colorbar(im, ax=axes, label="speedup over baseline (mean of 4 topologies)")
+    for ax in axes[1:]:
+        ax.set_yticklabels([])
+    n = len(args.topologies)
+    fig.colorbar(im, ax=axes, label=f"speedup over baseline (mean of {n} topolog{'ies' if n > 1 else 'y'})")
     fig.suptitle(f"{label}, {latency}: paper {paper:.2f}x (* within 10 %)")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100)
