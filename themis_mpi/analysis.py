@@ -445,7 +445,10 @@ def window_busy_pct(
     lo, hi = start_ns, start_ns + n_windows * window_ns
     busy, reach = 0.0, lo  # reach: how far the union of the spans seen so far extends
     for a, b in sorted(spans):
-        a, b = max(a, reach), min(b, hi)
+        if a < reach:  # (comparisons, not max/min: this loop runs once per stage)
+            a = reach
+        if b > hi:
+            b = hi
         if b > a:
             busy += b - a
             reach = b
