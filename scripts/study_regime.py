@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import re
 import sys
@@ -109,6 +110,23 @@ def iteration_us(wl, topo, policy: str, intra: str, spec: TrainingSpec) -> tuple
     return oracle(chosen), kept, Counter(s.label or policy for s in chosen)
 
 
+def load_runs(path: str | None, tasks) -> dict[tuple, dict]:
+    """The finished runs of a `--resume` file that this study needs (none without one)."""
+    if not path or not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for line in f:
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by an interrupted run
+                continue
+            task = tuple(doc["task"])
+            if task in tasks:
+                out[task] = {**doc["out"], "labels": Counter(doc["out"]["labels"])}
+    return out
+
+
 def plan_key(wl, topo, spec: TrainingSpec) -> tuple | None:
     """The bucket plan's groups, or None when every gradient goes alone (the per-layer run)."""
     groups = tuple(b.layers for b in bucket_plan(wl, topo, spec))
@@ -120,9 +138,9 @@ def spec_of(speed: float, bucket: float, chunks: int, iterations: int) -> Traini
 
 
 def _run(task: tuple) -> tuple[tuple, dict, float]:
-    """One run (in a worker): the task, its result, and the wall seconds it took."""
+    """One run (in a worker): the task, its result, and the CPU seconds it took."""
     path, topology, policy, intra, speed, bucket, chunks, iterations, zero = task
-    started = time.perf_counter()
+    started = time.process_time()
     wl = workload_of(path)
     topo = wl.fit_topology(topology_of(topology, zero))
     spec = spec_of(speed, bucket, chunks, iterations)
@@ -137,7 +155,7 @@ def _run(task: tuple) -> tuple[tuple, dict, float]:
     else:
         us, kept, labels = iteration_us(wl, topo, policy, intra, spec)
         out = {"us": us, "kept": kept, "labels": labels}
-    return task, out, time.perf_counter() - started
+    return task, out, time.process_time() - started
 
 
 def check_fast_path(path: str, topology: str, chunks: int, iterations: int, zero: bool, pairs) -> None:
@@ -151,12 +169,22 @@ def check_fast_path(path: str, topology: str, chunks: int, iterations: int, zero
         assert got == want, (policy, intra, got, want)
 
 
-def cost_rank(task: tuple, workloads: list[str]) -> tuple:
-    """Sort key that starts the slowest runs first: per layer, big workloads, predictive."""
+def cost_rank(task: tuple) -> tuple:
+    """Sort key: the fifo and scf pairs first, then the others; the slowest runs first in each half.
+
+    Slowest: per layer, the big workloads, predictive. A study cut short then holds the
+    `--intra fifo,scf` study whole (`--resume` takes its runs).
+    """
     path, _, policy, intra, _, bucket, *_ = task
     name = os.path.splitext(os.path.basename(path))[0]
     slow = ["resnet152", "transformer_1t"]
-    return (bucket != 0, name not in slow, slow.index(name) if name in slow else 0, policy != "predictive")
+    return (
+        intra not in ("fifo", "scf"),
+        bucket != 0,
+        name not in slow,
+        slow.index(name) if name in slow else 0,
+        policy != "predictive",
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -180,6 +208,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="all",
         help="intra-dim policies the best pair is searched over: all (every one of the registry, "
         "the default) or a comma-separated list (fifo and scf are always included)",
+    )
+    ap.add_argument(
+        "--resume",
+        metavar="JSONL",
+        help="append every finished run to this file, and take the runs already in it instead of "
+        "running them again (same --traces, chunks, iterations and latency)",
     )
     args = ap.parse_args(argv)
     args.workloads = args.workloads.split(",")
@@ -220,21 +254,29 @@ def main(argv: list[str] | None = None) -> list[dict]:
                             (path, t, p, i, s, b_run, args.chunks, args.iterations, args.zero_latency)
                         )
     all_runs = len(canon) * len(pairs)
-    sys.stderr.write(f"{all_runs} runs, {len(tasks)} distinct, on {args.jobs} worker(s)\n")
-    results: dict[tuple, dict] = {}
-    run_s = 0.0
-    order = sorted(tasks, key=lambda k: cost_rank(k, args.workloads))
+    results = load_runs(args.resume, tasks)
+    todo = [k for k in tasks if k not in results]
+    sys.stderr.write(
+        f"{all_runs} runs, {len(tasks)} distinct, {len(tasks) - len(todo)} of them in {args.resume}, "
+        f"on {args.jobs} worker(s)\n"
+    )
     last_note = started
-    with get_context("fork").Pool(args.jobs) if args.jobs > 1 else contextlib.nullcontext() as pool:
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(args.resume, "a")) if args.resume else None
+        pool = stack.enter_context(get_context("fork").Pool(args.jobs)) if args.jobs > 1 else None
+        order = sorted(todo, key=cost_rank)
         done = pool.imap_unordered(_run, order, chunksize=1) if pool else map(_run, order)
         for n, (task, out, secs) in enumerate(done, 1):
-            results[task] = out
-            run_s += secs
+            results[task] = {**out, "s": secs}
+            if log:
+                log.write(json.dumps({"task": task, "out": results[task]}) + "\n")
+                log.flush()
             now = time.perf_counter()
-            if now - last_note > 30 or n == len(tasks):
+            if now - last_note > 30 or n == len(todo):
                 last_note = now
-                sys.stderr.write(f"{n}/{len(tasks)} runs, {now - started:.0f} s\n")
+                sys.stderr.write(f"{n}/{len(todo)} runs, {now - started:.0f} s\n")
                 sys.stderr.flush()
+    run_s = sum(results[k]["s"] for k in tasks)
 
     rows = []
     for (w, t, s, b), b_run in canon.items():
@@ -264,6 +306,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "best_schedules": dict(runs[best]["labels"]),
                 "best64": best64,
                 "best64_speedup": ref / us[best64],
+                "cpu_s": {k: round(r["s"], 3) for k, r in runs.items()},
             }
         )
     elapsed = time.perf_counter() - started
@@ -271,7 +314,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     md = tables(rows, args, pairs, latency)
     md.append(
         f"\n{all_runs} runs ({len(tasks)} distinct, {args.iterations} iterations, {args.chunks} chunks "
-        f"per collective, {latency}) in {elapsed:.0f} s on {args.jobs} worker(s) ({run_s:.0f} s of runs).\n"
+        f"per collective, {latency}): {run_s:.0f} CPU s of runs; {elapsed:.0f} s of wall time on "
+        f"{args.jobs} worker(s){' in the last invocation' if args.resume else ''}.\n"
     )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)

@@ -34,9 +34,9 @@ def study(tmp_path_factory):
     module = load_script()
     argv = ["--traces", str(WORKLOAD.parent), "--workloads", "gnmt", "--topologies", TOPO]
     argv += ["--buckets", ",".join(map(str, BUCKETS)), "--speeds", str(SPEED), "--intra", "fifo,scf"]
-    argv += ["--out", str(out), "--jobs", "1"]
+    argv += ["--out", str(out), "--jobs", "1", "--resume", str(out / "runs.jsonl")]
     rows = module.main(argv)
-    return module, rows, out
+    return module, rows, out, argv
 
 
 def iteration_us(policy, intra, bucket):
@@ -48,7 +48,7 @@ def iteration_us(policy, intra, bucket):
 
 def test_themis_speedup_is_the_ratio_of_model_training_times(study):
     """Themis's speedup in a cell is baseline/FIFO's `model_training` time over Themis/SCF's."""
-    _, rows, _ = study
+    _, rows, *_ = study
     for bucket in (0, 64):
         (row,) = [r for r in rows if r["bucket_mib"] == bucket]
         want = iteration_us("baseline", "fifo", bucket) / iteration_us("themis", "scf", bucket)
@@ -57,7 +57,7 @@ def test_themis_speedup_is_the_ratio_of_model_training_times(study):
 
 def test_best_is_the_fastest_pair_and_never_slower_than_themis(study):
     """The best pair is the minimum of every pair's time, so its speedup is at least Themis's."""
-    _, rows, _ = study
+    _, rows, *_ = study
     for row in rows:
         assert row["iteration_us"][row["best"]] == min(row["iteration_us"].values())
         assert row["best_speedup"] >= row["themis_speedup"] >= 0
@@ -67,7 +67,7 @@ def test_best_is_the_fastest_pair_and_never_slower_than_themis(study):
 
 def test_every_inter_policy_with_the_chosen_intra_policies_is_tried(study):
     """Each cell times every inter-dim policy of the registry with fifo and scf, and no other intra."""
-    _, rows, _ = study
+    _, rows, *_ = study
     want = {f"{p}/{i}" for p in inter_names() for i in ("fifo", "scf")}
     for row in rows:
         assert set(row["iteration_us"]) == want
@@ -75,7 +75,7 @@ def test_every_inter_policy_with_the_chosen_intra_policies_is_tried(study):
 
 def test_the_default_pairs_are_every_registry_pair_reference_first(study):
     """Without --intra the pairs are every inter x intra pair of the registry, baseline/fifo first."""
-    module, _, _ = study
+    module, *_ = study
     pairs = module.schedules()
     assert pairs[0] == ("baseline", "fifo")
     assert set(pairs) == {(p, i) for p in inter_names() for i in intra_names()}
@@ -84,7 +84,7 @@ def test_the_default_pairs_are_every_registry_pair_reference_first(study):
 
 def test_buckets_with_the_same_plan_share_one_run(study):
     """GNMT's 4 MiB buckets hold one gradient each: the cell is the per-layer run, time for time."""
-    _, rows, _ = study
+    _, rows, *_ = study
     by_bucket = {r["bucket_mib"]: r for r in rows}
     assert by_bucket[4]["same_run_as_bucket_mib"] == 0
     assert by_bucket[4]["iteration_us"] == by_bucket[0]["iteration_us"]
@@ -93,7 +93,7 @@ def test_buckets_with_the_same_plan_share_one_run(study):
 
 def test_outputs_are_complete(study):
     """The JSON has one row per bucket and speed; the markdown has every bucket's row; the heat map exists."""
-    _, rows, out = study
+    _, rows, out, _ = study
     doc = json.loads((out / "regime.json").read_text())
     assert [(r["bucket_mib"], r["compute_speed"]) for r in doc] == [(b, SPEED) for b in BUCKETS]
     assert doc == json.loads(json.dumps(rows))
@@ -102,3 +102,12 @@ def test_outputs_are_complete(study):
     for label in ("per layer", "4 MiB", "64 MiB"):
         assert f"| {label} | " in md
     assert (out / "speedup_gnmt.png").stat().st_size > 1000
+
+
+def test_resume_takes_the_runs_already_made(study):
+    """A second study with the same --resume file runs nothing again and gives the same rows."""
+    module, rows, out, argv = study
+    runs = (out / "runs.jsonl").read_text().splitlines()
+    assert len(runs) == 2 * 2 * len(inter_names())  # two bucket plans x fifo, scf x every inter policy
+    assert module.main(argv) == rows
+    assert (out / "runs.jsonl").read_text().splitlines() == runs
