@@ -26,11 +26,15 @@ it imported; the last rank also reports every module it imported.
    in a fresh Python after numpy and mpi4py (MPI not initialised), per tree: CPU ms and added
    peak RSS, --import-runs times, interleaved. This isolates what the package's imports cost each
    rank from MPI's own start-up.
-3. Memory, per ``RANKS:MIB`` pair: the emulator job (``run``, one MIB MiB float64 all-reduce,
-   8 chunks, checked) with baseline and with Themis, against MPI's own ``Allreduce`` of the same
-   buffer (in place), each twice, interleaved; the idle process (mpi4py and numpy, one barrier)
-   for scale; and one ``run -p both`` job (both policies one after the other, as `run` does by
-   default). Target: emulator/native mean peak RSS per rank at most 1.1; #wrong must be 0.
+3. Memory, per ``RANKS:MIB`` pair: the emulator (a MIB MiB float64 all-reduce, 8 chunks,
+   checked) with baseline and with Themis, one policy per job, against MPI's own ``Allreduce``
+   of the same buffer (in place), each twice, interleaved, with the idle process (mpi4py and
+   numpy, one barrier) for scale. The emulator runs through the library (`driver.open_backend`
+   and `run_collective`, as `run` does, without its option parsing and its memory pre-check:
+   that check asks 64 MiB per rank beyond the buffers, 16 GiB at 256 ranks, and each rank reads
+   the free memory at its own moment, so on a shared 24 GiB machine some ranks of a 256-rank
+   `run` refuse and the others wait in MPI_Init until the start-up deadline). Target:
+   emulator/native mean peak RSS per rank at most 1.1; #wrong must be 0.
 4. The model's CPU time per stage on the 1024-NPU paper topology 3D-SW_SW_SW_hetero, 1 GiB
    all-reduce, baseline+fifo and themis+scf: the minimum over ``--model-runs`` runs of
    `themis_mpi.model.model_collective` (``time.process_time``) divided by the stage records the
@@ -41,8 +45,9 @@ snapshot such as ``git archive HEAD | tar -x -C /tmp/after`` keeps others' uncom
 ``--pyc`` says how the jobs find the package's bytecode: ``env`` as this environment says (with
 PYTHONDONTWRITEBYTECODE=1 and a source tree, every rank of every job compiles the package), or
 ``cached`` from a bytecode cache (PYTHONPYCACHEPREFIX in --out, filled by untimed one-rank
-warm-ups), as after ``pip install .``; ``both`` measures both, interleaved. Prints tables and
-writes bench_scale.json into --out (default results/, created).
+warm-ups), as after ``pip install .``; ``both`` measures both, interleaved. A failed emulator
+job is tried again (RETRIES) and every failure is listed. Prints tables and writes
+bench_scale.json into --out (default results/, created), rewritten after every row.
 """
 
 import json
@@ -50,12 +55,15 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 SHAPES = {8: (2, 2, 2), 16: (4, 2, 2), 32: (4, 4, 2), 64: (4, 4, 4), 128: (8, 4, 4), 256: (8, 8, 4)}
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STARTUP_BYTES = 8192  # the start-up jobs' all-reduce: 1024 float64 elements
-TIMEOUT_S = "900"  # the emulator's --timeout-s: 256 ranks on 2 shared cores may take a minute in MPI_Init
+TIMEOUT_S = 300.0  # the emulator's --timeout-s: 256 ranks on 2 shared cores may take a minute in MPI_Init
+RETRIES = 2  # more attempts of a failed emulator job (see `Jobs.run`)
+REFUSED = "BENCH-REFUSED"  # a rank's line: `run` ended on it before MPI started
 MEMORY_CHUNKS = 8
 STARTUP_TARGET, MEMORY_TARGET, STAGE_TARGET_US = 1.1, 1.1, 5.0
 MODEL_TOPOLOGY = "3D-SW_SW_SW_hetero"
@@ -72,7 +80,7 @@ def topology_for(n: int) -> str:
 def run_args(n: int, size_bytes: int, chunks: int, policy: str) -> list[str]:
     """`themis-mpi` arguments of one checked all-reduce, one iteration, on the n-NPU topology."""
     return ["run", "-t", topology_for(n), "-b", str(size_bytes), "-c", str(chunks), "-p", policy,
-            "-n", "1", "-w", "0", "-q", "--timeout-s", TIMEOUT_S]  # fmt: skip
+            "-n", "1", "-w", "0", "-q", "--timeout-s", str(TIMEOUT_S)]  # fmt: skip
 
 
 # --- inside mpiexec ------------------------------------------------------------------------------
@@ -125,14 +133,23 @@ def worker(kind: str, argv: list[str]) -> None:
         from themis_mpi.cli import main
 
         code = main(argv)
-        from mpi4py import MPI
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is None or not mpi.Is_initialized():  # refused before MPI: the CLI tells rank 0's reason only
+            from themis_mpi.limits import available_memory_bytes
 
-        _report(MPI.COMM_WORLD, {"exit": code})
+            free_gib = (available_memory_bytes() or 0) / 2**30
+            print(f"{REFUSED} rank {os.environ.get('PMI_RANK')}: themis-mpi exited {code} before MPI started "
+                  f"(MemAvailable now {free_gib:.1f} GiB)", file=sys.stderr, flush=True)  # fmt: skip
+            sys.exit(code or 1)
+        _report(mpi.COMM_WORLD, {"exit": code})
         return
     import numpy as np
-    from mpi4py import MPI
 
-    comm, out = MPI.COMM_WORLD, {}
+    out: dict = {}
+    if kind != "lib":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
     if kind == "plain":  # what the emulator's start-up job asks of MPI, without this package
         shape, size_bytes = [int(x) for x in argv[0].split(",")], int(argv[1])
         buf = np.ones(size_bytes // 8)
@@ -146,6 +163,11 @@ def worker(kind: str, argv: list[str]) -> None:
         out["wrong"] = int(np.count_nonzero(buf != comm.Get_size()))
         for c in subs + [cart]:
             c.Free()
+    elif kind == "lib":  # the emulator through the library: `run` without option parsing and memory pre-check
+        _library_run(argv[0], int(argv[1]), int(argv[2]), argv[3], out)
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
     elif kind == "native":  # MPI's own all-reduce of the buffer
         buf = np.ones(int(argv[0]) // 8)
         comm.Barrier()
@@ -156,6 +178,22 @@ def worker(kind: str, argv: list[str]) -> None:
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
     _report(comm, out)
+
+
+def _library_run(topology: str, size_bytes: int, chunks: int, policy: str, out: dict) -> None:
+    """One checked float64 all-reduce through `driver.open_backend` and `run_collective`, as `run` does."""
+    from themis_mpi.collectives import Collective
+    from themis_mpi.driver import RunConfig, open_backend, run_collective
+    from themis_mpi.policies import make_inter
+    from themis_mpi.topology import parse_topology
+
+    topo = parse_topology(topology)
+    coll = Collective("all_reduce", size_bytes // 8, "float64", chunks, tuple(range(len(topo.dims))))
+    inter = make_inter(policy)
+    config = RunConfig(intra=inter.default_intra, timeout_s=TIMEOUT_S)
+    with open_backend(topo, True, TIMEOUT_S) as backend:
+        result, _ = run_collective(backend.transport(config), coll, inter, check=True)
+    out.update(wrong=int(result.wrong), time_us=result.time_us, wall_s=result.wall_s)
 
 
 # --- the parent ----------------------------------------------------------------------------------
@@ -172,29 +210,96 @@ class Jobs:
         cache = job_env(PYTHONPYCACHEPREFIX=os.path.abspath(os.path.join(args.out, "pycache")))
         cache.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env["cached"] = cache
+        self.failures: list[dict] = []
 
     def run(self, n: int, kind: str, argv: list[str], pyc: str, tree: str = "") -> dict:
-        """Run one job; its result line, with job_s and the job's ranks."""
-        import subprocess
+        """Run one job; its result line, with job_s and the job's ranks.
 
-        env = dict(
-            self.env[pyc], PYTHONPATH=(tree or self.args.tree) + os.pathsep + os.environ.get("PYTHONPATH", "")
-        )
+        A failed emulator job is tried again, up to RETRIES times, and every failure is kept in
+        `failures` (the report shows them): `run` refuses a job whose ranks would not fit in the
+        machine's free memory, and on a shared machine that answer can change from one try to the
+        next. `JobFailed` when every attempt failed.
+        """
+        tree = tree or self.args.tree
+        env = dict(self.env[pyc], PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        rows_json = os.path.abspath(os.path.join(self.args.out, f".rows-{os.getpid()}.json"))
+        if kind == "cli":  # the rows, for #wrong
+            argv = [*argv, "--json", rows_json]
         cmd = [self.mpiexec, "-n", str(n), sys.executable, os.path.join(HERE, "bench_scale.py")]
         cmd += ["--worker", kind, *argv]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout, env=env)
-        except subprocess.TimeoutExpired:
-            raise SystemExit(f"{kind} job on {n} ranks timed out after {self.args.timeout:g} s") from None
-        job_s = time.perf_counter() - t0
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            raise SystemExit(f"{kind} job on {n} ranks failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-        result = {"job_s": job_s, "ranks": n, **json.loads(line[len("RESULT ") :])}
-        if result.get("exit", 0) != 0:
-            raise SystemExit(f"{kind} job on {n} ranks: themis-mpi exited {result['exit']}\n{proc.stdout}")
-        return result
+        for attempt in range(1 + (RETRIES if kind in ("cli", "lib") else 0)):
+            t0 = time.perf_counter()
+            code, stdout, stderr = _launch(cmd, env, self.args.timeout)
+            job_s = time.perf_counter() - t0
+            line = next((ln for ln in stdout.splitlines() if ln.startswith("RESULT ")), None)
+            result = json.loads(line[len("RESULT ") :]) if line else {}
+            if code == 0 and line is not None and result.get("exit", 0) == 0:
+                if kind == "cli":
+                    with open(rows_json) as f:
+                        result["wrong"] = sum(row["wrong"] for row in json.load(f))
+                    os.remove(rows_json)
+                return {"job_s": job_s, "ranks": n, "attempts": attempt + 1, **result}
+            lines = stderr.splitlines()
+            why = next(
+                (ln for ln in lines if ln.startswith(REFUSED) or "error" in ln.lower()), stderr.strip()[-300:]
+            )
+            failure = {"ranks": n, "kind": kind, "tree": tree, "pyc": pyc, "attempt": attempt + 1,
+                       "exit": code, "job_s": job_s, "why": why[:600]}  # fmt: skip
+            self.failures.append(failure)
+            print(f"  FAILED {kind} on {n} ranks (attempt {attempt + 1}, exit {code}): {why[:300]}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        raise JobFailed(f"{kind} job on {n} ranks failed {attempt + 1} time(s): {why[:300]}")
+
+
+class JobFailed(Exception):
+    """Every attempt of a job failed."""
+
+
+def _launch(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | str, str, str]:
+    """Run a job in its own process group: (exit code or why it was stopped, stdout, stderr).
+
+    The job is stopped (its whole group) after `timeout_s`, or as soon as a rank says it left
+    before MPI started (REFUSED): the other ranks would wait for it until the start-up deadline.
+    """
+    import signal
+    import subprocess
+    import threading
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)  # fmt: skip
+    out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+    refused = threading.Event()
+
+    def read(stream, lines: list[str]) -> None:
+        for line in stream:
+            lines.append(line)
+            if line.startswith(REFUSED):
+                refused.set()
+
+    readers = [threading.Thread(target=read, args=(proc.stdout, out["stdout"])),
+               threading.Thread(target=read, args=(proc.stderr, out["stderr"]))]  # fmt: skip
+    for t in readers:
+        t.start()
+    deadline, code = time.monotonic() + timeout_s, None
+    while code is None:
+        code = proc.poll()
+        if code is None and (refused.is_set() or time.monotonic() > deadline):
+            why = "refused" if refused.is_set() else "timeout"
+            for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 60.0)):
+                try:
+                    os.killpg(proc.pid, sig)  # the group this call started, by its id
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(grace_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            code = why
+        time.sleep(0.1)
+    for t in readers:
+        t.join(30)
+    return code, "".join(out["stdout"]), "".join(out["stderr"])
 
 
 def startup_variants(
@@ -217,23 +322,26 @@ def _median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> list[dict]:
-    """Every start-up job at every rank count, repeated, every other repeat in reverse order."""
-    rows = []
+def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> Iterator[dict]:
+    """Every start-up job at every rank count, repeated, every other repeat in reverse order; rows."""
     for n in ranks:
         variants = startup_variants(n, args.tree, args.before, modes)
         repeats = args.repeats or (5 if n <= 64 else 3 if n <= 128 else 2)
         samples: dict[tuple[str, str], list[dict]] = {(name, pyc): [] for name, pyc, *_ in variants}
         for r in range(repeats):
             for name, pyc, kind, argv, tree in variants if r % 2 == 0 else variants[::-1]:
-                samples[name, pyc].append(jobs.run(n, kind, argv, pyc, tree))
+                try:
+                    samples[name, pyc].append(jobs.run(n, kind, argv, pyc, tree))
+                except JobFailed:
+                    continue  # kept in jobs.failures; the variant has one sample fewer
                 print(f"  start-up {n:>4} ranks {name:>8} ({pyc}): {samples[name, pyc][-1]['job_s']:7.2f} s",
                       file=sys.stderr, flush=True)  # fmt: skip
         for pyc in modes:
             row: dict = {"ranks": n, "pyc": pyc, "topology": topology_for(n), "repeats": repeats}
             for (name, mode), runs in samples.items():
-                if mode == pyc:
+                if mode == pyc and runs:
                     row[name] = {
+                        "runs": len(runs),
                         "job_s": [x["job_s"] for x in runs],
                         "job_s_median": _median([x["job_s"] for x in runs]),
                         "cpu_s_total_median": _median([x["cpu_s_total"] for x in runs]),
@@ -246,14 +354,13 @@ def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> list[dict]:
                         "worker_modules": len(runs[0]["worker_modules"]),
                     }
             for name in ("emulator", "before"):
-                if name in row:
+                if name in row and "plain" in row:
                     plain = row["plain"]
                     row[f"{name}_over_plain"] = row[name]["job_s_median"] / plain["job_s_median"]
                     row[f"{name}_cpu_over_plain"] = (
                         row[name]["cpu_s_total_median"] / plain["cpu_s_total_median"]
                     )
-            rows.append(row)
-    return rows
+            yield row
 
 
 IMPORT_PROBE = """
@@ -279,7 +386,7 @@ def import_cost(jobs: Jobs, startup_rows: list[dict], modes: list[str], args) ->
     import subprocess
 
     trees = {"emulator": args.tree, "before": os.path.abspath(args.before) if args.before else None}
-    row0 = startup_rows[0]
+    row0 = {name: row[name] for row in reversed(startup_rows) for name in trees if name in row}
     variants = [(name, pyc) for pyc in modes for name in trees if trees[name] and name in row0]
     samples: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
     for r in range(args.import_runs):
@@ -313,39 +420,37 @@ def import_cost(jobs: Jobs, startup_rows: list[dict], modes: list[str], args) ->
     return rows
 
 
-def memory(jobs: Jobs, pairs: list[tuple[int, int]], pyc: str, args) -> list[dict]:
-    """Per (ranks, MiB): the idle job; native, baseline and themis jobs twice, interleaved; one `-p both`."""
-    import tempfile
-
-    rows = []
+def memory(jobs: Jobs, pairs: list[tuple[int, int]], pyc: str) -> Iterator[dict]:
+    """Per (ranks, MiB): the idle job, then native, baseline and themis jobs twice, interleaved; rows."""
     for n, mib in pairs:
         size = mib * 2**20
         row: dict = {"ranks": n, "size_mib": mib, "pyc": pyc, "topology": topology_for(n), "wrong": 0}
-        samples: dict[str, list[dict]] = {"idle": [], "native": [], "baseline": [], "themis": [], "both": []}
-        rounds = [["idle", "native", "baseline", "themis"], ["baseline", "themis", "native", "both"]]
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in (name for names in rounds for name in names):
-                if name in ("idle", "native"):
-                    result = jobs.run(n, name, [str(size)], pyc)
-                else:  # the emulator: `themis-mpi run` with one policy (or both, one after the other)
-                    rows_json = os.path.join(tmp, "rows.json")
-                    cli = run_args(n, size, MEMORY_CHUNKS, name) + ["--json", rows_json]
-                    result = jobs.run(n, "cli", cli, pyc)
-                    with open(rows_json) as f:
-                        row["wrong"] += sum(r["wrong"] for r in json.load(f))
-                samples[name].append(result)
-                print(f"  memory {n:>4} ranks {mib} MiB {name:>8}: {result['rss_mib_mean']:7.1f} MiB/rank",
-                      file=sys.stderr, flush=True)  # fmt: skip
+        samples: dict[str, list[dict]] = {"idle": [], "native": [], "baseline": [], "themis": []}
+        rounds = [["idle", "native", "baseline", "themis"], ["baseline", "themis", "native"]]
+        for name in (name for names in rounds for name in names):
+            if name in ("idle", "native"):
+                argv, kind = [str(size)], name
+            else:  # the emulator, one policy
+                argv, kind = [topology_for(n), str(size), str(MEMORY_CHUNKS), name], "lib"
+            try:
+                result = jobs.run(n, kind, argv, pyc)
+            except JobFailed:
+                continue
+            row["wrong"] += result.get("wrong", 0)
+            samples[name].append(result)
+            mean = result["rss_mib_mean"]
+            print(f"  memory {n:>4} ranks {mib} MiB {name:>8} ({pyc}): {mean:7.1f} MiB/rank", file=sys.stderr)
         for name, runs in samples.items():  # the mean of the runs
-            numbers = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k != "exit"]
-            row[name] = {key: sum(r[key] for r in runs) / len(runs) for key in numbers}
-            row[name]["heavy_imports"] = sorted({m for r in runs for m in r["heavy_imports"]})
-        emu = max(row["baseline"], row["themis"], key=lambda r: r["rss_mib_mean"])
-        row["emulator_over_native"] = emu["rss_mib_mean"] / row["native"]["rss_mib_mean"]
-        row["emulator_extra_mib_per_rank"] = emu["rss_mib_mean"] - row["native"]["rss_mib_mean"]
-        row["both_over_native"] = row["both"]["rss_mib_mean"] / row["native"]["rss_mib_mean"]
-        rows.append(row)
-    return rows
+            if runs:
+                numbers = [k for k, v in runs[0].items() if isinstance(v, (int, float))]
+                row[name] = {key: sum(r[key] for r in runs) / len(runs) for key in numbers}
+                row[name]["heavy_imports"] = sorted({m for r in runs for m in r["heavy_imports"]})
+        if all(name in row for name in ("native", "baseline", "themis")):
+            emu = max(row["baseline"], row["themis"], key=lambda r: r["rss_mib_mean"])
+            row["emulator"] = emu
+            row["emulator_over_native"] = emu["rss_mib_mean"] / row["native"]["rss_mib_mean"]
+            row["emulator_extra_mib_per_rank"] = emu["rss_mib_mean"] - row["native"]["rss_mib_mean"]
+        yield row
 
 
 def model_stages(chunk_counts: list[int], runs: int) -> list[dict]:
@@ -398,93 +503,117 @@ def warm_up(jobs: Jobs, args, pyc: str) -> None:
         jobs.run(1, "cli", cli, pyc, os.path.abspath(args.before))
 
 
-def _heavy(row: dict, names: tuple[str, ...]) -> list[str]:
-    """The heavy modules any rank of the named jobs of a row imported."""
-    return sorted({m for name in names if name in row for m in row[name]["heavy_imports"]})
+def _heavy(row: dict, names: tuple[str, ...]) -> str:
+    """The heavy modules any rank of the named jobs of a row imported ("-": none)."""
+    return ",".join(sorted({m for name in names if name in row for m in row[name]["heavy_imports"]})) or "-"
+
+
+def _table(rows: list[dict], columns: list[tuple[str, int, Callable[[dict], object]]]) -> None:
+    """Print rows under right-aligned headers; a cell whose job failed every time shows "-"."""
+    print("#" + " ".join(f"{h:>{w}}" for h, w, _ in columns)[1:])
+    for r in rows:
+        cells = []
+        for _, width, fn in columns:
+            try:
+                cells.append(f"{fn(r):>{width}}")
+            except KeyError:  # no --before, or a job that failed every time
+                cells.append(f"{'-':>{width}}")
+        print(" ".join(cells))
 
 
 def print_tables(doc: dict) -> None:
-    """The tables, with each target's verdict."""
+    """The tables, with each target's verdict, and the failed jobs."""
+    names = (("plain", "plain"), ("emulator", "emu"), ("before", "before"))
     print(
         f"# start-up: whole mpiexec job (s, median of repeats) of an {STARTUP_BYTES} B float64 all-reduce, "
         f"1 chunk, on {doc['cores']} cores; emu/plain target <= {STARTUP_TARGET} at 128 ranks; before = the "
         "--before tree's emulator; cpu = CPU ms per rank (all ranks' user+system / ranks); rss = mean peak "
         "RSS per rank (MiB); heavy = h5py, matplotlib, yaml or tqdm imported on any rank"
     )
-    columns = [
+    columns: list[tuple[str, int, Callable[[dict], object]]] = [
         ("pyc", 7, lambda r: r["pyc"]),
         ("ranks", 6, lambda r: r["ranks"]),
         ("rep", 4, lambda r: r["repeats"]),
     ]
-    for name, short in (("plain", "plain"), ("emulator", "emu"), ("before", "before")):
+    for name, short in names:
         columns.append((f"{short}_s", 9, lambda r, k=name: f"{r[k]['job_s_median']:.2f}"))
         if name != "plain":
             columns.append((f"{short}/plain", 12, lambda r, k=name: f"{r[k + '_over_plain']:.3f}"))
-    for name, short in (("plain", "plain"), ("emulator", "emu"), ("before", "before")):
+    for name, short in names:
         columns.append(
             (f"{short}_cpu", 10, lambda r, k=name: f"{1e3 * r[k]['cpu_s_total_median'] / r['ranks']:.0f}")
         )
-    for name, short in (("plain", "plain"), ("emulator", "emu"), ("before", "before")):
+    for name, short in names:
         columns.append((f"{short}_rss", 10, lambda r, k=name: f"{r[k]['rss_mib_mean']:.1f}"))
     columns.append(
         ("#wrong", 7, lambda r: sum(r[k]["wrong"] for k in ("plain", "emulator", "before") if k in r))
     )
-    columns.append(("heavy", 6, lambda r: ",".join(_heavy(r, ("emulator", "before"))) or "-"))
-
-    def cell(fn, r) -> str:
-        try:
-            return str(fn(r))
-        except KeyError:  # no --before
-            return "-"
-
-    print("#" + " ".join(f"{h:>{w}}" for h, w, _ in columns)[1:])
-    for r in doc["startup"]:
-        print(" ".join(f"{cell(fn, r):>{w}}" for _, w, fn in columns))
+    columns.append(("heavy", 6, lambda r: _heavy(r, ("emulator", "before"))))
+    _table(doc["startup"], columns)
     if doc["imports"]:
         print(
             "\n# the package modules a worker rank of the start-up job imported, imported again in a fresh "
             "Python after numpy and mpi4py (no MPI_Init): CPU ms and added peak RSS (MiB), per tree"
         )
-        print(
-            f"#{'tree':>9} {'pyc':>7} {'modules':>8} {'cpu_min':>8} {'cpu_med':>8} {'rss_med':>8} {'runs':>5}"
+        _table(
+            doc["imports"],
+            [
+                ("tree", 9, lambda m: m["tree"]),
+                ("pyc", 7, lambda m: m["pyc"]),
+                ("modules", 8, lambda m: m["modules"]),
+                ("cpu_min", 8, lambda m: f"{m['cpu_ms_min']:.1f}"),
+                ("cpu_med", 8, lambda m: f"{m['cpu_ms_median']:.1f}"),
+                ("rss_med", 8, lambda m: f"{m['rss_mib_median']:.1f}"),
+                ("runs", 5, lambda m: m["runs"]),
+            ],
         )
-        for m in doc["imports"]:
-            print(
-                f" {m['tree']:>9} {m['pyc']:>7} {m['modules']:>8} {m['cpu_ms_min']:>8.1f} "
-                f"{m['cpu_ms_median']:>8.1f} {m['rss_mib_median']:>8.1f} {m['runs']:>5}"
-            )
-    print(
-        "\n# memory per rank (MiB): mean over ranks of the peak RSS, mean of the runs; emulator = the larger "
-        f"of its baseline and themis jobs; emu/native target <= {MEMORY_TARGET}; both = one `run -p both` job"
-    )
-    print(
-        f"#{'pyc':>7} {'ranks':>6} {'MiB':>5} {'idle':>7} {'native':>7} {'baseline':>9} {'themis':>7} "
-        f"{'emu/native':>11} {'emu-native':>11} {'both':>7} {'both/native':>12} {'emu_rss_total':>14} "
-        f"{'idle_pss_total':>15} {'#wrong':>7}"
-    )
-    for r in doc["memory"]:
-        emu = max(r["baseline"], r["themis"], key=lambda x: x["rss_mib_mean"])
+    if doc["memory"]:
         print(
-            f" {r['pyc']:>7} {r['ranks']:>6} {r['size_mib']:>5} {r['idle']['rss_mib_mean']:>7.1f} "
-            f"{r['native']['rss_mib_mean']:>7.1f} {r['baseline']['rss_mib_mean']:>9.1f} "
-            f"{r['themis']['rss_mib_mean']:>7.1f} {r['emulator_over_native']:>11.3f} "
-            f"{r['emulator_extra_mib_per_rank']:>11.1f} {r['both']['rss_mib_mean']:>7.1f} "
-            f"{r['both_over_native']:>12.3f} {emu['rss_mib_total']:>14.0f} "
-            f"{r['idle']['pss_mib_total']:>15.0f} {r['wrong']:>7}"
+            "\n# memory per rank (MiB): mean over ranks of the peak RSS (ru_maxrss), mean of the runs; the "
+            "emulator through the library (`run` without option parsing and memory pre-check), the larger of "
+            f"its baseline and themis jobs; emu/native target <= {MEMORY_TARGET}; totals over all ranks: "
+            "the sum of peak RSS (counts shared pages once per rank) and PSS at exit (splits them)"
         )
-    print(
-        f"\n# model: {MODEL_TOPOLOGY}, 1 GiB float32 all-reduce; CPU time of model_collective, min of "
-        f"runs, per stage record; target <= {STAGE_TARGET_US} us per stage"
-    )
-    print(
-        f"#{'policy':>9} {'intra':>5} {'chunks':>7} {'stages':>7} {'cpu_ms':>9} {'us/stage':>9} {'target':>7}"
-    )
-    for m in doc["model"]:
-        ok = "met" if m["us_per_stage"] <= STAGE_TARGET_US else "missed"
+        _table(
+            doc["memory"],
+            [
+                ("pyc", 7, lambda r: r["pyc"]),
+                ("ranks", 6, lambda r: r["ranks"]),
+                ("MiB", 5, lambda r: r["size_mib"]),
+                ("idle", 7, lambda r: f"{r['idle']['rss_mib_mean']:.1f}"),
+                ("native", 7, lambda r: f"{r['native']['rss_mib_mean']:.1f}"),
+                ("baseline", 9, lambda r: f"{r['baseline']['rss_mib_mean']:.1f}"),
+                ("themis", 7, lambda r: f"{r['themis']['rss_mib_mean']:.1f}"),
+                ("emu/native", 11, lambda r: f"{r['emulator_over_native']:.3f}"),
+                ("emu-native", 11, lambda r: f"{r['emulator_extra_mib_per_rank']:.1f}"),
+                ("emu_rss_total", 14, lambda r: f"{r['emulator']['rss_mib_total']:.0f}"),
+                ("native_rss_total", 17, lambda r: f"{r['native']['rss_mib_total']:.0f}"),
+                ("emu_pss_exit", 13, lambda r: f"{r['emulator']['pss_mib_total']:.0f}"),
+                ("#wrong", 7, lambda r: r["wrong"]),
+            ],
+        )
+    if doc["model"]:
         print(
-            f" {m['policy']:>9} {m['intra']:>5} {m['chunks']:>7} {m['stages']:>7} "
-            f"{1e3 * m['cpu_s_min']:>9.1f} {m['us_per_stage']:>9.2f} {ok:>7}"
+            f"\n# model: {MODEL_TOPOLOGY}, 1 GiB float32 all-reduce; CPU time of model_collective, min of "
+            f"runs, per stage record; target <= {STAGE_TARGET_US} us per stage (1024 chunks: under 35 ms)"
         )
+        _table(
+            doc["model"],
+            [
+                ("policy", 9, lambda m: m["policy"]),
+                ("intra", 5, lambda m: m["intra"]),
+                ("chunks", 7, lambda m: m["chunks"]),
+                ("stages", 7, lambda m: m["stages"]),
+                ("cpu_ms", 9, lambda m: f"{1e3 * m['cpu_s_min']:.1f}"),
+                ("us/stage", 9, lambda m: f"{m['us_per_stage']:.2f}"),
+                ("target", 7, lambda m: "met" if m["us_per_stage"] <= STAGE_TARGET_US else "missed"),
+            ],
+        )
+    if doc["failures"]:
+        print(f"\n# failed attempts ({len(doc['failures'])}; an emulator job is tried {RETRIES} more times)")
+        for f in doc["failures"]:
+            print(f"  {f['kind']} {f['ranks']} ranks ({f['pyc']}, {f['tree']}) attempt {f['attempt']}: "
+                  f"exit {f['exit']} after {f['job_s']:.0f} s: {f['why'][:200]}")  # fmt: skip
 
 
 def _commit(tree: str) -> str:
@@ -520,7 +649,7 @@ def main() -> None:
         "--memory", default="8:16,64:16,256:4", help="RANKS:MIB pairs of the memory jobs ('' skips)"
     )
     ap.add_argument("--chunks", default="64,1024,4096", help="model chunk counts ('' skips)")
-    ap.add_argument("--import-runs", type=int, default=10, help="runs of each import probe (10)")
+    ap.add_argument("--import-runs", type=int, default=20, help="runs of each import probe (20)")
     ap.add_argument("--model-runs", type=int, default=5, help="model runs per row; the minimum counts (5)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec job (1800)")
     ap.add_argument("--out", default="results", help="output folder (default results)")
@@ -537,21 +666,31 @@ def main() -> None:
     modes = ["env", "cached"] if args.pyc == "both" else [args.pyc]
     doc: dict = {
         "cores": os.cpu_count(),
-        "before": args.before,
         "tree": args.tree,
         "commit": _commit(args.tree),
-        "startup": [],
+        "before": args.before,
     }
-    for pyc in modes:
-        warm_up(jobs, args, pyc)
-    doc["startup"] = startup(jobs, ranks, modes, args)
-    doc["imports"] = import_cost(jobs, doc["startup"], modes, args) if ranks else []
-    doc["memory"] = [row for pyc in modes for row in memory(jobs, pairs, pyc, args)]
-    doc["model"] = model_stages([int(x) for x in args.chunks.split(",") if x], args.model_runs)
-    print_tables(doc)
+    doc.update(startup=[], imports=[], memory=[], model=[], failures=jobs.failures)
     from themis_mpi.output import write_json
 
-    write_json(os.path.join(args.out, "bench_scale.json"), doc)
+    def save() -> None:  # after every row: a long run that dies keeps what it measured
+        write_json(os.path.join(args.out, "bench_scale.json"), doc)
+
+    for pyc in modes if ranks or pairs else []:
+        warm_up(jobs, args, pyc)
+    for row in startup(jobs, ranks, modes, args):
+        doc["startup"].append(row)
+        save()
+    if doc["startup"]:
+        doc["imports"] = import_cost(jobs, doc["startup"], modes, args)
+        save()
+    for pyc in modes:
+        for row in memory(jobs, pairs, pyc):
+            doc["memory"].append(row)
+            save()
+    doc["model"] = model_stages([int(x) for x in args.chunks.split(",") if x], args.model_runs)
+    save()
+    print_tables(doc)
 
 
 if __name__ == "__main__":
