@@ -21,7 +21,9 @@ it imported; the last rank also reports every module it imported.
    e.g. ``git archive HEAD~1 | tar -x -C /tmp/before``) that tree's emulator job runs too. The
    jobs of a repeat run back to back, every other repeat in reverse order, so machine noise hits
    all alike; ratios are of the medians over repeats (5 repeats up to 64 ranks, 3 at 128, 2 above,
-   unless --repeats). Target (issue 18): emulator/plain at most 1.1 at 128 ranks.
+   unless --repeats). Where `run` refuses itself on some ranks (its memory pre-check, see 3),
+   the same all-reduce runs through the library instead (column ``via``). Target (issue 18):
+   emulator/plain at most 1.1 at 128 ranks.
 2. Imports: the package modules a worker rank of the first start-up job imported, imported again
    in a fresh Python after numpy and mpi4py (MPI not initialised), per tree: CPU ms and added
    peak RSS, --import-runs times, interleaved. This isolates what the package's imports cost each
@@ -331,9 +333,15 @@ def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> Iterator[di
         for r in range(repeats):
             for name, pyc, kind, argv, tree in variants if r % 2 == 0 else variants[::-1]:
                 try:
-                    samples[name, pyc].append(jobs.run(n, kind, argv, pyc, tree))
-                except JobFailed:
-                    continue  # kept in jobs.failures; the variant has one sample fewer
+                    samples[name, pyc].append(dict(jobs.run(n, kind, argv, pyc, tree), via="run"))
+                except JobFailed:  # kept in jobs.failures
+                    if kind != "cli" or jobs.failures[-1]["exit"] != "refused":
+                        continue  # the variant has one sample fewer
+                    try:  # `run` refused itself (memory pre-check): the same all-reduce through the library
+                        lib = [topology_for(n), str(STARTUP_BYTES), "1", "baseline"]
+                        samples[name, pyc].append(dict(jobs.run(n, "lib", lib, pyc, tree), via="lib"))
+                    except JobFailed:
+                        continue
                 print(f"  start-up {n:>4} ranks {name:>8} ({pyc}): {samples[name, pyc][-1]['job_s']:7.2f} s",
                       file=sys.stderr, flush=True)  # fmt: skip
         for pyc in modes:
@@ -342,6 +350,7 @@ def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> Iterator[di
                 if mode == pyc and runs:
                     row[name] = {
                         "runs": len(runs),
+                        "via": "+".join(sorted({x["via"] for x in runs})),
                         "job_s": [x["job_s"] for x in runs],
                         "job_s_median": _median([x["job_s"] for x in runs]),
                         "cpu_s_total_median": _median([x["cpu_s_total"] for x in runs]),
@@ -528,7 +537,8 @@ def print_tables(doc: dict) -> None:
         f"# start-up: whole mpiexec job (s, median of repeats) of an {STARTUP_BYTES} B float64 all-reduce, "
         f"1 chunk, on {doc['cores']} cores; emu/plain target <= {STARTUP_TARGET} at 128 ranks; before = the "
         "--before tree's emulator; cpu = CPU ms per rank (all ranks' user+system / ranks); rss = mean peak "
-        "RSS per rank (MiB); heavy = h5py, matplotlib, yaml or tqdm imported on any rank"
+        "RSS per rank (MiB); heavy = h5py, matplotlib, yaml or tqdm imported on any rank; via = run (the "
+        "CLI), or lib (the library, where `run` refused itself on some ranks: its memory pre-check)"
     )
     columns: list[tuple[str, int, Callable[[dict], object]]] = [
         ("pyc", 7, lambda r: r["pyc"]),
@@ -549,6 +559,7 @@ def print_tables(doc: dict) -> None:
         ("#wrong", 7, lambda r: sum(r[k]["wrong"] for k in ("plain", "emulator", "before") if k in r))
     )
     columns.append(("heavy", 6, lambda r: _heavy(r, ("emulator", "before"))))
+    columns.append(("via", 8, lambda r: "/".join(r[k]["via"] for k in ("emulator", "before") if k in r)))
     _table(doc["startup"], columns)
     if doc["imports"]:
         print(
