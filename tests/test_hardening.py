@@ -383,3 +383,17 @@ def test_a_wall_clock_step_longer_than_the_timeout_is_not_silence():
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads(proc.stdout[proc.stdout.index("\n[") :])
     assert row["wrong"] == 0 and row["time_us"] > 2.4e6 / 500000 * 1e6 / 1e6
+
+
+def test_the_memory_check_gives_every_rank_the_same_answer(monkeypatch):
+    """The pre-MPI memory check judges by MemTotal, so ranks that see different MemAvailable agree."""
+    from themis_mpi import limits
+
+    fields = {"MemTotal": 24 * 2**30, "MemAvailable": 2**30}
+    monkeypatch.setattr(limits, "meminfo_bytes", lambda field: fields[field])
+    monkeypatch.setenv("MPI_LOCALNRANKS", "256")
+    limits.check_memory(8192, "an 8 KiB all-reduce")  # 256 x 64 MiB = 16 GiB: fits in 24 GiB
+    fields["MemAvailable"] = 20 * 2**30
+    limits.check_memory(8192, "an 8 KiB all-reduce")
+    with pytest.raises(limits.UsageError, match="256 ranks on this machine need about 32.0 GiB"):
+        limits.check_memory(64 << 20, "64 MiB buffers")

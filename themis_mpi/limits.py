@@ -39,27 +39,38 @@ def in_range(what: str, value: float, lo: float, hi: float, unit: str = "") -> f
     return value
 
 
-def available_memory_bytes() -> int | None:
-    """MemAvailable of this machine (Linux), or None when unknown."""
+def meminfo_bytes(field: str) -> int | None:
+    """A field of /proc/meminfo (Linux) in bytes, e.g. MemTotal, or None when unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
 
 
+def available_memory_bytes() -> int | None:
+    """MemAvailable of this machine now (a diagnostic: it moves as the job's own ranks start)."""
+    return meminfo_bytes("MemAvailable")
+
+
 def check_memory(bytes_per_rank: int, what: str) -> None:
-    """Refuse, before allocating, a run whose ranks on this machine would not fit in its memory."""
+    """Refuse, before allocating, a run whose ranks on this machine would not fit in its memory.
+
+    The yardstick is the machine's total memory, not what is available now: every rank checks
+    before MPI starts, while the job's other ranks are starting and taking memory, so
+    MemAvailable differs from rank to rank and a job near the limit was refused by some ranks
+    only (seen at 256 ranks). MemTotal gives every rank of a machine the same answer.
+    """
     from .launch import env_local_size
 
-    available = available_memory_bytes()
+    total = meminfo_bytes("MemTotal")
     ranks = env_local_size()
     need = ranks * (bytes_per_rank + RANK_OVERHEAD_BYTES)
-    if available is not None and need > available:
+    if total is not None and need > total:
         raise UsageError(
             f"{ranks} ranks on this machine need about {need / 2**30:.1f} GiB ({what}: "
-            f"{bytes_per_rank / 2**30:.2f} GiB per rank) but {available / 2**30:.1f} GiB are available"
+            f"{bytes_per_rank / 2**30:.2f} GiB per rank) but it has {total / 2**30:.1f} GiB"
         )
