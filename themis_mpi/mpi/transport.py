@@ -1,11 +1,28 @@
 """The MPI transport: each rank is one NPU and really moves and reduces its chunks' data.
 
 `MpiTransport` runs the stages the engine starts, all at once, with nonblocking uppercase calls
-on numpy buffers over the grid's per-dim sub-communicators. Every data message is preceded by
-an 8-byte header with the sender's virtual send time; a step ends at ``max(own step start,
-header + step time)``, and under a wall clock not before that deadline has passed in real time.
-Waiting never spins: requests are tested with ``Testsome`` and the rank sleeps, backing off,
-between tests (`progress`).
+on numpy buffers over the grid's per-dim sub-communicators. Every data message carries the
+sender's virtual send time; a step ends at ``max(own step start, send time + step time)``, and
+under a wall clock not before that deadline has passed in real time.
+
+The data path costs a rank CPU per step, and on an oversubscribed machine that CPU is the run
+time, so it is kept short:
+
+- A message of up to `FOLD_MAX_BYTES` carries the send time in its last 8 bytes: the block is
+  copied into a staging buffer behind which the time is written, so one message per step and
+  peer goes out instead of two. A larger block goes straight from the collective's buffer,
+  preceded by an 8-byte header message; there the copy would cost more than the extra message.
+- A step ends when its receives are done; its staged sends may still be in flight (their data
+  is a copy, and each step stages into its own bytes), which saves waiting for the peer to
+  acknowledge a rendezvous. Sends from the collective's buffer are waited for, as that buffer
+  may change once the step ends. A stage's bytes are reused once its sends are done.
+- A stage's steps (element ranges relative to its region), its step times and the layout of
+  its buffers are planned once per stage shape (`_Shape`). The state of a finished stage, with
+  its buffers and their views, is kept for the next stage of that shape; large scratch comes
+  from the spares of finished stages.
+- One ``Testsome`` over the requests of every running stage tests them all at once.
+
+Waiting never spins: the rank yields or sleeps, backing off, between tests (`progress`).
 """
 
 from __future__ import annotations
@@ -18,7 +35,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import algorithms
-from ..algorithms import Step, plan, plan_all_to_all
+from ..algorithms import plan, plan_all_to_all
 from ..check import count_wrong, fill_input
 from ..collectives import Collective, owned_region, rs_dims
 from ..cost import A2A, AG, RS, CostModels
@@ -33,54 +50,201 @@ if TYPE_CHECKING:
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 MPI_OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+HDR_BYTES = 8  # the send time, a float64 in ns
+FOLD_MAX_BYTES = 64 << 10  # blocks up to this size travel with their send time in one message
+ALIGN_BYTES = 64  # segments of a stage's buffer start on cache lines
+POOL_AREA_MAX_BYTES = 1 << 20  # a stage state keeps buffers up to this size for the next stage
+POOL_IDLE_MAX_BYTES = 64 << 20  # bytes kept in idle stage states, at most
+MAX_SHAPES = 4096  # stage shapes planned before the cache starts over
+COPY, REDUCE, SWAP = 0, 1, 2
+_NO_BUFFER = np.empty(0)
+# one message of a step in a stage's buffer: (peer, start, stop, message, data, send time, folded)
+_View = tuple[int, int, int, "np.ndarray | None", "np.ndarray | None", np.ndarray, bool]
+MODES = {algorithms.COPY: COPY, algorithms.REDUCE: REDUCE, algorithms.SWAP: SWAP}
 
 
-class _StageExec:
-    """The data path of one running stage: its steps, their costs and its pending requests."""
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
+
+
+class _StepPlan:
+    """One step of a stage shape: its messages and where they sit in the stage's buffer.
+
+    A message is ``(peer, start, stop, offset, nbytes, folded)``: element ranges relative to the
+    stage's region; `offset` is the byte offset of its segment in the stage's buffer, or -1 when
+    it is not staged (a large block sent from, or received into, the collective's buffer).
+    Receive segments start at 0 in every step (a step's receives are applied before the next
+    step posts); send segments start at `send_base` (`_Shape` gives every step its own).
+    """
+
+    __slots__ = ("mode", "sends", "recvs", "staged", "peers", "n_must", "recv_bytes", "send_bytes")
+
+    def __init__(self, step: algorithms.Step, itemsize: int, world: list[int]):
+        self.mode = MODES[step.mode]
+        recvs, sends, staged, peers = [], [], [], []
+        at = 0
+        for peer, a, b in step.recvs:
+            nbytes = (b - a) * itemsize
+            folded = nbytes <= FOLD_MAX_BYTES
+            if folded:
+                recvs.append((peer, a, b, at, nbytes, True))
+                at += _aligned(nbytes + HDR_BYTES)
+            elif self.mode == COPY:  # straight into place
+                recvs.append((peer, a, b, -1, nbytes, False))
+            else:  # scratch for the data, the header apart
+                recvs.append((peer, a, b, at, nbytes, False))
+                at += _aligned(nbytes)
+            staged += [False] * (1 if folded else 2)
+            peers += [world[peer]] * (1 if folded else 2)
+        self.recv_bytes, at = at, 0
+        for peer, a, b in step.sends:
+            nbytes = (b - a) * itemsize
+            folded = nbytes <= FOLD_MAX_BYTES
+            sends.append((peer, a, b, at if folded else -1, nbytes, folded))
+            if folded:
+                at += _aligned(nbytes + HDR_BYTES)
+            staged += [True] if folded else [False, False]
+            peers += [world[peer]] * (1 if folded else 2)
+        self.send_bytes = at
+        self.recvs, self.sends = tuple(recvs), tuple(sends)
+        self.staged = tuple(staged)  # per request, in posting order: a staged send?
+        self.peers = tuple(peers)  # per request, in posting order: the peer's world rank
+        self.n_must = staged.count(False)  # requests the step waits for
+
+
+class _Shape:
+    """What every stage of one shape shares: its step plans, step times and buffer size.
+
+    A shape is the dim, op, region length and element type of a stage, and whatever its step
+    times depend on; the plans are relative to the region, so chunks at any offset share them.
+    Finished stages' states wait in `free` for the next stage of the shape.
+    """
 
     __slots__ = (
-        "run",
+        "dim",
         "comm",
-        "tag",
         "steps",
+        "send_bases",
+        "own",
         "costs",
-        "k",
-        "t_ns",
-        "pending",
-        "hdr_send",
-        "hdr_recv",
-        "scratch",
-        "end_ns",
-        "bound_ns",
+        "area_bytes",
+        "pooled",
+        "retired",
+        "free",
     )
 
     def __init__(
         self,
-        run: StageRun,
+        dim: int,
         comm: MPI.Comm,
-        tag: int,
-        steps: list[Step],
+        steps: list[algorithms.Step],
+        own: tuple[int, int],
         costs: tuple[float, ...],
-        scratch: np.ndarray,
+        itemsize: int,
+        world: list[int],
     ):
-        self.run = run
-        self.comm = comm
-        self.tag = tag
-        self.steps = steps
+        self.dim, self.comm = dim, comm
+        self.steps = [_StepPlan(st, itemsize, world) for st in steps]
+        at = max((st.recv_bytes for st in self.steps), default=0)
+        self.send_bases = []
+        for st in self.steps:
+            self.send_bases.append(at)
+            at += st.send_bytes
+        self.area_bytes = at
+        self.own = own  # the block an RS stage leaves, relative to its region
         self.costs = costs
-        self.k = 0
-        self.t_ns = run.start_ns
-        self.pending = 0
-        self.hdr_send = np.zeros(1)
-        self.hdr_recv = np.empty(max((len(st.recvs) for st in steps), default=0))
-        self.scratch = scratch
+        self.pooled = self.area_bytes <= POOL_AREA_MAX_BYTES
+        self.retired = False  # dropped from the cache: its states are not kept
+        self.free: list[_StageExec] = []
+
+
+class _Sends:
+    """The staged sends a stage has in flight: its bytes are reused only once they are done."""
+
+    __slots__ = ("ex", "pending")
+
+    def __init__(self, ex: _StageExec):
+        self.ex, self.pending = ex, 0
+
+
+class _StageExec:
+    """The data path of one running stage: its place, progress, pending requests and buffers.
+
+    Its buffer views are made once per buffer: ``views[k]`` holds step k's receives and sends,
+    each ``(peer, start, stop, message, data, header, folded)``: the array MPI moves (None: the
+    collective's own elements), the typed data in it and the send-time view; then the send-time
+    views of the receives, and the owner of each request (the stage or its `_Sends`).
+    """
+
+    __slots__ = (
+        "shape",
+        "run",
+        "tag",
+        "lo",
+        "buf",
+        "ufunc",
+        "k",
+        "t_ns",
+        "pending",
+        "sending",
+        "idle",
+        "end_ns",
+        "bound_ns",
+        "area",
+        "views",
+        "hdr_send",
+        "hdr_recv",
+    )
+
+    def __init__(self, shape: _Shape, run: StageRun):
+        self.shape = shape
+        self.run = run
+        self.tag = self.lo = self.k = self.pending = 0
+        self.sending = _Sends(self)
+        self.idle = False  # ended, its sends still in flight
+        self.buf = _NO_BUFFER
+        self.ufunc: np.ufunc = np.add
+        self.t_ns = self.bound_ns = 0.0
         self.end_ns: float | None = None
-        self.bound_ns = self.lower_bound_ns()
+        self.area: np.ndarray | None = None
+        self.views: list = []
+        self.hdr_send = np.zeros(1)
+        self.hdr_recv = np.zeros(max((len(st.recvs) for st in shape.steps), default=0))
+
+    def attach(self, area: np.ndarray, dtype: np.dtype) -> None:
+        """Make the views of every step into `area` (the stage's bytes)."""
+        self.area = area
+        self.views = []
+        for st, base in zip(self.shape.steps, self.shape.send_bases):
+            recvs: list[_View] = []
+            sends: list[_View] = []
+            hdrs = []
+            for i, (peer, a, b, at, nbytes, folded) in enumerate(st.recvs):
+                msg: np.ndarray | None
+                data: np.ndarray | None
+                if folded:
+                    msg = area[at : at + nbytes + HDR_BYTES]
+                    data, hdr = msg[:nbytes].view(dtype), msg[nbytes:].view(np.float64)
+                else:
+                    msg = data = None if at < 0 else area[at : at + nbytes].view(dtype)
+                    hdr = self.hdr_recv[i : i + 1]
+                recvs.append((peer, a, b, msg, data, hdr, folded))
+                hdrs.append(hdr)
+            for peer, a, b, at, nbytes, folded in st.sends:
+                if folded:
+                    seg = area[base + at : base + at + nbytes + HDR_BYTES]
+                    sends.append(
+                        (peer, a, b, seg, seg[:nbytes].view(dtype), seg[nbytes:].view(np.float64), True)
+                    )
+                else:
+                    sends.append((peer, a, b, None, None, self.hdr_send, False))
+            owners = tuple(self.sending if staged else self for staged in st.staged)
+            self.views.append((tuple(recvs), tuple(sends), tuple(hdrs), owners))
 
     def lower_bound_ns(self) -> float:
         """The earliest end this stage can still have: the cost of its remaining steps."""
         t = self.t_ns
-        for c in self.costs[self.k :]:
+        for c in self.shape.costs[self.k :]:
             t = t + c
         return t
 
@@ -97,13 +261,12 @@ class _MessageExec:
     acknowledgement); both end at ``max(own issue, peer's issue) + cost``.
     """
 
-    __slots__ = ("run", "t_ns", "costs", "k", "pending", "hdr_send", "hdr_recv", "data", "end_ns", "bound_ns")
+    __slots__ = ("run", "t_ns", "cost_ns", "pending", "hdr_send", "hdr_recv", "data", "end_ns", "bound_ns")
 
     def __init__(self, run: MessageRun, cost_ns: float):
         self.run = run
         self.t_ns = run.start_ns
-        self.costs = (cost_ns,)
-        self.k = 0
+        self.cost_ns = cost_ns
         self.pending = 0
         self.hdr_send = np.array([run.start_ns])
         self.hdr_recv = np.empty(1)
@@ -115,10 +278,12 @@ class _MessageExec:
 class _Data:
     """A collective's buffer on this rank and the region stack of each chunk."""
 
-    __slots__ = ("collective", "buffer", "regions", "orders", "bounds")
+    __slots__ = ("collective", "buffer", "regions", "orders", "bounds", "dtype", "ufunc")
 
     def __init__(self, collective: Collective, buffer: np.ndarray, orders: np.ndarray, bounds: np.ndarray):
         self.collective, self.buffer, self.orders, self.bounds = collective, buffer, orders, bounds
+        self.dtype = buffer.dtype
+        self.ufunc = REDUCE_UFUNCS[collective.redop]
         self.regions: list[list[tuple[int, int]]] = []
 
 
@@ -138,15 +303,22 @@ class MpiTransport:
         self.topology = grid.topology
         self.config = config
         self.clock = make_clock(config.clock, config.time_scale)
+        self._wall = self.clock.name == "wall"
         self.rank = grid.rank
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
         self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec | _MessageExec] = []
+        # every pending request, with its stage (or message) and its peer's world rank
         self._reqs: list[MPI.Request] = []
-        # (stage or message, peer's world rank) per request
-        self._owner: list[tuple[_StageExec | _MessageExec, int]] = []
-        self._spare: list[np.ndarray] = []  # scratch bytes of finished stages, for reuse
+        self._owner: list[_StageExec | _MessageExec | _Sends] = []
+        self._peers: list[int] = []
+        # steps whose requests are all done, not yet applied (a wall deadline ahead), and stages
+        # whose sends are all done
+        self._due: list[_StageExec | _MessageExec | _Sends] = []
+        self._shapes: dict[tuple, _Shape] = {}
+        self._idle_bytes = 0  # bytes held by idle stage states (`_Shape.free`)
+        self._spare: list[np.ndarray] = []  # large scratch of finished stages, for reuse
         self._buffers: list[np.ndarray] = []  # buffers of finished collectives, for reuse
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
 
@@ -175,9 +347,9 @@ class MpiTransport:
         coll = run.collective
         data = _Data(coll, self._buffer(coll), run.orders, run.bounds)
         fill_input(data.buffer, self.topology, coll, self.grid.coords, run.orders, run.bounds)
-        bounds = run.bounds
+        bounds = run.bounds.tolist()
         for k in range(len(bounds) - 1):
-            stack = [(int(bounds[k]), int(bounds[k + 1]))]
+            stack = [(bounds[k], bounds[k + 1])]
             if coll.op == "all_gather":
                 for d in rs_dims(self.topology, coll, run.orders[k]):
                     stack.append(owned_region(self.topology.dims[d].npus, self.grid.coords[d], *stack[-1]))
@@ -211,34 +383,121 @@ class MpiTransport:
             self._start_message(run)
             return
         s = run.stage
-        topo = self.topology
-        dim = topo.dims[s.dim]
-        c = self.grid.coords[s.dim]
         data = self._data[s.coll]
         stack = data.regions[s.chunk]
-        if s.op == RS:
-            region = stack[-1]
-            stack.append(owned_region(dim.npus, c, *region))
-        elif s.op == AG:
+        op = s.op
+        if op == AG:
             stack.pop()
-            region = stack[-1]
-        else:
-            region = stack[-1]
-        collective = data.collective
-        if s.op == A2A:
-            stride = topo.group_strides(collective.dims)[s.dim]
-            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(collective.dims), *region)
-        else:
-            steps = plan(dim.algorithm, s.op, dim.npus, c, *region)
-        scratch_elems = max(
-            (sum(b - a for _, a, b in st.recvs) for st in steps if st.mode != algorithms.COPY), default=0
+        lo, hi = stack[-1]
+        key = (
+            s.dim,
+            op,
+            hi - lo,
+            data.dtype,
+            s.full_elems,
+            s.index == 0,
+            s.index == s.n_stages - 1,
+            run.mem_shared,
+            data.collective.dims if op == A2A else None,
         )
-        scratch = self._scratch(scratch_elems * collective.itemsize).view(collective.dtype)
-        costs = self.cost(collective.itemsize).run_steps_ns(run)
-        ex = _StageExec(run, self.grid.subcomms[s.dim], run.dim_seq % self.tag_mod, steps, costs, scratch)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shape(key, run, data)
+        if op == RS:
+            stack.append((lo + shape.own[0], lo + shape.own[1]))
+        if shape.free:
+            ex = shape.free.pop()
+            if shape.pooled:
+                self._idle_bytes -= shape.area_bytes
+        else:
+            ex = _StageExec(shape, run)
+            if shape.pooled:
+                ex.attach(np.empty(shape.area_bytes, np.uint8), data.dtype)
+        if not shape.pooled:
+            ex.attach(self._scratch(shape.area_bytes), data.dtype)
+        ex.run, ex.tag, ex.lo, ex.buf, ex.ufunc = run, run.dim_seq % self.tag_mod, lo, data.buffer, data.ufunc
+        ex.k, ex.t_ns, ex.end_ns = 0, run.start_ns, None
         run.wall_start_s = time.perf_counter()
         self._active.append(ex)
-        self._post(ex)
+        if shape.steps:
+            ex.bound_ns = ex.lower_bound_ns()
+            self._post(ex)
+        else:  # nothing to move (the engine never starts such a stage today)
+            ex.pending = 0
+            ex.end_ns = ex.bound_ns = ex.lower_bound_ns()
+
+    def _shape(self, key: tuple, run: StageRun, data: _Data) -> _Shape:
+        """Plan a stage shape (relative to its region) and remember it."""
+        s = run.stage
+        topo, collective = self.topology, data.collective
+        dim = topo.dims[s.dim]
+        c = self.grid.coords[s.dim]
+        n = key[2]
+        if s.op == A2A:
+            stride = topo.group_strides(collective.dims)[s.dim]
+            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(collective.dims), 0, n)
+        else:
+            steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+        own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
+        costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
+        if len(self._shapes) >= MAX_SHAPES:
+            for old in self._shapes.values():
+                old.retired = True
+            self._shapes, self._idle_bytes = {}, 0
+        shape = _Shape(
+            s.dim,
+            self.grid.subcomms[s.dim],
+            steps,
+            own,
+            costs,
+            collective.itemsize,
+            self.grid.world_ranks[s.dim],
+        )
+        self._shapes[key] = shape
+        return shape
+
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        """Large scratch bytes for a stage: the smallest spare that fits, else fresh memory.
+
+        Reuse spares the page faults of fresh memory, which dominate large single-chunk stages.
+        When nothing fits, the spares are dropped, so they never outnumber the stages in flight.
+        """
+        fits = [i for i, spare in enumerate(self._spare) if spare.nbytes >= nbytes]
+        if not fits:
+            self._spare = []
+            return np.empty(nbytes, np.uint8)
+        return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))[:nbytes]
+
+    def _release(self, ex: _StageExec) -> None:
+        """A stage ended: once its sends are done, keep its state for the next stage of its shape."""
+        ex.buf = _NO_BUFFER
+        ex.idle = True
+        if ex.sending.pending == 0:
+            self._keep(ex)
+
+    def _keep(self, ex: _StageExec) -> None:
+        """Put an ended stage's state, its sends done, in its shape's pool (large bytes go spare)."""
+        ex.idle = False
+        shape = ex.shape
+        if not shape.pooled:
+            area = ex.area
+            if area is not None:
+                self._spare.append(area if area.base is None else area.base)  # the bytes it was cut from
+            ex.area, ex.views = None, []
+            if not shape.retired:
+                shape.free.append(ex)
+        elif not shape.retired and self._idle_bytes + shape.area_bytes <= POOL_IDLE_MAX_BYTES:
+            self._idle_bytes += shape.area_bytes
+            shape.free.append(ex)
+
+    def drain(self, what: str = "the last sends") -> None:
+        """Complete every request still pending (staged sends the peers have received)."""
+        backoff = self.grid.watchdog.backoff(lambda: f"in {what} {self._waiting_for()}")
+        while self._reqs:
+            if self._progress():
+                backoff.reset()
+            else:
+                backoff.pause()
 
     def _start_message(self, run: MessageRun) -> None:
         """Post a point-to-point message's header exchange and data on the Cartesian communicator."""
@@ -260,14 +519,15 @@ class MpiTransport:
                 comm.Isend(ex.hdr_send, peer, data_tag + 1),
             ]
         self._reqs += reqs
-        self._owner += [(ex, peer)] * len(reqs)
+        self._owner += [ex] * len(reqs)
+        self._peers += [peer] * len(reqs)
         ex.pending = len(reqs)
         self._active.append(ex)
 
     def _finish_message(self, ex: _MessageExec) -> bool:
         """A message whose requests are done ends at max(own, peer's issue) + cost (check on receipt)."""
         ex.t_ns = max(ex.t_ns, float(ex.hdr_recv[0]))
-        t_end = ex.t_ns + ex.costs[0]
+        t_end = ex.t_ns + ex.cost_ns
         if self.clock.now_ns() < t_end:
             return False
         run = ex.run
@@ -280,67 +540,62 @@ class MpiTransport:
         run.wall_end_s = time.perf_counter()
         return True
 
-    def _scratch(self, nbytes: int) -> np.ndarray:
-        """Scratch bytes for a stage: the smallest spare that fits, else fresh memory.
-
-        Reuse spares the page faults of fresh memory, which dominate large single-chunk stages.
-        When nothing fits, the spares are dropped, so they never outnumber the stages in flight.
-        """
-        fits = [i for i, spare in enumerate(self._spare) if spare.nbytes >= nbytes]
-        if not fits:
-            self._spare = []
-            return np.empty(nbytes, np.uint8)
-        return self._spare.pop(min(fits, key=lambda i: self._spare[i].nbytes))[:nbytes]
-
     def _post(self, ex: _StageExec) -> None:
-        step = ex.steps[ex.k]
-        buf = self._data[ex.run.stage.coll].buffer
-        comm, tag = ex.comm, ex.tag
-        ex.hdr_send[0] = ex.t_ns
-        world = self.grid.world_ranks[ex.run.stage.dim]
-        offset = 0
-        for i, (peer, a, b) in enumerate(step.recvs):
-            self._reqs.append(comm.Irecv(ex.hdr_recv[i : i + 1], peer, tag))
-            if step.mode == algorithms.COPY:
-                self._reqs.append(comm.Irecv(buf[a:b], peer, tag))
+        """Post step k of a stage: its receives, then its sends, the send time on each."""
+        recvs, sends, _, owners = ex.views[ex.k]
+        comm, tag, buf, lo, t_ns = ex.shape.comm, ex.tag, ex.buf, ex.lo, ex.t_ns
+        reqs = self._reqs
+        for peer, a, b, msg, _, hdr, folded in recvs:
+            if folded:
+                reqs.append(comm.Irecv(msg, peer, tag))
             else:
-                self._reqs.append(comm.Irecv(ex.scratch[offset : offset + b - a], peer, tag))
-                offset += b - a
-            self._owner += [(ex, world[peer])] * 2
-        for peer, a, b in step.sends:
-            self._reqs.append(comm.Isend(ex.hdr_send, peer, tag))
-            self._reqs.append(comm.Isend(buf[a:b], peer, tag))
-            self._owner += [(ex, world[peer])] * 2
-        ex.pending = 2 * (len(step.recvs) + len(step.sends))
+                reqs.append(comm.Irecv(hdr, peer, tag))
+                reqs.append(comm.Irecv(buf[lo + a : lo + b] if msg is None else msg, peer, tag))
+        ex.hdr_send[0] = t_ns
+        for peer, a, b, msg, data, hdr, folded in sends:
+            if folded:
+                data[...] = buf[lo + a : lo + b]
+                hdr[0] = t_ns
+                reqs.append(comm.Isend(msg, peer, tag))
+            else:
+                reqs.append(comm.Isend(hdr, peer, tag))
+                reqs.append(comm.Isend(buf[lo + a : lo + b], peer, tag))
+        step = ex.shape.steps[ex.k]
+        ex.pending = step.n_must
+        ex.sending.pending += len(owners) - step.n_must
+        self._owner += owners
+        self._peers += step.peers
+        if step.n_must == 0:
+            self._due.append(ex)
 
     def _finish_step(self, ex: _StageExec | _MessageExec) -> bool:
         """Apply a step whose messages have all arrived; False while its wall deadline is ahead."""
         if isinstance(ex, _MessageExec):
             return self._finish_message(ex)
-        n_recvs = len(ex.steps[ex.k].recvs)
-        sent_ns = max(ex.hdr_recv[:n_recvs].tolist(), default=-math.inf)
-        t_next = max(ex.t_ns, sent_ns + ex.costs[ex.k])
-        if self.clock.now_ns() < t_next:
+        recvs, _, hdrs, _ = ex.views[ex.k]
+        sent_ns = -math.inf
+        for hdr in hdrs:
+            t = float(hdr[0])
+            if t > sent_ns:
+                sent_ns = t
+        costs = ex.shape.costs
+        t_next = max(ex.t_ns, sent_ns + costs[ex.k])
+        if self._wall and self.clock.now_ns() < t_next:
             return False
-        step = ex.steps[ex.k]
-        if step.mode != algorithms.COPY:
-            data = self._data[ex.run.stage.coll]
-            buf = data.buffer
-            ufunc = REDUCE_UFUNCS[data.collective.redop]
-            offset = 0
-            for _, a, b in step.recvs:
-                part = ex.scratch[offset : offset + b - a]
-                if step.mode == algorithms.REDUCE:
-                    ufunc(buf[a:b], part, out=buf[a:b])
-                else:
-                    buf[a:b] = part
-                offset += b - a
+        mode = ex.shape.steps[ex.k].mode
+        buf, lo = ex.buf, ex.lo
+        for _, a, b, _, data, _, _ in recvs:
+            if data is None:  # received in place
+                continue
+            if mode == REDUCE:
+                part = buf[lo + a : lo + b]
+                ex.ufunc(part, data, out=part)
+            else:
+                buf[lo + a : lo + b] = data
         ex.t_ns = t_next
         ex.k += 1
-        if ex.k == len(ex.steps):
+        if ex.k == len(costs):
             ex.end_ns = t_next
-            if ex.scratch.base is not None:
-                self._spare.append(ex.scratch.base)  # the bytes it was cut from
             ex.run.wall_end_s = time.perf_counter()
         else:
             ex.bound_ns = ex.lower_bound_ns()
@@ -348,33 +603,59 @@ class MpiTransport:
         return True
 
     def _progress(self) -> bool:
-        """Test every pending request once; finish the steps that are complete."""
-        progressed = False
-        if self._reqs:
+        """Test every pending request once; apply the steps that are complete.
+
+        Returns whether anything moved: a request completed or a step was applied.
+        """
+        moved = False
+        reqs = self._reqs
+        if reqs:
             try:
-                done = MPI.Request.Testsome(self._reqs)
+                done = MPI.Request.Testsome(reqs)
             except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
                 raise Stalled(
                     f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
                     f"{self._waiting_for()}; a peer died"
                 ) from None
             if done:
-                progressed = True
-                finished = set(done)
+                moved = True
+                owner = self._owner
                 for i in done:
-                    self._owner[i][0].pending -= 1
-                keep = [i for i in range(len(self._reqs)) if i not in finished]
-                self._reqs = [self._reqs[i] for i in keep]
-                self._owner = [self._owner[i] for i in keep]
-        for ex in self._active:
-            while ex.end_ns is None and ex.pending == 0 and self._finish_step(ex):
-                progressed = True
-        return progressed
+                    ex = owner[i]
+                    ex.pending -= 1
+                    if ex.pending == 0:
+                        self._due.append(ex)
+                if len(done) == len(reqs):
+                    self._reqs, self._owner, self._peers = [], [], []
+                else:
+                    finished = set(done)
+                    keep = [i for i in range(len(reqs)) if i not in finished]
+                    self._reqs = [reqs[i] for i in keep]
+                    self._owner = [owner[i] for i in keep]
+                    self._peers = [self._peers[i] for i in keep]
+        if not self._due:
+            return moved
+        due, self._due = self._due, []
+        for ex in due:
+            if isinstance(ex, _Sends):  # a stage's sends are all done
+                if ex.ex.idle:
+                    self._keep(ex.ex)
+                continue
+            while ex.end_ns is None and ex.pending == 0:
+                if not self._finish_step(ex):
+                    self._due.append(ex)  # its wall deadline is ahead
+                    break
+                moved = True
+        return moved
 
     def _waiting_for(self) -> str:
         """What this rank waits for: the peers of its incomplete messages, and their stages."""
-        peers = sorted({peer for _, peer in self._owner})
-        ex = self._owner[0][0] if self._owner else (self._active[0] if self._active else None)
+        peers = sorted(set(self._peers))
+        waiting = [o for o in self._owner if not isinstance(o, _Sends)]  # rather than sends
+        first = waiting[0] if waiting else self._owner[0] if self._owner else None
+        ex = first.ex if isinstance(first, _Sends) else first
+        if ex is None:
+            ex = self._active[0] if self._active else None
         if ex is None:
             return "with no message pending"
         s = ex.run.stage
@@ -385,11 +666,21 @@ class MpiTransport:
                 f"waiting for rank(s) {', '.join(map(str, peers))} in a point-to-point {side} "
                 f"({run.nbytes} B, tag {run.tag})"
             )
-        collective = self._data[s.coll].collective
+        data = self._data.get(s.coll)  # None: the collective ended here, its last sends pending
+        what = f" ({data.collective.op} of {data.collective.size_bytes} B)" if data else ""
         return (
-            f"waiting for rank(s) {', '.join(map(str, peers))} in collective {s.coll} "
-            f"({collective.op} of {collective.size_bytes} B), chunk {s.chunk}, {s.op} on dim {s.dim}"
+            f"waiting for rank(s) {', '.join(map(str, peers))} in collective {s.coll}{what}, "
+            f"chunk {s.chunk}, {s.op} on dim {s.dim}"
         )
+
+    def _deadline_ns(self) -> float:
+        """The earliest wall deadline a finished step or message waits for (wall clock)."""
+        dues = [
+            ex.t_ns + ex.cost_ns if isinstance(ex, _MessageExec) else ex.t_ns + ex.shape.costs[ex.k]
+            for ex in self._due
+            if not isinstance(ex, _Sends)
+        ]
+        return min(dues, default=math.inf)
 
     def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
         """Progress until the earliest completion (or the horizon) is certain; see `Engine.run`.
@@ -398,31 +689,43 @@ class MpiTransport:
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step (and each timer) until its deadline.
         """
-        backoff = self.grid.watchdog.backoff(self._waiting_for)
+        backoff = None
         progressed = True
         first_end, bound = math.inf, math.inf
         while True:
             if progressed:  # nothing else changes what is certain
                 first_end, bound = math.inf, math.inf
                 for ex in self._active:
-                    if ex.end_ns is None:
-                        bound = min(bound, ex.bound_ns)
-                    else:
-                        first_end = min(first_end, ex.end_ns)
+                    end = ex.end_ns
+                    if end is None:
+                        if ex.bound_ns < bound:
+                            bound = ex.bound_ns
+                    elif end < first_end:
+                        first_end = end
             if first_end <= horizon_ns and first_end < bound:
-                done = [ex for ex in self._active if ex.end_ns == first_end]
-                self._active = [ex for ex in self._active if ex.end_ns != first_end]
+                done: list[_StageExec | _MessageExec] = []
+                running: list[_StageExec | _MessageExec] = []
+                for ex in self._active:
+                    (done if ex.end_ns == first_end else running).append(ex)
+                self._active = running
+                for ex in done:
+                    if isinstance(ex, _StageExec):
+                        self._release(ex)
                 return first_end, [ex.run for ex in done]
             if horizon_ns < first_end and horizon_ns < bound and self.clock.now_ns() >= horizon_ns:
                 return horizon_ns, []
             progressed = self._progress()
             if progressed:
-                backoff.reset()
+                if backoff is not None:
+                    backoff.reset()
                 continue
-            dues = [ex.t_ns + ex.costs[ex.k] for ex in self._active if ex.end_ns is None and ex.pending == 0]
-            if horizon_ns < math.inf:
-                dues.append(horizon_ns)
-            wait_s = self.clock.seconds_until(min(dues)) if dues and self.clock.name == "wall" else None
+            if backoff is None:
+                backoff = self.grid.watchdog.backoff(self._waiting_for)
+            wait_s = None
+            if self._wall:
+                wait_s = self.clock.seconds_until(min(self._deadline_ns(), horizon_ns))
+                if wait_s == math.inf:
+                    wait_s = None
             backoff.pause(wait_s)
             if wait_s is not None and wait_s > 0:
                 backoff.reset()  # waiting for our own deadline: silence counts from when it passes
@@ -441,10 +744,13 @@ class MpiBackend:
         self.world.wait(comm.Ibarrier(), "the start-up barrier")
         self.grid = CartGrid(comm, topology, timeout_s)
         self.rank = self.grid.rank
+        self._transports: list[MpiTransport] = []
 
     def transport(self, config: RunConfig) -> MpiTransport:
-        """An MPI transport on this grid with these settings."""
-        return MpiTransport(self.grid, config)
+        """An MPI transport on this grid with these settings (its last sends drain at `close`)."""
+        transport = MpiTransport(self.grid, config)
+        self._transports.append(transport)
+        return transport
 
     def gather(self, events: np.ndarray) -> np.ndarray | None:
         """Every rank's events on rank 0 (None elsewhere), under the watchdog."""
@@ -474,6 +780,8 @@ class MpiBackend:
         """
         try:
             if barrier:
+                for transport in self._transports:
+                    transport.drain()
                 self.grid.watchdog.wait(self.grid.cart.Ibarrier(), "the final barrier", patient=True)
         finally:
             self.grid.close()

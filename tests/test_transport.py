@@ -1,0 +1,113 @@
+"""Rules for the MPI data path: messages with the send time folded in, and the ones without.
+
+Blocks up to ``FOLD_MAX_BYTES`` travel in one message with their send time; larger ones as a
+header and the data. Every case runs under `mpiexec` (pytest itself never starts MPI).
+"""
+
+import json
+
+import pytest
+from harness import mpirun, run_cases
+
+FOLD_MAX_BYTES = 64 << 10  # themis_mpi.mpi.transport.FOLD_MAX_BYTES (importing it would start MPI)
+ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
+
+
+def fold_cases(ops, dtypes, **extra) -> list[dict]:
+    """Sizes whose first blocks sit exactly at the fold limit, just above it, and 4x above."""
+    cases = []
+    for op in ops:
+        for dtype in dtypes:
+            limit = FOLD_MAX_BYTES // ITEMSIZE[dtype]
+            for count, chunks in [(2 * limit, 1), (2 * limit + 2, 1), (8 * limit + 8, 3)]:
+                cases.append(
+                    {
+                        "op": op,
+                        "count": count,
+                        "chunks": chunks,
+                        "dtype": dtype,
+                        "policy": "themis",
+                        "intra": "scf",
+                        "redop": "max" if dtype == "int64" else "sum",
+                        **extra,
+                    }
+                )
+    return cases
+
+
+@pytest.mark.parametrize(
+    "topo", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)", "Ring(2,100,20)_SW(4,100,700,ina)"]
+)
+def test_blocks_on_both_sides_of_the_fold_limit_are_exact_in_the_models_time(tmp_path, topo):
+    """Every op moves exact data in exactly the model's time whether its blocks fold the send time in or not."""
+    ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
+    cases = fold_cases(ops, ["float32", "int64"])
+    rows = run_cases(8, {"topology": topo, "cases": cases}, tmp_path)
+    assert len(rows) == len(cases)
+    for r in rows:
+        assert r["emu"]["wrong"] == 0, r["case"]
+        assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
+        assert [d["busy_us"] for d in r["emu"]["dims"]] == [d["busy_us"] for d in r["model"]["dims"]]
+
+
+def test_the_wall_clock_keeps_exact_data_and_the_models_virtual_time_on_both_paths(tmp_path):
+    """Under the wall clock each step waits for its deadline; data stays exact and virtual time equals the model's."""
+    cases = fold_cases(["all_reduce", "all_to_all"], ["float64"], clock="wall", time_scale=100.0)
+    rows = run_cases(8, {"topology": "SW(2,100,700)_FC(4,100,700,ring)", "cases": cases}, tmp_path)
+    assert len(rows) == len(cases)
+    for r in rows:
+        assert r["emu"]["wrong"] == 0, r["case"]
+        assert r["emu"]["virtual_us"] == r["model"]["time_us"], r["case"]
+
+
+COUNT_MESSAGES = """
+import json, sys
+from mpi4py import MPI
+from themis_mpi.collectives import Collective
+from themis_mpi.driver import RunConfig, run_collective
+from themis_mpi.mpi.grid import CartGrid
+from themis_mpi.mpi.transport import MpiTransport
+from themis_mpi.topology import parse_topology
+
+
+class Counting:
+    '''A sub-communicator that counts the sends posted on it.'''
+
+    def __init__(self, comm):
+        self.comm, self.sends = comm, 0
+
+    def Isend(self, *args):
+        self.sends += 1
+        return self.comm.Isend(*args)
+
+    def Irecv(self, *args):
+        return self.comm.Irecv(*args)
+
+
+count, chunks = int(sys.argv[1]), int(sys.argv[2])
+topo = parse_topology("2x2x2")
+with CartGrid(MPI.COMM_WORLD, topo) as grid:
+    counting = [Counting(c) for c in grid.subcomms]
+    real, grid.subcomms = grid.subcomms, counting
+    transport = MpiTransport(grid, RunConfig())
+    collective = Collective("all_reduce", count, "float64", chunks, (0, 1, 2))
+    result, engine = run_collective(transport, collective, "baseline")
+    transport.drain()
+    grid.subcomms = real
+    sends = sum(c.sends for c in counting)
+    if grid.rank == 0:
+        print(json.dumps({"sends": sends, "stages": len(engine.records), "wrong": result.wrong}))
+"""
+
+
+@pytest.mark.parametrize("block_bytes,per_step", [(FOLD_MAX_BYTES, 1), (FOLD_MAX_BYTES + 8, 2)])
+def test_a_step_sends_one_message_per_peer_up_to_the_fold_limit_and_two_above(block_bytes, per_step):
+    """On 2x2x2 (one peer per step, six steps per chunk) blocks up to the limit go as one message, larger ones as two."""
+    chunks = 4
+    count = 2 * block_bytes // 8 * chunks  # the first step's block of every chunk is block_bytes
+    proc = mpirun(8, ["-c", COUNT_MESSAGES, str(count), str(chunks)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["wrong"] == 0
+    # RS dim 0, RS dim 1, AR dim 2 (two steps), AG dim 1, AG dim 0; only the outer dim-0 blocks are that large
+    assert out["sends"] == chunks * (4 + 2 * per_step)
