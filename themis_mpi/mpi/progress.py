@@ -18,6 +18,7 @@ from mpi4py import MPI
 DEFAULT_TIMEOUT_S = 60.0
 PING, PONG = 7001, 7002
 PING_GRACE_S = 2.0
+SERVICE_EVERY_S = 1e-3  # a waiting rank answers pings at least this often (they wait PING_GRACE_S)
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
 YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
@@ -44,9 +45,11 @@ class Watchdog:
         self.timeout_s = timeout_s
         self._byte = np.zeros(1, np.uint8)
         self._replies: list[MPI.Request] = []
+        self.serviced_s = 0.0  # `time.monotonic()` of the last `service`
 
     def service(self) -> None:
         """Answer every ping that has arrived."""
+        self.serviced_s = time.monotonic()
         status = MPI.Status()
         while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
             source = status.Get_source()
@@ -140,9 +143,15 @@ class Backoff:
         self.idle, self.sleep_s, self.since = 0, MIN_SLEEP_S, time.monotonic()
 
     def pause(self, limit_s: float | None = None) -> None:
-        """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near)."""
-        self.watchdog.service()
-        if time.monotonic() - self.since > self.watchdog.timeout_s:
+        """Yield or sleep once; `limit_s` caps the sleep (a wall-clock deadline is near).
+
+        Pings are answered every `SERVICE_EVERY_S`, not at every pause: a probe costs as much as
+        the test of all the rank's requests, and pauses come many per step.
+        """
+        now = time.monotonic()
+        if now - self.watchdog.serviced_s >= SERVICE_EVERY_S:
+            self.watchdog.service()
+        if now - self.since > self.watchdog.timeout_s:
             if not self.patient:
                 raise self.watchdog.stalled(self.describe())
             silent = self.watchdog.silent()
