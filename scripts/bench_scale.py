@@ -49,7 +49,7 @@ PYTHONDONTWRITEBYTECODE=1 and a source tree, every rank of every job compiles th
 ``cached`` from a bytecode cache (PYTHONPYCACHEPREFIX in --out, filled by untimed one-rank
 warm-ups), as after ``pip install .``; ``both`` measures both, interleaved. A failed emulator
 job is tried again (RETRIES) and every failure is listed. Prints tables and writes
-bench_scale.json into --out (default results/, created), rewritten after every row.
+bench_scale.json into --out (default results/, created), rewritten after every job.
 """
 
 import json
@@ -213,6 +213,8 @@ class Jobs:
         cache.pop("PYTHONDONTWRITEBYTECODE", None)
         self.env["cached"] = cache
         self.failures: list[dict] = []
+        self.jobs: list[dict] = []  # every finished job, as it finishes (with its argv)
+        self.saved: Callable[[], None] = lambda: None  # called after every job
 
     def run(self, n: int, kind: str, argv: list[str], pyc: str, tree: str = "") -> dict:
         """Run one job; its result line, with job_s and the job's ranks.
@@ -240,7 +242,11 @@ class Jobs:
                     with open(rows_json) as f:
                         result["wrong"] = sum(row["wrong"] for row in json.load(f))
                     os.remove(rows_json)
-                return {"job_s": job_s, "ranks": n, "attempts": attempt + 1, **result}
+                result = {"job_s": job_s, "ranks": n, "attempts": attempt + 1, **result}
+                summary = {k: v for k, v in result.items() if k != "worker_modules"}
+                self.jobs.append({"kind": kind, "tree": tree, "pyc": pyc, "argv": argv, **summary})
+                self.saved()
+                return result
             lines = stderr.splitlines()
             why = next(
                 (ln for ln in lines if ln.startswith(REFUSED) or "error" in ln.lower()), stderr.strip()[-300:]
@@ -248,6 +254,7 @@ class Jobs:
             failure = {"ranks": n, "kind": kind, "tree": tree, "pyc": pyc, "attempt": attempt + 1,
                        "exit": code, "job_s": job_s, "why": why[:600]}  # fmt: skip
             self.failures.append(failure)
+            self.saved()
             print(f"  FAILED {kind} on {n} ranks (attempt {attempt + 1}, exit {code}): {why[:300]}",
                   file=sys.stderr, flush=True)  # fmt: skip
         raise JobFailed(f"{kind} job on {n} ranks failed {attempt + 1} time(s): {why[:300]}")
@@ -282,23 +289,30 @@ def _launch(cmd: list[str], env: dict, timeout_s: float) -> tuple[int | str, str
                threading.Thread(target=read, args=(proc.stderr, out["stderr"]))]  # fmt: skip
     for t in readers:
         t.start()
+
+    def stop() -> None:
+        for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 60.0)):
+            try:
+                os.killpg(proc.pid, sig)  # the group this call started, by its id
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(grace_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
     deadline, code = time.monotonic() + timeout_s, None
-    while code is None:
-        code = proc.poll()
-        if code is None and (refused.is_set() or time.monotonic() > deadline):
-            why = "refused" if refused.is_set() else "timeout"
-            for sig, grace_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 60.0)):
-                try:
-                    os.killpg(proc.pid, sig)  # the group this call started, by its id
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(grace_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            code = why
-        time.sleep(0.1)
+    try:
+        while code is None:
+            code = proc.poll()
+            if code is None and (refused.is_set() or time.monotonic() > deadline):
+                code = "refused" if refused.is_set() else "timeout"
+                stop()
+            time.sleep(0.1)
+    except BaseException:  # this script is stopping: take the job down with it
+        stop()
+        raise
     for t in readers:
         t.join(30)
     return code, "".join(out["stdout"]), "".join(out["stderr"])
@@ -645,6 +659,7 @@ def main() -> None:
         worker(sys.argv[2], sys.argv[3:])
         return
     import argparse
+    import signal
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="8,64,128,256", help="start-up rank counts ('' skips)")
@@ -681,11 +696,18 @@ def main() -> None:
         "commit": _commit(args.tree),
         "before": args.before,
     }
-    doc.update(startup=[], imports=[], memory=[], model=[], failures=jobs.failures)
+    doc.update(startup=[], imports=[], memory=[], model=[], failures=jobs.failures, jobs=jobs.jobs)
     from themis_mpi.output import write_json
 
-    def save() -> None:  # after every row: a long run that dies keeps what it measured
+    def save() -> None:  # after every job and row: a long run that dies keeps what it measured
         write_json(os.path.join(args.out, "bench_scale.json"), doc)
+
+    jobs.saved = save
+
+    def terminated(signum, frame) -> None:
+        raise SystemExit(f"bench_scale.py: stopped by signal {signum}; what it measured is in {args.out}")
+
+    signal.signal(signal.SIGTERM, terminated)
 
     for pyc in modes if ranks or pairs else []:
         warm_up(jobs, args, pyc)
