@@ -4,6 +4,7 @@ Usage::
 
     python scripts/bench_scale.py [--ranks 8,64,128,256] [--repeats N] [--tree DIR] [--before DIR]
         [--pyc env|cached|both] [--memory 8:16,64:16,256:4] [--chunks 64,1024,4096] [--out results]
+        [--resume results/bench_scale.json]
 
 Every MPI job is one ``mpiexec -n K`` of ``python scripts/bench_scale.py --worker KIND`` (as root
 and oversubscribed, as the tests run it: `themis_mpi.launch.job_env`), timed from launch to exit
@@ -49,7 +50,9 @@ PYTHONDONTWRITEBYTECODE=1 and a source tree, every rank of every job compiles th
 ``cached`` from a bytecode cache (PYTHONPYCACHEPREFIX in --out, filled by untimed one-rank
 warm-ups), as after ``pip install .``; ``both`` measures both, interleaved. A failed emulator
 job is tried again (RETRIES) and every failure is listed. Prints tables and writes
-bench_scale.json into --out (default results/, created), rewritten after every job.
+bench_scale.json into --out (default results/, created), rewritten after every job; ``--resume``
+with that file (same options) takes the jobs it holds from there, so a run stopped halfway (this
+machine's long processes get SIGTERM now and then) goes on where it stopped.
 """
 
 import json
@@ -214,23 +217,41 @@ class Jobs:
         self.env["cached"] = cache
         self.failures: list[dict] = []
         self.jobs: list[dict] = []  # every finished job, as it finishes (with its argv)
+        self.previous: list[dict] = []  # --resume: the finished jobs of an earlier run
+        self.previous_failures: list[dict] = []
+        if args.resume and os.path.exists(args.resume):
+            with open(args.resume) as f:
+                earlier = json.load(f)
+            self.previous, self.previous_failures = earlier.get("jobs", []), earlier.get("failures", [])
         self.saved: Callable[[], None] = lambda: None  # called after every job
 
-    def run(self, n: int, kind: str, argv: list[str], pyc: str, tree: str = "") -> dict:
+    def run(self, n: int, kind: str, argv: list[str], pyc: str, tree: str = "", reuse: bool = True) -> dict:
         """Run one job; its result line, with job_s and the job's ranks.
 
         A failed emulator job is tried again, up to RETRIES times, and every failure is kept in
         `failures` (the report shows them): `run` refuses a job whose ranks would not fit in the
         machine's free memory, and on a shared machine that answer can change from one try to the
-        next. `JobFailed` when every attempt failed.
+        next. `JobFailed` when every attempt failed. With --resume, a job the earlier run finished
+        (or failed every time) is taken from there instead of being run again.
         """
         tree = tree or self.args.tree
+        key = {"kind": kind, "tree": tree, "pyc": pyc, "argv": argv, "ranks": n}
+        same = [j for j in self.previous if reuse and all(j.get(k) == v for k, v in key.items())]
+        done = same[0] if same else None
+        if done is not None:
+            self.previous.remove(done)
+            self.jobs.append(done)
+            return done
+        failed = [f for f in self.previous_failures if all(f.get(k) == v for k, v in key.items())]
+        if len(failed) >= 1 + RETRIES:
+            for f in failed[: 1 + RETRIES]:
+                self.previous_failures.remove(f)
+                self.failures.append(f)
+            raise JobFailed(f"{kind} job on {n} ranks failed every time in the resumed run")
         env = dict(self.env[pyc], PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""))
         rows_json = os.path.abspath(os.path.join(self.args.out, f".rows-{os.getpid()}.json"))
-        if kind == "cli":  # the rows, for #wrong
-            argv = [*argv, "--json", rows_json]
         cmd = [self.mpiexec, "-n", str(n), sys.executable, os.path.join(HERE, "bench_scale.py")]
-        cmd += ["--worker", kind, *argv]
+        cmd += ["--worker", kind, *argv] + (["--json", rows_json] if kind == "cli" else [])  # rows: #wrong
         for attempt in range(1 + (RETRIES if kind in ("cli", "lib") else 0)):
             t0 = time.perf_counter()
             code, stdout, stderr = _launch(cmd, env, self.args.timeout)
@@ -242,18 +263,20 @@ class Jobs:
                     with open(rows_json) as f:
                         result["wrong"] = sum(row["wrong"] for row in json.load(f))
                     os.remove(rows_json)
-                result = {"job_s": job_s, "ranks": n, "attempts": attempt + 1, **result}
-                summary = {k: v for k, v in result.items() if k != "worker_modules"}
-                self.jobs.append({"kind": kind, "tree": tree, "pyc": pyc, "argv": argv, **summary})
+                modules = result.pop("worker_modules")
+                result["worker_package_modules"] = [m for m in modules if m.split(".")[0] == "themis_mpi"]
+                result["worker_module_count"] = len(modules)
+                record = {**key, "job_s": job_s, "attempts": attempt + 1, **result}
+                self.jobs.append(record)
                 self.saved()
-                return result
+                return record
             lines = stderr.splitlines()
             why = next(
                 (ln for ln in lines if ln.startswith(REFUSED) or "error" in ln.lower()), stderr.strip()[-300:]
             )
-            failure = {"ranks": n, "kind": kind, "tree": tree, "pyc": pyc, "attempt": attempt + 1,
-                       "exit": code, "job_s": job_s, "why": why[:600]}  # fmt: skip
-            self.failures.append(failure)
+            self.failures.append(
+                {**key, "attempt": attempt + 1, "exit": code, "job_s": job_s, "why": why[:600]}
+            )
             self.saved()
             print(f"  FAILED {kind} on {n} ranks (attempt {attempt + 1}, exit {code}): {why[:300]}",
                   file=sys.stderr, flush=True)  # fmt: skip
@@ -371,10 +394,8 @@ def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> Iterator[di
                         "rss_mib_mean": _median([x["rss_mib_mean"] for x in runs]),
                         "wrong": max(x.get("wrong", 0) for x in runs),
                         "heavy_imports": sorted({m for x in runs for m in x["heavy_imports"]}),
-                        "worker_package_modules": [
-                            m for m in runs[0]["worker_modules"] if m.split(".")[0] == "themis_mpi"
-                        ],
-                        "worker_modules": len(runs[0]["worker_modules"]),
+                        "worker_package_modules": runs[0]["worker_package_modules"],
+                        "worker_module_count": runs[0]["worker_module_count"],
                     }
             for name in ("emulator", "before"):
                 if name in row and "plain" in row:
@@ -518,12 +539,12 @@ def model_stages(chunk_counts: list[int], runs: int) -> list[dict]:
 def warm_up(jobs: Jobs, args, pyc: str) -> None:
     """Untimed one-rank runs of every job kind: they fill the bytecode cache of `cached`."""
     cli = ["run", "-t", "Ring(1,100,20)", "-b", "8K", "-c", "1", "-p", "both", "-n", "1", "-w", "0", "-q"]
-    jobs.run(1, "plain", ["1", str(STARTUP_BYTES)], pyc)
-    jobs.run(1, "native", [str(STARTUP_BYTES)], pyc)
-    jobs.run(1, "idle", [str(STARTUP_BYTES)], pyc)
-    jobs.run(1, "cli", cli, pyc)
+    jobs.run(1, "plain", ["1", str(STARTUP_BYTES)], pyc, reuse=False)
+    jobs.run(1, "native", [str(STARTUP_BYTES)], pyc, reuse=False)
+    jobs.run(1, "idle", [str(STARTUP_BYTES)], pyc, reuse=False)
+    jobs.run(1, "cli", cli, pyc, reuse=False)
     if args.before:
-        jobs.run(1, "cli", cli, pyc, os.path.abspath(args.before))
+        jobs.run(1, "cli", cli, pyc, os.path.abspath(args.before), reuse=False)
 
 
 def _heavy(row: dict, names: tuple[str, ...]) -> str:
@@ -679,6 +700,11 @@ def main() -> None:
     ap.add_argument("--model-runs", type=int, default=5, help="model runs per row; the minimum counts (5)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec job (1800)")
     ap.add_argument("--out", default="results", help="output folder (default results)")
+    ap.add_argument(
+        "--resume",
+        metavar="JSON",
+        help="an earlier run's bench_scale.json: its finished jobs are not run again",
+    )
     args = ap.parse_args()
     args.tree = os.path.abspath(args.tree)
     sys.path.insert(0, args.tree)  # the model and the helpers of this process come from that tree too
