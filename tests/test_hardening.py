@@ -5,12 +5,22 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 from harness import ROOT, mpi_env, mpiexec_path
 
 TIMEOUT_S = 5
+STARTUP_BUDGET_S = 120  # MPI start-up of 8 ranks on a loaded 2-core machine can take tens of seconds
+
+
+def read_lines(stream, lines: list[str], first: threading.Event | None) -> None:
+    """Collect a pipe's lines until it closes; set `first` at the first one."""
+    for line in stream:
+        lines.append(line)
+        if first is not None:
+            first.set()
 
 
 def launcher_keeps_survivors() -> list[str]:
@@ -68,18 +78,27 @@ def strike(tmp_path, how: str, attempt: int):
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
     )
+    # rank 0 prints the header once MPI and the grid are up: strike after that, not during
+    # start-up, whose length depends on the machine's load (a stop then is start-up's own rule)
+    out, err_lines, started = [], [], threading.Event()
+    readers = [
+        threading.Thread(target=read_lines, args=(proc.stdout, out, started), daemon=True),
+        threading.Thread(target=read_lines, args=(proc.stderr, err_lines, None), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     try:
-        deadline = time.monotonic() + 60
-        pids = {}
-        while len(pids) < 8 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            pids = job_pids(str(trace))
-        assert len(pids) == 8, "the job did not start"
-        time.sleep(3)  # well inside the 1000 iterations
+        assert started.wait(STARTUP_BUDGET_S), f"the job did not start within {STARTUP_BUDGET_S} s"
+        pids = job_pids(str(trace))
+        assert len(pids) == 8, f"{len(pids)} ranks found"
+        time.sleep(2)  # well inside the 1000 iterations
         victim_pid, victim = next((p, r) for p, r in pids.items() if r == 5)
         os.kill(victim_pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         struck = time.monotonic()
-        _, err = proc.communicate(timeout=TIMEOUT_S + 60)
+        proc.wait(timeout=TIMEOUT_S + 60)
+        for reader in readers:
+            reader.join(timeout=10)
+        err = "".join(err_lines)
         while job_pids(str(trace)) and time.monotonic() - struck < TIMEOUT_S + 30:
             time.sleep(0.2)  # survivors that never waited on the lost rank time out on their own
         ended_after_s = time.monotonic() - struck
