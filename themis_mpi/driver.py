@@ -470,7 +470,10 @@ def _start_up_deadline(timeout_s: float) -> Iterator[None]:
             ready, _, _ = select.select([read_fd], [], [], timeout_s)
             if not ready:
                 if env_rank() == 0:
-                    line = f"MPI did not start within {timeout_s:g} s: a rank died or stopped before MPI_Init"
+                    line = (
+                        f"MPI did not start within {timeout_s:g} s (--timeout-s): a rank died or stopped "
+                        "before MPI_Init, or start-up is slower than that on this machine"
+                    )
                     os.write(2, f"themis-mpi: error: {line}; aborting\n".encode())
                 else:
                     time.sleep(1.0)  # rank 0 says it once, before the launcher tears the job down
