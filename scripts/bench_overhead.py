@@ -6,11 +6,13 @@ Usage::
         [-c 1,8,64] [--iters 5] [--out results]
 
 Sizes go from -b to -e, multiplied by -f (nccl-tests' vocabulary). For every size and chunk
-count, on the same ranks and float64 buffer size, --iters rounds of two variants, interleaved
-(their order alternates from one round to the next, so machine noise and cache state hit both
-alike):
+count, on the same ranks and float64 buffer size, --iters rounds of three variants, interleaved
+(each goes first in turn, so machine noise and cache state hit all alike):
 
 - native: ``COMM_WORLD.Allreduce`` in place, after a barrier, the slowest rank's wall time;
+- floor: the emulator's own messages and reductions and nothing else (`floor_s`): every chunk's
+  baseline steps one after another, each tested to completion; what any design that
+  sends one message per emulated step pays here, the engine and the send times aside;
 - emulator: ``run_collective``, baseline order, virtual clock (no injected delays), unchecked;
   its ``wall_s`` (the slowest rank's, from the barrier that starts it, checks excluded).
 
@@ -33,8 +35,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from themis_mpi.algorithms import COPY, REDUCE, plan
 from themis_mpi.cli import parse_size, size_sweep
-from themis_mpi.collectives import Collective
+from themis_mpi.collectives import Collective, chunk_plan, owned_region
+from themis_mpi.cost import AG, RS
 from themis_mpi.driver import RunConfig, run_collective
 from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
@@ -62,6 +66,47 @@ def native_s(grid: CartGrid, buf: np.ndarray) -> float:
     return float(grid.watchdog.allreduce([MPI.Wtime() - t0], MPI.MAX)[0])
 
 
+def floor_s(grid: CartGrid, coll: Collective, buf: np.ndarray) -> float:
+    """The emulator's own messages with nothing else: the floor of one message per emulated step.
+
+    Every chunk's baseline stages, one after another, each step's messages (`algorithms.plan`,
+    the emulator's plans) posted at once and completed with MPI's own ``Waitall``, received data
+    reduced or copied into place: no engine, no queues, no send times, no pipelining across
+    dims. Returns the slowest rank's wall seconds.
+    """
+    topo, coords = grid.topology, grid.coords
+    order = list(range(len(topo.dims)))
+    bounds = coll.chunk_bounds().tolist()
+    scratch = np.empty_like(buf)
+    buf.fill(1.0)
+    grid.wait(grid.cart.Ibarrier(), "the barrier before the floor")
+    t0 = MPI.Wtime()
+    for k in range(len(bounds) - 1):
+        stack = [(bounds[k], bounds[k + 1])]
+        for d, op, _ in chunk_plan(topo, coll, bounds[k + 1] - bounds[k], order, fuse_last=True):
+            if op == AG:
+                stack.pop()
+            lo, hi = stack[-1]
+            comm, npus = grid.subcomms[d], topo.dims[d].npus
+            for step in plan(topo.dims[d].algorithm, op, npus, coords[d], lo, hi):
+                reqs, into = [], []
+                for peer, a, b in step.recvs:
+                    part = buf[a:b] if step.mode == COPY else scratch[a:b]
+                    reqs.append(comm.Irecv(part, peer, 5))
+                    into.append((a, b, part))
+                reqs += [comm.Isend(buf[a:b], peer, 5) for peer, a, b in step.sends]
+                while not MPI.Request.Testall(reqs):  # MPI's Waitall spins: slower on shared cores
+                    os.sched_yield()
+                for a, b, part in into if step.mode != COPY else ():
+                    if step.mode == REDUCE:
+                        np.add(buf[a:b], part, out=buf[a:b])
+                    else:
+                        buf[a:b] = part
+            if op == RS:
+                stack.append(owned_region(npus, coords[d], lo, hi))
+    return float(grid.watchdog.allreduce([MPI.Wtime() - t0], MPI.MAX)[0])
+
+
 def emulator(
     grid: CartGrid, transport: MpiTransport, coll: Collective, check: bool
 ) -> tuple[float, float, float, int]:
@@ -75,37 +120,44 @@ def emulator(
 
 
 def measure(grid: CartGrid, transport: MpiTransport, coll: Collective, iters: int) -> dict:
-    """Interleaved native and emulator rounds of one size and chunk count; medians and samples."""
+    """Interleaved native, floor and emulator rounds of one size and chunk count; medians and samples."""
     buf = np.empty(coll.count)
-    native, emu, cpu_us, cpu_total = [], [], [], []
+    times: dict[str, list[float]] = {"native": [], "floor": [], "emulator": []}
+    cpu_us, cpu_total = [], []
     _, _, _, wrong = emulator(grid, transport, coll, check=True)  # warm-up, checked
     native_s(grid, buf)
+    floor_s(grid, coll, buf)
+    variants = list(times)
     for it in range(iters):
-        for variant in ("native", "emulator") if it % 2 == 0 else ("emulator", "native"):
+        for variant in variants[it % 3 :] + variants[: it % 3]:  # each goes first in turn
             if variant == "native":
-                native.append(native_s(grid, buf))
+                times["native"].append(native_s(grid, buf))
+            elif variant == "floor":
+                times["floor"].append(floor_s(grid, coll, buf))
             else:
                 wall_s, per_stage_us, total_s, _ = emulator(grid, transport, coll, check=False)
-                emu.append(wall_s)
+                times["emulator"].append(wall_s)
                 cpu_us.append(per_stage_us)
                 cpu_total.append(total_s / (os.cpu_count() or 1) / wall_s)
     del buf
-    native_med, emu_med = statistics.median(native), statistics.median(emu)
+    med = {k: statistics.median(v) for k, v in times.items()}
     size = coll.size_bytes
-    ratio = emu_med / native_med
+    ratio = med["emulator"] / med["native"]
     return {
         "size_bytes": size,
         "chunks": coll.chunks,
         "ranks": grid.size,
-        "native_s": native_med,
-        "emulator_s": emu_med,
+        "native_s": med["native"],
+        "floor_s": med["floor"],
+        "emulator_s": med["emulator"],
         "ratio": ratio,
+        "floor_ratio": med["floor"] / med["native"],
         "cpu_us_per_stage": statistics.median(cpu_us),
         "cpu_per_wall": statistics.median(cpu_total),
         "target": target_ratio(size),
         "pass": ratio <= target_ratio(size),
         "wrong": wrong,
-        "samples": {"native_s": native, "emulator_s": emu, "cpu_us_per_stage": cpu_us},
+        "samples": {**{f"{k}_s": v for k, v in times.items()}, "cpu_us_per_stage": cpu_us},
     }
 
 
@@ -113,13 +165,15 @@ def print_table(rows: list[dict], header: str) -> None:
     """The table of the rows, one per size and chunk count."""
     print(header)
     print(
-        f"#{'size':>10} {'chunks':>6} {'native_s':>9} {'emulator_s':>10} {'ratio':>7} "
+        f"#{'size':>10} {'chunks':>6} {'native_s':>9} {'floor_s':>9} {'emulator_s':>10} {'floor/nat':>9} "
+        f"{'ratio':>7} "
         f"{'us/stage':>9} {'cpu/wall':>8} {'target':>6} {'pass':>5} {'#wrong':>6}"
     )
     for r in rows:
         print(
-            f" {r['size_bytes']:>10} {r['chunks']:>6} {r['native_s']:>9.4f} {r['emulator_s']:>10.4f} "
-            f"{r['ratio']:>7.2f} {r['cpu_us_per_stage']:>9.1f} {r['cpu_per_wall']:>8.2f} "
+            f" {r['size_bytes']:>10} {r['chunks']:>6} {r['native_s']:>9.4f} {r['floor_s']:>9.4f} "
+            f"{r['emulator_s']:>10.4f} {r['floor_ratio']:>9.2f} {r['ratio']:>7.2f} "
+            f"{r['cpu_us_per_stage']:>9.1f} {r['cpu_per_wall']:>8.2f} "
             f"{r['target']:>6g} {'yes' if r['pass'] else 'NO':>5} {r['wrong']:>6}"
         )
 
