@@ -17,7 +17,6 @@ import argparse
 import math
 import os
 import re
-import statistics
 import sys
 import textwrap
 import time
@@ -606,7 +605,7 @@ def _collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> 
                         result, engine = run_collective(transport, coll, policy, check=check)
                         if it >= warmup:
                             walls.append(result.wall_s)
-                    result.wall_s, result.iters = statistics.median(walls), iters
+                    result.wall_s, result.iters = float(np.median(walls)), iters
                     if recorder:
                         recorder.add_run(result, engine, backend.rank)
                     if backend.rank == 0:

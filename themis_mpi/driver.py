@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -25,13 +25,25 @@ from .collectives import Collective
 from .cost import ASTRA_CYCLE_NS, ASTRA_SIM_1_0, NO_ENDPOINT, Endpoint, check_compat
 from .engine import CollectiveRun, Engine, Transport
 from .errors import UsageError
-from .graph import Graph, GraphReplay, graph_collectives, plan_graph
 from .launch import env_rank, env_size
 from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
-from .policies import InterPolicy, PolicyContext, PolicyError, Schedule, intra_names, make_inter, origin
+from .policies import (
+    InterPolicy,
+    PolicyContext,
+    PolicyError,
+    Schedule,
+    intra_names,
+    is_inter,
+    is_intra,
+    make_inter,
+    origin,
+)
 from .topology import Topology
-from .training import TrainingLoop, TrainingSpec, distinct_collectives
-from .workload import Workload
+
+if TYPE_CHECKING:  # training and graph replay import their modules when they run (not on `run`)
+    from .graph import Graph
+    from .training import TrainingSpec
+    from .workload import Workload
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -65,7 +77,7 @@ class RunConfig:
         check_compat(self.compat)
         if self.compat and self.endpoint.on:
             raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
-        if self.intra not in intra_names():
+        if not is_intra(self.intra):
             raise UsageError(
                 f"unknown intra-dim policy {self.intra!r}; use one of {', '.join(intra_names())} "
                 "(themis-mpi policies)"
@@ -134,7 +146,7 @@ def validate_schedule(schedule: Schedule, collective: Collective, n_dims: int) -
         raise PolicyError(
             f"returned order {orders[k].tolist()} for chunk {k}; it must be a permutation of the dims"
         )
-    if schedule.intra and schedule.intra not in intra_names():
+    if schedule.intra and not is_intra(schedule.intra):
         raise PolicyError(f"asked for the unknown intra-dim policy {schedule.intra!r}")
     return replace(schedule, bounds=bounds.astype(np.int64), orders=orders.astype(np.int32))
 
@@ -181,7 +193,7 @@ def share_schedules(
             header[4::2] = [s.fuse_last for s in schedules]
         except Exception as exc:
             name = policy_name(policy)
-            where = origin(name) if given is None and name in _names() else "given"
+            where = origin(name) if given is None and is_inter(name) else "given"
             why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
             header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
         header[2] = int((time.perf_counter() - t0) * 1e9)
@@ -214,12 +226,6 @@ def share_schedules(
         bounds = np.append(part[:, 0], part[-1, 1]).astype(np.int64)
         out.append(Schedule(bounds, part[:, 2:].astype(np.int32), bool(header[4 + 2 * i]), intra, label))
     return out, float(header[2]) / 1e9
-
-
-def _names() -> list[str]:
-    from .policies import inter_names
-
-    return inter_names()
 
 
 def _decide(
@@ -310,6 +316,7 @@ def run_collective(
 def training_oracle(topology: Topology, config: RunConfig, workload: Workload, spec: TrainingSpec):
     """The model as an oracle for a training run: mean iteration time in us under given schedules."""
     from .model import ModelTransport
+    from .training import TrainingLoop, distinct_collectives
 
     collectives = distinct_collectives(workload, topology, spec)
 
@@ -332,6 +339,8 @@ def run_training(
 
     The transport's topology must fit the workload (see `workload.Workload.fit_topology`).
     """
+    from .training import TrainingLoop, distinct_collectives
+
     topo, config = transport.topology, transport.config
     collectives = distinct_collectives(workload, topo, spec)
     oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
@@ -382,6 +391,8 @@ def run_graph(
     0 on the model. ``iterations`` and the per-iteration times come from the graph's
     ``themis_iterations`` metadata (1 unless it was converted from a text workload).
     """
+    from .graph import GraphReplay, graph_collectives, plan_graph
+
     topo, config = transport.topology, transport.config
     if ranks is None:
         ranks = range(topo.npus) if transport.name == "mpi" else [0]

@@ -8,7 +8,6 @@ these few facts, and neither may pull in mpi4py (pytest must never initialise MP
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 LAUNCHER_RANK_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
@@ -48,6 +47,8 @@ def under_mpiexec() -> bool:
 def mpiexec_path() -> str:
     """The mpiexec beside this Python (the mpich wheel's), else the one on PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    import shutil  # only here: every rank imports this module, few call this
+
     found = here if os.path.exists(here) else shutil.which("mpiexec")
     if not found:
         raise RuntimeError("no mpiexec found: `pip install .` brings one with the mpich wheel")

@@ -10,7 +10,6 @@ starts, so no run is lost to a bad path at its end.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -73,6 +72,8 @@ def atomic_path(path: str) -> Iterator[str]:
 
 def write_json(path: str, doc: Any) -> None:
     """Write a JSON document atomically, or to standard output for ``-``."""
+    import json  # only rank 0 writes: the other ranks never load it
+
     if path == STDOUT:
         json.dump(doc, sys.stdout, indent=1)
         sys.stdout.write("\n")

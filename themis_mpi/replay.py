@@ -17,7 +17,7 @@ from .analysis import CollectiveResult, format_size
 from .collectives import Collective
 from .driver import Backend, RunConfig, run_collective
 from .errors import UsageError
-from .policies import Schedule, inter_class, inter_names
+from .policies import Schedule, inter_class, is_inter
 from .topology import Topology
 from .trace import Trace, TraceRecorder
 
@@ -36,7 +36,7 @@ def recorded_collectives(trace: Trace) -> Iterator[tuple[Collective, str, str, S
         recorded = trace.bounds_and_fused(c)
         if recorded is None:
             policy = row["policy"]
-            fused = policy in inter_names() and inter_class(policy).fuses_last_dim
+            fused = is_inter(policy) and inter_class(policy).fuses_last_dim
             recorded = coll.chunk_bounds(), fused
         bounds, fused = recorded
         yield (

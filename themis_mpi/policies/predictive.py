@@ -21,7 +21,6 @@ says is faster.
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -178,6 +177,8 @@ def best_found(
     perms = [list(p) + rest for p in itertools.permutations(active)] if len(active) <= 4 else []
     if best.n_chunks < 1 or len(perms) < 2 or collective.op == "all_to_all":
         return best, best_us, evaluations
+    import random  # rank 0 only, when this policy runs
+
     rng = random.Random(seed)
     deadline = time.perf_counter() + budget_s
     orders = best.orders.copy()

@@ -5,14 +5,17 @@ A plugin is a distribution that declares, in its packaging metadata::
     [project.entry-points."themis_mpi.policies"]
     my-policy = "my_policy:MyPolicy"
 
-where ``MyPolicy`` subclasses `InterPolicy` or `IntraPolicy`. Entry points are read once, on
-first use; a plugin that fails to load, is not a policy class, or takes a built-in's name is
-refused with one line naming it.
+where ``MyPolicy`` subclasses `InterPolicy` or `IntraPolicy`. Entry points are read once, when
+a name that is not built in is looked up or the policies are listed: a built-in name resolves
+without them, since reading every installed distribution's metadata (and importing
+``importlib.metadata``) cost each MPI rank about a third of the package's import time. A plugin
+that fails to load, is not a policy class, or takes a built-in's name is refused with one line
+naming it whenever they are read.
 """
 
 from __future__ import annotations
 
-from importlib import metadata
+from collections.abc import Callable
 
 from ..errors import UsageError
 from .base import InterPolicy, IntraPolicy
@@ -30,6 +33,7 @@ BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
     Predictive,
 )
 BUILTIN_INTRA: tuple[type[IntraPolicy], ...] = (Fifo, Scf, Rg, Lrpf)
+_BUILTIN: dict[str, type] = {p.name: p for p in BUILTIN_INTER} | {p.name: p for p in BUILTIN_INTRA}
 
 _loaded: dict[str, tuple[dict[str, type], dict[str, str]]] = {}
 
@@ -43,6 +47,8 @@ def _registry() -> tuple[dict[str, type], dict[str, str]]:
     """Name -> class of every policy, and name -> where it comes from ("builtin" or the plugin)."""
     if "all" in _loaded:
         return _loaded["all"]
+    from importlib import metadata
+
     classes: dict[str, type] = {}
     origin: dict[str, str] = {}
     builtin: tuple[type[InterPolicy] | type[IntraPolicy], ...] = (*BUILTIN_INTER, *BUILTIN_INTRA)
@@ -63,6 +69,23 @@ def _registry() -> tuple[dict[str, type], dict[str, str]]:
     return classes, origin
 
 
+def _lookup(name: str) -> type | None:
+    """A policy class by name: a built-in one without reading the entry points, else the registry's."""
+    return _BUILTIN.get(name) or _registry()[0].get(name)
+
+
+def is_inter(name: str) -> bool:
+    """Whether `name` is an inter-dim policy (built in, or a plugin)."""
+    cls = _lookup(name)
+    return cls is not None and issubclass(cls, InterPolicy)
+
+
+def is_intra(name: str) -> bool:
+    """Whether `name` is an intra-dim policy (built in, or a plugin)."""
+    cls = _lookup(name)
+    return cls is not None and issubclass(cls, IntraPolicy)
+
+
 def inter_names() -> list[str]:
     """Names of the inter-dim policies: the built-in ones first, then plugins."""
     classes, _ = _registry()
@@ -77,25 +100,24 @@ def intra_names() -> list[str]:
 
 def origin(name: str) -> str:
     """Where a policy comes from: "builtin" or "plugin module:Class"."""
-    return _registry()[1][name]
+    return "builtin" if name in _BUILTIN else _registry()[1][name]
 
 
-def _policy_class(name: str, base: type, what: str, names: list[str]) -> type:
-    classes, _ = _registry()
-    cls = classes.get(name)
+def _policy_class(name: str, base: type, what: str, names: Callable[[], list[str]]) -> type:
+    cls = _lookup(name)
     if cls is None or not issubclass(cls, base):
-        raise UsageError(f"unknown {what} {name!r}; use one of {', '.join(names)} (themis-mpi policies)")
+        raise UsageError(f"unknown {what} {name!r}; use one of {', '.join(names())} (themis-mpi policies)")
     return cls
 
 
 def inter_class(name: str) -> type[InterPolicy]:
     """The inter-dim policy class of a name; one line naming the choices when unknown."""
-    return _policy_class(name, InterPolicy, "policy", inter_names())
+    return _policy_class(name, InterPolicy, "policy", inter_names)
 
 
 def intra_class(name: str) -> type[IntraPolicy]:
     """The intra-dim policy class of a name; one line naming the choices when unknown."""
-    return _policy_class(name, IntraPolicy, "intra-dim policy", intra_names())
+    return _policy_class(name, IntraPolicy, "intra-dim policy", intra_names)
 
 
 def make_inter(name: str) -> InterPolicy:
