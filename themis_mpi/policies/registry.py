@@ -49,11 +49,8 @@ def _registry() -> tuple[dict[str, type], dict[str, str]]:
         return _loaded["all"]
     from importlib import metadata
 
-    classes: dict[str, type] = {}
-    origin: dict[str, str] = {}
-    builtin: tuple[type[InterPolicy] | type[IntraPolicy], ...] = (*BUILTIN_INTER, *BUILTIN_INTRA)
-    for policy in builtin:
-        classes[policy.name], origin[policy.name] = policy, "builtin"
+    classes: dict[str, type] = dict(_BUILTIN)
+    origin: dict[str, str] = dict.fromkeys(_BUILTIN, "builtin")
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             cls = ep.load()
