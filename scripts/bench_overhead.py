@@ -16,7 +16,8 @@ count, on the same ranks and float64 buffer size, --iters rounds of three varian
 - emulator: ``run_collective``, baseline order, virtual clock (no injected delays), unchecked;
   its ``wall_s`` (the slowest rank's, from the barrier that starts it, checks excluded).
 
-One untimed warm-up round precedes them; its emulator run is checked (#wrong must be 0). CPU per
+One untimed warm-up round precedes them; its emulator run is checked (#wrong must be 0), and so
+is its floor run (floor#wrong: elements of the all-reduce of ones that are not the rank count). CPU per
 stage is each rank's ``time.process_time`` over one emulator run divided by the stages it served,
 averaged over ranks (the median over rounds is shown); ``cpu_per_wall`` is the CPU of all ranks
 divided by the cores and by the wall time: near 1 the run is CPU-bound, so fewer CPU seconds per
@@ -127,7 +128,8 @@ def measure(grid: CartGrid, transport: MpiTransport, coll: Collective, iters: in
     cpu_us, cpu_total = [], []
     _, _, _, wrong = emulator(grid, transport, coll, check=True)  # warm-up, checked
     native_s(grid, buf)
-    floor_s(grid, coll, buf)
+    floor_s(grid, coll, buf)  # warm-up, checked: every element of an all-reduce of ones is the rank count
+    floor_wrong = int(grid.watchdog.allreduce([np.count_nonzero(buf != grid.size)], MPI.SUM)[0])
     variants = list(times)
     for it in range(iters):
         for variant in variants[it % 3 :] + variants[: it % 3]:  # each goes first in turn
@@ -158,6 +160,7 @@ def measure(grid: CartGrid, transport: MpiTransport, coll: Collective, iters: in
         "target": target_ratio(size),
         "pass": ratio <= target_ratio(size),
         "wrong": wrong,
+        "floor_wrong": floor_wrong,
         "samples": {**{f"{k}_s": v for k, v in times.items()}, "cpu_us_per_stage": cpu_us},
     }
 
@@ -168,14 +171,14 @@ def print_table(rows: list[dict], header: str) -> None:
     print(
         f"#{'size':>10} {'chunks':>6} {'native_s':>9} {'floor_s':>9} {'emulator_s':>10} {'floor/nat':>9} "
         f"{'ratio':>7} "
-        f"{'us/stage':>9} {'cpu/wall':>8} {'target':>6} {'pass':>5} {'#wrong':>6}"
+        f"{'us/stage':>9} {'cpu/wall':>8} {'target':>6} {'pass':>5} {'#wrong':>6} {'floor#wrong':>11}"
     )
     for r in rows:
         print(
             f" {r['size_bytes']:>10} {r['chunks']:>6} {r['native_s']:>9.4f} {r['floor_s']:>9.4f} "
             f"{r['emulator_s']:>10.4f} {r['floor_ratio']:>9.2f} {r['ratio']:>7.2f} "
             f"{r['cpu_us_per_stage']:>9.1f} {r['cpu_per_wall']:>8.2f} "
-            f"{r['target']:>6g} {'yes' if r['pass'] else 'NO':>5} {r['wrong']:>6}"
+            f"{r['target']:>6g} {'yes' if r['pass'] else 'NO':>5} {r['wrong']:>6} {r['floor_wrong']:>11}"
         )
 
 
