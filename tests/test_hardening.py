@@ -289,6 +289,71 @@ def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(tmp_pat
     assert not os.path.exists(marker)
 
 
+GUARDED = """
+import sys, time
+from themis_mpi.driver import _start_up_deadline
+with _start_up_deadline(float(sys.argv[1])):
+    time.sleep(float(sys.argv[2]))  # MPI_Init, as long as it takes
+print("through", flush=True)
+"""
+
+
+def guards_of(pid: int) -> list[int]:
+    """The live start-up guard processes of process `pid`."""
+    found = []
+    for other in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{other}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if b"themis-mpi-guard" in argv and str(pid).encode() in argv:
+            found.append(int(other))
+    return found
+
+
+def guarded(timeout_s: float, init_s: float, rank: int = 0) -> subprocess.Popen:
+    """A process whose 'MPI_Init' takes init_s under a start-up guard of timeout_s, as rank `rank`."""
+    env = dict(mpi_env(), PMI_RANK=str(rank))
+    cmd = [sys.executable, "-c", GUARDED, str(timeout_s), str(init_s)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def test_the_start_up_guard_ends_a_rank_whose_mpi_does_not_start_in_time():
+    """Past the timeout, rank 0's guard says one line and kills its rank; it does not wait for MPI_Init."""
+    t0 = time.monotonic()
+    proc = guarded(1, 60)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 30
+    assert out == ""
+    assert err.splitlines() == [
+        "themis-mpi: error: MPI did not start within 1 s (--timeout-s): a rank died or stopped "
+        "before MPI_Init, or start-up is slower than that on this machine; aborting"
+    ]
+
+
+def test_the_start_up_guard_leaves_once_mpi_is_up_and_says_nothing():
+    """A rank whose MPI starts in time goes on, silent, and its guard is gone when the rank goes on."""
+    proc = guarded(30, 0.5, rank=3)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, "through\n", "")
+    assert guards_of(proc.pid) == []
+
+
+def test_the_start_up_guard_leaves_when_its_rank_dies_before_mpi_starts():
+    """A rank killed in start-up leaves no guard behind to fire later."""
+    proc = guarded(30, 60)
+    deadline = time.monotonic() + 30
+    while not guards_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert guards_of(proc.pid), "the guard did not start"
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while guards_of(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert guards_of(proc.pid) == []
+
+
 def test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout(tmp_path):
     """A rank stopped after MPI_Init, before the grid: the others' start-up barrier names it and the job ends."""
     proc, took_s = run_timed(
