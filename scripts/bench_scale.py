@@ -22,7 +22,10 @@ it imported; the last rank also reports every module it imported.
    e.g. ``git archive HEAD~1 | tar -x -C /tmp/before``) that tree's emulator job runs too. The
    jobs of a repeat run back to back, every other repeat in reverse order, so machine noise hits
    all alike; ratios are of the medians over repeats (5 repeats up to 64 ranks, 3 at 128, 2 above,
-   unless --repeats). Where `run` refuses itself on some ranks (its memory pre-check, see 3),
+   unless --repeats). Each rank also marks its CPU time where its phases end (PHASES: before MPI,
+   MPI_Init, the grid, the rest), the emulator's by wrapping `run`'s start-up guard and `CartGrid`
+   in the worker, so `run` itself is unchanged: a second table says where each job's CPU went.
+   Where `run` refuses itself on some ranks (its memory pre-check, see 3),
    the same all-reduce runs through the library instead (column ``via``). Target (issue 18):
    emulator/plain at most 1.1 at 128 ranks.
 2. Imports: the package modules a worker rank of the first start-up job imported, imported again
@@ -61,6 +64,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 SHAPES = {8: (2, 2, 2), 16: (4, 2, 2), 32: (4, 4, 2), 64: (4, 4, 4), 128: (8, 4, 4), 256: (8, 8, 4)}
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,6 +78,8 @@ STARTUP_TARGET, MEMORY_TARGET, STAGE_TARGET_US = 1.1, 1.1, 5.0
 MODEL_TOPOLOGY = "3D-SW_SW_SW_hetero"
 MODEL_POLICIES = (("baseline", "fifo"), ("themis", "scf"))
 HEAVY = ("h5py", "matplotlib", "yaml", "tqdm")  # what only rank 0 may need: traces, plots, YAML, bars
+PHASES = ("before_mpi", "mpi_init", "grid", "rest")  # a start-up job's CPU per rank, phase by phase
+_MARKS: list[float] = []  # a worker's CPU time (time.process_time) at the end of each phase but the last
 
 
 def topology_for(n: int) -> str:
@@ -110,7 +116,9 @@ def _report(comm, out: dict) -> None:
     """
     usage = resource.getrusage(resource.RUSAGE_SELF)
     last = comm.Get_rank() == comm.Get_size() - 1
+    marks = [0.0, *_MARKS, time.process_time()] if len(_MARKS) == len(PHASES) - 1 else None
     mine = (
+        [b - a for a, b in zip(marks, marks[1:])] if marks else None,
         usage.ru_utime + usage.ru_stime,
         usage.ru_maxrss / 1024.0,
         _pss_mib(),
@@ -119,7 +127,11 @@ def _report(comm, out: dict) -> None:
     )
     ranks = comm.gather(mine, root=0)
     if comm.Get_rank() == 0:
-        cpu, rss, pss, heavy, modules = zip(*ranks)
+        phases, cpu, rss, pss, heavy, modules = zip(*ranks)
+        if all(phases):
+            out["phase_cpu_ms"] = {
+                p: 1e3 * sum(r[i] for r in phases) / len(phases) for i, p in enumerate(PHASES)
+            }
         out.update(
             cpu_s_total=sum(cpu),
             rss_mib_mean=sum(rss) / len(rss),
@@ -135,8 +147,10 @@ def _report(comm, out: dict) -> None:
 def worker(kind: str, argv: list[str]) -> None:
     """One rank of a job: `cli` runs `themis-mpi ARGV`; the others are plain mpi4py jobs."""
     if kind == "cli":
+        from themis_mpi import driver
         from themis_mpi.cli import main
 
+        _mark_phases(driver)
         code = main(argv)
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None or not mpi.Is_initialized():  # refused before MPI: the CLI tells rank 0's reason only
@@ -152,14 +166,17 @@ def worker(kind: str, argv: list[str]) -> None:
 
     out: dict = {}
     if kind != "lib":
+        _MARKS.append(time.process_time())
         from mpi4py import MPI
 
+        _MARKS.append(time.process_time())
         comm = MPI.COMM_WORLD
     if kind == "plain":  # what the emulator's start-up job asks of MPI, without this package
         shape, size_bytes = [int(x) for x in argv[0].split(",")], int(argv[1])
         buf = np.ones(size_bytes // 8)
         cart = comm.Create_cart(shape, periods=[True] * len(shape), reorder=False)
         subs = [cart.Sub([i == d for i in range(len(shape))]) for d in range(len(shape))]
+        _MARKS.append(time.process_time())
         cart.Ibcast(np.zeros(len(shape), np.int32)).Wait()
         cart.Ibarrier().Wait()
         cart.Iallreduce(np.ones(1), np.empty(1), op=MPI.MAX).Wait()
@@ -183,6 +200,29 @@ def worker(kind: str, argv: list[str]) -> None:
     else:
         raise SystemExit(f"unknown worker kind {kind!r}")
     _report(comm, out)
+
+
+def _mark_phases(driver) -> None:
+    """Mark the phases of `run`, unchanged: on entering and leaving its MPI start-up, after the grid."""
+    start_up = driver._start_up_deadline
+
+    @contextmanager
+    def marked(timeout_s: float):
+        _MARKS.append(time.process_time())
+        with start_up(timeout_s):
+            yield
+        _MARKS.append(time.process_time())
+        from themis_mpi.mpi.grid import CartGrid  # (imports mpi4py.MPI: only once MPI is up)
+
+        init = CartGrid.__init__
+
+        def marked_init(self, *args, **kwargs) -> None:
+            init(self, *args, **kwargs)
+            _MARKS.append(time.process_time())
+
+        CartGrid.__init__ = marked_init
+
+    driver._start_up_deadline = marked
 
 
 def _library_run(topology: str, size_bytes: int, chunks: int, policy: str, out: dict) -> None:
@@ -397,6 +437,9 @@ def startup(jobs: Jobs, ranks: list[int], modes: list[str], args) -> Iterator[di
                         "worker_package_modules": runs[0]["worker_package_modules"],
                         "worker_module_count": runs[0]["worker_module_count"],
                     }
+                    marked = [x["phase_cpu_ms"] for x in runs if "phase_cpu_ms" in x]
+                    if marked:
+                        row[name]["phase_cpu_ms"] = {p: _median([m[p] for m in marked]) for p in PHASES}
             for name in ("emulator", "before"):
                 if name in row and "plain" in row:
                     plain = row["plain"]
@@ -596,6 +639,29 @@ def print_tables(doc: dict) -> None:
     columns.append(("heavy", 6, lambda r: _heavy(r, ("emulator", "before"))))
     columns.append(("via", 8, lambda r: "/".join(r[k]["via"] for k in ("emulator", "before") if k in r)))
     _table(doc["startup"], columns)
+    phased = [
+        {"pyc": r["pyc"], "ranks": r["ranks"], "job": k, **r[k]["phase_cpu_ms"]}
+        for r in doc["startup"]
+        for k, _ in names
+        if "phase_cpu_ms" in r.get(k, {})
+    ]
+    if phased:
+        print(
+            "\n# start-up CPU per rank by phase (ms, mean over ranks, median of repeats): before_mpi = "
+            "interpreter, imports and (emulator) option parsing and checks; mpi_init = importing mpi4py.MPI "
+            "(MPI_Init; the emulator's inside its start-up guard); grid = the Cartesian communicator and one "
+            "per dim; rest = the all-reduce, freeing and exit work up to the report"
+        )
+        _table(
+            phased,
+            [
+                ("pyc", 7, lambda m: m["pyc"]),
+                ("ranks", 6, lambda m: m["ranks"]),
+                ("job", 9, lambda m: m["job"]),
+                *[(p, 11, lambda m, p=p: f"{m[p]:.1f}") for p in PHASES],
+                ("total", 8, lambda m: f"{sum(m[p] for p in PHASES):.1f}"),
+            ],
+        )
     if doc["imports"]:
         print(
             "\n# the package modules a worker rank of the start-up job imported, imported again in a fresh "

@@ -10,7 +10,9 @@ then an all-reduce with the baseline and one with Themis (checked). The transpor
 collective's buffer themselves, so the data buffer is freed before the first run and each run's
 transport is dropped before the next: one buffer at a time, as when the runs shared it. Prints
 the mean over ranks of the peak resident set (ru_maxrss, MiB) after each phase and what the
-phase added; writes memory_phases.json into --out (default results/).
+phase added, and the resident set's private (anonymous) and shared-memory pages at that moment
+(RssAnon and RssShmem of /proc/self/status: MPI's intra-node segments are the shared part);
+writes memory_phases.json into --out (default results/).
 """
 
 import argparse
@@ -21,8 +23,19 @@ import numpy as np
 from mpi4py import MPI
 
 
-def peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def sample() -> tuple[float, float, float]:
+    """Peak RSS, and the anonymous and shared-memory parts of the RSS now (MiB; 0 without /proc)."""
+    parts = {"RssAnon": 0.0, "RssShmem": 0.0}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in parts:
+                    parts[key] = int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    return peak, parts["RssAnon"], parts["RssShmem"]
 
 
 def main():
@@ -34,9 +47,9 @@ def main():
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     comm.Barrier()
-    marks = [("idle process", peak_mib())]
+    marks = [("idle process", sample())]
     buf = np.ones(args.size_mib * 2**20 // 8)
-    marks.append(("data buffer", peak_mib()))
+    marks.append(("data buffer", sample()))
     from themis_mpi.collectives import Collective
     from themis_mpi.driver import RunConfig, run_collective
     from themis_mpi.mpi.grid import CartGrid
@@ -44,31 +57,34 @@ def main():
     from themis_mpi.output import write_json
     from themis_mpi.topology import parse_topology
 
-    marks.append(("package imports", peak_mib()))
+    marks.append(("package imports", sample()))
     topo = parse_topology(args.topology)
     wrong = 0
     with CartGrid(comm, topo) as grid:
-        marks.append(("Cartesian grid", peak_mib()))
+        marks.append(("Cartesian grid", sample()))
         coll = Collective("all_reduce", buf.size, "float64", args.chunks, tuple(range(len(topo.dims))))
         nbytes = buf.nbytes
         del buf  # the transport allocates the collective's buffer
         for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
             result = run_collective(MpiTransport(grid, RunConfig(intra=intra)), coll, policy)[0]
             wrong += result.wrong
-            marks.append((f"{policy} all-reduce", peak_mib()))
+            marks.append((f"{policy} all-reduce", sample()))
     per_rank = comm.gather([m for _, m in marks], root=0)
     if comm.Get_rank() == 0:
-        mean = np.mean(np.array(per_rank), axis=0)
+        mean = np.mean(np.array(per_rank), axis=0).tolist()
         print(
             f"# {comm.Get_size()} ranks, {topo.label()}, {nbytes} B float64 all-reduce, "
             f"{args.chunks} chunks; peak RSS per rank (MiB), mean over ranks; #wrong {wrong}"
         )
-        print(f"# {'phase':<22} {'peak_mib':>9} {'added_mib':>10}")
+        print(f"# {'phase':<22} {'peak_mib':>9} {'added_mib':>10} {'anon_mib':>9} {'shmem_mib':>10}")
         rows = []
         for i, (name, _) in enumerate(marks):
-            added = mean[i] - mean[i - 1] if i else 0.0
-            rows.append({"phase": name, "peak_mib": float(mean[i]), "added_mib": float(added)})
-            print(f"  {name:<22} {mean[i]:>9.2f} {added:>10.2f}")
+            peak, anon, shmem = mean[i]
+            added = peak - mean[i - 1][0] if i else 0.0
+            rows.append(
+                {"phase": name, "peak_mib": peak, "added_mib": added, "anon_mib": anon, "shmem_mib": shmem}
+            )
+            print(f"  {name:<22} {peak:>9.2f} {added:>10.2f} {anon:>9.2f} {shmem:>10.2f}")
         os.makedirs(args.out, exist_ok=True)
         write_json(
             os.path.join(args.out, "memory_phases.json"),
