@@ -2,6 +2,7 @@
 
 import csv
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 from harness import ROOT, local, mpi_env, mpiexec_path
 
 import themis_mpi
-from themis_mpi.analysis import format_size, queue_levels
+from themis_mpi.analysis import format_size, median, queue_levels
 
 
 def themis(*args, **kw):
@@ -158,6 +159,14 @@ def test_the_queue_depth_is_never_negative(queued, started):
     """Changes at one instant are applied together: a stage queued and started at once never shows."""
     times, levels = queue_levels(np.array(queued, float), np.array(started, float))
     assert (levels >= 0).all() and levels[-1] == 0 and (np.diff(times) > 0).all()
+
+
+@pytest.mark.parametrize(
+    "values", [[3.0], [2.0, 1.0], [5.0, 1.0, 4.0], [0.5, 9.0, 2.5, 7.0], [4.0, 4.0, 1.0, 4.0, 2.0]]
+)
+def test_the_plain_median_is_the_statistics_median(values):
+    """The median every rank uses (no numpy.ma) is the middle value, or the mean of the two middle ones."""
+    assert median(values) == statistics.median(values)
 
 
 def test_one_size_format_everywhere():
