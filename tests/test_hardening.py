@@ -29,22 +29,31 @@ def launcher_keeps_survivors() -> list[str]:
     return ["-disable-auto-cleanup"] if "HYDRA" in version.upper() else []
 
 
+def processes() -> dict[int, list[bytes]]:
+    """PID -> command line (its arguments) of every live process."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        try:
+            out[int(pid)] = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except (ValueError, OSError):  # not a process, or gone
+            continue
+    return out
+
+
 def job_pids(marker: str) -> dict[int, int]:
     """PID -> MPI rank of the live Python ranks whose command line contains `marker`."""
     out = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
+    for pid, argv in processes().items():
+        cmd = b" ".join(argv).decode()
+        if marker not in cmd or "themis_mpi" not in cmd:
             continue
         try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-            if marker not in cmd or "themis_mpi" not in cmd:
-                continue
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
         ranks = [e.split(b"=", 1)[1] for e in env if e.startswith((b"PMI_RANK=", b"OMPI_COMM_WORLD_RANK="))]
         if ranks:
-            out[int(pid)] = int(ranks[0])
+            out[pid] = int(ranks[0])
     return out
 
 
@@ -300,15 +309,7 @@ print("through", flush=True)
 
 def guards_of(pid: int) -> list[int]:
     """The live start-up guard processes of process `pid`."""
-    found = []
-    for other in os.listdir("/proc"):
-        try:
-            argv = open(f"/proc/{other}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if b"themis-mpi-guard" in argv and str(pid).encode() in argv:
-            found.append(int(other))
-    return found
+    return [p for p, argv in processes().items() if b"themis-mpi-guard" in argv and str(pid).encode() in argv]
 
 
 def guarded(timeout_s: float, init_s: float, rank: int = 0) -> subprocess.Popen:
