@@ -46,8 +46,8 @@ RUNTIME = [
     (
         "a rank frozen before MPI_Init",
         "the others wait in MPI_Init; a guard process ends each after `--timeout-s`: `themis-mpi: error: MPI "
-        "did not start within T s: a rank died or stopped before MPI_Init; aborting` (no rank can be named "
-        "without MPI)",
+        "did not start within T s (--timeout-s): a rank died or stopped before MPI_Init, or start-up is "
+        "slower than that on this machine; aborting` (no rank can be named without MPI)",
     ),
     (
         "a rank frozen after MPI_Init, before the grid is built",
@@ -155,6 +155,8 @@ def main():
         ("rank count does not match the topology", [*mpi, "4", *py, "run", "-t", "2x2x2"]),
         ("unknown preset", [*mpi, "2", *py, "run", "-t", "no-such-preset"]),
         ("malformed inline topology", [*mpi, "2", *py, "run", "-t", "SW(2,100"]),
+        ("inline dim without bandwidth and latency", [*mpi, "2", *py, "run", "-t", "Ring(2)"]),
+        ("an option without its value", [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "--check"]),
         ("unknown dim kind", [*mpi, "2", *py, "run", "-t", "Torus(2,100,700)"]),
         ("negative bandwidth", [*mpi, "2", *py, "run", "-t", "Ring(2,-5,700)"]),
         ("halving-doubling on 6 NPUs", [*mpi, "6", *py, "run", "-t", "SW(6,100,700,hd)"]),
