@@ -23,12 +23,12 @@ import numpy as np
 from mpi4py import MPI
 
 from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import CostModel, Endpoint
-from themis_mpi.driver import RunConfig, run_collective
-from themis_mpi.model import model_collective
 from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
 from themis_mpi.output import write_json
+from themis_mpi.run.collective import model_collective, run_collective
 from themis_mpi.topology import parse_topology
 
 REL_TOL = 1e-3

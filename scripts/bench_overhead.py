@@ -37,14 +37,15 @@ import numpy as np
 from mpi4py import MPI
 
 from themis_mpi.algorithms import COPY, REDUCE, plan
-from themis_mpi.cli import parse_size, size_sweep
 from themis_mpi.collectives import Collective, chunk_plan, owned_region
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS
-from themis_mpi.driver import RunConfig, run_collective
 from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
 from themis_mpi.output import write_json
+from themis_mpi.run.collective import run_collective
 from themis_mpi.topology import parse_topology
+from themis_mpi.units import parse_size, size_sweep
 
 MIB = 2**20
 

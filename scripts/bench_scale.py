@@ -35,7 +35,7 @@ it imported; the last rank also reports every module it imported.
 3. Memory, per ``RANKS:MIB`` pair: the emulator (a MIB MiB float64 all-reduce, 8 chunks,
    checked) with baseline and with Themis, one policy per job, against MPI's own ``Allreduce``
    of the same buffer (in place), each twice, interleaved, with the idle process (mpi4py and
-   numpy, one barrier) for scale. The emulator runs through the library (`driver.open_backend`
+   numpy, one barrier) for scale. The emulator runs through the library (`run.backend.open_backend`
    and `run_collective`, as `run` does, without its option parsing and its memory pre-check:
    that check asks 64 MiB per rank beyond the buffers, 16 GiB at 256 ranks, and each rank reads
    the free memory at its own moment, so on a shared 24 GiB machine some ranks of a 256-rank
@@ -147,10 +147,10 @@ def _report(comm, out: dict) -> None:
 def worker(kind: str, argv: list[str]) -> None:
     """One rank of a job: `cli` runs `themis-mpi ARGV`; the others are plain mpi4py jobs."""
     if kind == "cli":
-        from themis_mpi import driver
         from themis_mpi.cli import main
+        from themis_mpi.run import backend
 
-        _mark_phases(driver)
+        _mark_phases(backend)
         code = main(argv)
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is None or not mpi.Is_initialized():  # refused before MPI: the CLI tells rank 0's reason only
@@ -202,9 +202,9 @@ def worker(kind: str, argv: list[str]) -> None:
     _report(comm, out)
 
 
-def _mark_phases(driver) -> None:
+def _mark_phases(backend) -> None:
     """Mark the phases of `run`, unchanged: on entering and leaving its MPI start-up, after the grid."""
-    start_up = driver._start_up_deadline
+    start_up = backend._start_up_deadline
 
     @contextmanager
     def marked(timeout_s: float):
@@ -222,14 +222,16 @@ def _mark_phases(driver) -> None:
 
         CartGrid.__init__ = marked_init
 
-    driver._start_up_deadline = marked
+    backend._start_up_deadline = marked
 
 
 def _library_run(topology: str, size_bytes: int, chunks: int, policy: str, out: dict) -> None:
-    """One checked float64 all-reduce through `driver.open_backend` and `run_collective`, as `run` does."""
+    """One checked float64 all-reduce through `open_backend` and `run_collective`, as `run` does."""
     from themis_mpi.collectives import Collective
-    from themis_mpi.driver import RunConfig, open_backend, run_collective
+    from themis_mpi.config import RunConfig
     from themis_mpi.policies import make_inter
+    from themis_mpi.run.backend import open_backend
+    from themis_mpi.run.collective import run_collective
     from themis_mpi.topology import parse_topology
 
     topo = parse_topology(topology)
@@ -396,7 +398,7 @@ def startup_variants(
 
 
 def _median(values: list[float]) -> float:
-    from themis_mpi.analysis import median  # not at the top: the plain jobs never import the package
+    from themis_mpi.results import median  # not at the top: the plain jobs never import the package
 
     return median(values)
 
@@ -543,8 +545,8 @@ def memory(jobs: Jobs, pairs: list[tuple[int, int]], pyc: str) -> Iterator[dict]
 def model_stages(chunk_counts: list[int], runs: int) -> list[dict]:
     """CPU time per stage of the model: min over runs of model_collective, per policy and chunk count."""
     from themis_mpi.collectives import Collective
-    from themis_mpi.driver import RunConfig
-    from themis_mpi.model import model_collective
+    from themis_mpi.config import RunConfig
+    from themis_mpi.run.collective import model_collective
     from themis_mpi.topology import parse_topology
 
     topo = parse_topology(MODEL_TOPOLOGY)

@@ -51,10 +51,11 @@ def main():
     buf = np.ones(args.size_mib * 2**20 // 8)
     marks.append(("data buffer", sample()))
     from themis_mpi.collectives import Collective
-    from themis_mpi.driver import RunConfig, run_collective
+    from themis_mpi.config import RunConfig
     from themis_mpi.mpi.grid import CartGrid
     from themis_mpi.mpi.transport import MpiTransport
     from themis_mpi.output import write_json
+    from themis_mpi.run.collective import run_collective
     from themis_mpi.topology import parse_topology
 
     marks.append(("package imports", sample()))

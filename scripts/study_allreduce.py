@@ -20,12 +20,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from themis_mpi.analysis import format_size  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
-from themis_mpi.driver import RunConfig  # noqa: E402
-from themis_mpi.model import model_collective  # noqa: E402
+from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
+from themis_mpi.units import format_size  # noqa: E402
 
 TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 POLICIES = [("baseline", "fifo"), ("themis", "fifo"), ("themis", "scf")]

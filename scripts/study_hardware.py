@@ -32,13 +32,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from themis_mpi.collectives import Collective  # noqa: E402
+from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import Endpoint  # noqa: E402
-from themis_mpi.driver import RunConfig  # noqa: E402
-from themis_mpi.model import model_collective, model_training  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import TrainingSpec  # noqa: E402
-from themis_mpi.workload import parse_workload  # noqa: E402
+from themis_mpi.workloads.text import parse_workload  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
 PAPER = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 WORKLOADS = {

@@ -32,14 +32,20 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from themis_mpi.collectives import Collective  # noqa: E402
-from themis_mpi.driver import RunConfig, model_oracle, share_schedules, training_oracle  # noqa: E402
-from themis_mpi.model import ModelTransport, model_collective  # noqa: E402
+from themis_mpi.config import RunConfig  # noqa: E402
+from themis_mpi.model import ModelTransport  # noqa: E402
 from themis_mpi.output import write_json  # noqa: E402
 from themis_mpi.policies import inter_class, policy_context  # noqa: E402
 from themis_mpi.policies.predictive import best_found  # noqa: E402
+from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.coordinator import (
+    model_oracle,  # noqa: E402
+    share_schedules,  # noqa: E402
+)
+from themis_mpi.run.training import training_oracle  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import TrainingSpec  # noqa: E402
-from themis_mpi.workload import parse_workload  # noqa: E402
+from themis_mpi.workloads.text import parse_workload  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
 PAPER = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 SMALL = ["2x2x2", "4x4x4", "2x2x2-hetero"]
@@ -116,7 +122,7 @@ def workload_rows(paths, topos, iterations: int) -> list[dict]:
             for policy in POLICIES:
                 config = RunConfig(intra=inter_class(policy).default_intra)
                 oracle = training_oracle(topo, config, wl, spec)
-                from themis_mpi.training import distinct_collectives
+                from themis_mpi.workloads.training import distinct_collectives
 
                 colls = distinct_collectives(wl, topo, spec)
                 t0 = time.perf_counter()

@@ -18,12 +18,12 @@ ratios over the baseline with FIFO. "Themis" is Themis+SCF; "best" the fastest p
 pair's time), regime.md (the tables and, for each paper number, the cells within 10 % of it) and
 one heat map per workload (speedup_<workload>.png) into --out.
 
-Each run is `driver.share_schedules` (the policy's choice, with the training run as its oracle, as
-`train` asks it) and the `driver.training_oracle` of those schedules: `model_training`'s
+Each run is `run.coordinator.share_schedules` (the policy's choice, with the training run as its oracle, as
+`train` asks it) and the `run.training.training_oracle` of those schedules: `model_training`'s
 iteration time without its per-dim analysis (a check at the start asserts the two agree); the
 baseline run is `model_training` itself, for the compute time. Runs that repeat are run once: a
 bucket size that leaves every gradient alone is the per-layer run, and two bucket sizes with the
-same plan (`training.bucket_plan`) are the same run.
+same plan (`workloads.training.bucket_plan`) are the same run.
 """
 
 from __future__ import annotations
@@ -46,13 +46,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import LogNorm  # noqa: E402
 
-from themis_mpi.driver import RunConfig, share_schedules, training_oracle  # noqa: E402
-from themis_mpi.model import ModelTransport, model_training  # noqa: E402
+from themis_mpi.config import RunConfig  # noqa: E402
+from themis_mpi.model import ModelTransport  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.policies import inter_names, intra_names  # noqa: E402
+from themis_mpi.run.coordinator import share_schedules  # noqa: E402
+from themis_mpi.run.training import (
+    model_training,  # noqa: E402
+    training_oracle,  # noqa: E402
+)
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import TrainingSpec, bucket_plan, distinct_collectives  # noqa: E402
-from themis_mpi.workload import parse_workload  # noqa: E402
+from themis_mpi.workloads.text import parse_workload  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec, bucket_plan, distinct_collectives  # noqa: E402
 
 WORKLOADS = {
     "resnet152": ("ResNet-152", 1.49),
@@ -99,7 +104,7 @@ def topology_of(name: str, zero_latency: bool):
 def iteration_us(wl, topo, policy: str, intra: str, spec: TrainingSpec) -> tuple[float, bool, Counter]:
     """One run: mean iteration time in us, whether every collective kept its chunk count, labels.
 
-    `driver.run_training`'s steps on the model without its per-dim analysis: the policy's
+    `run.training.run_training`'s steps on the model without its per-dim analysis: the policy's
     schedules, chosen with the training run as its oracle, then the oracle's time of them.
     """
     config = RunConfig(intra=intra)

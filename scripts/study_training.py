@@ -20,12 +20,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from themis_mpi.driver import RunConfig  # noqa: E402
-from themis_mpi.model import model_training  # noqa: E402
+from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
-from themis_mpi.training import TrainingSpec  # noqa: E402
-from themis_mpi.workload import parse_workload  # noqa: E402
+from themis_mpi.workloads.text import parse_workload  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
 WORKLOADS = {
     "resnet152": ("ResNet-152", 1.49),

@@ -12,7 +12,9 @@ import pytest
 from harness import ROOT, local, mpi_env, mpiexec_path
 
 import themis_mpi
-from themis_mpi.analysis import format_size, median, queue_levels
+from themis_mpi.analysis import queue_levels
+from themis_mpi.results import median
+from themis_mpi.units import format_size
 
 
 def themis(*args, **kw):
@@ -125,8 +127,6 @@ def test_the_python_api_gives_the_same_numbers_as_the_command():
         "64M",
         "-f",
         "64",
-        "-d",
-        "float32",
         "--json",
         "-",
     )

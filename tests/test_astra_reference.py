@@ -9,12 +9,12 @@ import math
 import pytest
 from harness import DATA
 
-from themis_mpi.analysis import astra_busy_pct
 from themis_mpi.astra import BUSY_BOUND_PCT, TIME_BOUNDS, compare_row, reference_rows
 from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, ASTRA_SIM_1_0, RS, CostModel, reduction_ns
-from themis_mpi.driver import RunConfig
-from themis_mpi.model import model_collective
+from themis_mpi.results import astra_busy_pct
+from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import parse_topology
 
 ROWS = reference_rows(str(DATA / "astra-sim-reference" / "allreduce-small.csv"))

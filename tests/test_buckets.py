@@ -1,4 +1,4 @@
-"""Rules of gradient buckets in training replay (`training.bucket_plan`), in closed form."""
+"""Rules of gradient buckets in training replay (`workloads.training.bucket_plan`), in closed form."""
 
 import json
 import subprocess
@@ -7,14 +7,22 @@ import sys
 import pytest
 from harness import DATA, ROOT, cli, local, mpi_env
 
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel
-from themis_mpi.driver import RunConfig, share_orders
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
-from themis_mpi.model import ModelTransport, model_training
+from themis_mpi.model import ModelTransport
+from themis_mpi.run.coordinator import share_orders
+from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import TrainingLoop, TrainingSpec, bucket_plan, collective_of, distinct_collectives
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import (
+    TrainingLoop,
+    TrainingSpec,
+    bucket_plan,
+    collective_of,
+    distinct_collectives,
+)
 
 REFERENCE = DATA / "astra-sim-1.0-text"
 MIB = 1 << 20
@@ -46,7 +54,7 @@ def run_loop(wl, spec, topology=TOPO):
     transport = ModelTransport(topo, RunConfig())
     collectives = distinct_collectives(wl, topo, spec)
     orders = dict(zip(collectives, share_orders(transport, "baseline", collectives)))
-    engine = Engine(topo, transport)
+    engine = Engine(topo, transport, transport.config)
     loop = TrainingLoop(wl, topo, spec, orders)
     engine.process(loop.process(engine))
     engine.run()

@@ -6,17 +6,28 @@ import json
 import pytest
 from harness import DATA, ROOT, cli, local
 
-from themis_mpi import chakra
-from themis_mpi.chakra import COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE, Attr, EtTrace, Node
 from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import CostModel
-from themis_mpi.driver import RunConfig, run_graph, run_training
 from themis_mpi.errors import UsageError
-from themis_mpi.graph import Graph, group_dims, load_graph, plan_graph
-from themis_mpi.model import ModelTransport, model_collective
+from themis_mpi.model import ModelTransport
+from themis_mpi.run.collective import model_collective
+from themis_mpi.run.training import run_graph, run_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import TrainingSpec
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads import convert
+from themis_mpi.workloads import et as et_format
+from themis_mpi.workloads.chakra import Graph, group_dims, load_graph, plan_graph
+from themis_mpi.workloads.et import (
+    COMM_COLL_NODE,
+    COMM_RECV_NODE,
+    COMM_SEND_NODE,
+    COMP_NODE,
+    Attr,
+    EtTrace,
+    Node,
+)
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec
 
 ET_DIR = DATA / "astra-sim-chakra-et" / "all_reduce"
 ET_FILES = sorted(ET_DIR.glob("*/*.et"))
@@ -51,7 +62,7 @@ def comp(node_id, micros, deps=(), cpu=False, data=()):
 def write(tmp_path, name, nodes, attrs=()):
     """Write one ET file of these nodes; returns its path as a string."""
     path = str(tmp_path / name)
-    chakra.write_et(path, EtTrace(path, "0.0.4", list(attrs), nodes))
+    et_format.write_et(path, EtTrace(path, "0.0.4", list(attrs), nodes))
     return path
 
 
@@ -62,14 +73,14 @@ def test_every_shipped_astra_sim_trace_is_read_and_written_back_byte_for_byte():
     """Reader then writer gives each of ASTRA-sim's 28 all-reduce microbenchmark files back unchanged."""
     assert len(ET_FILES) == 28
     for path in ET_FILES:
-        trace = chakra.read_et(str(path))
-        assert chakra.et_bytes(trace) == path.read_bytes(), path
+        trace = et_format.read_et(str(path))
+        assert et_format.et_bytes(trace) == path.read_bytes(), path
 
 
 def test_astra_sim_microbenchmark_nodes_are_one_all_reduce_of_1_mib():
     """Each rank's file holds one COMM_COLL node: comm_type ALL_REDUCE, comm_size 1 MiB, id = the rank."""
     for rank in range(8):
-        trace = chakra.read_et(str(ET_DIR / "8npus_1MB" / f"all_reduce.{rank}.et"))
+        trace = et_format.read_et(str(ET_DIR / "8npus_1MB" / f"all_reduce.{rank}.et"))
         (node,) = trace.nodes
         assert trace.version == "0.0.4" and node.id == rank and node.type == COMM_COLL_NODE
         assert (node.attr("comm_type"), node.attr("comm_size"), node.attr("is_cpu_op")) == (0, MIB, False)
@@ -77,24 +88,26 @@ def test_astra_sim_microbenchmark_nodes_are_one_all_reduce_of_1_mib():
 
 def test_the_pytorch_trace_parses_to_its_node_and_collective_counts():
     """chakra.0.et (gzip-compressed here): 3,664 nodes, 3,643 COMP and 21 COMM_COLL, 7 with a comm_type."""
-    trace = chakra.read_et(str(PYTORCH))
+    trace = et_format.read_et(str(PYTORCH))
     assert len(trace.nodes) == 3664 and trace.counts() == {"COMP": 3643, "COMM_COLL": 21}
     typed = [n for n in trace.nodes if n.has_attr("comm_type")]
     assert (
-        sorted(chakra.COMM_TYPES[n.attr("comm_type")] for n in typed)
+        sorted(et_format.COMM_TYPES[n.attr("comm_type")] for n in typed)
         == ["ALL_REDUCE"] * 5 + ["BROADCAST"] * 2
     )
     assert all(n.attr("involved_dim") == [True] for n in typed)
-    assert chakra.et_bytes(trace) == gzip.decompress(PYTORCH.read_bytes())
+    assert et_format.et_bytes(trace) == gzip.decompress(PYTORCH.read_bytes())
 
 
 def test_unknown_fields_are_skipped():
     """A node with fields the schema does not know (numbers 11 and 12) reads as the same node."""
     node = Node(7, "x", COMP_NODE, [1], [2], duration_micros=3, attrs=[Attr("a", "int64", -5)])
-    record = chakra.encode_node(node) + bytes([11 << 3 | 0, 0x96, 0x01]) + bytes([12 << 3 | 2, 2, 0xFF, 0xFE])
-    meta = chakra.encode_metadata("1", [])
+    record = (
+        et_format.encode_node(node) + bytes([11 << 3 | 0, 0x96, 0x01]) + bytes([12 << 3 | 2, 2, 0xFF, 0xFE])
+    )
+    meta = et_format.encode_metadata("1", [])
     data = bytes([len(meta)]) + meta + bytes([len(record)]) + record
-    assert chakra.parse_et_bytes(data).nodes == [node]
+    assert et_format.parse_et_bytes(data).nodes == [node]
 
 
 @pytest.mark.parametrize(
@@ -118,8 +131,8 @@ def test_unknown_fields_are_skipped():
 def test_every_attribute_kind_round_trips(attr):
     """Scalars and lists of each protobuf kind are written and read back equal."""
     node = Node(1, "n", COMP_NODE, attrs=[attr])
-    data = chakra.et_bytes(EtTrace("x", "v", [attr], [node]))
-    back = chakra.parse_et_bytes(data)
+    data = et_format.et_bytes(EtTrace("x", "v", [attr], [node]))
+    back = et_format.parse_et_bytes(data)
     assert back.nodes == [node] and back.attrs == [attr]
 
 
@@ -129,7 +142,7 @@ def test_a_truncated_file_names_byte_offset_and_node(tmp_path):
     path = tmp_path / "cut.et"
     path.write_bytes(data[:-5])
     with pytest.raises(UsageError) as err:
-        chakra.read_et(str(path))
+        et_format.read_et(str(path))
     message = str(err.value)
     assert (
         "\n" not in message
@@ -279,10 +292,10 @@ def test_a_point_to_point_message_takes_latency_plus_bytes_over_the_link(tmp_pat
 def test_text_to_et_to_text_gives_the_file_back(tmp_path, path):
     """traces/*.txt -> ET -> text is byte-identical."""
     et = tmp_path / "w.et"
-    chakra.write_et(
-        str(et), chakra.workload_to_et(parse_workload(str(path)), parse_topology("4D-Ring_SW_SW_SW"))
+    et_format.write_et(
+        str(et), convert.workload_to_et(parse_workload(str(path)), parse_topology("4D-Ring_SW_SW_SW"))
     )
-    assert chakra.et_to_workload_text(chakra.read_et(str(et))) == path.read_text()
+    assert convert.et_to_workload_text(et_format.read_et(str(et))) == path.read_text()
 
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
@@ -290,7 +303,7 @@ def test_astra_sim_text_workloads_survive_text_to_et_to_text(tmp_path, path):
     """Each ASTRA-sim 1.0 text workload parses to the same layers after text -> ET -> text."""
     wl = parse_workload(str(path))
     back = tmp_path / "back.txt"
-    back.write_text(chakra.et_to_workload_text(chakra.workload_to_et(wl, parse_topology("2x2x2"))))
+    back.write_text(convert.et_to_workload_text(convert.workload_to_et(wl, parse_topology("2x2x2"))))
     again = parse_workload(str(back))
     assert (again.parallelism, again.layers, again.model_parallel_group) == (
         wl.parallelism,
@@ -311,7 +324,7 @@ def test_text_to_et_replay_takes_the_text_workloads_time(tmp_path, path, policy)
     wl, topo = parse_workload(str(path)), parse_topology("4D-Ring_SW_SW_SW")
     spec = TrainingSpec(chunks=4, iterations=2)
     et = tmp_path / "w.et.gz"
-    chakra.write_et(str(et), chakra.workload_to_et(wl, topo, iterations=2))
+    et_format.write_et(str(et), convert.workload_to_et(wl, topo, iterations=2))
     graph = load_graph(str(et))
     fitted = wl.fit_topology(topo)
     text = run_training(ModelTransport(fitted, CONFIGS[policy]), wl, policy, spec)
@@ -372,7 +385,7 @@ def test_a_converted_workload_runs_on_the_emulator_in_the_models_time(tmp_path):
     et = tmp_path / "dlrm.et"
     wl = parse_workload(str(DATA / "astra-sim-1.0-text" / "DLRM_HybridParallel.txt"))
     topology = "Ring(2,100,20)_SW(2,50,700)"
-    chakra.write_et(str(et), chakra.workload_to_et(wl, parse_topology(topology), iterations=2))
+    et_format.write_et(str(et), convert.workload_to_et(wl, parse_topology(topology), iterations=2))
     args = ["train", str(et), "-t", topology, "-c", "4"]
     proc = cli(4, [*args, "--json", str(tmp_path / "emu.json")])
     assert proc.returncode == 0, proc.stderr[-2000:]

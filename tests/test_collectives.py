@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from themis_mpi.check import count_wrong, fill_input, input_values, owned_regions, owners, reduced_values
 from themis_mpi.collectives import Collective, chunk_stages, split_bounds
 from themis_mpi.policies import chunk_orders
 from themis_mpi.topology import parse_topology
+from themis_mpi.verify import count_wrong, fill_input, input_values, owned_regions, owners, reduced_values
 
 TOPO = parse_topology("Ring(3,100,20)_SW(2,50,700)")
 COORDS = (2, 1)  # group rank 2 + 3 * 1 = 5

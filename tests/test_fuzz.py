@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from themis_mpi.collectives import Collective
-from themis_mpi.driver import RunConfig
+from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
-from themis_mpi.model import model_collective
+from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import parse_inline, parse_topology, parse_yaml
 from themis_mpi.trace import DATASETS, Trace, TraceRecorder
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads.text import parse_workload
 
 REFERENCE = DATA / "astra-sim-1.0-text"
 SPEC_ALPHABET = "RingFCSWswitchringfc()_,.-+eE0123456789 \t"
@@ -187,7 +187,7 @@ CHAKRA_SAMPLE = sorted((DATA / "astra-sim-chakra-et" / "all_reduce" / "8npus_1MB
 @given(st.data())
 def test_truncated_or_corrupted_chakra_traces(data):
     """A cut or byte-flipped .et file: it parses, or a one-line UsageError names file, byte and record."""
-    from themis_mpi.chakra import parse_et_bytes
+    from themis_mpi.workloads.et import parse_et_bytes
 
     raw = bytearray(CHAKRA_SAMPLE[data.draw(st.integers(0, len(CHAKRA_SAMPLE) - 1))].read_bytes())
     if data.draw(st.booleans()):
@@ -207,6 +207,6 @@ def test_truncated_or_corrupted_chakra_traces(data):
 @given(st.binary(max_size=200))
 def test_random_bytes_as_a_chakra_trace(raw):
     """Any bytes: an ET trace, or a one-line UsageError."""
-    from themis_mpi.chakra import parse_et_bytes
+    from themis_mpi.workloads.et import parse_et_bytes
 
     accepts_or_usage_error(parse_et_bytes, raw, "r.et")

@@ -300,7 +300,7 @@ def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(tmp_pat
 
 GUARDED = """
 import sys, time
-from themis_mpi.driver import _start_up_deadline
+from themis_mpi.run.backend import _start_up_deadline
 with _start_up_deadline(float(sys.argv[1])):
     time.sleep(float(sys.argv[2]))  # MPI_Init, as long as it takes
 print("through", flush=True)

@@ -10,14 +10,16 @@ from harness import DATA, cli, run_cases
 from themis_mpi.calibrate import fit, read_nccl_log
 from themis_mpi.cli import main
 from themis_mpi.collectives import Collective, chunk_stages
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, RS, CostModel, Endpoint
-from themis_mpi.driver import RunConfig
 from themis_mpi.errors import UsageError
-from themis_mpi.model import model_collective, model_training
 from themis_mpi.policies import ThemisTracker
-from themis_mpi.topology import BYTES_PER_GB, PRESETS, SOURCES, parse_topology
-from themis_mpi.training import TrainingSpec, compute_rate
-from themis_mpi.workload import parse_workload
+from themis_mpi.run.collective import model_collective
+from themis_mpi.run.training import model_training
+from themis_mpi.topology import PRESETS, SOURCES, parse_topology
+from themis_mpi.units import BYTES_PER_GB
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec, compute_rate
 
 LOG = DATA / "nccl-tests" / "h100x8_nvls_dgxc.txt"
 MIB = 1 << 20

@@ -12,16 +12,16 @@ from harness import ROOT, mpi_env, mpirun
 HEAVY = ("h5py", "matplotlib", "yaml", "tqdm")  # HDF5 traces, plots, YAML topologies, progress bars
 RANK0_CODE = (  # the package's modules that only rank 0, or other commands, use
     "themis_mpi.api",
-    "themis_mpi.model",  # rank 0's policies ask the model (`driver.model_oracle`)
     "themis_mpi.trace",
     "themis_mpi.plots",
     "themis_mpi.perfetto",
     "themis_mpi.calibrate",
-    "themis_mpi.chakra",
+    "themis_mpi.workloads",  # text, training and Chakra: `train` and `convert` only
+    "themis_mpi.run.training",
     "themis_mpi.replay",
     "themis_mpi.astra",
+    "themis_mpi.analysis",
 )
-RANK0_MAY = ("themis_mpi.model",)
 AVOIDABLE = (  # what a run of built-in policies needs on no rank
     "importlib.metadata",  # read only for a policy name that is not built in
     "numpy.ma",  # numpy.median imports it: 25 ms of CPU per rank
@@ -69,7 +69,7 @@ def _loaded(modules: set, names) -> list[str]:
 def test_importing_the_package_loads_neither_heavy_modules_nor_the_api(tmp_path):
     """`import themis_mpi` loads no h5py, matplotlib, yaml or tqdm and not the model API."""
     modules = _probe(tmp_path, "import themis_mpi")
-    assert _loaded(modules, HEAVY + RANK0_CODE + ("themis_mpi.driver",)) == []
+    assert _loaded(modules, HEAVY + RANK0_CODE + ("themis_mpi.run", "themis_mpi.model")) == []
 
 
 def test_the_api_is_imported_on_first_use(tmp_path):
@@ -94,13 +94,12 @@ def test_the_probe_sees_a_heavy_import_when_one_happens(tmp_path):
 
 
 def test_every_rank_of_a_run_loads_no_heavy_module_and_no_rank0_code(tmp_path):
-    """No rank of `run --json` loads heavy or avoidable modules; ranks but 0 no rank-0-only code."""
+    """No rank of `run --json` loads heavy or avoidable modules, or code other commands use."""
     ranks = _probe_mpi(tmp_path, 4, ["run", "-t", TOPO, "-b", "64K", "-n", "1", "-w", "0",
                                      "--json", str(tmp_path / "rows.json"), "-q"])  # fmt: skip
     assert (tmp_path / "rows.json").exists()
     for rank, modules in ranks.items():
-        allowed = RANK0_MAY if rank == 0 else ()
-        assert [m for m in _loaded(modules, HEAVY + RANK0_CODE) if m not in allowed] == [], f"rank {rank}"
+        assert _loaded(modules, HEAVY + RANK0_CODE) == [], f"rank {rank}"
         assert _loaded(modules, AVOIDABLE) == [], f"rank {rank}"
         assert "themis_mpi.mpi.transport" in modules, f"rank {rank} did not run the emulator"
 

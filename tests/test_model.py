@@ -3,10 +3,10 @@
 import pytest
 
 from themis_mpi.collectives import Collective, chunk_stages
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel, ideal_time_us, steps
-from themis_mpi.driver import RunConfig
-from themis_mpi.model import model_collective
 from themis_mpi.policies import inter_class
+from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import Dim, parse_topology
 
 

@@ -3,9 +3,8 @@
 import pytest
 
 from themis_mpi.collectives import AG, RS, Collective, Stage
-from themis_mpi.driver import RunConfig
+from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
-from themis_mpi.model import model_collective
 from themis_mpi.policies import (
     InterPolicy,
     PolicyError,
@@ -19,6 +18,8 @@ from themis_mpi.policies import (
     make_intra,
     policy_context,
 )
+from themis_mpi.run.collective import model_collective
+from themis_mpi.run.sweep import policy_configs
 from themis_mpi.topology import parse_topology
 
 HETERO = parse_topology("3D-SW_SW_SW_hetero")
@@ -110,11 +111,13 @@ def test_registry_lists_astra_sims_set_and_ours():
 
 
 def test_unknown_names_are_one_usage_error_line():
-    """An unknown inter- or intra-dim name is a UsageError that lists the choices."""
+    """An unknown inter- or intra-dim name is a UsageError that lists the choices, wherever it is met."""
     with pytest.raises(UsageError, match="unknown policy 'greedy'.*baseline"):
         make_inter("greedy")
-    with pytest.raises(UsageError, match="unknown intra-dim policy 'lifo'"):
-        RunConfig(intra="lifo")
+    with pytest.raises(UsageError, match="unknown intra-dim policy 'lifo'.*fifo"):
+        policy_configs("baseline", ["lifo"], RunConfig())
+    with pytest.raises(UsageError, match="unknown intra-dim policy 'lifo'.*fifo"):
+        model_collective(parse_topology("2x2x2"), AR64, "baseline", RunConfig(intra="lifo"))
 
 
 def test_baseline_and_round_robin_fuse_the_last_dim_and_themis_does_not():
@@ -243,8 +246,8 @@ def test_every_result_reports_the_per_dim_bound_of_its_schedule():
 
 def test_best_found_is_at_least_as_good_as_predictive():
     """The local search starts from predictive's choice and only keeps improvements."""
-    from themis_mpi.driver import model_oracle
     from themis_mpi.policies.predictive import best_found, fastest
+    from themis_mpi.run.coordinator import model_oracle
 
     config = RunConfig(intra="scf")
     ctx = policy_context(HETERO, config)

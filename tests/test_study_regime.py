@@ -6,12 +6,12 @@ import json
 import pytest
 from harness import ROOT
 
-from themis_mpi.driver import RunConfig
-from themis_mpi.model import model_training
+from themis_mpi.config import RunConfig
 from themis_mpi.policies import inter_names, intra_names
+from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import TrainingSpec
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec
 
 TOPO = "SW(4,100,700)_SW(4,50,1700)"
 WORKLOAD = ROOT / "traces" / "per-layer" / "gnmt.txt"

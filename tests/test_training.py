@@ -3,13 +3,15 @@
 import pytest
 from harness import DATA
 
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel
-from themis_mpi.driver import RunConfig, share_orders
 from themis_mpi.engine import Engine
-from themis_mpi.model import ModelTransport, model_training
+from themis_mpi.model import ModelTransport
+from themis_mpi.run.coordinator import share_orders
+from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import TrainingLoop, TrainingSpec, collective_of, distinct_collectives
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingLoop, TrainingSpec, collective_of, distinct_collectives
 
 REFERENCE = DATA / "astra-sim-1.0-text"
 MIB = 1 << 20
@@ -25,7 +27,7 @@ def run_loop(tmp_path, text, topology):
     transport = ModelTransport(topo, config)
     collectives = distinct_collectives(wl, topo, spec)
     schedules = dict(zip(collectives, share_orders(transport, "baseline", collectives)))
-    engine = Engine(topo, transport)
+    engine = Engine(topo, transport, config)
     loop = TrainingLoop(wl, topo, spec, schedules)
     engine.process(loop.process(engine))
     engine.run()

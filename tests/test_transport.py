@@ -64,7 +64,8 @@ COUNT_MESSAGES = """
 import json, sys
 from mpi4py import MPI
 from themis_mpi.collectives import Collective
-from themis_mpi.driver import RunConfig, run_collective
+from themis_mpi.config import RunConfig
+from themis_mpi.run.collective import run_collective
 from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
 from themis_mpi.topology import parse_topology

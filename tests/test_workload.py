@@ -8,10 +8,10 @@ import pytest
 from harness import DATA, cli, local
 
 from themis_mpi.errors import UsageError
-from themis_mpi.model import model_training
+from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.training import TrainingSpec
-from themis_mpi.workload import parse_workload
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec
 
 REFERENCE = DATA / "astra-sim-1.0-text"
 REFERENCE_FILES = sorted(REFERENCE.glob("*.txt"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from .version import __version__
 
 __all__ = ["__version__", "sweep", "to_dataframe", "train"]
 

@@ -9,18 +9,21 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .analysis import CollectiveResult, TrainingResult, flat_row
-from .collectives import Collective
-from .driver import RunConfig
+from .config import RunConfig
+from .cost import default_endpoint_delay_ns
 from .errors import UsageError
-from .model import model_collective, model_training
+from .model import ModelTransport
+from .results import CollectiveResult, TrainingResult, flat_row
+from .run.collective import run_collective
+from .run.sweep import policy_configs, sweep_cells
+from .run.training import model_training
 from .topology import parse_topology
-from .training import TrainingSpec
-from .workload import parse_workload
+from .units import parse_size
+from .workloads.text import parse_workload
+from .workloads.training import TrainingSpec
 
 
 def _items(value: Any) -> list:
@@ -29,13 +32,7 @@ def _items(value: Any) -> list:
 
 
 def _size_bytes(size: int | str) -> int:
-    from .cli import parse_size
-
     return parse_size(size) if isinstance(size, str) else int(size)
-
-
-def _intra(policy: str, intra: str) -> str:
-    return ("fifo" if policy == "baseline" else "scf") if intra == "auto" else intra
 
 
 def sweep(
@@ -45,44 +42,46 @@ def sweep(
     chunks: int | Sequence[int] = 64,
     *,
     op: str = "all_reduce",
-    dtype: str = "float32",
+    dtype: str = "float64",
     intra: str | Sequence[str] = "auto",
     active_per_dim: int = 1,
-    endpoint_delay_ns: float = 0.0,
+    endpoint_delay_ns: float | None = None,
     compat: str = "",
 ) -> list[CollectiveResult]:
     """Model a collective over every combination of the given values; one result per combination.
 
+    The same cells, defaults and rows as ``themis-mpi model`` (`run.sweep_cells`).
+
     Args:
         topology: preset names, inline specs or ASTRA-sim YAML paths (see `themis-mpi topologies`).
         size: bytes per NPU, as numbers or with K/M/G suffixes ("64M").
-        policy: inter-dim policies.
+        policy: inter-dim policies ("all" names every one, "both" baseline and Themis).
         chunks: chunk counts.
         op: all_reduce, reduce_scatter, all_gather or all_to_all.
         dtype: element type.
-        intra: intra-dim policies (auto: fifo for the baseline, scf for Themis).
+        intra: intra-dim policies (auto: each inter-dim policy's own, e.g. fifo for the baseline).
         active_per_dim: stages each dim runs at once.
-        endpoint_delay_ns: delay added to every algorithm step.
+        endpoint_delay_ns: delay added to every algorithm step (default 0, or ASTRA-sim's 10 ns
+            with compat "astra-sim-1.0").
         compat: "" or "astra-sim-1.0".
 
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
         chunks, policy, intra.
     """
-    out = []
-    for spec, raw_size, n_chunks in itertools.product(_items(topology), _items(size), _items(chunks)):
-        topo = parse_topology(spec)
-        itemsize = Collective("all_reduce", 1, dtype, 1, (0,)).itemsize
-        count = _size_bytes(raw_size) // itemsize
-        coll = Collective(op, count, dtype, int(n_chunks), tuple(range(len(topo.dims))))
-        pairs = dict.fromkeys((p, _intra(p, i)) for p, i in itertools.product(_items(policy), _items(intra)))
-        for name, queue in pairs:
-            config = RunConfig(
-                intra=queue, active_per_dim=active_per_dim, endpoint_delay_ns=endpoint_delay_ns, compat=compat
-            )
-            result, _ = model_collective(topo, coll, name, config)
-            out.append(result)
-    return out
+    delay_ns = default_endpoint_delay_ns(compat) if endpoint_delay_ns is None else endpoint_delay_ns
+    base = RunConfig(active_per_dim=active_per_dim, endpoint_delay_ns=delay_ns, compat=compat)
+    cells = sweep_cells(
+        [parse_topology(t) for t in _items(topology)],
+        [_size_bytes(s) for s in _items(size)],
+        [int(c) for c in _items(chunks)],
+        policy,
+        _items(intra),
+        base,
+        op=op,
+        dtype=dtype,
+    )
+    return [run_collective(ModelTransport(c.topology, c.config), c.collective, c.policy)[0] for c in cells]
 
 
 def train(
@@ -98,14 +97,15 @@ def train(
     comm_scale: float = 1.0,
     compat: str = "",
 ) -> list[TrainingResult]:
-    """Training iterations of an ASTRA-sim 1.0 text workload on the model, one result per policy."""
+    """Training iterations of an ASTRA-sim 1.0 text workload on the model, one result per policy.
+
+    Each policy runs with its own intra-dim policy under ``intra="auto"``, as ``themis-mpi train``.
+    """
     wl = parse_workload(workload)
     topo = parse_topology(topology)
     spec = TrainingSpec(chunks, dtype, iterations, compute_scale, comm_scale)
-    return [
-        model_training(wl, topo, name, spec, RunConfig(intra=_intra(name, intra), compat=compat))
-        for name in _items(policy)
-    ]
+    base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat)
+    return [model_training(wl, topo, p, spec, config) for p, config in policy_configs(policy, [intra], base)]
 
 
 def to_dataframe(results: Iterable[CollectiveResult | TrainingResult]) -> Any:

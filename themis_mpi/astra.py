@@ -15,12 +15,12 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .analysis import astra_busy_pct
 from .collectives import Collective
+from .config import RunConfig
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
-from .driver import RunConfig
 from .errors import UsageError
-from .model import model_collective
+from .results import astra_busy_pct
+from .run.collective import model_collective
 from .topology import Topology, parse_topology
 
 # The bounds: relative finish-time error per policy class, busy share in points.

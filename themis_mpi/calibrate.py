@@ -22,9 +22,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .analysis import busbw_factor
 from .collectives import Collective
 from .errors import UsageError
+from .results import busbw_factor
+from .run.collective import model_collective
 from .topology import Dim, Topology
 
 NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -193,8 +194,6 @@ class Fit:
 
 
 def _model_time_us(topology: Topology, op: str, size_bytes: int, dtype: str, chunks: int) -> float:
-    from .model import model_collective
-
     itemsize = np.dtype(dtype).itemsize
     coll = Collective(op, max(1, size_bytes // itemsize), dtype, chunks, (0,))
     result, _ = model_collective(topology, coll, "baseline")

@@ -53,7 +53,8 @@ from functools import wraps
 
 from .errors import UsageError
 from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
-from .topology import BYTES_PER_GB, Dim, Topology
+from .topology import Dim, Topology
+from .units import BYTES_PER_GB
 
 RS, AG, A2A, AR = "RS", "AG", "A2A", "AR"
 P2P = "P2P"  # a point-to-point message (`CostModel.p2p_ns`), not a collective stage
@@ -63,6 +64,16 @@ ASTRA_CYCLE_NS = 1.0  # one cycle of ASTRA-sim's clock: every step of its worklo
 COMPATS = ("", ASTRA_SIM_1_0)
 ASTRA_MEM_BYTES_PER_NS = 500000  # SimpleMemory(npu_access_bw_GB=500000) in the backend's main.cc
 ASTRA_MEM_ACCESSES = 3  # PacketBundle::call: mem_write + mem_read + mem_read, each floored
+
+
+def default_endpoint_delay_ns(compat: str) -> float:
+    """The endpoint delay when none is given: ASTRA-sim's 10 ns under its 1.0 compat, else 0."""
+    return ASTRA_ENDPOINT_DELAY_NS if compat == ASTRA_SIM_1_0 else 0.0
+
+
+def loop_tick_ns(compat: str) -> float:
+    """Time of one step of a training loop: one ASTRA-sim cycle under its 1.0 compat, else 0."""
+    return ASTRA_CYCLE_NS if compat == ASTRA_SIM_1_0 else 0.0
 
 
 @dataclass(frozen=True)

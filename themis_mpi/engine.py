@@ -21,7 +21,7 @@ an AR stage queues as in a FIFO queue, which puts a later collective's stages ah
 stages of earlier ones (``insert_stream`` with the ``LIFO`` priority of ``get_priority``).
 
 Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
-and ``yield engine.issue(collective, orders)`` to wait for a collective (or keep the returned
+and ``yield engine.issue(collective, schedule)`` to wait for a collective (or keep the returned
 `CollectiveRun` and yield it later, to overlap).
 """
 
@@ -33,19 +33,16 @@ import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from .collectives import Collective, Stage, chunk_plan, plan_stages
-from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel, check_compat
+from .config import RunConfig
+from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel
 from .errors import UsageError
-from .policies import IntraPolicy, PolicyError, QueueView, make_intra
+from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra
 from .topology import Topology
-
-if TYPE_CHECKING:
-    from .driver import RunConfig
-
 
 # --- clocks ------------------------------------------------------------------------------------
 
@@ -320,34 +317,25 @@ class Engine:
     Args:
         topology: the network.
         transport: who runs the started stages.
-        intra: the default intra-dim policy's name (a collective may bring its own).
-        active_per_dim: stages each dim runs at once.
-        compat: "" or "astra-sim-1.0" (ASTRA-sim's tie and priority rules, see the module doc).
+        config: the run's settings: the default intra-dim policy (a collective's schedule may
+            bring its own), stages each dim runs at once, and compat ("astra-sim-1.0": ASTRA-sim's
+            tie and priority rules, see the module doc).
     """
 
-    def __init__(
-        self,
-        topology: Topology,
-        transport: Transport,
-        intra: str = "fifo",
-        active_per_dim: int = 1,
-        compat: str = "",
-    ):
-        if active_per_dim < 1:
-            raise UsageError(f"active chunks per dim must be >= 1, got {active_per_dim}")
+    def __init__(self, topology: Topology, transport: Transport, config: RunConfig):
         self.topology = topology
         self.transport = transport
-        self.intra = intra
+        self.intra = config.intra
         self._intra: dict[str, IntraPolicy] = {}
-        self.intra_policy(intra)
-        self.compat = compat
-        self.active_per_dim = active_per_dim
-        self.astra = check_compat(compat) == ASTRA_SIM_1_0
+        self.intra_policy(config.intra)
+        self.compat = config.compat
+        self.active_per_dim = active_per_dim = config.active_per_dim
+        self.astra = config.compat == ASTRA_SIM_1_0
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
         # that queueing costs no copy) and the count of running ones
-        self.views = [QueueView([], 0, compat) for _ in range(n)]
+        self.views = [QueueView([], 0, config.compat) for _ in range(n)]
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self._fifo = self.intra_policy("fifo")
         self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
@@ -366,29 +354,21 @@ class Engine:
 
     # --- the process API -----------------------------------------------------------------------
 
-    def issue(
-        self,
-        collective: Collective,
-        orders: Sequence[Sequence[int]] | np.ndarray,
-        check: bool = True,
-        fuse_last: bool = False,
-        bounds: np.ndarray | None = None,
-        intra: str = "",
-    ) -> CollectiveRun:
-        """Issue a collective now, chunk by chunk; a chunk whose first dim is free starts at once.
+    def issue(self, collective: Collective, schedule: Schedule, check: bool = True) -> CollectiveRun:
+        """Issue a collective now under its schedule, chunk by chunk (a chunk whose first dim is free starts).
 
         Args:
             collective: what to issue.
-            orders: every chunk's dim order.
+            schedule: its chunk bounds, every chunk's dim order, the baseline's fused last dim and
+                its intra-dim policy ("" = the engine's).
             check: let the transport check the result against the closed form.
-            fuse_last: run an all-reduce's last dim as one AR stage (the baseline's rule).
-            bounds: element bounds of the chunks (default: the nominal `Collective.chunk_bounds`).
-            intra: the intra-dim policy of this collective's stages ("" = the engine's).
         """
         coll_id = len(self.collectives)
-        bounds = collective.chunk_bounds() if bounds is None else np.asarray(bounds, dtype=np.int64)
+        bounds = np.asarray(schedule.bounds, dtype=np.int64)
+        orders = np.asarray(schedule.orders, dtype=np.int32)
+        fuse_last = schedule.fuse_last
         sizes = np.diff(bounds).tolist()
-        rows = np.asarray(orders).tolist()
+        rows = orders.tolist()
         itemsize = collective.itemsize
         stages = []
         for k, elems in enumerate(sizes):
@@ -400,9 +380,9 @@ class Engine:
         run = CollectiveRun(
             coll_id,
             collective,
-            np.asarray(orders, dtype=np.int32),
+            orders,
             bounds,
-            self.intra_policy(intra or self.intra),
+            self.intra_policy(schedule.intra or self.intra),
             stages,
             self.now_ns,
             sum(1 for s in stages if s),

@@ -9,23 +9,14 @@ virtual clock wherever both can run (a test).
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .config import RunConfig
 from .cost import CostModels
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .topology import Topology
-
-if TYPE_CHECKING:
-    from .analysis import CollectiveResult, TrainingResult
-    from .collectives import Collective
-    from .driver import PolicyLike, RunConfig
-    from .engine import Engine
-    from .policies import Schedule
-    from .training import TrainingSpec
-    from .workload import Workload
 
 
 class ModelTransport:
@@ -123,33 +114,3 @@ class ModelBackend:
 
     def close(self, barrier: bool = True) -> None:
         """Nothing to free."""
-
-
-def model_collective(
-    topology: Topology,
-    collective: Collective,
-    policy: PolicyLike,
-    config: RunConfig | None = None,
-    schedule: Schedule | None = None,
-) -> tuple[CollectiveResult, Engine]:
-    """One collective on the model: `driver.run_collective` on a fresh model transport."""
-    from .driver import RunConfig, run_collective
-
-    return run_collective(ModelTransport(topology, config or RunConfig()), collective, policy, schedule)
-
-
-def model_training(
-    workload: Workload,
-    topology: Topology,
-    policy: PolicyLike,
-    spec: TrainingSpec,
-    config: RunConfig | None = None,
-) -> TrainingResult:
-    """Training iterations on the model: `driver.run_training` on a fresh model transport.
-
-    The topology is first fitted to the workload (a transformer's group may split a dim).
-    """
-    from .driver import RunConfig, run_training
-
-    topology = workload.fit_topology(topology)
-    return run_training(ModelTransport(topology, config or RunConfig()), workload, policy, spec)

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .analysis import format_size, queue_levels
+from .analysis import queue_levels
 from .output import atomic_path
+from .units import format_size
 
 
 def _pyplot():

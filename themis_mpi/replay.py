@@ -13,13 +13,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .analysis import CollectiveResult, format_size
 from .collectives import Collective
-from .driver import Backend, RunConfig, run_collective
+from .config import RunConfig
 from .errors import UsageError
 from .policies import Schedule, inter_class, is_inter
+from .results import CollectiveResult
+from .run.backend import Backend
+from .run.collective import run_collective
 from .topology import Topology
 from .trace import Trace, TraceRecorder
+from .units import format_size
 
 
 def recorded_collectives(trace: Trace) -> Iterator[tuple[Collective, str, str, Schedule]]:

@@ -26,6 +26,7 @@ from .limits import (
     MIN_INA_EFFICIENCY,
     in_range,
 )
+from .units import BYTES_PER_GB
 
 KINDS = ("Ring", "FullyConnected", "Switch")
 KIND_ALIASES = {
@@ -39,7 +40,6 @@ SHORT_KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
 ALGORITHMS = ("ring", "direct", "halving_doubling", "ina")  # inline and CLI also accept "hd", "ina:EFF"
 ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
-BYTES_PER_GB = 2**30
 
 
 def is_power_of_two(n: int) -> bool:

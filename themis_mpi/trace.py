@@ -42,16 +42,17 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
+from .cost import CostModel
+from .engine import Engine
 from .errors import UsageError
 from .output import atomic_path
-
-if TYPE_CHECKING:
-    from .analysis import CollectiveResult
-    from .engine import Engine
+from .results import CollectiveResult
+from .topology import parse_inline
+from .version import __version__
 
 FORMAT = "themis-mpi-trace"
 FORMAT_VERSION = 2  # 2: a sha256 attribute on every dataset
@@ -85,8 +86,6 @@ def printable(text: str) -> str:
 
 def versions() -> dict:
     """Versions of the package, Python, numpy, mpi4py, h5py and the MPI library."""
-    from . import __version__
-
     out = {"themis-mpi": __version__, "python": platform.python_version(), "numpy": np.__version__}
     try:
         import mpi4py
@@ -175,8 +174,6 @@ class TraceRecorder:
 
     def add_run(self, result: CollectiveResult, engine: Engine, rank: int = 0) -> None:
         """Record the collective an engine just ran, with this rank's events."""
-        from .cost import CostModel
-
         run = engine.collectives[0]
         cost = CostModel(
             self.topology,
@@ -350,8 +347,6 @@ class Trace:
 
     def topology(self):
         """The recorded topology."""
-        from .topology import parse_inline
-
         topo = parse_inline(self.attrs["topology"])
         label = self.attrs.get("topology_label", "")
         return type(topo)(topo.dims, label if label != topo.spec() else "")
@@ -468,7 +463,6 @@ def _read_file(path: str):
 
 def _check_ranges(path: str, attrs: dict, topology, collectives, schedule, summary, events) -> None:
     """Refuse a trace whose attributes or tables are out of their ranges (forged or damaged)."""
-    from .topology import parse_inline
 
     def bad(what: str) -> UsageError:
         return UsageError(f"{path}: damaged trace ({what})")

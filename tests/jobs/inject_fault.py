@@ -12,7 +12,8 @@ import sys
 
 from mpi4py import MPI
 
-from themis_mpi import cli, driver
+from themis_mpi import cli
+from themis_mpi.cli import sweep
 from themis_mpi.errors import UsageError
 from themis_mpi.mpi.progress import Stalled
 from themis_mpi.mpi.transport import MpiBackend
@@ -24,7 +25,7 @@ FAULTS = {
     "bug": ZeroDivisionError("injected bug"),
     "stall": Stalled("injected stall"),
 }
-run_collective, write, backend_init = driver.run_collective, TraceRecorder.write, MpiBackend.__init__
+run_collective, write, backend_init = sweep.run_collective, TraceRecorder.write, MpiBackend.__init__
 
 
 def faulty_run(*args, **kwargs):
@@ -48,7 +49,7 @@ def frozen_start(self, *args, **kwargs):
     backend_init(self, *args, **kwargs)
 
 
-driver.run_collective = faulty_run
+sweep.run_collective = faulty_run  # what `run` calls
 MpiBackend.__init__ = frozen_start
 TraceRecorder.write = frozen_write
 sys.exit(cli.main(sys.argv[3:]))

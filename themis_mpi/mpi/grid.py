@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..config import DEFAULT_TIMEOUT_S
 from ..errors import UsageError
 from ..topology import Topology
-from .progress import DEFAULT_TIMEOUT_S, Watchdog
+from .progress import Watchdog
 
 
 class CartGrid:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-DEFAULT_TIMEOUT_S = 60.0
+from ..config import DEFAULT_TIMEOUT_S
+
 PING, PONG = 7001, 7002
 PING_GRACE_S = 2.0
 SERVICE_EVERY_S = 1e-3  # a waiting rank answers pings at least this often (they wait PING_GRACE_S)

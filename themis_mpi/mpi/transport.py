@@ -29,23 +29,22 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import algorithms
-from ..algorithms import plan, plan_all_to_all
-from ..check import count_wrong, fill_input
+from ..algorithms import COPY as STEP_COPY
+from ..algorithms import REDUCE as STEP_REDUCE
+from ..algorithms import SWAP as STEP_SWAP
+from ..algorithms import Step, plan, plan_all_to_all
 from ..collectives import Collective, owned_region, rs_dims
+from ..config import RunConfig
 from ..cost import A2A, AG, RS, CostModels
 from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
 from ..topology import Topology
+from ..verify import count_wrong, fill_input
 from .grid import CartGrid
 from .progress import Stalled, Watchdog
-
-if TYPE_CHECKING:
-    from ..driver import RunConfig
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -60,7 +59,7 @@ COPY, REDUCE, SWAP = 0, 1, 2
 _NO_BUFFER = np.empty(0)
 # one message of a step in a stage's buffer: (peer, start, stop, message, data, send time, folded)
 _View = tuple[int, int, int, "np.ndarray | None", "np.ndarray | None", np.ndarray, bool]
-MODES = {algorithms.COPY: COPY, algorithms.REDUCE: REDUCE, algorithms.SWAP: SWAP}
+MODES = {STEP_COPY: COPY, STEP_REDUCE: REDUCE, STEP_SWAP: SWAP}
 
 
 def _aligned(nbytes: int) -> int:
@@ -79,7 +78,7 @@ class _StepPlan:
 
     __slots__ = ("mode", "sends", "recvs", "staged", "peers", "n_must", "recv_bytes", "send_bytes")
 
-    def __init__(self, step: algorithms.Step, itemsize: int, world: list[int]):
+    def __init__(self, step: Step, itemsize: int, world: list[int]):
         self.mode = MODES[step.mode]
         recvs, sends, staged, peers = [], [], [], []
         at = 0
@@ -137,7 +136,7 @@ class _Shape:
         self,
         dim: int,
         comm: MPI.Comm,
-        steps: list[algorithms.Step],
+        steps: list[Step],
         own: tuple[int, int],
         costs: tuple[float, ...],
         itemsize: int,

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..collectives import Collective
+from ..config import RunConfig
+from ..cost import CostModels
 from ..topology import Topology
 from .base import (
     Chunk,
@@ -64,11 +67,8 @@ __all__ = [
 ]
 
 
-def policy_context(topology: Topology, config=None) -> PolicyContext:
+def policy_context(topology: Topology, config: RunConfig | None = None) -> PolicyContext:
     """A context for calling a policy outside a run (the default settings, no oracle)."""
-    from ..cost import CostModels
-    from ..driver import RunConfig
-
     config = config or RunConfig()
     return PolicyContext(topology, config, CostModels(topology, config.endpoint_delay_ns, config.compat))
 
@@ -80,7 +80,5 @@ def chunk_orders(
 
     A float64 collective of ``size_bytes`` (at least one element per chunk) on the involved dims.
     """
-    from ..collectives import Collective
-
     coll = Collective(op, max(1, size_bytes // 8), "float64", chunks, tuple(sorted(involved)))
     return make_inter(policy).schedule(policy_context(topology), coll).orders

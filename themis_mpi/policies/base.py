@@ -18,19 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from ..collectives import Collective, Stage
+from ..config import RunConfig
+from ..cost import CostModel
 from ..errors import UsageError
+from ..limits import MAX_CHUNKS  # a sized stream may not cut a collective into more chunks than this
 from ..topology import Topology
-
-if TYPE_CHECKING:
-    from ..cost import CostModel
-    from ..driver import RunConfig
-
-MAX_CHUNKS = 1 << 16  # a sized stream may not cut a collective into more chunks than this
 
 
 class PolicyError(UsageError):
@@ -85,7 +82,7 @@ class PolicyContext:
         topology: the network.
         config: the run settings (intra-dim policy, endpoint delay, compat, ...).
         cost: the cost model of each element size (`cost.CostModels`), the one the run is timed with.
-        evaluate_collective: the model as an oracle, when the driver offers one: the time in us
+        evaluate_collective: the model as an oracle, when the run offers one: the time in us
             one collective takes alone under a schedule (the run's settings, a fresh engine).
         evaluate: the same for the whole run: the time in us (the collective's, or a training
             iteration's) the run would take with these schedules, one per collective handed to

@@ -29,8 +29,10 @@ import numpy as np
 
 from ..collectives import Collective, chunk_stages
 from .base import InterPolicy, PolicyContext, Schedule
+from .inter import Baseline, Themis, ThemisLat
 
 BASE_CANDIDATES = (("baseline", "fifo"), ("themis", "scf"), ("themis-lat", "scf"))
+CANDIDATES: dict[str, type[InterPolicy]] = {p.name: p for p in (Baseline, Themis, ThemisLat)}
 LADDER = ("themis-lat", "scf")  # the policy whose chunk count is searched
 PATIENCE = 2  # halvings in a row without a better time end the chunk-count search
 
@@ -46,9 +48,7 @@ def chunk_variants(collective: Collective) -> list[int]:
 
 def candidate(context: PolicyContext, collective: Collective, name: str, intra: str, chunks: int) -> Schedule:
     """One candidate: policy `name` with queue policy `intra` at `chunks` chunks, labelled."""
-    from .registry import make_inter
-
-    s = make_inter(name).schedule(context, replace(collective, chunks=chunks))
+    s = CANDIDATES[name]().schedule(context, replace(collective, chunks=chunks))
     return replace(s, intra=intra, label=f"{name}/{intra}/{s.n_chunks}")
 
 
@@ -121,9 +121,7 @@ class Predictive(InterPolicy):
     def schedule(self, context: PolicyContext, collective: Collective) -> Schedule:
         """The fastest candidate of one collective (its queue policy comes with it)."""
         if collective.op == "all_to_all" or context.evaluate_collective is None:
-            from .registry import make_inter
-
-            return make_inter("themis-lat").schedule(context, collective)
+            return ThemisLat().schedule(context, collective)
         best, _, _ = fastest(context, collective)
         return best
 
@@ -132,11 +130,9 @@ class Predictive(InterPolicy):
         own = [self.schedule(context, c) for c in collectives]
         if len(collectives) <= 1 or context.evaluate is None:
             return own
-        from .registry import make_inter
-
         options = [own]
         for name, intra in BASE_CANDIDATES:
-            policy = make_inter(name)
+            policy = CANDIDATES[name]()
             options.append(
                 [
                     _with(policy.schedule(context, c), intra, f"{name}/{intra}/{c.n_chunks}")

@@ -47,13 +47,14 @@ average memory bytes per ns (`cost.CostModel.memory_rate`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from .collectives import DTYPES, Collective
-from .engine import CollectiveRun, Engine, Event, ProcessGenerator
-from .errors import UsageError
-from .limits import (
+from ..collectives import DTYPES, Collective
+from ..engine import CollectiveRun, Engine, Event, ProcessGenerator
+from ..errors import UsageError
+from ..limits import (
     MAX_BUCKET_MIB,
     MAX_CHUNKS,
     MAX_ITERS,
@@ -62,9 +63,9 @@ from .limits import (
     MIN_BUCKET_MIB,
     in_range,
 )
-from .policies import Schedule
-from .topology import Topology
-from .workload import PHASES, Layer, Workload
+from ..policies import Schedule
+from ..topology import Topology
+from .text import PHASES, Layer, Workload
 
 MIN_COMPUTE_RATE = 1 / 64  # compute never stops entirely under the endpoint model
 
@@ -250,6 +251,16 @@ HYBRID_LOOPS = (
 DLRM_LOOPS = ("HYBRID_DLRM", "HYBRID_DLRM_ENHANCED")
 
 
+class TrainingListener(Protocol):
+    """What a `TrainingLoop` announces before it acts (the ET converter records it)."""
+
+    def issuing(self, layer: Layer, phase: str) -> None:
+        """The next collective issued is this layer's phase ("fwd", "ig" or "wg")."""
+
+    def updating(self, layer: Layer) -> None:
+        """The next timeout is this layer's weight update."""
+
+
 class TrainingLoop:
     """The layer loop of one NPU, as an engine process (`process`).
 
@@ -259,6 +270,8 @@ class TrainingLoop:
         spec: chunks, dtype, iterations and scales.
         schedules: the schedule of every distinct collective (see `distinct_collectives`).
         tick_ns: time of one step of the loop (ASTRA-sim: one cycle; 0 by default).
+        listener: told what each collective and update is before the engine sees it (the ET
+            converter names its nodes so); None by default.
     """
 
     def __init__(
@@ -268,9 +281,11 @@ class TrainingLoop:
         spec: TrainingSpec,
         schedules: dict[Collective, Schedule],
         tick_ns: float = 0.0,
+        listener: TrainingListener | None = None,
     ):
         self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
         self.tick_ns = tick_ns
+        self.listener = listener
         self.iteration_starts: list[float] = []
         self.compute_ns = 0.0
         self.collectives_issued = 0
@@ -306,8 +321,9 @@ class TrainingLoop:
         if coll is None:
             return None
         self.collectives_issued += 1
-        s = self.schedules[coll]
-        run = engine.issue(coll, s.orders, True, s.fuse_last, s.bounds, s.intra)
+        if self.listener is not None:
+            self.listener.issuing(layer, phase)
+        run = engine.issue(coll, self.schedules[coll])
         return engine.process(self._finished(engine, layer, run))
 
     def _issue_bucket(self, engine: Engine, layer: Layer) -> Event | None:
@@ -321,8 +337,9 @@ class TrainingLoop:
             return None
         self.collectives_issued += 1
         coll = bucket.collective
-        s = self.schedules[coll]
-        run = engine.issue(coll, s.orders, True, s.fuse_last, s.bounds, s.intra)
+        if self.listener is not None:
+            self.listener.issuing(layer, "wg")
+        run = engine.issue(coll, self.schedules[coll])
         for i in bucket.layers:
             self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], run))
         return self.wg_done[layer.index]
@@ -331,6 +348,8 @@ class TrainingLoop:
         yield run
         update_ns = layer.update_ns * self.spec.compute_scale
         if update_ns > 0:
+            if self.listener is not None:
+                self.listener.updating(layer)
             yield engine.timeout(update_ns)
 
     @staticmethod

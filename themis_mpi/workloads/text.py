@@ -25,9 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .errors import UsageError
-from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
-from .topology import Dim, Topology
+from ..errors import UsageError
+from ..limits import MAX_SIZE_BYTES, MAX_TIME_NS
+from ..topology import Dim, Topology
 
 HEADERS = (
     "DATA",

@@ -1,4 +1,4 @@
-"""Replay of Chakra execution graphs (`chakra`) on the engine, as one process per node.
+"""Replay of Chakra execution graphs (`et`) on the engine, as one process per node.
 
 Rules (README, "Chakra traces"):
 
@@ -36,19 +36,26 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .collectives import Collective
-from .engine import Engine, Event, ProcessGenerator
-from .errors import UsageError
-from .policies import Schedule
-from .topology import Topology
+from ..collectives import Collective
+from ..engine import Engine, Event, ProcessGenerator
+from ..errors import UsageError
+from ..policies import Schedule
+from ..topology import Topology
+from .et import (
+    COMM_COLL_NODE,
+    COMM_RECV_NODE,
+    COMM_SEND_NODE,
+    COMM_TYPES,
+    COMP_NODE,
+    NODE_TYPES,
+    EtTrace,
+    Node,
+    read_et,
+)
 from .training import TrainingSpec
-
-if TYPE_CHECKING:
-    from .chakra import EtTrace, Node
 
 COLLECTIVE_OPS = {0: "all_reduce", 2: "all_gather", 6: "all_to_all", 7: "reduce_scatter"}
 BROADCAST = 5
@@ -164,17 +171,15 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
 
 def load_graph(source: str, comm_groups: str | None = None) -> Graph:
     """A .et file (symmetric) or a prefix of prefix.0.et, prefix.1.et, ... (one per rank)."""
-    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
-
     groups = load_comm_groups(comm_groups)
     if os.path.isfile(source):
-        return Graph(source, [chakra.read_et(source)], groups)
+        return Graph(source, [read_et(source)], groups)
     paths: list[str] = []
     while (path := _rank_file(source, len(paths))) is not None:
         paths.append(path)
     if not paths:
         raise UsageError(f"no Chakra trace {source}: neither a file nor the prefix of {source}.0.et, ...")
-    return Graph(source, [chakra.read_et(p) for p in paths], groups)
+    return Graph(source, [read_et(p) for p in paths], groups)
 
 
 # --- planning: nodes to ops ----------------------------------------------------------------------
@@ -258,9 +263,8 @@ def _collective(
 
 
 def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, where: str) -> Op | None:
-    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
 
-    send = node.type == chakra.COMM_SEND_NODE
+    send = node.type == COMM_SEND_NODE
     src = _int_attr(node, "comm_src", where, rank if send else None)
     dst = _int_attr(node, "comm_dst", where, None if send else rank)
     if (src if send else dst) != rank:
@@ -331,31 +335,30 @@ def plan_graph(
 
 
 def _op(node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str) -> Op:
-    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
 
     delay = duration_ns(node) * spec.compute_scale
-    if node.type == chakra.COMP_NODE:
+    if node.type == COMP_NODE:
         if node.attr("themis_overlap", False) is True:
             return Op(0, node.id, DELAY, delay_ns=delay)
         cpu = node.attr("is_cpu_op", False) is True
         return Op(0, node.id, DELAY, delay_ns=delay, compute=not cpu, resource="cpu" if cpu else "gpu")
-    if node.type == chakra.COMM_COLL_NODE:
+    if node.type == COMM_COLL_NODE:
         if not node.has_attr("comm_type"):  # a CPU-side launch op
             return Op(0, node.id, DELAY, delay_ns=delay)
         comm_type = _int_attr(node, "comm_type", where)
         if comm_type == BROADCAST:
             return Op(0, node.id, DELAY, delay_ns=delay)
         if comm_type not in COLLECTIVE_OPS:
-            name = chakra.COMM_TYPES.get(comm_type, str(comm_type))
+            name = COMM_TYPES.get(comm_type, str(comm_type))
             raise UsageError(
                 f"{where}: collective {name} is not supported "
                 "(all-reduce, reduce-scatter, all-gather, all-to-all, broadcast)"
             )
         coll = _collective(node, topology, rank, spec, groups, where)
         return Op(0, node.id, COLL, collective=coll) if coll is not None else Op(0, node.id, NOP)
-    if node.type in (chakra.COMM_SEND_NODE, chakra.COMM_RECV_NODE):
+    if node.type in (COMM_SEND_NODE, COMM_RECV_NODE):
         return _message(node, topology, rank, spec, where) or Op(0, node.id, NOP)
-    if node.type in chakra.NODE_TYPES:
+    if node.type in NODE_TYPES:
         return Op(0, node.id, NOP)
     raise UsageError(f"{where}: unknown node type {node.type}")
 
@@ -419,11 +422,9 @@ def graph_collectives(
     the same list (the chunk orders are broadcast for it at once), and a graph that does not fit
     the topology is refused everywhere before MPI starts.
     """
-    from . import chakra  # only Chakra replay reads ET files: `run` ranks never load the reader
-
     out: dict[Collective, None] = {}
     simple = graph.symmetric and not any(
-        n.type in (chakra.COMM_SEND_NODE, chakra.COMM_RECV_NODE) or n.attr("pg_name", "") not in ("", "0")
+        n.type in (COMM_SEND_NODE, COMM_RECV_NODE) or n.attr("pg_name", "") not in ("", "0")
         for n in graph.traces[0].nodes
     )
     for rank in [0] if simple else ranks:
@@ -505,8 +506,7 @@ class GraphReplay:
                 unit.release()
         elif op.kind == COLL and op.collective is not None:
             self.collectives_issued += 1
-            s = self.schedules[op.collective]
-            yield engine.issue(op.collective, s.orders, True, s.fuse_last, s.bounds, s.intra)
+            yield engine.issue(op.collective, self.schedules[op.collective])
         elif op.kind in (SEND, RECV):
             run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)

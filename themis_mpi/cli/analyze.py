@@ -1,0 +1,52 @@
+"""`themis-mpi analyze`: per-dim busy/idle time, bytes, queueing delay and bandwidths of traces."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..analysis import analyze_trace, format_analysis
+from ..errors import UsageError
+from ..output import write_json
+from ..trace import Trace
+from .options import check_outputs
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """`themis-mpi analyze`: the table, and with ``--plot`` timelines, utilization and queue depth."""
+    ranks = args.ranks
+    if not ranks or any(r is None or r < 0 for r in ranks):
+        raise UsageError("--ranks must list ranks >= 0, e.g. 0 or 0,3")
+    check_outputs(args.json, inputs=tuple(args.traces))
+    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
+        raise UsageError(f"--plot {args.plot}: not a directory")
+    traces = [Trace(p) for p in args.traces]
+    rows = []
+    for trace in traces:
+        present = set(trace.events["rank"].tolist())
+        missing = [r for r in ranks if present and r not in present]
+        if missing:
+            raise UsageError(
+                f"{trace.path}: no events of rank {missing[0]} (ranks {min(present)}..{max(present)})"
+            )
+        for rank in ranks:
+            rows += analyze_trace(trace, rank)
+    print(format_analysis(rows))
+    if args.json:
+        write_json(args.json, rows)
+    if args.plot:
+        from ..plots import queue_depth, timeline, utilization_bars  # matplotlib: only for plots
+
+        os.makedirs(args.plot, exist_ok=True)
+        written = [utilization_bars(rows, os.path.join(args.plot, "utilization.png"))]
+        for t, trace in enumerate(traces):
+            stem = f"{t}-{os.path.splitext(os.path.basename(trace.path))[0]}"
+            for c in trace.collectives["collective"].tolist():
+                written.append(
+                    timeline(trace, c, os.path.join(args.plot, f"{stem}-c{c}-timeline.png"), ranks)
+                )
+                written.append(
+                    queue_depth(trace, c, os.path.join(args.plot, f"{stem}-c{c}-queues.png"), ranks[0])
+                )
+        print("# wrote " + " ".join(written))
+    return 0

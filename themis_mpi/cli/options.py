@@ -1,0 +1,137 @@
+"""Options to domain objects: the parsed command line becomes topologies, sizes and `RunConfig`s.
+
+Every command's flags go through here, so one flag means one thing everywhere; the library
+below (`run.sweep`) checks what the names and numbers mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import DEFAULT_TIMEOUT_S, RunConfig
+from ..cost import Endpoint, default_endpoint_delay_ns
+from ..errors import UsageError
+from ..limits import MAX_CHUNKS, in_range
+from ..output import check_output_path
+from ..policies import InterPolicy
+from ..run.sweep import policy_configs
+from ..topology import Topology, parse_topology
+from ..units import parse_size, size_sweep
+
+
+def split_list(text: str) -> list[str]:
+    """Comma-separated items, commas inside parentheses kept (inline topologies have them)."""
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    items.append(current.strip())
+    if not all(items):
+        raise UsageError(f"empty item in the list {text!r}")
+    return items
+
+
+def one_topology(args: argparse.Namespace, base: Topology | None = None) -> Topology:
+    """The one topology of a command that takes one (train, replay)."""
+    if args.algorithm is not None and len(args.algorithm) > 1:
+        raise UsageError("this command takes one --algorithm list")
+    topo = base if base is not None else parse_topology(args.topology)
+    return topo.with_overrides(args.bandwidth, args.latency, args.algorithm[0] if args.algorithm else None)
+
+
+def all_topologies(args: argparse.Namespace) -> list[Topology]:
+    """Every topology of a sweep: each -t item under each --algorithm override."""
+    out = []
+    for spec in split_list(args.topology):
+        base = parse_topology(spec)
+        for algorithms in args.algorithm or [None]:
+            out.append(base.with_overrides(args.bandwidth, args.latency, algorithms))
+    return out
+
+
+def size_list(args: argparse.Namespace) -> list[int]:
+    """The sizes of ``-b``/``-e``/``-f``, in bytes."""
+    last = None if args.maxbytes is None else parse_size(args.maxbytes)
+    return size_sweep(parse_size(args.minbytes), last, args.stepfactor)
+
+
+def chunk_counts(args: argparse.Namespace) -> list[int]:
+    """The chunk counts of ``-c``."""
+    if not args.chunks or any(c is None for c in args.chunks):
+        raise UsageError("-c needs chunk counts, e.g. 64 or 4,16,64")
+    for c in args.chunks:
+        in_range("chunks", c, 1, MAX_CHUNKS)
+    return list(args.chunks)
+
+
+def one_chunk_count(args: argparse.Namespace) -> int:
+    """The chunk count of a command that takes one (train)."""
+    counts = chunk_counts(args)
+    if len(counts) > 1:
+        raise UsageError("train takes one chunk count (sweep with the Python API or a shell loop)")
+    return counts[0]
+
+
+def base_config(args: argparse.Namespace) -> RunConfig:
+    """The settings every run of the command shares (the intra-dim policy aside)."""
+    return RunConfig(
+        active_per_dim=args.active_chunks_per_dim,
+        endpoint_delay_ns=(
+            default_endpoint_delay_ns(args.compat)
+            if args.endpoint_delay_ns is None
+            else float(args.endpoint_delay_ns)
+        ),
+        clock=getattr(args, "clock", "virtual"),
+        time_scale=getattr(args, "time_scale", 1.0),
+        timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
+        compat=args.compat,
+        endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
+    )
+
+
+def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:
+    """(policy, settings) per ``-p`` policy and ``--intra`` policy (`run.sweep.policy_configs`)."""
+    policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
+    return policy_configs(policies, split_list(args.intra), base_config(args))
+
+
+def check_outputs(*paths: str | None, inputs: tuple[str, ...] = ()) -> None:
+    """Refuse bad output paths before any work (on rank 0: a refusal there aborts the job with 2)."""
+    for path in paths:
+        if path:
+            check_output_path(path, inputs)
+
+
+class Lines:
+    """Where rows go as they finish: lines on stdout, a tqdm bar on stderr when it is a terminal."""
+
+    def __init__(self, total: int, quiet: bool):
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm  # type: ignore[import-untyped]  # only on a terminal
+
+            self.bar = tqdm(total=total, unit="run", file=sys.stderr, leave=False)
+
+    def write(self, line: str) -> None:
+        """Print a line above the bar."""
+        if self.bar is not None:
+            self.bar.clear()
+        print(line, flush=True)
+        if self.bar is not None:
+            self.bar.refresh()
+
+    def update(self) -> None:
+        """One more run done."""
+        if self.bar is not None:
+            self.bar.update()
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,364 @@
+"""The `themis-mpi` argument parser: subcommands, their options, and one spelling per flag.
+
+Sizes follow nccl-tests: ``-b`` first size, ``-e`` last size, ``-f`` factor between sizes, with
+binary suffixes K, M, G (64M = 64 * 2^20 bytes). Bandwidths are GB/s with 1 GB = 2^30 bytes.
+The option groups (`_add_topology`, `_add_schedule`, `_add_mpi`, `_add_collective`) are shared,
+so a flag is spelled and documented once for every command that takes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from ..collectives import DTYPES, OPS, REDOPS
+from ..config import DEFAULT_TIMEOUT_S
+from ..cost import ASTRA_SIM_1_0
+from ..launch import env_rank
+from ..topology import ALGORITHMS
+from ..units import UNITS
+from ..version import __version__
+
+
+def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
+    def parse(text: str) -> list:
+        items = [x.strip() for x in text.split(",")]
+        try:
+            return [None if x in ("", "-") else kind(x) for x in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
+
+    return parse
+
+
+def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> None:
+    p.add_argument(
+        "-t",
+        "--topology",
+        default=default,
+        help="preset name (see `themis-mpi topologies`), inline KIND(npus,GB/s,ns[,algorithm])_..., "
+        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run and model take a "
+        "comma-separated list to sweep",
+    )
+    p.add_argument(
+        "--algorithm",
+        type=_csv(str),
+        action="append",
+        default=None,
+        help=f"per-dim algorithm override, comma-separated ({', '.join(ALGORITHMS)}, hd; "
+        "empty keeps the default); run and model take it more than once to sweep",
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=_csv(float),
+        default=None,
+        help="per-dim bandwidth override in GB/s, comma-separated",
+    )
+    p.add_argument(
+        "--latency", type=_csv(float), default=None, help="per-dim latency override in ns, comma-separated"
+    )
+
+
+def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
+    p.add_argument(
+        "-c", "--chunks", type=_csv(int), default=[64], help="chunks per collective, a comma list sweeps (64)"
+    )
+    p.add_argument(
+        "-p",
+        "--policy",
+        default="both",
+        help="inter-dim policies, comma-separated (see `themis-mpi policies`); both = baseline,themis; "
+        "all = every one (default both)",
+    )
+    p.add_argument(
+        "--intra",
+        default="auto",
+        help="intra-dim queue policies, comma-separated (fifo, scf, rg, lrpf or a plugin); auto = each "
+        "inter-dim policy's own (fifo for baseline and roundRobin, scf otherwise)",
+    )
+    p.add_argument("--active-chunks-per-dim", type=int, default=1, help="stages each dim runs at once (1)")
+    p.add_argument(
+        "--endpoint-delay-ns",
+        type=float,
+        default=None,
+        help="delay added to every algorithm step (default 0; 10, ASTRA-sim's, with --compat astra-sim-1.0)",
+    )
+    p.add_argument(
+        "--compat",
+        default="",
+        choices=("", ASTRA_SIM_1_0),
+        help="astra-sim-1.0: ASTRA-sim 1.0's exact semantics where they are modelling choices (whole-ns "
+        "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
+    )
+    p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
+    p.add_argument(
+        "--hbm-gbps",
+        type=float,
+        default=0.0,
+        help="endpoint model: NPU memory bandwidth in GB/s; every step also pays its reduce/copy memory "
+        "traffic, overlapped with the transfer (default 0: off)",
+    )
+    p.add_argument(
+        "--compute-share",
+        type=float,
+        default=0.0,
+        help="endpoint model: share of the memory bandwidth compute keeps while it runs beside a "
+        "collective in training replay (default 0)",
+    )
+    p.add_argument(
+        "--ace",
+        action="store_true",
+        help="endpoint model: an Accelerator Collectives Engine reduces and copies; a chunk costs the NPU's "
+        "memory one read and one write",
+    )
+
+
+def _add_mpi(p: argparse.ArgumentParser, clock: bool = True) -> None:
+    if clock:
+        p.add_argument(
+            "--clock",
+            default="virtual",
+            choices=("virtual", "wall"),
+            help="virtual: emulated time carried in messages; wall: delays really waited",
+        )
+        p.add_argument(
+            "--time-scale",
+            type=float,
+            default=1.0,
+            help="wall seconds per emulated second (wall clock; default 1)",
+        )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"under mpiexec: abort the job when a rank sees no progress this long ({DEFAULT_TIMEOUT_S:g})",
+    )
+
+
+def _add_collective(p: argparse.ArgumentParser) -> None:
+    _add_topology(p)
+    p.add_argument("-o", "--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
+    p.add_argument("-b", "--minbytes", default="64M", help="first size per NPU (default 64M)")
+    p.add_argument("-e", "--maxbytes", default=None, help="last size per NPU (default: the first)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
+    _add_schedule(p, "float64")
+    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
+    p.add_argument(
+        "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
+    )
+    p.add_argument(
+        "--json", metavar="PATH", help="write the rows as a JSON list, updated as each row finishes"
+    )
+    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV, updated as each row finishes")
+    p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--format",
+        default="themis",
+        choices=("themis", "nccl"),
+        help="table format: this package's (default) or nccl-tests' (GB/s of 1e9 B, one block per policy)",
+    )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad command line in one line, from rank 0 only."""
+
+    def error(self, message: str):
+        if env_rank() == 0:
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(2)
+
+
+def _run_parser(sub: Any) -> None:
+    """`themis-mpi run`."""
+    p = sub.add_parser(
+        "run",
+        help="emulate collectives on real data (under mpiexec)",
+        description=f"Run under mpiexec with one rank per NPU. Units: {UNITS}.",
+    )
+    _add_collective(p)
+    p.add_argument("-n", "--iters", type=int, default=5, help="timed iterations (default 5)")
+    p.add_argument("-w", "--warmup-iters", type=int, default=1, help="warm-up iterations (default 1)")
+    p.add_argument(
+        "--check",
+        type=int,
+        default=1,
+        choices=(0, 1),
+        help="check results against the closed form (default 1)",
+    )
+    _add_mpi(p)
+
+
+def _model_parser(sub: Any) -> None:
+    """`themis-mpi model`."""
+    p = sub.add_parser(
+        "model",
+        help="model collectives in one process (any size, no data)",
+        description=f"Same flags and table as `run`, no MPI. Units: {UNITS}.",
+    )
+    _add_collective(p)
+
+
+def _train_parser(sub: Any) -> None:
+    """`themis-mpi train`."""
+    p = sub.add_parser(
+        "train",
+        help="training iterations of a workload (model, or the emulator under mpiexec)",
+        description="Replay training iterations of an ASTRA-sim 1.0 text workload, or a Chakra execution "
+        f"trace (.et file, or the prefix of prefix.<rank>.et files). Units: {UNITS}.",
+    )
+    p.add_argument(
+        "workload",
+        metavar="WORKLOAD",
+        help="ASTRA-sim 1.0 text workload, Chakra .et file (every rank runs it) "
+        "or the prefix of prefix.<rank>.et files",
+    )
+    _add_topology(p)
+    _add_schedule(p, "float32")
+    p.add_argument("-n", "--iters", type=int, default=2, help="training iterations (default 2)")
+    p.add_argument(
+        "--compute-scale",
+        type=float,
+        default=1.0,
+        help="what-if accelerator speed: factor on compute and update times (ns in the file); "
+        "0.25 = an accelerator 4x faster (default 1)",
+    )
+    p.add_argument(
+        "--comm-scale",
+        type=float,
+        default=1.0,
+        help="what-if model width or dtype: factor on every collective's size (bytes in the file); "
+        "2 = fp32 instead of 2-byte gradients and activations (default 1)",
+    )
+    p.add_argument(
+        "--bucket-mib",
+        type=float,
+        default=0.0,
+        help="fuse weight-gradient collectives into gradient buckets of this many MiB, DDP's way "
+        "(PyTorch DDP: 25, Horovod: 64); 0 = one collective per layer, as the file says (default 0)",
+    )
+    p.add_argument(
+        "--first-bucket-mib",
+        type=float,
+        default=None,
+        help="cap of the first bucket (the last layers' gradients; DDP: 1; default: --bucket-mib)",
+    )
+    p.add_argument(
+        "--comm-group",
+        metavar="JSON",
+        default=None,
+        help='Chakra traces: communicator groups {"id": [npu, ...]} for pg_name (ASTRA-sim\'s '
+        "--comm-group-configuration)",
+    )
+    _add_mpi(p)
+    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+
+
+def _convert_parser(sub: Any) -> None:
+    """`themis-mpi convert`."""
+    p = sub.add_parser(
+        "convert",
+        help="convert a text workload to a Chakra ET file and back",
+        description="IN.txt -> OUT.et (or OUT.et.gz): the text loop as an execution graph for a topology "
+        "(it decides each collective's involved_dim). IN.et -> OUT.txt: the text workload an ET converted "
+        "here came from.",
+    )
+    p.add_argument("input", metavar="IN", help="text workload or .et file")
+    p.add_argument("output", metavar="OUT", help="output: .et / .et.gz, or a text file")
+    p.add_argument("-t", "--topology", default="2x2x2", help="topology for text -> ET (default 2x2x2)")
+    p.add_argument("-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)")
+
+
+def _replay_parser(sub: Any) -> None:
+    """`themis-mpi replay`."""
+    p = sub.add_parser(
+        "replay",
+        help="re-run a trace's exact schedule, optionally on a changed "
+        "topology (model, or the emulator under mpiexec)",
+        description=f"Replay a trace. Units: {UNITS}.",
+    )
+    p.add_argument("trace_in", metavar="TRACE.h5", help="the trace to replay")
+    _add_topology(p, default=None)
+    _add_mpi(p, clock=False)
+    p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
+    p.add_argument("--trace", metavar="PATH.h5", help="write the replay's own trace")
+
+
+def _analyze_parser(sub: Any) -> None:
+    """`themis-mpi analyze`."""
+    p = sub.add_parser(
+        "analyze",
+        help="per-dim timing analysis of one or more traces",
+        description=f"Analyze HDF5 traces. Units: {UNITS}.",
+    )
+    p.add_argument("traces", nargs="+", metavar="TRACE.h5")
+    p.add_argument(
+        "--ranks",
+        type=_csv(int),
+        default=[0],
+        help="ranks whose events give busy times and timelines, comma-separated (default 0)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the analysis as JSON")
+    p.add_argument("--plot", metavar="DIR", help="write PNG timelines, utilization and queue depth")
+
+
+def _export_parser(sub: Any) -> None:
+    """`themis-mpi export`."""
+    p = sub.add_parser("export", help="convert a trace to Chrome/Perfetto trace-event JSON")
+    p.add_argument("trace_in", metavar="TRACE.h5")
+    p.add_argument("--perfetto", metavar="OUT.json", required=True, help="output file")
+    p.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1 (default all)")
+    p.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
+    p.add_argument("--collective", type=int, default=None, help="keep one collective")
+
+
+def _calibrate_parser(sub: Any) -> None:
+    """`themis-mpi calibrate`."""
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a dim's latency and bandwidth to an nccl-tests log",
+        description="Read an all_reduce_perf / all_gather_perf / reduce_scatter_perf table and fit the "
+        "latency and bandwidth of one dim of the log's NPU count, by least squares on time vs size; "
+        f"print the fitted topology and the error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
+    )
+    p.add_argument("log", metavar="LOG", help="nccl-tests output (text)")
+    p.add_argument(
+        "-o",
+        "--op",
+        default=None,
+        choices=("all_reduce", "all_gather", "reduce_scatter"),
+        help="the collective (default: from the log)",
+    )
+    p.add_argument("--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)")
+    p.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
+    p.add_argument("--algorithm", default="ring", help="algorithm of the fitted dim (default ring)")
+    p.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
+    p.add_argument("--min-size", default="1M", help="smallest size fitted (default 1M)")
+    p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with its subcommands."""
+    parser = _Parser(
+        prog="themis-mpi",
+        description="Emulate multi-dimensional accelerator networks with MPI and schedule "
+        f"collectives with Themis. Units: {UNITS}.",
+    )
+    parser.add_argument("--version", action="version", version=f"themis-mpi {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (
+        _run_parser,
+        _model_parser,
+        _train_parser,
+        _convert_parser,
+        _replay_parser,
+        _analyze_parser,
+        _export_parser,
+        _calibrate_parser,
+    ):
+        add(sub)
+    sub.add_parser("topologies", help="list the topology presets")
+    sub.add_parser("policies", help="list the inter-dim and intra-dim scheduling policies (and plugins)")
+    sub.add_parser("info", help="print versions of the package, numpy, mpi4py, h5py and MPI")
+    return parser

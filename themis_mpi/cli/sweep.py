@@ -1,0 +1,137 @@
+"""`themis-mpi run` and `themis-mpi model`: one collective sweep, on the emulator or the model.
+
+The cells come from `run.sweep.sweep_cells` (as for `api.sweep`): topologies x sizes x chunks x
+policies x intra-dim policies. Each row is shown and saved as it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from itertools import groupby
+
+from ..errors import UsageError
+from ..launch import env_rank, under_mpiexec
+from ..limits import MAX_ITERS, check_memory, in_range
+from ..output import RowFiles
+from ..report import run_header, table_header, table_row
+from ..results import flat_row, median
+from ..run.backend import open_backend
+from ..run.collective import run_collective
+from ..run.sweep import sweep_cells
+from ..units import format_size
+from .options import Lines, all_topologies, base_config, check_outputs, chunk_counts, size_list, split_list
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`themis-mpi run`: emulate on real data, one rank per NPU."""
+    return collective_sweep(args, True, "run")
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    """`themis-mpi model`: the same rows from the model transport."""
+    return collective_sweep(args, False, "model")
+
+
+def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> int:
+    """`run` and `model`: every cell of the sweep, each row shown and saved as it ends."""
+    if use_mpi:
+        in_range("--iters", args.iters, 1, MAX_ITERS)
+        in_range("--warmup-iters", args.warmup_iters, 0, MAX_ITERS)
+    topologies = all_topologies(args)
+    if args.trace and len(topologies) > 1:
+        raise UsageError("--trace records one topology; sweep topologies without it")
+    cells = sweep_cells(
+        topologies,
+        size_list(args),
+        chunk_counts(args),
+        args.policy if args.policy in ("all", "both") else split_list(args.policy),
+        split_list(args.intra),
+        base_config(args),
+        op=args.op,
+        dtype=args.dtype,
+        dims=args.dims,
+        redop=args.redop,
+    )
+    _warn_small(cells)
+    config = cells[0].config
+    iters, warmup = (args.iters, args.warmup_iters) if use_mpi else (1, 0)
+    if use_mpi:
+        if not under_mpiexec():
+            raise UsageError(
+                f"run needs one MPI rank per NPU: mpiexec -n {topologies[0].npus} themis-mpi run ... "
+                "(or use model)"
+            )
+        check_memory(
+            3 * max(c.collective.size_bytes for c in cells), "the buffer and scratch of the largest size"
+        )
+    clock = config.clock if use_mpi else "model"
+    files = RowFiles(args.json, args.csv, flat_row)
+    progress = Lines(len(cells), args.quiet or env_rank() != 0)
+    for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
+        group = list(same_topology)
+        topo = group[0].topology
+        recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
+        with open_backend(topo, use_mpi, config.timeout_s) as backend:
+            if backend.rank == 0:
+                check_outputs(args.json, args.csv, args.trace)
+                progress.write(run_header(topo, command, config))
+                if args.format != "nccl":
+                    progress.write(table_header(len(topo.dims), clock))
+            rows = []
+            for cell in group:
+                transport = backend.transport(cell.config)
+                walls = []
+                for it in range(warmup + iters):
+                    check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
+                    result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
+                    if it >= warmup:
+                        walls.append(result.wall_s)
+                result = replace(result, wall_s=median(walls), iters=iters)
+                if recorder:
+                    recorder.add_run(result, engine, backend.rank)
+                if backend.rank == 0:
+                    if args.format != "nccl":
+                        progress.write(table_row(result))
+                    files.add(result.to_dict())
+                rows.append(result)
+                progress.update()
+            if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
+                from ..calibrate import format_nccl  # (the nccl table's module, only for --format nccl)
+
+                progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
+            events = backend.gather(recorder.my_events()) if recorder else None
+            if backend.rank == 0 and recorder and events is not None:
+                recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
+                progress.write(
+                    f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
+                )
+    progress.close()
+    if backend.rank == 0:
+        files.close()
+    return 0
+
+
+def _warn_small(cells) -> None:
+    """Say so (rank 0) when a size holds fewer elements than the chunks asked for."""
+    if env_rank() != 0:
+        return
+    for coll in dict.fromkeys(c.collective for c in cells):
+        if coll.n_chunks < coll.chunks:
+            print(
+                f"themis-mpi: warning: {format_size(coll.size_bytes)} holds only {coll.count} {coll.dtype} "
+                f"element(s): {coll.n_chunks} chunk(s) of one element instead of {coll.chunks}",
+                file=sys.stderr,
+            )
+
+
+def _trace_recorder(topo, use_mpi: bool, clock: str, config):
+    """The `--trace` recorder of one topology (every rank records its own stage events)."""
+    from ..trace import TraceRecorder  # only --trace records: a plain run never loads the trace code
+
+    return TraceRecorder(
+        topo, "mpi" if use_mpi else "model", clock=clock, time_scale=config.time_scale,
+        active_per_dim=config.active_per_dim, endpoint_delay_ns=config.endpoint_delay_ns,
+        compat=config.compat,
+    )  # fmt: skip

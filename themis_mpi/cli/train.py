@@ -1,0 +1,137 @@
+"""`themis-mpi train`: training iterations of a workload under each policy, with the speedup.
+
+A text workload runs its layer loop (`workloads.training`); a Chakra trace (a .et file, or the
+prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from ..launch import under_mpiexec
+from ..limits import check_memory
+from ..output import write_json
+from ..report import training_table, with_speedups
+from ..results import TrainingResult
+from ..run.backend import open_backend
+from ..run.training import run_graph, run_training
+from ..topology import Topology
+from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
+from ..workloads.text import Workload, parse_workload
+from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
+from .options import check_outputs, one_chunk_count, one_topology, policy_settings
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """`themis-mpi train`: a text workload's iterations, or a Chakra graph, under each policy."""
+    if is_et_source(args.workload):
+        return _train_graph(args)
+    if args.comm_group:
+        raise UsageError("--comm-group applies to Chakra traces only")
+    wl = parse_workload(args.workload)
+    given = one_topology(args)
+    topo = wl.fit_topology(given)
+    spec = TrainingSpec(
+        one_chunk_count(args),
+        args.dtype,
+        args.iters,
+        args.compute_scale,
+        args.comm_scale,
+        args.bucket_mib,
+        args.first_bucket_mib,
+    )
+    settings = policy_settings(args)
+    collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
+    use_mpi = under_mpiexec()
+    if use_mpi and collectives:
+        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
+    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+        if backend.rank == 0:
+            check_outputs(args.json)
+        rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in settings]
+        if backend.rank == 0:
+            print(
+                f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology "
+                f"{topo.label()}, {topo.npus} NPUs; {spec.iterations} iterations, {spec.chunks} chunks per "
+                f"collective, {'emulator' if use_mpi else 'model'}"
+            )
+            if topo != given:
+                group = wl.model_parallel_group
+                print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
+            if spec.bucket_mib:
+                print(_buckets_line(wl, topo, spec))
+            _report(args, rows, topo)
+    return 0
+
+
+def _buckets_line(wl: Workload, topo: Topology, spec: TrainingSpec) -> str:
+    """What the gradient buckets of a text workload are."""
+    buckets = bucket_plan(wl, topo, spec)
+    sizes = [b.collective.size_bytes / 2**20 for b in buckets] or [0.0]
+    first = f", first {spec.first_bucket_mib:g} MiB" if spec.first_bucket_mib is not None else ""
+    return (
+        f"# gradient buckets of {spec.bucket_mib:g} MiB{first}: {len(buckets)} per iteration for "
+        f"{sum(len(b.layers) for b in buckets)} layers, {min(sizes):.2f} to {max(sizes):.2f} MiB, "
+        f"{sum(sizes):.2f} MiB in all"
+    )
+
+
+def _train_graph(args: argparse.Namespace) -> int:
+    """`themis-mpi train` on a Chakra trace: the graph under each policy."""
+    if args.bucket_mib or args.first_bucket_mib is not None:
+        raise UsageError("--bucket-mib and --first-bucket-mib apply to text workloads only")
+    graph = load_graph(args.workload, args.comm_group)
+    given = one_topology(args)
+    topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
+    spec = TrainingSpec(one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
+    settings = policy_settings(args)
+    use_mpi = under_mpiexec()
+    if not graph.symmetric and len(graph.traces) != topo.npus:
+        raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
+    ranks = range(topo.npus) if use_mpi else [0]
+    collectives = graph_collectives(graph, topo, spec, ranks)  # refused on every rank before MPI starts
+    plan = plan_graph(graph.trace(0), topo, 0, spec, graph.groups)
+    if use_mpi and collectives:
+        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
+    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+        if backend.rank == 0:
+            check_outputs(args.json)
+        rows = [
+            run_graph(backend.transport(config), graph, policy, spec, ranks) for policy, config in settings
+        ]
+        if backend.rank == 0:
+            print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi))
+            if topo != given:
+                print(
+                    f"# model-parallel group {graph.model_parallel_group} splits a dim: "
+                    f"{given.spec()} runs as {topo.spec()}"
+                )
+            _report(args, rows, topo)
+    return 0
+
+
+def _graph_lines(
+    source: str, graph: Graph, plan: Plan, distinct: int, topo: Topology, spec: TrainingSpec, use_mpi: bool
+) -> str:
+    """What a Chakra trace holds and how it runs."""
+    trace = graph.trace(0)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
+    files = "1 file for every rank" if graph.symmetric else f"{len(graph.traces)} per-rank files"
+    return (
+        f"# Chakra trace {source}: {files}; "
+        f"rank 0: {len(trace.nodes)} nodes ({kinds}); {plan.collectives} collectives on the network "
+        f"({distinct} distinct), {plan.messages} point-to-point messages; "
+        f"{plan.missing_deps} deps on absent nodes ignored, {plan.dropped_ctrl_deps} cyclic ctrl deps "
+        "dropped\n"
+        f"# topology {topo.label()}, {topo.npus} NPUs; {graph.iterations} iteration(s) in the graph, "
+        f"{spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
+    )
+
+
+def _report(args: argparse.Namespace, rows: list[TrainingResult], topo: Topology) -> None:
+    """The rows with their speedups, printed and (``--json``) saved."""
+    rows = with_speedups(rows)
+    print(training_table(rows, len(topo.dims)))
+    if args.json:
+        write_json(args.json, [r.to_dict() for r in rows])

@@ -1,0 +1,55 @@
+"""How a run is carried out, whatever it runs: `RunConfig` and its defaults.
+
+Every transport, the engine and the policies' context read the same frozen `RunConfig`; it is
+checked once, when it is made. Policy names are not checked here (the registry sits above this
+layer): the sweep that resolves them (`run.sweep`) and the engine that makes them do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import NO_ENDPOINT, Endpoint, check_compat
+from .errors import UsageError
+from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
+
+DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How a run is carried out, whatever it runs.
+
+    Attributes:
+        intra: intra-dim queue policy, a name of the registry (fifo, scf, rg, lrpf or a plugin).
+        active_per_dim: stages each dim runs at once.
+        endpoint_delay_ns: delay added to every algorithm step (ASTRA-sim uses 10).
+        clock: virtual (emulated time travels with the messages) or wall (delays really waited).
+        time_scale: wall seconds per emulated second (wall clock only).
+        timeout_s: seconds a rank waits without progress before it ends the job (MPI only).
+        compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
+            semantics where they are modelling choices (see `cost` and `engine`).
+        endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
+    """
+
+    intra: str = "fifo"
+    active_per_dim: int = 1
+    endpoint_delay_ns: float = 0.0
+    clock: str = "virtual"
+    time_scale: float = 1.0
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    compat: str = ""
+    endpoint: Endpoint = NO_ENDPOINT
+
+    def __post_init__(self) -> None:
+        check_compat(self.compat)
+        if self.compat and self.endpoint.on:
+            raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
+        if not isinstance(self.intra, str) or not self.intra:
+            raise UsageError(f"intra-dim policy must be a name, got {self.intra!r}")
+        in_range("active chunks per dim", self.active_per_dim, 1, 1024)
+        in_range("endpoint delay", self.endpoint_delay_ns, 0, MAX_TIME_NS, "ns")
+        if self.clock not in ("virtual", "wall"):
+            raise UsageError(f"unknown clock {self.clock!r}; use virtual or wall")
+        in_range("time scale", self.time_scale, 1e-9, MAX_TIME_SCALE, "wall s per emulated s")
+        in_range("timeout", self.timeout_s, 0.1, MAX_TIMEOUT_S, "s")

@@ -1,0 +1,317 @@
+"""What a run returns: result dataclasses and the figures computed from a finished run.
+
+Bandwidths are in GB/s with 1 GB = 2^30 bytes. algbw is ``size / time``; busbw scales it by
+nccl-tests' factor (``2 (N-1)/N`` for all-reduce, ``(N-1)/N`` otherwise) so that it compares with
+the per-NPU link bandwidth. Utilization is ``ideal / actual`` (docs/design.md); a dim's
+utilization is its busy time over the collective time. Results are frozen: a run builds each one
+whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .cost import CostModel, ideal_time_us
+from .engine import CollectiveRun, StageRun
+from .topology import Topology
+from .units import BYTES_PER_GB
+
+
+def busbw_factor(op: str, npus: int) -> float:
+    """nccl-tests' bus-bandwidth factor for an op over npus NPUs."""
+    if npus <= 1:
+        return 0.0
+    return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
+
+
+ASTRA_WINDOW_NS = 10_000.0  # ASTRA-sim's report_percentage(10000): 10 us windows
+
+
+@dataclass(frozen=True)
+class DimResult:
+    """One dim's share of a run on one NPU: busy time, bytes sent, stages served.
+
+    `utilization` is busy time over the run's time; `astra_busy_pct` is ASTRA-sim's figure (a dim
+    counts as busy while a stage is queued or running, averaged over complete 10 us windows; None
+    when the run is shorter than one window), see `astra_busy_pct`.
+    """
+
+    dim: int
+    busy_us: float
+    bytes: int
+    stages: int
+    utilization: float
+    astra_busy_pct: float | None = None
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CollectiveResult:
+    """One collective's outcome, the same on every rank (a row of `run` and `model`).
+
+    Times are virtual microseconds except `wall_s` (the slowest rank's wall seconds); under the
+    wall clock `time_us` is the measured wall time divided by the time scale and `virtual_us`
+    keeps the virtual one. `wrong` is summed over ranks (None when not checked, and in the model).
+    `dim_bound_us` is the per-dim bound of the schedule that ran, ``max_d(bytes_d / B_d)``;
+    `schedule` names what the policy chose (e.g. ``themis-lat/scf/16`` under predictive) and
+    `decision_s` is the coordinator's time to choose it.
+    """
+
+    op: str
+    involved: list[int]
+    issued_us: float
+    size_bytes: int
+    count: int
+    dtype: str
+    redop: str
+    chunks: int
+    time_us: float
+    ideal_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    utilization: float
+    dims: list[DimResult]
+    policy: str = ""
+    intra: str = ""
+    clock: str = "model"
+    wrong: int | None = None
+    wall_s: float = 0.0
+    virtual_us: float | None = None
+    topology: str = ""
+    npus: int = 0
+    iters: int = 1
+    time_scale: float = 1.0
+    dim_bound_us: float = 0.0
+    schedule: str = ""
+    decision_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON (dims as a list of dicts)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """Training iterations of a workload under one policy (a row of `train`)."""
+
+    policy: str
+    intra: str
+    chunks: int
+    transport: str
+    iterations: int
+    total_us: float
+    iteration_us: float
+    last_iteration_us: float
+    compute_us: float
+    exposed_comm_us: float
+    collectives: int
+    dims: list[DimResult]
+    wrong: int | None = None
+    wall_s: float = 0.0
+    speedup: float | None = None
+    workload: str = ""
+    topology: str = ""
+    npus: int = 0
+    decision_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON (dims as a list of dicts)."""
+        return asdict(self)
+
+
+def dim_results(
+    records: list[StageRun],
+    topology: Topology,
+    cost: Callable[[int], CostModel],
+    time_us: float,
+    span_ns: tuple[float, float] = (0.0, 0.0),
+) -> list[DimResult]:
+    """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us.
+
+    `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well.
+    """
+    astra = astra_busy_pct(records, len(topology.dims), span_ns[1], start_ns=span_ns[0])
+    out = []
+    for d, mine in enumerate(runs_by_dim(records, len(topology.dims))):
+        busy_us = sum([r.end_ns - r.start_ns for r in mine]) / 1e3
+        shapes = Counter([(r.stage.itemsize, r.stage.op, r.stage.full_elems) for r in mine])
+        sent = sum(cost(size).stage_bytes(d, op, elems) * n for (size, op, elems), n in shapes.items())
+        utilization = busy_us / time_us if time_us > 0 else 0.0
+        out.append(DimResult(d, busy_us, int(sent), len(mine), utilization, finite_or_none(astra[d])))
+    return out
+
+
+def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
+    """The runs of each dim, in their order (one pass)."""
+    by_dim: list[list[StageRun]] = [[] for _ in range(n_dims)]
+    for r in runs:
+        by_dim[r.stage.dim].append(r)
+    return by_dim
+
+
+def finite_or_none(value: float) -> float | None:
+    """The value, or None for NaN and infinities (JSON has neither)."""
+    return value if math.isfinite(value) else None
+
+
+def summarize(
+    run: CollectiveRun,
+    topology: Topology,
+    cost: Callable[[int], CostModel],
+    *,
+    policy: str,
+    intra: str,
+    schedule: str = "",
+    decision_s: float = 0.0,
+    clock: str = "model",
+    wrong: int | None = None,
+    wall_s: float = 0.0,
+    time_scale: float = 1.0,
+    wall_time_us: float | None = None,
+) -> CollectiveResult:
+    """The whole result of one collective: times, bandwidths, utilization, per-dim figures.
+
+    `wall_time_us` (the wall clock's own measure) replaces the engine's virtual collective time,
+    which is then kept as ``virtual_us``; the other keywords are the run's, as `CollectiveResult`
+    names them.
+    """
+    coll = run.collective
+    virtual_us = (run.end_ns - run.issued_ns) / 1e3
+    time_us = virtual_us if wall_time_us is None else wall_time_us
+    ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
+    algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
+    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns))
+    return CollectiveResult(
+        op=coll.op,
+        involved=list(coll.dims),
+        issued_us=run.issued_ns / 1e3,
+        size_bytes=coll.size_bytes,
+        count=coll.count,
+        dtype=coll.dtype,
+        redop=coll.redop,
+        chunks=len(run.bounds) - 1,
+        time_us=time_us,
+        ideal_us=ideal_us,
+        algbw_gbps=algbw,
+        busbw_gbps=busbw,
+        utilization=ideal_us / time_us if time_us > 0 else 1.0,
+        dims=dims,
+        policy=policy,
+        intra=intra,
+        clock=clock,
+        wrong=wrong,
+        wall_s=wall_s,
+        virtual_us=None if wall_time_us is None else virtual_us,
+        topology=topology.label(),
+        npus=topology.npus,
+        time_scale=time_scale,
+        dim_bound_us=dim_bound_us(dims, topology),
+        schedule=schedule,
+        decision_s=decision_s,
+    )
+
+
+def dim_bound_us(dims: Sequence[DimResult], topology: Topology) -> float:
+    """The per-dim bound of a schedule: ``max_d(bytes_d / B_d)`` in us (bytes one NPU sent on d)."""
+    return max(
+        (d.bytes / topology.dims[d.dim].bandwidth_bytes_per_ns / 1e3 for d in dims),
+        default=0.0,
+    )
+
+
+def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[float, float]:
+    """Algbw and busbw in GB/s (2^30 B) of a collective of size_bytes that took time_us."""
+    if time_us <= 0:
+        return 0.0, 0.0
+    algbw = size_bytes / (time_us * 1e-6) / BYTES_PER_GB
+    return algbw, algbw * busbw_factor(op, npus)
+
+
+def flat_row(row: dict) -> dict:
+    """A result's dict with its per-dim list spread into columns (dim0_busy_us, ...), for CSV."""
+    out = {k: v for k, v in row.items() if k != "dims"}
+    out["involved"] = " ".join(map(str, out.get("involved", []))) if "involved" in out else None
+    for d in row.get("dims", []):
+        for key, value in d.items():
+            if key != "dim":
+                out[f"dim{d['dim']}_{key}"] = value
+    return {k: v for k, v in out.items() if v is not None or k != "involved"}
+
+
+def median(values: Sequence[float]) -> float:
+    """The median, in plain Python: `numpy.median` imports `numpy.ma` (25 ms of CPU on every rank)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    return (ordered[n // 2] + ordered[(n - 1) // 2]) / 2
+
+
+def percentile(values, q: float) -> float:
+    """The q-th percentile (0-100) of values, 0 for none."""
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def astra_busy_pct(
+    runs: Sequence[StageRun],
+    n_dims: int,
+    end_ns: float,
+    window_ns: float = ASTRA_WINDOW_NS,
+    since: str = "queued",
+    start_ns: float = 0.0,
+) -> list[float]:
+    """Per-dim utilization as ASTRA-sim 1.0 reports it for one NPU, in percent.
+
+    ASTRA-sim's ``SchedulerUnit`` counts the chunks in a dim's queue (``active_Streams``: waiting
+    or running) and its ``UsageTracker`` marks the dim busy while that count is above zero
+    (``notify_stream_added`` / ``notify_stream_removed`` in Sys.cc). ``report_percentage(10000)``
+    (Workload.cc, UsageTracker.cc) cuts ``[start, end)`` into 10 us windows and reports the busy
+    share of every *complete* window (a last partial window is dropped); the mean is the figure.
+
+    Args:
+        runs: the stage records of one NPU.
+        n_dims: dims of the topology.
+        end_ns: the report time (the collective's end).
+        window_ns: window length (ASTRA-sim: 10000 cycles of 1 ns).
+        since: "queued" (ASTRA-sim: a queued stage makes its dim busy) or "start".
+        start_ns: where the first window starts (the collective's issue).
+
+    Returns:
+        One percentage per dim; NaN when no window is complete.
+    """
+    by_dim = runs_by_dim(runs, n_dims)
+    if since == "queued":
+        spans = [[(r.queued_ns, r.end_ns) for r in mine] for mine in by_dim]
+    else:
+        spans = [[(r.start_ns, r.end_ns) for r in mine] for mine in by_dim]
+    return [window_busy_pct(s, start_ns, end_ns, window_ns) for s in spans]
+
+
+def window_busy_pct(
+    spans: Sequence[tuple[float, float]], start_ns: float, end_ns: float, window_ns: float
+) -> float:
+    """Mean busy share (percent) of the complete windows of [start, end) covered by the union of spans.
+
+    Every complete window counts equally, so the mean of their shares is the busy time within
+    the complete windows over their total length: one pass over the merged spans.
+    """
+    n_windows = int((end_ns - start_ns) // window_ns)
+    if n_windows <= 0:
+        return math.nan
+    lo, hi = start_ns, start_ns + n_windows * window_ns
+    busy, reach = 0.0, lo  # reach: how far the union of the spans seen so far extends
+    for a, b in sorted(spans):
+        if a < reach:  # (comparisons, not max/min: this loop runs once per stage)
+            a = reach
+        if b > hi:
+            b = hi
+        if b > a:
+            busy += b - a
+            reach = b
+    return 100.0 * busy / (hi - lo)

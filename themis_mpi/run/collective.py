@@ -1,0 +1,109 @@
+"""One collective from start to end on any transport: the run driver's core.
+
+The same code runs on the model (one process, `model.ModelTransport`) and on the emulator (one
+MPI rank per NPU, `mpi.transport.MpiTransport`): the schedule comes from rank 0
+(`coordinator.share_schedules`), every rank issues the collective on its engine (`execute`: a
+run's start and end, written once for every kind of run), and the result is reduced so that
+every rank returns the same, whole result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import numpy as np
+
+from ..collectives import Collective
+from ..config import RunConfig
+from ..engine import Engine, Transport
+from ..model import ModelTransport
+from ..policies import Schedule
+from ..results import CollectiveResult, summarize
+from ..topology import Topology
+from .coordinator import PolicyLike, policy_name, share_schedules
+
+T = TypeVar("T")
+
+
+def execute(transport: Transport, engine: Engine, what: str, begin: Callable[[], T]) -> tuple[T, float]:
+    """A run from start to end: the ranks line up, the clocks start, `begin` issues, the engine runs.
+
+    Returns what `begin` returned and the slowest rank's wall seconds (checking time excluded).
+    """
+    transport.barrier(f"the barrier before {what}")
+    transport.check_s = 0.0
+    transport.clock.start()
+    engine.t0_wall_s = t0 = time.perf_counter()
+    started = begin()
+    engine.run()
+    wall_s = float(transport.reduce([time.perf_counter() - t0 - transport.check_s], "max")[0])
+    return started, wall_s
+
+
+def wrong_elements(transport: Transport, engine: Engine) -> int | None:
+    """Wrong elements of the checked collectives and messages, summed over ranks; None if unchecked."""
+    wrongs = [r.wrong for r in engine.collectives] + [m.wrong for m in engine.messages]
+    checked = [w for w in wrongs if w is not None]
+    if not transport.checks_data or (engine.collectives and not checked):
+        return None
+    return int(transport.reduce(np.array([sum(checked)], np.int64), "sum")[0])
+
+
+def run_collective(
+    transport: Transport,
+    collective: Collective,
+    policy: PolicyLike,
+    schedule: Schedule | None = None,
+    check: bool = True,
+) -> tuple[CollectiveResult, Engine]:
+    """Run one collective; every rank returns the same result.
+
+    Args:
+        transport: the model or the MPI transport, with its `RunConfig`.
+        collective: what to run.
+        policy: the inter-dim policy (an instance keeps its state between calls, or a name).
+        schedule: replay this schedule instead of asking the policy.
+        check: check the reduced data against the closed form (emulator only).
+
+    Returns:
+        The result (``wrong`` summed over ranks, ``wall_s`` of the slowest rank) and this rank's
+        engine, which holds the stage records. Under the wall clock ``time_us`` is the measured
+        wall time divided by the time scale.
+    """
+    config = transport.config
+    (schedule,), decision_s = share_schedules(
+        transport, policy, [collective], None if schedule is None else [schedule]
+    )
+    engine = Engine(transport.topology, transport, config)
+    run, wall_s = execute(
+        transport, engine, "the collective", lambda: engine.issue(collective, schedule, check)
+    )
+    wall = transport.clock.name == "wall"
+    result = summarize(
+        run,
+        transport.topology,
+        transport.cost,
+        policy=policy_name(policy),
+        intra=schedule.intra or config.intra,
+        schedule=schedule.label,
+        decision_s=decision_s,
+        clock="model" if transport.name == "model" else transport.clock.name,
+        wrong=wrong_elements(transport, engine),
+        wall_s=wall_s,
+        time_scale=config.time_scale,
+        wall_time_us=wall_s / config.time_scale * 1e6 if wall else None,
+    )
+    return result, engine
+
+
+def model_collective(
+    topology: Topology,
+    collective: Collective,
+    policy: PolicyLike,
+    config: RunConfig | None = None,
+    schedule: Schedule | None = None,
+) -> tuple[CollectiveResult, Engine]:
+    """One collective on the model: `run_collective` on a fresh model transport."""
+    return run_collective(ModelTransport(topology, config or RunConfig()), collective, policy, schedule)

@@ -1,0 +1,122 @@
+"""What a sweep runs, resolved once: the same cells for `themis-mpi run`/`model` and `api.sweep`.
+
+A sweep is topologies x sizes x chunk counts x inter-dim policies x intra-dim policies, in that
+order. Intra ``auto`` is each inter-dim policy's own `InterPolicy.default_intra` (a plugin's
+included), and equal pairs are run once. Each policy is one instance for the whole sweep, so
+state it keeps between collectives (roundRobin's counter) carries on, as on a real system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..collectives import Collective
+from ..config import RunConfig
+from ..errors import UsageError
+from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
+from ..topology import Topology
+from ..verify import check_range
+
+BOTH = ("baseline", "themis")  # what `-p both` (the default) names
+
+
+@dataclass(frozen=True)
+class SweepCell:
+    """One run of a sweep: a collective on a topology under a policy and its settings."""
+
+    topology: Topology
+    collective: Collective
+    policy: InterPolicy
+    config: RunConfig
+
+
+def policy_names(policies: str | Sequence[str]) -> list[str]:
+    """The inter-dim policies named: ``all`` (every one), ``both`` (baseline, themis) or a list.
+
+    A string is a comma-separated list; every name is checked against the registry.
+    """
+    if isinstance(policies, str):
+        if policies == "all":
+            return inter_names()
+        names = list(BOTH) if policies == "both" else [p.strip() for p in policies.split(",")]
+    else:
+        names = list(policies)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise UsageError(f"policies must be names (see `themis-mpi policies`), got {policies!r}")
+    for name in names:
+        inter_class(name)
+    return names
+
+
+def policy_configs(
+    policies: str | Sequence[str], intras: Sequence[str], base: RunConfig
+) -> list[tuple[InterPolicy, RunConfig]]:
+    """(policy instance, settings) for every inter x intra pair; ``auto`` is the policy's own."""
+    for name in intras:
+        if name != "auto":
+            intra_class(name)
+    out = []
+    for name in policy_names(policies):
+        policy = make_inter(name)
+        for intra in dict.fromkeys(policy.default_intra if i == "auto" else i for i in intras):
+            out.append((policy, replace(base, intra=intra)))
+    return out
+
+
+def collectives(
+    topology: Topology,
+    sizes_bytes: Sequence[int],
+    chunks: Sequence[int],
+    *,
+    op: str,
+    dtype: str,
+    dims: Sequence[int] | None = None,
+    redop: str = "sum",
+) -> list[Collective]:
+    """The collectives of a sweep on one topology, size by size, then chunk count by chunk count."""
+    n_dims = len(topology.dims)
+    involved = tuple(range(n_dims)) if dims is None else tuple(dims)
+    if (
+        not involved
+        or any(d is None or not 0 <= d < n_dims for d in involved)
+        or len(set(involved)) != len(involved)
+    ):
+        raise UsageError(f"--dims must list distinct dims between 0 and {n_dims - 1}")
+    itemsize = np.dtype(dtype).itemsize  # chunks are checked by Collective
+    check_range(dtype, topology.group_npus(involved))
+    out = []
+    for size in sizes_bytes:
+        if size < itemsize:
+            raise UsageError(f"size {size} B is smaller than one {dtype} element")
+        for n_chunks in chunks:
+            out.append(Collective(op, size // itemsize, dtype, n_chunks, tuple(sorted(involved)), redop))
+    return out
+
+
+def sweep_cells(
+    topologies: Sequence[Topology],
+    sizes_bytes: Sequence[int],
+    chunks: Sequence[int],
+    policies: str | Sequence[str],
+    intras: Sequence[str],
+    base: RunConfig,
+    *,
+    op: str = "all_reduce",
+    dtype: str = "float64",
+    dims: Sequence[int] | None = None,
+    redop: str = "sum",
+) -> list[SweepCell]:
+    """Every cell of a sweep, in its order (topology, size, chunks, policy, intra).
+
+    Everything is checked before the first cell runs: names, dims, sizes and settings.
+    """
+    configs = policy_configs(policies, intras, base)
+    return [
+        SweepCell(topo, coll, policy, config)
+        for topo in topologies
+        for coll in collectives(topo, sizes_bytes, chunks, op=op, dtype=dtype, dims=dims, redop=redop)
+        for policy, config in configs
+    ]

@@ -1,0 +1,161 @@
+"""Training iterations of a text workload, or a Chakra graph, from start to end on any transport.
+
+Every collective of the run is known before the first one is issued, so rank 0 chooses all their
+schedules at once (`coordinator.share_schedules`, with the model of the whole run as its oracle,
+`training_oracle`); every rank then runs the workload as an engine process (`collective.execute`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..config import RunConfig
+from ..cost import loop_tick_ns
+from ..engine import Engine, Transport
+from ..errors import UsageError
+from ..model import ModelTransport
+from ..policies import Schedule
+from ..results import TrainingResult, dim_results
+from ..topology import Topology
+from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
+from ..workloads.text import Workload
+from ..workloads.training import TrainingLoop, TrainingSpec, distinct_collectives
+from .collective import execute, wrong_elements
+from .coordinator import PolicyLike, policy_name, share_orders, share_schedules
+
+
+def training_oracle(topology: Topology, config: RunConfig, workload: Workload, spec: TrainingSpec):
+    """The model as an oracle for a training run: mean iteration time in us under given schedules."""
+    collectives = distinct_collectives(workload, topology, spec)
+
+    def evaluate(schedules: Sequence[Schedule]) -> float:
+        engine = Engine(topology, ModelTransport(topology, config), config)
+        loop = TrainingLoop(
+            workload, topology, spec, dict(zip(collectives, schedules)), loop_tick_ns(config.compat)
+        )
+        engine.process(loop.process(engine))
+        engine.run()
+        return engine.now_ns / spec.iterations / 1e3
+
+    return evaluate
+
+
+def _training_result(
+    transport: Transport,
+    engine: Engine,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    wall_s: float,
+    *,
+    iterations: int,
+    last_iteration_ns: float,
+    compute_ns: float,
+    collectives: int,
+    workload: str,
+    decision_s: float = 0.0,
+) -> TrainingResult:
+    """The row of a training run or a graph replay, from its engine at the end."""
+    topo, total_ns = transport.topology, engine.now_ns
+    mean_ns = total_ns / iterations
+    return TrainingResult(
+        policy=policy_name(policy),
+        intra=transport.config.intra,
+        chunks=spec.chunks,
+        transport=transport.name,
+        iterations=iterations,
+        total_us=total_ns / 1e3,
+        iteration_us=mean_ns / 1e3,
+        last_iteration_us=last_iteration_ns / 1e3,
+        compute_us=compute_ns / iterations / 1e3,
+        exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
+        collectives=collectives,
+        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns)),
+        wrong=wrong_elements(transport, engine),
+        wall_s=wall_s,
+        workload=workload,
+        topology=topo.label(),
+        npus=topo.npus,
+        decision_s=decision_s,
+    )
+
+
+def run_training(
+    transport: Transport, workload: Workload, policy: PolicyLike, spec: TrainingSpec
+) -> TrainingResult:
+    """Training iterations of a workload; every collective on real data (and checked) in MPI.
+
+    The transport's topology must fit the workload (see `workloads.text.Workload.fit_topology`).
+    """
+    topo, config = transport.topology, transport.config
+    collectives = distinct_collectives(workload, topo, spec)
+    oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
+    schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
+    engine = Engine(topo, transport, config)
+    loop = TrainingLoop(workload, topo, spec, dict(zip(collectives, schedules)), loop_tick_ns(config.compat))
+    _, wall_s = execute(transport, engine, "training", lambda: engine.process(loop.process(engine)))
+    return _training_result(
+        transport,
+        engine,
+        policy,
+        spec,
+        wall_s,
+        iterations=spec.iterations,
+        last_iteration_ns=engine.now_ns - loop.iteration_starts[-1],
+        compute_ns=loop.compute_ns,
+        collectives=loop.collectives_issued,
+        workload=workload.path,
+        decision_s=decision_s,
+    )
+
+
+def run_graph(
+    transport: Transport,
+    graph: Graph,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    ranks: Sequence[int] | None = None,
+) -> TrainingResult:
+    """A Chakra execution graph once; every collective and message on real data in MPI.
+
+    `ranks` whose graphs give the distinct collectives: all of them by default under MPI, rank
+    0 on the model. ``iterations`` and the per-iteration times come from the graph's
+    ``themis_iterations`` metadata (1 unless it was converted from a text workload).
+    """
+    topo, config = transport.topology, transport.config
+    if ranks is None:
+        ranks = range(topo.npus) if transport.name == "mpi" else [0]
+    plan = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
+    if plan.messages and config.compat:
+        raise UsageError("point-to-point messages are not supported with --compat")
+    collectives = graph_collectives(graph, topo, spec, ranks)
+    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    engine = Engine(topo, transport, config)
+    replay = GraphReplay(plan, schedules)
+    _, wall_s = execute(transport, engine, "the graph replay", lambda: engine.process(replay.process(engine)))
+    return _training_result(
+        transport,
+        engine,
+        policy,
+        spec,
+        wall_s,
+        iterations=graph.iterations,
+        last_iteration_ns=engine.now_ns / graph.iterations,
+        compute_ns=plan.compute_ns,
+        collectives=replay.collectives_issued,
+        workload=graph.source,
+    )
+
+
+def model_training(
+    workload: Workload,
+    topology: Topology,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    config: RunConfig | None = None,
+) -> TrainingResult:
+    """Training iterations on the model: `run_training` on a fresh model transport.
+
+    The topology is first fitted to the workload (a transformer's group may split a dim).
+    """
+    topology = workload.fit_topology(topology)
+    return run_training(ModelTransport(topology, config or RunConfig()), workload, policy, spec)
