@@ -8,6 +8,8 @@ inherit (`harness.mpi_env`). No network, no build step.
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from harness import DATA, ROOT, cli, local
@@ -106,3 +108,49 @@ def test_a_broken_plugin_ends_every_rank_with_one_line_naming_it(site):
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
     assert len(lines) == 1 and "policy 'broken' (plugin broken_policy:Broken)" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+WALL_CLOCK = ("wall_s", "decision_s")  # the only columns that may differ between two runs
+SWEEP_ROWS = (
+    "import json, sys, themis_mpi\n"
+    "kw = json.loads(sys.argv[2])\n"
+    "print(json.dumps([r.to_dict() for r in themis_mpi.sweep(policy=sys.argv[1], **kw)]))"
+)
+
+
+def _rows_without_wall_clock(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows]
+
+
+def _listed_inter_policies() -> list[str]:
+    """The inter-dim policies `themis-mpi policies` lists (with the plugins of the site)."""
+    proc = themis(["policies"])
+    assert proc.returncode == 0, proc.stderr
+    block = proc.stdout.split("# intra-dim policies")[0].splitlines()[1:]
+    return [line.split()[0] for line in block]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [([], {}), (["-b", "1M", "-c", "4,16"], {"size": "1M", "chunks": [4, 16]})],
+    ids=["defaults", "sizes-and-chunks"],
+)
+def test_the_api_and_the_command_give_the_same_rows_for_every_policy(site, tmp_path, args, kwargs):
+    """`themis_mpi.sweep(policy=p)` and `themis-mpi model -p p` give the same rows for every listed policy."""
+    listed = [p for p in _listed_inter_policies() if p != "broken"]
+    assert {"baseline", "themis", "predictive", "zigzag"} <= set(listed)
+    for policy in listed:
+        out = tmp_path / f"{policy}.json"
+        proc = themis(["model", "-p", policy, *args, "-q", "--json", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        api = subprocess.run(
+            [sys.executable, "-c", SWEEP_ROWS, policy, json.dumps(kwargs)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
+        assert api.returncode == 0, api.stderr
+        command_rows = json.loads(out.read_text())
+        assert command_rows and all(r["policy"] == policy for r in command_rows)
+        assert _rows_without_wall_clock(json.loads(api.stdout)) == _rows_without_wall_clock(command_rows)
