@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .cost import NO_ENDPOINT, Endpoint, check_compat
 from .errors import UsageError
 from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
+from .network import IDEAL, RULES
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
 
@@ -30,6 +31,8 @@ class RunConfig:
         compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
             semantics where they are modelling choices (see `cost` and `engine`).
         endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
+        network: how stages that run at once share links (`network`): ideal (they share
+            nothing: the cost model alone, ASTRA-sim 1.0's rule), fair or store-forward.
     """
 
     intra: str = "fifo"
@@ -40,11 +43,20 @@ class RunConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     compat: str = ""
     endpoint: Endpoint = NO_ENDPOINT
+    network: str = IDEAL
 
     def __post_init__(self) -> None:
         check_compat(self.compat)
         if self.compat and self.endpoint.on:
             raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
+        if self.network not in RULES:
+            raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(RULES)}")
+        if self.network != IDEAL and self.compat:
+            raise UsageError(f"--compat {self.compat} shares no link: it takes --network ideal only")
+        if self.network != IDEAL and self.endpoint.on:
+            raise UsageError(
+                f"the endpoint model (--hbm-gbps) is not modelled under --network {self.network}"
+            )
         if not isinstance(self.intra, str) or not self.intra:
             raise UsageError(f"intra-dim policy must be a name, got {self.intra!r}")
         in_range("active chunks per dim", self.active_per_dim, 1, 1024)

@@ -31,7 +31,11 @@ LAYERS: tuple[Layer, ...] = (
         "errors, units and limits every layer shares; atomic output files",
         ("errors", "version", "launch", "limits", "units", "output", "layers"),
     ),
-    Layer("network", "the topology and the time model of its dims", ("topology", "cost")),
+    Layer(
+        "network",
+        "the topology, the time model of its dims, and the links that concurrent traffic shares",
+        ("topology", "cost", "network"),
+    ),
     Layer(
         "collectives",
         "collectives, their chunks and stages, per-dim algorithms, the closed forms of results",

@@ -16,6 +16,7 @@ from .config import RunConfig
 from .cost import CostModels
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
+from .network import IDEAL, Network
 from .topology import Topology
 
 
@@ -42,6 +43,7 @@ class ModelTransport:
         self._heap: list[tuple[float, int, StageRun]] = []
         self._steps: dict[tuple, tuple[float, ...]] = {}  # step times by stage shape (`run_steps_ns`)
         self._seq = 0
+        self.network = None if config.network == IDEAL else Network(topology, config.network, self.cost)
 
     # --- control: one rank, nothing to exchange --------------------------------------------------
 
@@ -65,7 +67,15 @@ class ModelTransport:
         """Nothing to check: ``run.wrong`` stays None."""
 
     def start(self, run: StageRun) -> None:
-        """Schedule the stage's completion from the cost model."""
+        """Schedule the stage's completion from the cost model (or hand it to the shared links)."""
+        if self.network is not None:
+            if isinstance(run, MessageRun):
+                raise UsageError(
+                    f"point-to-point messages under --network {self.config.network} need the per-NPU "
+                    "network model, which is not built yet; use --network ideal"
+                )
+            self.network.start(run)
+            return
         s = run.stage
         if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
             end_ns = run.start_ns + self.cost(1).p2p_ns(run.path, run.nbytes)
@@ -83,6 +93,8 @@ class ModelTransport:
 
     def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
         """The earliest batch of completions, or (horizon, []) if the horizon comes first."""
+        if self.network is not None:
+            return self.network.next(horizon_ns)
         if not self._heap or self._heap[0][0] > horizon_ns:
             return horizon_ns, []
         t_ns = self._heap[0][0]

@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .cost import CostModel, ideal_time_us
-from .engine import CollectiveRun, StageRun
+from .engine import CollectiveRun, MessageRun, StageRun
+from .network import IDEAL, StepPlanner, physical_links
 from .topology import Topology
 from .units import BYTES_PER_GB
 
@@ -47,6 +48,23 @@ class DimResult:
     stages: int
     utilization: float
     astra_busy_pct: float | None = None
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """One physical link (or shared port direction) of one NPU over a run (`network`).
+
+    `busy_pct` is the bytes it carried over what it could carry in the run's time: never above
+    100 under a sharing rule; under ``ideal`` (no sharing) it shows how much a schedule overdraws.
+    """
+
+    name: str
+    bytes: float
+    busy_pct: float
 
     def to_dict(self) -> dict:
         """Plain values for JSON."""
@@ -92,6 +110,8 @@ class CollectiveResult:
     dim_bound_us: float = 0.0
     schedule: str = ""
     decision_s: float = 0.0
+    network: str = IDEAL
+    links: list[LinkResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -121,6 +141,8 @@ class TrainingResult:
     topology: str = ""
     npus: int = 0
     decision_s: float = 0.0
+    network: str = IDEAL
+    links: list[LinkResult] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -133,20 +155,55 @@ def dim_results(
     cost: Callable[[int], CostModel],
     time_us: float,
     span_ns: tuple[float, float] = (0.0, 0.0),
+    links: Sequence[LinkResult] = (),
 ) -> list[DimResult]:
     """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us.
 
-    `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well.
+    `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well. With
+    `links` (a sharing rule's run) a dim's utilization is its busiest link's, which stages that
+    share the dim cannot push above 100 %; without, it is the stages' time on the dim.
     """
     astra = astra_busy_pct(records, len(topology.dims), span_ns[1], start_ns=span_ns[0])
+    names = [link.name for link in physical_links(topology)]
     out = []
     for d, mine in enumerate(runs_by_dim(records, len(topology.dims))):
         busy_us = sum([r.end_ns - r.start_ns for r in mine]) / 1e3
         shapes = Counter([(r.stage.itemsize, r.stage.op, r.stage.full_elems) for r in mine])
         sent = sum(cost(size).stage_bytes(d, op, elems) * n for (size, op, elems), n in shapes.items())
         utilization = busy_us / time_us if time_us > 0 else 0.0
+        if links:
+            prefix = f"dim{d}."
+            utilization = max(
+                (x.busy_pct / 100 for x, n in zip(links, names) if n.startswith(prefix)), default=0.0
+            )
         out.append(DimResult(d, busy_us, int(sent), len(mine), utilization, finite_or_none(astra[d])))
     return out
+
+
+def link_results(
+    records: Sequence[StageRun], topology: Topology, cost: Callable[[int], CostModel], time_us: float
+) -> list[LinkResult]:
+    """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us."""
+    links = physical_links(topology)
+    carried = [0.0] * len(links)
+    planners: dict[int, StepPlanner] = {}
+    shapes = Counter(
+        (r.stage.itemsize, r.stage.dim, r.stage.op, r.stage.full_elems)
+        for r in records
+        if not isinstance(r, MessageRun)
+    )
+    for (itemsize, dim, op, elems), n in shapes.items():
+        planner = planners.get(itemsize) or planners.setdefault(
+            itemsize, StepPlanner(topology, cost(itemsize))
+        )
+        for step in planner.stage_steps(dim, op, elems):
+            for link, share in step.usage:
+                carried[link] += n * step.bytes * share
+    span_ns = time_us * 1e3
+    return [
+        LinkResult(link.name, b, 100 * b / (link.bytes_per_ns * span_ns) if span_ns > 0 else 0.0)
+        for link, b in zip(links, carried)
+    ]
 
 
 def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
@@ -176,6 +233,7 @@ def summarize(
     wall_s: float = 0.0,
     time_scale: float = 1.0,
     wall_time_us: float | None = None,
+    network: str = IDEAL,
 ) -> CollectiveResult:
     """The whole result of one collective: times, bandwidths, utilization, per-dim figures.
 
@@ -188,7 +246,9 @@ def summarize(
     time_us = virtual_us if wall_time_us is None else wall_time_us
     ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
     algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
-    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns))
+    links = link_results(run.runs, topology, cost, time_us)
+    shared = links if network != IDEAL else ()
+    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns), shared)
     return CollectiveResult(
         op=coll.op,
         involved=list(coll.dims),
@@ -216,6 +276,8 @@ def summarize(
         dim_bound_us=dim_bound_us(dims, topology),
         schedule=schedule,
         decision_s=decision_s,
+        network=network,
+        links=links,
     )
 
 
@@ -236,13 +298,18 @@ def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[flo
 
 
 def flat_row(row: dict) -> dict:
-    """A result's dict with its per-dim list spread into columns (dim0_busy_us, ...), for CSV."""
-    out = {k: v for k, v in row.items() if k != "dims"}
+    """A result's dict with its per-dim and per-link lists spread into columns, for CSV.
+
+    ``dim0_busy_us``, ... for the dims; ``dim0.up_busy_pct``, ... for the links.
+    """
+    out = {k: v for k, v in row.items() if k not in ("dims", "links")}
     out["involved"] = " ".join(map(str, out.get("involved", []))) if "involved" in out else None
     for d in row.get("dims", []):
         for key, value in d.items():
             if key != "dim":
                 out[f"dim{d['dim']}_{key}"] = value
+    for link in row.get("links", []):
+        out[f"{link['name']}_busy_pct"] = link["busy_pct"]
     return {k: v for k, v in out.items() if v is not None or k != "involved"}
 
 

@@ -135,11 +135,43 @@ class Dim:
 
 
 @dataclass(frozen=True)
+class Port:
+    """A port that several dims share: their traffic leaves (and enters) the NPU through one NIC.
+
+    Attributes:
+        dims: the dims whose links all pass through this port (two or more).
+        bandwidth_gbps: the port's rate in each direction, GB/s (2^30 B).
+    """
+
+    dims: tuple[int, ...]
+    bandwidth_gbps: float
+
+    def __post_init__(self):
+        if len(self.dims) < 2 or len(set(self.dims)) != len(self.dims):
+            raise UsageError(f"a shared port needs two or more distinct dims, got {list(self.dims)}")
+        in_range("port bandwidth", self.bandwidth_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s")
+
+    @property
+    def bandwidth_bytes_per_ns(self) -> float:
+        """The port's rate in bytes per ns."""
+        return self.bandwidth_gbps * BYTES_PER_GB / 1e9
+
+    def spec(self) -> str:
+        """The inline form, e.g. ``NIC(1+2,46.57)``."""
+        return f"NIC({'+'.join(map(str, self.dims))},{self.bandwidth_gbps:g})"
+
+
+@dataclass(frozen=True)
 class Topology:
-    """An ordered list of dims; dim 0 is the first (in the paper, the fastest)."""
+    """An ordered list of dims; dim 0 is the first (in the paper, the fastest).
+
+    `ports` are NICs that several dims share (`Port`); the dims' own links stay as they are, and
+    the port's rate bounds their traffic together under a sharing rule (`network`).
+    """
 
     dims: tuple[Dim, ...]
     name: str = ""
+    ports: tuple[Port, ...] = ()
 
     def __post_init__(self):
         if not self.dims:
@@ -148,6 +180,15 @@ class Topology:
             raise UsageError(f"a topology has at most {MAX_DIMS} dims, got {len(self.dims)}")
         if self.npus > MAX_NPUS:
             raise UsageError(f"a topology has at most {MAX_NPUS} NPUs, got {self.npus}")
+        shared = [d for port in self.ports for d in port.dims]
+        if any(not 0 <= d < len(self.dims) for d in shared):
+            raise UsageError(f"a shared port names a dim that is not there (dims 0..{len(self.dims) - 1})")
+        if len(shared) != len(set(shared)):
+            raise UsageError("a dim can leave the NPU through one shared port only")
+
+    def port_of(self, dim: int) -> int | None:
+        """The index of the port dim `dim` shares, or None."""
+        return next((i for i, port in enumerate(self.ports) if dim in port.dims), None)
 
     @property
     def npus(self) -> int:
@@ -173,15 +214,16 @@ class Topology:
 
     def spec(self) -> str:
         """The inline form, which `parse_topology` reads back to an equal topology."""
-        return "_".join(d.spec() for d in self.dims)
+        return "_".join([d.spec() for d in self.dims] + [p.spec() for p in self.ports])
 
     def label(self) -> str:
         """The preset name when there is one, else the inline form."""
         return self.name or self.spec()
 
     def with_dims(self, dims) -> Topology:
-        """A copy with other dims (and no preset name)."""
-        return Topology(tuple(dims))
+        """A copy with other dims (and no preset name); ports stay if their dims are still there."""
+        ports = self.ports if len(dims) == len(self.dims) else ()
+        return Topology(tuple(dims), "", ports)
 
     def with_overrides(self, bandwidth_gbps=None, latency_ns=None, algorithms=None) -> Topology:
         """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value)."""
@@ -198,12 +240,13 @@ class Topology:
                     f"{len(values)} values given for {field} but the topology has {len(dims)} dims"
                 )
             dims = [d if v is None else replace(d, **{field: v}) for d, v in zip(dims, values)]
-        changed = Topology(tuple(dims), self.name)
+        changed = Topology(tuple(dims), self.name, self.ports)
         return changed if changed == self else self.with_dims(dims)
 
 
 def _preset(spec: str, name: str) -> Topology:
-    return Topology(parse_inline(spec).dims, name)
+    parsed = parse_inline(spec)
+    return Topology(parsed.dims, name, parsed.ports)
 
 
 PRESETS = {
@@ -213,7 +256,7 @@ PRESETS = {
     "4D-Ring_SW_SW_SW": "Ring(4,250,20)_SW(4,200,700)_SW(8,100,700)_SW(8,50,1700)",
     "4D-Ring_FC_Ring_SW": "Ring(4,375,20)_FC(8,175,700)_Ring(4,150,700)_SW(8,100,1700)",
     # Platforms the paper names (sources in SOURCES; 1 GB = 2^30 B, so 450e9 B/s = 419.1 GB/s).
-    "HGX-H100-SW_SW_SW": "SW(8,419.1,700)_SW(32,46.57,1700)_SW(4,46.57,1700)",
+    "HGX-H100-SW_SW_SW": "SW(8,419.1,700)_SW(32,46.57,1700)_SW(4,46.57,1700)_NIC(1+2,46.57)",
     "Zion-FC_SW": "FC(8,175,700)_SW(128,46.57,1700)",
     "TPUv4-4x4x4": "Ring(4,93.13,500)_Ring(4,93.13,500)_Ring(4,93.13,500)",
     "TPUv4-16x16x16": "Ring(16,93.13,500)_Ring(16,93.13,500)_Ring(16,93.13,500)",
@@ -248,8 +291,9 @@ SOURCES = {
         "dim 0: NVLink 4 through NVSwitch, 18 links = 450 GB/s (1e9 B/s) per direction per GPU, 8 GPUs "
         "(NVIDIA H100 datasheet, HGX H100 / DGX H100 user guide); dim 1: one ConnectX-7 400 Gb/s = 50e9 B/s "
         "per GPU into its rail's leaf switch, 32 nodes per scalable unit; dim 2: non-blocking spine, 4 "
-        "scalable units (NVIDIA DGX SuperPOD H100 reference architecture). Latencies are the Themis "
-        "paper's (700 ns in-node switch, 1700 ns scale-out), not measured."
+        "scalable units (NVIDIA DGX SuperPOD H100 reference architecture); dims 1 and 2 leave the GPU "
+        "through that one NIC, NIC(1+2,46.57). Latencies are the Themis paper's (700 ns in-node switch, "
+        "1700 ns scale-out), not measured."
     ),
     "Zion-FC_SW": (
         "8 OAM accelerators fully connected in the node (Facebook Zion, OCP Summit 2019; OCP OAM spec: "
@@ -274,14 +318,34 @@ def _number(text: str, what: str, dim_text: str) -> float:
         raise UsageError(f"bad {what} {text.strip()!r} in topology dim {dim_text!r}") from None
 
 
-def parse_inline(spec: str) -> Topology:
-    """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``."""
+def _port(item: str, fields: str) -> Port:
+    """``NIC(1+2,46.57)``: dims 1 and 2 share a port of 46.57 GB/s."""
+    parts = [f.strip() for f in fields.split(",")]
+    if len(parts) != 2:
+        raise UsageError(f"shared port {item!r} needs DIMS,GB/s, e.g. NIC(1+2,46.57)")
     dims = []
+    for text in parts[0].split("+"):
+        if not text.strip().isdigit():
+            raise UsageError(f"bad dim {text.strip()!r} in shared port {item!r}: use dim indices like 1+2")
+        dims.append(int(text))
+    return Port(tuple(dims), _number(parts[1], "GB/s", item))
+
+
+def parse_inline(spec: str) -> Topology:
+    """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``, then ``NIC(d1+d2,GB/s)`` ports."""
+    dims, ports = [], []
     for item in spec.split("_"):
         match = _INLINE_DIM.match(item)
         if not match:
             raise UsageError(
                 f"malformed topology dim {item!r}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
+            )
+        if match.group(1).upper() == "NIC":
+            ports.append(_port(item, match.group(2)))
+            continue
+        if ports:
+            raise UsageError(
+                f"topology dim {item!r} comes after a shared port: write the NIC(...) items last"
             )
         kind = KIND_ALIASES.get(match.group(1).lower())
         if kind is None:
@@ -296,7 +360,7 @@ def parse_inline(spec: str) -> Topology:
         dims.append(
             Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
         )
-    return Topology(tuple(dims))
+    return Topology(tuple(dims), "", tuple(ports))
 
 
 def parse_yaml(path: str) -> Topology:

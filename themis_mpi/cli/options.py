@@ -92,6 +92,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
         compat=args.compat,
         endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
+        network=args.network,
     )
 
 

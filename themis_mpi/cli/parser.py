@@ -16,6 +16,7 @@ from ..collectives import DTYPES, OPS, REDOPS
 from ..config import DEFAULT_TIMEOUT_S
 from ..cost import ASTRA_SIM_1_0
 from ..launch import env_rank
+from ..network import IDEAL, RULES
 from ..topology import ALGORITHMS
 from ..units import UNITS
 from ..version import __version__
@@ -90,6 +91,14 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         choices=("", ASTRA_SIM_1_0),
         help="astra-sim-1.0: ASTRA-sim 1.0's exact semantics where they are modelling choices (whole-ns "
         "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
+    )
+    p.add_argument(
+        "--network",
+        default=IDEAL,
+        choices=RULES,
+        help="how stages that run at once share the links: fair (max-min fair, cut-through), "
+        "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
+        "it) or ideal (they share nothing: ASTRA-sim 1.0's rule; default)",
     )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
     p.add_argument(

@@ -1,10 +1,11 @@
-"""`themis-mpi topologies`: the presets with their inline form, description and source."""
+"""`themis-mpi topologies`: the presets with their inline form, links, description and source."""
 
 from __future__ import annotations
 
 import argparse
 import textwrap
 
+from ..network import describe_links
 from ..topology import DESCRIPTIONS, PRESETS, SOURCES, parse_topology
 
 
@@ -21,6 +22,8 @@ def cmd_topologies(args: argparse.Namespace) -> int:
             f"  {name:<{width}} {topo.npus:>5}  {topo.spec()}\n  {'':<{width}} {'':>5}  "
             f"# {DESCRIPTIONS[name]}"
         )
+        for line in textwrap.wrap(f"links per NPU: {describe_links(topo)}", 96):
+            print(f"  {'':<{width}} {'':>5}  #   {line}")
         if name in SOURCES:
             for line in textwrap.wrap(SOURCES[name], 96):
                 print(f"  {'':<{width}} {'':>5}  #   {line}")

@@ -23,6 +23,11 @@ time, so it is kept short:
 - One ``Testsome`` over the requests of every running stage tests them all at once.
 
 Waiting never spins: the rank yields or sleeps, backing off, between tests (`progress`).
+
+Under a sharing rule (``--network fair`` or ``store-forward``) the links' time is not a sum of
+step costs: each rank runs the same one-NPU `network.Network` as the model (collectives are
+symmetric, so every rank's links carry the same load), the steps only move and check the data,
+and a stage ends at the network's time once its data is all there.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from ..collectives import Collective, owned_region, rs_dims
 from ..config import RunConfig
 from ..cost import A2A, AG, RS, CostModels
 from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
+from ..errors import UsageError
+from ..network import IDEAL, Network
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
@@ -320,6 +327,10 @@ class MpiTransport:
         self._spare: list[np.ndarray] = []  # large scratch of finished stages, for reuse
         self._buffers: list[np.ndarray] = []  # buffers of finished collectives, for reuse
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
+        self.network = None if config.network == IDEAL else Network(self.topology, config.network, self.cost)
+        if self.network is not None and self._wall:
+            raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
+        self._net_done: tuple[float, list[StageRun]] | None = None  # ends the network gave, data pending
 
     # --- control (small messages, rank 0 coordinates) --------------------------------------------
 
@@ -379,8 +390,15 @@ class MpiTransport:
     def start(self, run: StageRun) -> None:
         """Post the first step of a stage the engine just started."""
         if isinstance(run, MessageRun):
+            if self.network is not None:
+                raise UsageError(
+                    f"point-to-point messages under --network {self.config.network} need the per-NPU "
+                    "network model, which is not built yet; use --network ideal"
+                )
             self._start_message(run)
             return
+        if self.network is not None:
+            self.network.start(run)
         s = run.stage
         data = self._data[s.coll]
         stack = data.regions[s.chunk]
@@ -439,6 +457,8 @@ class MpiTransport:
             steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
         costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
+        if self.network is not None:  # the links' time comes from the network; steps move data
+            costs = (0.0,) * len(costs)
         if len(self._shapes) >= MAX_SHAPES:
             for old in self._shapes.values():
                 old.retired = True
@@ -688,6 +708,8 @@ class MpiTransport:
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step (and each timer) until its deadline.
         """
+        if self.network is not None:
+            return self._wait_network(horizon_ns)
         backoff = None
         progressed = True
         first_end, bound = math.inf, math.inf
@@ -728,6 +750,35 @@ class MpiTransport:
             backoff.pause(wait_s)
             if wait_s is not None and wait_s > 0:
                 backoff.reset()  # waiting for our own deadline: silence counts from when it passes
+
+    def _wait_network(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+        """Under a sharing rule: the network's next ends (or the horizon), once their data is here."""
+        if self._net_done is None:
+            t_ns, runs = self.network.next(horizon_ns)  # type: ignore[union-attr]
+            if not runs:
+                return t_ns, []
+            self._net_done = (t_ns, runs)
+        t_ns, runs = self._net_done
+        ending = {id(run) for run in runs}
+        backoff = None
+        while True:
+            done = [ex for ex in self._active if id(ex.run) in ending]
+            if len(done) == len(runs) and all(ex.end_ns is not None for ex in done):
+                break
+            if self._progress():
+                if backoff is not None:
+                    backoff.reset()
+                continue
+            if backoff is None:
+                backoff = self.grid.watchdog.backoff(self._waiting_for)
+            backoff.pause(None)
+        self._net_done = None
+        self._active = [ex for ex in self._active if id(ex.run) not in ending]
+        for ex in done:
+            self._release(ex)  # type: ignore[arg-type]
+        for run in runs:
+            run.wall_end_s = time.perf_counter()
+        return t_ns, runs
 
 
 class MpiBackend:

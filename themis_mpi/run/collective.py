@@ -94,6 +94,7 @@ def run_collective(
         wall_s=wall_s,
         time_scale=config.time_scale,
         wall_time_us=wall_s / config.time_scale * 1e6 if wall else None,
+        network=config.network,
     )
     return result, engine
 

@@ -14,8 +14,9 @@ from ..cost import loop_tick_ns
 from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
+from ..network import IDEAL
 from ..policies import Schedule
-from ..results import TrainingResult, dim_results
+from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
 from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
 from ..workloads.text import Workload
@@ -55,8 +56,10 @@ def _training_result(
     decision_s: float = 0.0,
 ) -> TrainingResult:
     """The row of a training run or a graph replay, from its engine at the end."""
-    topo, total_ns = transport.topology, engine.now_ns
+    topo, total_ns, network = transport.topology, engine.now_ns, transport.config.network
     mean_ns = total_ns / iterations
+    links = link_results(engine.records, topo, transport.cost, total_ns / 1e3)
+    shared = links if network != IDEAL else ()
     return TrainingResult(
         policy=policy_name(policy),
         intra=transport.config.intra,
@@ -69,13 +72,15 @@ def _training_result(
         compute_us=compute_ns / iterations / 1e3,
         exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
         collectives=collectives,
-        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns)),
+        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns), shared),
         wrong=wrong_elements(transport, engine),
         wall_s=wall_s,
         workload=workload,
         topology=topo.label(),
         npus=topo.npus,
         decision_s=decision_s,
+        network=network,
+        links=links,
     )
 
 
@@ -127,6 +132,16 @@ def run_graph(
     plan = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
     if plan.messages and config.compat:
         raise UsageError("point-to-point messages are not supported with --compat")
+    if plan.messages and config.network != IDEAL:
+        raise UsageError(
+            f"point-to-point messages under --network {config.network} need the per-NPU network model, "
+            "which is not built yet; use --network ideal"
+        )
+    if not graph.symmetric and config.network != IDEAL:
+        raise UsageError(
+            f"per-rank Chakra traces under --network {config.network} need the per-NPU network model, "
+            "which is not built yet; use --network ideal"
+        )
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     engine = Engine(topo, transport, config)

@@ -1,0 +1,404 @@
+"""Links that concurrent traffic shares: the physical resources under every dim, and the sharing rules.
+
+Each NPU has, per dim (B is the dim's per-NPU bandwidth, all its links together, as before):
+
+- Ring: two outgoing links of B/2, one per direction. Every stage spreads its bytes evenly over
+  both (the ring algorithm runs two counter-rotating half-rings, half the data each), so an
+  uncontended ring keeps its time.
+- FullyConnected of P NPUs: P-1 links of B/(P-1), one per peer distance. A ring step uses the
+  link to the next NPU, a halving-doubling step the link to its partner (distance = the step's
+  mask), a direct or all-to-all step all of them.
+- Switch: one up-link and one down-link of B to the dim's switch; a message goes up, then down.
+  An in-network reduction (ina) sends its up-traffic and receives its down-traffic at the
+  switch's efficiency.
+- A shared port (`topology.Port`, e.g. one NIC that dims 1 and 2 leave through): an out and an
+  in direction of the port's rate that every transfer of those dims crosses as well.
+
+A stage's step is a transfer of its bytes over its links, then a fixed delay (``hops *
+latency + endpoint delay``): alone on its links it takes exactly the cost model's step time.
+The sharing rule (`RunConfig.network`) says how transfers that overlap in time share links:
+
+- ``ideal``: they share nothing (the cost model alone, ASTRA-sim 1.0's congestion-unaware rule;
+  `Network` is not used).
+- ``fair``: max-min fair sharing of every link among the transfers using it at each instant,
+  cut-through at switches (a transfer uses its up- and down-link at once).
+- ``store-forward``: each link serves whole transfers in the order they reach it, and a switch
+  forwards a transfer only after all of it has arrived (up, then down).
+
+The model is one NPU's, as the model transport's is: collectives are symmetric, so every NPU
+starts the same stages at the same times and the load that this NPU's own transfers put on its
+outgoing links is the load on every link of that kind (and on its in-links, which its peers'
+transfers fill alike). Both transports run this same code, so emulator and model agree exactly;
+point-to-point messages and NPUs that differ need the per-NPU network and are refused for now.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .cost import A2A, CostModel, block_elems, ina_traffic, steps
+from .errors import UsageError
+from .topology import Topology
+
+IDEAL, FAIR, STORE_FORWARD = "ideal", "fair", "store-forward"
+RULES = (FAIR, STORE_FORWARD, IDEAL)
+SATURATED = 1e-12  # relative slack within which a link counts as full when rates are filled
+
+
+@dataclass(frozen=True)
+class Link:
+    """One direction of one physical link of an NPU, or of a shared port.
+
+    Attributes:
+        name: e.g. ``dim0.cw``, ``dim1.peer+3``, ``dim2.up``, ``port0.out``.
+        dim: the dim it belongs to (-1 for a shared port).
+        bytes_per_ns: its rate.
+    """
+
+    name: str
+    dim: int
+    bytes_per_ns: float
+
+
+def physical_links(topology: Topology) -> tuple[Link, ...]:
+    """Every link of one NPU, dim by dim, then the shared ports (out, in)."""
+    out: list[Link] = []
+    for d, dim in enumerate(topology.dims):
+        b = dim.bandwidth_bytes_per_ns
+        if dim.npus == 1:
+            continue
+        if dim.kind == "Ring":
+            out += [Link(f"dim{d}.cw", d, b / 2), Link(f"dim{d}.ccw", d, b / 2)]
+        elif dim.kind == "FullyConnected":
+            out += [Link(f"dim{d}.peer+{k}", d, b / (dim.npus - 1)) for k in range(1, dim.npus)]
+        else:
+            out += [Link(f"dim{d}.up", d, b), Link(f"dim{d}.down", d, b)]
+    for i, port in enumerate(topology.ports):
+        out += [
+            Link(f"port{i}.out", -1, port.bandwidth_bytes_per_ns),
+            Link(f"port{i}.in", -1, port.bandwidth_bytes_per_ns),
+        ]
+    return tuple(out)
+
+
+def describe_links(topology: Topology) -> str:
+    """One NPU's links in a line, e.g. ``dim 0: up, down 419.1 GB/s; NIC(1+2): 46.57 GB/s each way``."""
+    parts = []
+    for d, dim in enumerate(topology.dims):
+        b = dim.bandwidth_gbps
+        if dim.npus == 1:
+            continue
+        if dim.kind == "Ring":
+            parts.append(f"dim {d}: 2 x {b / 2:g} GB/s (both ways round)")
+        elif dim.kind == "FullyConnected":
+            parts.append(f"dim {d}: {dim.npus - 1} x {b / (dim.npus - 1):.4g} GB/s (one per peer)")
+        else:
+            parts.append(f"dim {d}: up, down {b:g} GB/s")
+    for port in topology.ports:
+        parts.append(f"NIC({'+'.join(map(str, port.dims))}): {port.bandwidth_gbps:g} GB/s each way")
+    return "; ".join(parts)
+
+
+Usage = tuple[tuple[int, float], ...]  # (link index, bytes on the link per byte of the transfer)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a stage on the links: a transfer of `bytes`, then `delay_ns`.
+
+    `hops` are the transfer's link groups in order: they are used at once under ``fair``
+    (cut-through) and one after the other under ``store-forward``; `usage` is all of them.
+    """
+
+    bytes: float
+    hops: tuple[Usage, ...]
+    delay_ns: float
+    usage: Usage = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "usage", tuple(u for hop in self.hops for u in hop))
+
+
+class StepPlanner:
+    """The link steps of a stage on one topology (one element size, `CostModel`'s settings)."""
+
+    def __init__(self, topology: Topology, cost: CostModel):
+        self.topology, self.cost = topology, cost
+        self.links = physical_links(topology)
+        self.index = {link.name: i for i, link in enumerate(self.links)}
+        self._memo: dict[tuple, tuple[Step, ...]] = {}
+
+    def stage_steps(self, dim_index: int, op: str, full_elems: int) -> tuple[Step, ...]:
+        """The steps of a stage, as the cost model times them alone."""
+        key = (dim_index, op, full_elems)
+        if key not in self._memo:
+            self._memo[key] = self._plan(dim_index, op, full_elems)
+        return self._memo[key]
+
+    def _port(self, dim_index: int, out: float, into: float) -> tuple[Usage, Usage]:
+        port = self.topology.port_of(dim_index)
+        if port is None:
+            return (), ()
+        return ((self.index[f"port{port}.out"], out),), ((self.index[f"port{port}.in"], into),)
+
+    def _plan(self, d: int, op: str, full_elems: int) -> tuple[Step, ...]:
+        dim, itemsize = self.topology.dims[d], self.cost.itemsize
+        delay_ns = dim.hops * dim.latency_ns + self.cost.endpoint_delay_ns
+        i = self.index
+        if dim.algorithm == "ina" and op != A2A and dim.npus > 1:
+            up, down = ina_traffic(dim, op, full_elems, itemsize)
+            v = float(max(up, down))
+            cu, cd = up / v / dim.efficiency, down / v / dim.efficiency
+            p_out, p_in = self._port(d, cu, cd)
+            return (Step(v, (((i[f"dim{d}.up"], cu), *p_out), ((i[f"dim{d}.down"], cd), *p_in)), delay_ns),)
+        block = block_elems(full_elems, dim.npus) * itemsize
+        out = []
+        for msg, n in steps(dim, op, full_elems, itemsize):
+            v = float(msg * n)
+            p_out, p_in = self._port(d, 1.0, 1.0)
+            if dim.kind == "Ring":
+                hops: tuple[Usage, ...] = (((i[f"dim{d}.cw"], 0.5), (i[f"dim{d}.ccw"], 0.5), *p_out, *p_in),)
+            elif dim.kind == "Switch":
+                hops = (((i[f"dim{d}.up"], 1.0), *p_out), ((i[f"dim{d}.down"], 1.0), *p_in))
+            elif n > 1:  # direct and all-to-all: one message per peer, every link
+                share = 1.0 / (dim.npus - 1)
+                hops = (tuple((i[f"dim{d}.peer+{k}"], share) for k in range(1, dim.npus)) + p_out + p_in,)
+            else:  # ring: the next NPU; halving-doubling: the partner at the step's distance
+                distance = 1 if dim.algorithm == "ring" else max(1, msg // block)
+                hops = (((i[f"dim{d}.peer+{distance}"], 1.0), *p_out, *p_in),)
+            out.append(Step(v, hops, delay_ns))
+        return tuple(out)
+
+
+def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
+    """Max-min fair rates (bytes per ns) of transfers on links (progressive filling).
+
+    Every transfer's rate grows at the same pace until a link it uses is full; then it keeps
+    that rate while the others grow on. A transfer that shares no link gets its links' rate
+    directly (the same number whatever else runs).
+    """
+    users: dict[int, int] = {}
+    for usage in usages:
+        for link, _ in usage:
+            users[link] = users.get(link, 0) + 1
+    rates = [0.0] * len(usages)
+    active = set()
+    for f, usage in enumerate(usages):
+        if all(users[link] == 1 for link, _ in usage):
+            rates[f] = min(capacity[link] / share for link, share in usage)
+        else:
+            active.add(f)
+    left = list(capacity)
+    while active:
+        load: dict[int, float] = {}
+        for f in active:
+            for link, share in usages[f]:
+                load[link] = load.get(link, 0.0) + share
+        step = min(left[link] / w for link, w in load.items())
+        for f in active:
+            rates[f] += step
+        full = set()
+        for link, w in load.items():
+            left[link] -= step * w
+            if left[link] <= SATURATED * capacity[link]:
+                full.add(link)
+        active = {f for f in active if not any(link in full for link, _ in usages[f])}
+    return rates
+
+
+@dataclass(eq=False)
+class _Flow:
+    """A stage on the links: its steps, where it is, and what is left of its transfer."""
+
+    run: object
+    steps: tuple[Step, ...]
+    k: int = 0
+    left: float = 0.0  # fair: bytes of step k's transfer still to go at `Network.now_ns`
+    rate: float = 0.0  # fair: its rate since the last change of the moving set
+    end_ns: float = math.inf  # fair: when it ends at that rate
+    hop: int = 0  # store-forward: the hop being served
+    waiting: int = 0  # store-forward: the hop's links not done yet
+
+
+class Network:
+    """One NPU's links under a sharing rule: stages start, and it says when each one ends.
+
+    `start` a stage at the current time; `next` advances to the earliest stage end at or before
+    a horizon and returns ``(t, stages ending at t)``, or ``(horizon, [])``. Bytes carried per
+    link are in `link_bytes`.
+    """
+
+    def __init__(self, topology: Topology, rule: str, cost):
+        if rule not in (FAIR, STORE_FORWARD):
+            raise UsageError(f"unknown sharing rule {rule!r}; use one of {', '.join(RULES)}")
+        self.rule, self.cost = rule, cost
+        self.topology = topology
+        self._planners: dict[int, StepPlanner] = {}
+        self.links = physical_links(topology)
+        self.capacity = [link.bytes_per_ns for link in self.links]
+        self.link_bytes = [0.0] * len(self.links)
+        self.now_ns = 0.0
+        self._moving: list[_Flow] = []  # fair: transfers in progress
+        self._users = [0] * len(self.links)  # fair: moving transfers on each link
+        self._rates_stale = False
+        self._timers: list[tuple[float, int, str, object]] = []  # (time, seq, what, flow or link)
+        self._seq = 0
+        self._fifo: list[deque] = [deque() for _ in self.links]  # store-forward: (flow, bytes)
+        self._ended: list[object] = []
+
+    # --- stages in and out ---------------------------------------------------------------------
+
+    def start(self, run) -> None:
+        """A stage starts now (``run.start_ns``, the engine's time, which is this network's)."""
+        s = run.stage
+        planner = self._planners.get(s.itemsize)
+        if planner is None:
+            planner = self._planners[s.itemsize] = StepPlanner(self.topology, self.cost(s.itemsize))
+        if not self._moving and not self._timers:  # idle: a new run's engine may start from 0
+            self.now_ns = run.start_ns
+        self._begin_step(_Flow(run, planner.stage_steps(s.dim, s.op, s.full_elems)))
+
+    def next(self, horizon_ns: float) -> tuple[float, list]:
+        """Advance to the earliest stage end at or before the horizon: (t, stages), or (horizon, [])."""
+        while True:
+            if self._ended:
+                ended, self._ended = self._ended, []
+                return self.now_ns, ended
+            t = self._next_event_ns()
+            if t > horizon_ns:
+                self._advance(horizon_ns)
+                return horizon_ns, []
+            self._advance(t)
+            self._fire(t)
+
+    # --- time ------------------------------------------------------------------------------------
+
+    def _schedule(self, t_ns: float, what: str, item: object) -> None:
+        heapq.heappush(self._timers, (t_ns, self._seq, what, item))
+        self._seq += 1
+
+    def _next_event_ns(self) -> float:
+        if self._rates_stale:
+            self._set_rates()
+        t = self._timers[0][0] if self._timers else math.inf
+        for f in self._moving:
+            if f.end_ns < t:
+                t = f.end_ns
+        return t
+
+    def _advance(self, t_ns: float) -> None:
+        """Move the fair transfers on to t_ns (their ends stay as their rates set them)."""
+        dt = t_ns - self.now_ns
+        if dt > 0:
+            for f in self._moving:
+                f.left -= f.rate * dt
+        self.now_ns = t_ns
+
+    def _fire(self, t_ns: float) -> None:
+        """Everything due at t_ns: transfers that are done, delays that are over, links that free."""
+        done = [f for f in self._moving if f.end_ns <= t_ns]
+        if done:
+            self._moving = [f for f in self._moving if f.end_ns > t_ns]
+            for f in done:
+                f.left = 0.0
+                self._leave(f.steps[f.k].usage)
+            for f in done:
+                self._after_transfer(f)
+        while self._timers and self._timers[0][0] <= t_ns:
+            _, _, what, item = heapq.heappop(self._timers)
+            if what == "delay":
+                flow = item
+                assert isinstance(flow, _Flow)
+                flow.k += 1
+                self._begin_step(flow)
+            else:
+                self._link_done(item)  # type: ignore[arg-type]
+
+    def _begin_step(self, flow: _Flow) -> None:
+        """Start the flow's step k, or end the stage after its last step."""
+        if flow.k == len(flow.steps):
+            self._ended.append(flow.run)
+            return
+        step = flow.steps[flow.k]
+        for link, share in step.usage:
+            self.link_bytes[link] += step.bytes * share
+        if self.rule == FAIR:
+            flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf  # (set by `_join`)
+            self._moving.append(flow)
+            self._join(flow, step.usage)
+        else:
+            flow.hop = 0
+            self._enter_hop(flow)
+
+    def _after_transfer(self, flow: _Flow) -> None:
+        """Its transfer is done: the step's delay, then the next step (at once without a delay)."""
+        delay_ns = flow.steps[flow.k].delay_ns
+        if delay_ns > 0:
+            self._schedule(self.now_ns + delay_ns, "delay", flow)
+        else:
+            flow.k += 1
+            self._begin_step(flow)
+
+    def _join(self, flow: _Flow, usage: Usage) -> None:
+        """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
+        users = self._users
+        alone = True
+        for link, _ in usage:
+            if users[link]:
+                alone = False
+            users[link] += 1
+        if alone and not self._rates_stale:
+            flow.rate = min(self.capacity[link] / share for link, share in usage)
+            flow.end_ns = self.now_ns + flow.left / flow.rate
+        else:
+            self._rates_stale = True
+
+    def _leave(self, usage: Usage) -> None:
+        """A transfer ends: the others' rates change only if one shared a link with it."""
+        users = self._users
+        for link, _ in usage:
+            users[link] -= 1
+            if users[link]:
+                self._rates_stale = True
+
+    def _set_rates(self) -> None:
+        rates = max_min_rates([f.steps[f.k].usage for f in self._moving], self.capacity)
+        for f, r in zip(self._moving, rates):
+            if r != f.rate:
+                f.rate = r
+                f.end_ns = self.now_ns + f.left / r
+        self._rates_stale = False
+
+    # --- store-forward ----------------------------------------------------------------------------
+
+    def _enter_hop(self, flow: _Flow) -> None:
+        """Queue the flow's current hop on each of its links (each serves in arrival order)."""
+        step = flow.steps[flow.k]
+        hop = step.hops[flow.hop]
+        flow.waiting = len(hop)
+        for link, share in hop:
+            queue = self._fifo[link]
+            queue.append((flow, step.bytes * share))
+            if len(queue) == 1:
+                self._serve(link)
+
+    def _serve(self, link: int) -> None:
+        _, nbytes = self._fifo[link][0]
+        self._schedule(self.now_ns + nbytes / self.capacity[link], "link", link)
+
+    def _link_done(self, link: int) -> None:
+        queue = self._fifo[link]
+        flow, _ = queue.popleft()
+        if queue:
+            self._serve(link)
+        flow.waiting -= 1
+        if flow.waiting == 0:
+            step = flow.steps[flow.k]
+            flow.hop += 1
+            if flow.hop < len(step.hops):
+                self._enter_hop(flow)
+            else:
+                self._schedule(self.now_ns + step.delay_ns, "delay", flow)
