@@ -13,7 +13,7 @@ from themis_mpi.cost import CostModels
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.network import max_min_rates, physical_links
+from themis_mpi.network import Network, max_min_rates, physical_links
 from themis_mpi.policies import fixed_schedule
 from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import Dim, Port, Topology, parse_topology
@@ -252,3 +252,27 @@ def test_the_hgx_nic_never_carries_more_than_its_rate_under_sharing(policy):
     if policy == "themis":  # Themis balances dims 1 and 2 as if each had its own 46.57 GB/s
         ideal = model_collective(topo, coll, policy, RunConfig(intra=intra))[0]
         assert max(link.busy_pct for link in ideal.links if link.name.startswith("port0.")) > 100
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    topo=topologies(),
+    policy=st.sampled_from(["baseline", "themis"]),
+    chunks=st.sampled_from([1, 4, 16]),
+    active=st.sampled_from([1, 2, 3]),
+)
+def test_a_solo_stage_ends_where_the_step_wise_path_ends_it(topo, policy, chunks, active):
+    """The fair rule's solo shortcut changes no stage end beyond float rounding (same engine decisions)."""
+    coll = Collective("all_reduce", (4 << 20) // 4, "float32", chunks, tuple(range(len(topo.dims))))
+    config = RunConfig(intra="fifo" if policy == "baseline" else "scf", active_per_dim=active, network="fair")
+    fast_result, fast = model_collective(topo, coll, policy, config)
+    Network.solo = False
+    try:
+        slow_result, slow = model_collective(topo, coll, policy, config)
+    finally:
+        Network.solo = True
+    assert [(r.stage.coll, r.stage.chunk, r.stage.index) for r in fast.records] == [
+        (r.stage.coll, r.stage.chunk, r.stage.index) for r in slow.records
+    ]
+    assert [r.end_ns for r in fast.records] == pytest.approx([r.end_ns for r in slow.records], rel=1e-9)
+    assert fast_result.time_us == pytest.approx(slow_result.time_us, rel=1e-9)

@@ -221,15 +221,23 @@ class _Flow:
     end_ns: float = math.inf  # fair: when it ends at that rate
     hop: int = 0  # store-forward: the hop being served
     waiting: int = 0  # store-forward: the hop's links not done yet
+    solo_ns: float = -1.0  # fair: alone since then from step k on (`end_ns` is then the stage's end)
+    uniform: bool = False  # every step uses the same links
 
 
 class Network:
     """One NPU's links under a sharing rule: stages start, and it says when each one ends.
 
     `start` a stage at the current time; `next` advances to the earliest stage end at or before
-    a horizon and returns ``(t, stages ending at t)``, or ``(horizon, [])``. Bytes carried per
-    link are in `link_bytes`.
+    a horizon and returns ``(t, stages ending at t)``, or ``(horizon, [])``.
+
+    Under ``fair`` a stage whose steps all use the same links and that finds them free runs
+    *solo*: its end is summed at once, step by step in the order the step-wise path sums it, so
+    both give the same number; when another transfer joins one of its links, the solo stage is
+    placed where it is at that instant and goes on step by step, sharing.
     """
+
+    solo = True  # (a test turns the shortcut off to compare it with the step-wise path)
 
     def __init__(self, topology: Topology, rule: str, cost):
         if rule not in (FAIR, STORE_FORWARD):
@@ -239,7 +247,6 @@ class Network:
         self._planners: dict[int, StepPlanner] = {}
         self.links = physical_links(topology)
         self.capacity = [link.bytes_per_ns for link in self.links]
-        self.link_bytes = [0.0] * len(self.links)
         self.now_ns = 0.0
         self._moving: list[_Flow] = []  # fair: transfers in progress
         self._users = [0] * len(self.links)  # fair: moving transfers on each link
@@ -259,7 +266,9 @@ class Network:
             planner = self._planners[s.itemsize] = StepPlanner(self.topology, self.cost(s.itemsize))
         if not self._moving and not self._timers:  # idle: a new run's engine may start from 0
             self.now_ns = run.start_ns
-        self._begin_step(_Flow(run, planner.stage_steps(s.dim, s.op, s.full_elems)))
+        steps = planner.stage_steps(s.dim, s.op, s.full_elems)
+        uniform = all(step.usage == steps[0].usage for step in steps)
+        self._begin_step(_Flow(run, steps, uniform=uniform))
 
     def next(self, horizon_ns: float) -> tuple[float, list]:
         """Advance to the earliest stage end at or before the horizon: (t, stages), or (horizon, [])."""
@@ -294,7 +303,8 @@ class Network:
         dt = t_ns - self.now_ns
         if dt > 0:
             for f in self._moving:
-                f.left -= f.rate * dt
+                if f.solo_ns < 0:
+                    f.left -= f.rate * dt
         self.now_ns = t_ns
 
     def _fire(self, t_ns: float) -> None:
@@ -306,7 +316,10 @@ class Network:
                 f.left = 0.0
                 self._leave(f.steps[f.k].usage)
             for f in done:
-                self._after_transfer(f)
+                if f.solo_ns >= 0:  # a solo stage is over
+                    self._ended.append(f.run)
+                else:
+                    self._after_transfer(f)
         while self._timers and self._timers[0][0] <= t_ns:
             _, _, what, item = heapq.heappop(self._timers)
             if what == "delay":
@@ -323,8 +336,6 @@ class Network:
             self._ended.append(flow.run)
             return
         step = flow.steps[flow.k]
-        for link, share in step.usage:
-            self.link_bytes[link] += step.bytes * share
         if self.rule == FAIR:
             flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf  # (set by `_join`)
             self._moving.append(flow)
@@ -345,16 +356,59 @@ class Network:
     def _join(self, flow: _Flow, usage: Usage) -> None:
         """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
         users = self._users
+        if any(users[link] for link, _ in usage):
+            mine = {link for link, _ in usage}
+            for other in [f for f in self._moving if f.solo_ns >= 0 and f is not flow]:
+                if any(link in mine for link, _ in other.steps[other.k].usage):
+                    self._unsolo(other)
         alone = True
         for link, _ in usage:
             if users[link]:
                 alone = False
             users[link] += 1
-        if alone and not self._rates_stale:
-            flow.rate = min(self.capacity[link] / share for link, share in usage)
-            flow.end_ns = self.now_ns + flow.left / flow.rate
-        else:
+        if not alone or self._rates_stale:
             self._rates_stale = True
+            return
+        flow.rate = rate = min(self.capacity[link] / share for link, share in usage)
+        t = self.now_ns + flow.left / rate
+        if (
+            flow.uniform and self.solo
+        ):  # solo: the stage's end, summed as `_after_transfer` and `_begin_step` would
+            flow.solo_ns = self.now_ns
+            t = self._solo_end(flow, rate)
+        flow.end_ns = t
+
+    def _solo_end(self, flow: _Flow, rate: float) -> float:
+        """The end of a stage alone on its links from now, step k's transfer on."""
+        steps, k = flow.steps, flow.k
+        t = self.now_ns + flow.left / rate
+        if steps[k].delay_ns > 0:
+            t = t + steps[k].delay_ns
+        for step in steps[k + 1 :]:
+            t = t + step.bytes / rate
+            if step.delay_ns > 0:
+                t = t + step.delay_ns
+        return t
+
+    def _unsolo(self, flow: _Flow) -> None:
+        """Place a solo stage where it is now: in a step's transfer (left bytes), or in its delay."""
+        steps, rate = flow.steps, flow.rate
+        t, k, left = flow.solo_ns, flow.k, flow.left
+        flow.solo_ns = -1.0
+        while True:
+            end = t + left / rate
+            if self.now_ns < end:  # in the transfer of step k
+                flow.k, flow.left, flow.end_ns = k, left - rate * (self.now_ns - t), end
+                return
+            if steps[k].delay_ns > 0:
+                end = end + steps[k].delay_ns
+                if self.now_ns < end:  # in the delay after step k: off the links
+                    flow.k = k
+                    self._moving.remove(flow)
+                    self._leave(steps[k].usage)
+                    self._schedule(end, "delay", flow)
+                    return
+            k, t, left = k + 1, end, steps[k + 1].bytes
 
     def _leave(self, usage: Usage) -> None:
         """A transfer ends: the others' rates change only if one shared a link with it."""
