@@ -387,10 +387,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)"
     )
     calibrate.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
-    calibrate.add_argument("--algorithm", default="ring", help="algorithm of the fitted dim (default ring)")
+    calibrate.add_argument(
+        "--algorithm",
+        default="nccl",
+        help="nccl (default: the NCCL-like model, all sizes) or a per-dim algorithm (ring...: one-dim fit)",
+    )
     calibrate.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
-    calibrate.add_argument("--min-size", default="1M", help="smallest size fitted (default 1M)")
-    calibrate.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
+    calibrate.add_argument("--min-size", default="1M", help="smallest size of the per-dim fit (default 1M)")
+    calibrate.add_argument(
+        "--table", type=int, default=None, help="which table of a log with several (1, 2...)"
+    )
+    calibrate.add_argument(
+        "--nccl-algo", default=None, help="the algorithms the run allowed (NCCL_ALGO), e.g. Ring or Ring,Tree"
+    )
+    calibrate.add_argument(
+        "--base",
+        default=None,
+        help="a single-node fit (its topology or --json file): fit dim 1 of a multi-node log",
+    )
+    calibrate.add_argument(
+        "--link-gbps",
+        type=float,
+        default=450e9 / 2**30,
+        help="dim 0's nominal link rate, GB/s (default NVLink 4)",
+    )
+    calibrate.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
 
     sub.add_parser("topologies", help="list the topology presets")
     sub.add_parser("policies", help="list the inter-dim and intra-dim scheduling policies (and plugins)")
@@ -952,7 +973,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     kind = KIND_ALIASES.get(args.kind.lower())
     if kind is None:
         raise UsageError(f"unknown dim kind {args.kind!r}; use SW, Ring or FC")
-    log = read_nccl_log(args.log, args.op, args.npus)
+    if args.algorithm.lower() == "nccl":
+        from .calibrate import run_calibrate
+
+        return run_calibrate(args, kind)
+    log = read_nccl_log(args.log, args.op, args.npus, args.table)
     result = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
     print(format_fit(log, result))
     if args.json:
