@@ -59,6 +59,7 @@ _DIGITS = re.compile(r"[0-9]{1,20}", re.ASCII)
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?", re.ASCII)
 _INT = re.compile(r"-?[0-9]{1,20}", re.ASCII)
 NCCL_GB = 1e9
+MAX_ENGINE_FIT_NPUS = 4096
 MAX_LOG_BYTES = 64 * 2**20
 
 
@@ -350,6 +351,11 @@ def fit(
     over the sizes from `min_size` gives latency >= 0 and bandwidth > 0. Both are rounded to 5
     significant digits, so the printed topology string reproduces the table exactly.
     """
+    if log.npus > MAX_ENGINE_FIT_NPUS:
+        raise UsageError(
+            f"the per-dim fit runs the engine per size: at most {MAX_ENGINE_FIT_NPUS} NPUs, got {log.npus} "
+            "(the default --algorithm nccl has no such limit)"
+        )
     type_name = log.rows[0].type
     dtype = NCCL_TYPES[type_name][1]
     fitted = [r for r in log.rows if r.size_bytes >= min_size]
