@@ -811,13 +811,13 @@ def format_nccl_fit(log: NcclLog, result: NcclFit) -> str:
             f"{r['time_error_pct']:>9.1f} {r['measured_busbw']:>10.2f} {r['model_busbw']:>11.2f} "
             f"{r['algorithm']:>9} {r['protocol']:>8}"
         )
-    s = summary(result.rows)
+    s = {k: (f"{v:.1f}" if math.isfinite(v) else "n/a") for k, v in summary(result.rows).items()}
     lines.append(
-        f"# |time error|: worst {s['all_worst_from_64MiB_pct']:.1f} % from 64 MiB, worst "
-        f"{s['all_worst_from_64KiB_pct']:.1f} % from 64 KiB, median {s['all_median_below_64KiB_pct']:.1f} % "
+        f"# |time error|: worst {s['all_worst_from_64MiB_pct']} % from 64 MiB, worst "
+        f"{s['all_worst_from_64KiB_pct']} % from 64 KiB, median {s['all_median_below_64KiB_pct']} % "
         "below "
-        f"64 KiB (held-out sizes only: {s['held_out_worst_from_64MiB_pct']:.1f}, "
-        f"{s['held_out_worst_from_64KiB_pct']:.1f}, {s['held_out_median_below_64KiB_pct']:.1f} %)"
+        f"64 KiB (held-out sizes only: {s['held_out_worst_from_64MiB_pct']}, "
+        f"{s['held_out_worst_from_64KiB_pct']}, {s['held_out_median_below_64KiB_pct']} %)"
     )
     if result.prediction:
         lines.append(
