@@ -232,6 +232,9 @@ def test_several_tables_are_listed_and_one_is_picked_with_table(tmp_path, capsys
     assert "2 tables" in error_line(capsys)
     log = read_nccl_log(path, table=2)
     assert _table_rows(log) == _table_rows(read_nccl_log(str(TWO_NODE_RING)))
+    for k in ("0", "3"):
+        assert main(["calibrate", path, "--table", k]) == 2
+        assert "--table" in error_line(capsys)
 
 
 def test_a_truncated_last_row_is_dropped_with_a_note_and_in_place_only_columns_are_read(tmp_path):

@@ -274,7 +274,7 @@ def read_nccl_log(
             for k, t in enumerate(tables, 1)
         )
         raise UsageError(f"{path}: {len(tables)} tables ({listing}); pick one with --table K")
-    k = table or 1
+    k = 1 if table is None else table
     if not 1 <= k <= len(tables):
         raise UsageError(f"{path}: --table {k} but the log has {len(tables)} table(s)")
     chosen = tables[k - 1]
