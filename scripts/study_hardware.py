@@ -1,8 +1,17 @@
-"""Model studies of the hardware in issue 16: ACE against NPU memory bandwidth, and in-network aggregation.
+"""Model studies of the hardware: ACE, in-network aggregation, and real nccl-tests logs calibrated.
 
 Usage::
 
     python scripts/study_hardware.py [--out docs/hardware] [--quick]
+    python scripts/study_hardware.py --nccl [--logs tests/data/nccl-tests] [--out docs/hardware]
+
+``--nccl`` (issue 29) fits the NCCL-like model (`themis_mpi.nccl`) to every real nccl-tests log:
+the single-node DGX H100 log alone, the 2-node logs with dim 1 over that fit, the partial
+reduce-scatter log with Ring only. It prints each fit, the algorithm and protocol the model picks
+per size, the errors (on all sizes and on the held-out half), the single-node -> 2-node prediction
+at the NIC's nominal rate per size, and plots measured vs model busbw per log (OUT/nccl_busbw.png).
+Then it uses the calibrated 2-node machine: an all-reduce and a training iteration, baseline vs
+Themis. Results go to OUT/nccl.md and OUT/nccl.json.
 
 ACE (Rashidi et al., ISCA 2020), on the model:
 1. network utilization (ideal / time) of a 1 GiB all-reduce, 64 chunks, on the paper's four
@@ -206,12 +215,183 @@ def ina_study(rows: list, quick: bool) -> list[str]:
     return lines
 
 
+NCCL_LOGS = [  # (file, --nccl-algo, fitted over the single-node fit)
+    ("h100x8_nvls_dgxc.txt", None, False),
+    ("h100x16_2node_ib_issue309_qoofyk.txt", None, True),
+    ("h100x16_2node_ib_ring_issue309_gjaion.txt", ("Ring",), True),
+    ("h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt", ("Ring",), False),
+]
+
+
+def _fmt_size(n: int) -> str:
+    from themis_mpi.units import format_size
+
+    return format_size(n)
+
+
+def nccl_study(rows: list, logs_dir: str, out: str) -> list[str]:
+    """Fit every log, print the tables and the prediction, plot busbw, use the 2-node machine."""
+    from themis_mpi.calibrate import fit_nccl, read_nccl_log, summary
+    from themis_mpi.topology import parse_topology
+
+    lines = ["## Real nccl-tests logs and the NCCL-like model (issue 29)", ""]
+    base = None
+    fits = []
+    for name, algos, over_base in NCCL_LOGS:
+        log = read_nccl_log(os.path.join(logs_dir, name))
+        result = fit_nccl(log, base if over_base else None, algos=algos)
+        if name.startswith("h100x8_nvls"):
+            base = parse_topology(result.topology)
+        fits.append((name, log, result))
+        s = summary(result.rows)
+        rows.append({"study": "nccl_fit", "log": name, "npus": log.npus, **result.to_dict(), "summary": s})
+        lines += [
+            f"### {name}: {log.op}, {log.npus} NPUs (from the {log.npus_source})"
+            + (f", NCCL_ALGO={'+'.join(algos)}" if algos else ""),
+            "",
+            f"`themis-mpi calibrate {name}"
+            + (" --base DGX.json" if over_base else "")
+            + (f" --nccl-algo {','.join(algos)}" if algos else "")
+            + f"` fits {len(result.fitted)} parameters on the even-indexed sizes:",
+            "",
+            "| parameter | value |",
+            "|---|---|",
+            *(f"| {k} | {v:g} |" for k, v in result.fitted.items()),
+            "",
+            f"topology: `{result.topology}`",
+            "",
+            f"|time error|: worst **{s['all_worst_from_64MiB_pct']:.1f} %** from 64 MiB, worst "
+            f"**{s['all_worst_from_64KiB_pct']:.1f} %** from 64 KiB, "
+            f"median {s['all_median_below_64KiB_pct']:.1f} % "
+            f"below 64 KiB (held-out sizes only: {s['held_out_worst_from_64MiB_pct']:.1f}, "
+            f"{s['held_out_worst_from_64KiB_pct']:.1f}, {s['held_out_median_below_64KiB_pct']:.1f} %).",
+            "",
+        ]
+        pred = {r["size_bytes"]: r for r in (result.prediction or {}).get("rows", [])}
+        head = "| size | fitted | measured us | model us | error % | algorithm | protocol |"
+        sep = "|---|---|---|---|---|---|---|"
+        if pred:
+            head += " predicted us (1 node + nominal NIC) | error % | choice |"
+            sep += "---|---|---|"
+        lines += [head, sep]
+        for r in result.rows:
+            cells = (
+                f"| {_fmt_size(r['size_bytes'])} | {'*' if r['fitted'] else ''} | {r['measured_us']:.2f} | "
+                f"{r['model_us']:.2f} | {r['time_error_pct']:+.1f} | {r['algorithm']} | {r['protocol']} |"
+            )
+            if pred:
+                p = pred[r["size_bytes"]]
+                cells += (
+                    f" {p['model_us']:.2f} | {p['time_error_pct']:+.1f} | {p['algorithm']}/{p['protocol']} |"
+                )
+            lines.append(cells)
+        if result.prediction:
+            lines += ["", f"Prediction topology: `{result.prediction['topology']}`"]
+        lines.append("")
+    lines += nccl_plot(fits, out)
+    lines += nccl_use(rows, fits)
+    return lines
+
+
+def nccl_plot(fits, out: str) -> list[str]:
+    """Measured vs model busbw per log (and the nominal prediction of the 2-node logs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from themis_mpi.output import atomic_path
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    for ax, (name, log, result) in zip(axes.flat, fits):
+        x = [r["size_bytes"] for r in result.rows]
+        ax.plot(x, [r["measured_busbw"] for r in result.rows], "o", ms=4, color="black", label="measured")
+        ax.plot(
+            x, [r["model_busbw"] for r in result.rows], "-", color="tab:blue", label="NCCL-like model (fit)"
+        )
+        if result.prediction:
+            px = [r["size_bytes"] for r in result.prediction["rows"]]
+            ax.plot(
+                px,
+                [r["model_busbw"] for r in result.prediction["rows"]],
+                "--",
+                color="tab:orange",
+                label="1-node fit + nominal NIC",
+            )
+        for r in result.rows:
+            if r["fitted"]:
+                ax.axvline(r["size_bytes"], color="0.92", lw=0.8, zorder=0)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("size per NPU (bytes)")
+        ax.set_ylabel("busbw (GB/s, 1e9 B/s)")
+        ax.set_title(f"{name}\n{log.op}, {log.npus} NPUs", fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.suptitle("nccl-tests busbw: measured vs the calibrated NCCL-like model (grey lines: fitted sizes)")
+    fig.tight_layout()
+    path = os.path.join(out, "nccl_busbw.png")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    return ["### Measured vs model busbw", "", "![measured vs model busbw per log](nccl_busbw.png)", ""]
+
+
+def nccl_use(rows: list, fits) -> list[str]:
+    """The calibrated 2-node machine: an all-reduce and ResNet-50 training, baseline vs Themis."""
+    from themis_mpi.topology import parse_topology
+
+    name, _, result = fits[1]
+    topo = parse_topology(result.topology)
+    lines = [
+        f"### Using the calibrated 2-node machine ({name})",
+        "",
+        "| what | baseline+FIFO | Themis+SCF |",
+        "|---|---|---|",
+    ]
+    for size, chunks in ((64 << 20, 1), (1 << 30, 1), (1 << 30, 4)):
+        coll = Collective("all_reduce", size // 4, "float32", chunks, (0, 1))
+        t = {}
+        for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
+            t[policy] = model_collective(topo, coll, policy, RunConfig(intra=intra))[0].time_us
+        rows.append({"study": "nccl_use", "what": f"all_reduce {size}", "chunks": chunks, **t})
+        what = f"all-reduce {_fmt_size(size)}, {chunks} chunk(s) (us)"
+        lines.append(f"| {what} | {t['baseline']:.1f} | {t['themis']:.1f} |")
+        hier = parse_topology("_".join(d.spec().replace(",nccl)", ",ring)") for d in topo.dims))
+        h = {}
+        for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
+            h[policy] = model_collective(hier, coll, policy, RunConfig(intra=intra))[0].time_us
+        rows.append({"study": "nccl_use_per_dim", "what": f"all_reduce {size}", "chunks": chunks, **h})
+        label = "same, per-dim ring stages on the fitted bandwidths"
+        lines.append(f"| {label} | {h['baseline']:.1f} | {h['themis']:.1f} |")
+    wl = parse_workload(WORKLOADS["ResNet-50"])
+    spec = TrainingSpec(chunks=4, iterations=1)
+    t = {}
+    for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
+        t[policy] = model_training(wl, topo, policy, spec, RunConfig(intra=intra)).iteration_us
+    rows.append({"study": "nccl_use", "what": "train ResNet-50", **t})
+    lines.append(f"| train ResNet-50, 4 chunks, iteration (us) | {t['baseline']:.0f} | {t['themis']:.0f} |")
+    return lines + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/hardware", help="output directory")
     ap.add_argument("--quick", action="store_true", help="fewer topologies and points (for a smoke test)")
+    ap.add_argument("--nccl", action="store_true", help="the nccl-tests logs study only (issue 29)")
+    ap.add_argument("--logs", default=os.path.join(ROOT, "tests/data/nccl-tests"), help="nccl-tests logs")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.nccl:
+        os.makedirs(args.out, exist_ok=True)
+        nccl_rows: list[dict] = []
+        text = "\n".join(nccl_study(nccl_rows, args.logs, args.out)) + "\n"
+        print(text)
+        print(f"# {time.perf_counter() - t0:.1f} s")
+        with atomic_path(os.path.join(args.out, "nccl.md")) as tmp, open(tmp, "w") as f:
+            f.write(text)
+        write_json(os.path.join(args.out, "nccl.json"), nccl_rows)
+        return
     rows: list[dict] = []
     sections = [
         ace_utilization(rows, args.quick),

@@ -48,6 +48,8 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
         return [Step(tuple(peers), tuple(peers), REDUCE)]
     if algorithm == "ina":
         algorithm = "direct"
+    if algorithm == "nccl":  # the NCCL-like model moves data as a ring; `cost` times it flat
+        algorithm = "ring"
     if op == AR:
         return plan(algorithm, RS, p, c, lo, hi) + plan(algorithm, AG, p, c, lo, hi)
     b = block_bounds(lo, hi, p)

@@ -49,6 +49,8 @@ class Stage:
         full_elems: nominal elements before an RS, after an AG (the stage's larger buffer).
         key_bytes: the SCF key: the larger of the stage's input and output bytes.
         itemsize: bytes per element.
+        plan: the chunk's whole plan ``((dim, op, full_elems), ...)``: the NCCL-like model
+            (`cost.CostModel.flat_steps_ns`) times a stage from it.
     """
 
     coll: int
@@ -60,6 +62,7 @@ class Stage:
     full_elems: int
     key_bytes: int
     itemsize: int
+    plan: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,9 @@ def chunk_plan(
 
 def plan_stages(plan: list[tuple[int, str, int]], coll_id: int, chunk: int, itemsize: int) -> list[Stage]:
     """The `Stage` objects of one chunk's plan (`chunk_plan`)."""
-    n = len(plan)
+    n, whole = len(plan), tuple(plan)
     return [
-        Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize)
+        Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize, whole)
         for i, (d, kind, full) in enumerate(plan)
     ]
 

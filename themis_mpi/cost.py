@@ -53,6 +53,7 @@ from functools import wraps
 
 from .errors import UsageError
 from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
+from .nccl import collective_ns, plan_collective
 from .topology import Dim, Topology
 from .units import BYTES_PER_GB
 
@@ -220,7 +221,7 @@ def steps(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[tuple[int,
         return steps(dim, RS, full_elems, itemsize) + steps(dim, AG, full_elems, itemsize)
     if op == A2A or dim.algorithm == "direct":
         return ((block_bytes, p - 1),)
-    if dim.algorithm == "ring":
+    if dim.algorithm in ("ring", "nccl"):
         return ((block_bytes, 1),) * (p - 1)
     masks = [1 << i for i in range(p.bit_length() - 1)]  # 1, 2, ..., P/2
     if op == RS:
@@ -274,6 +275,8 @@ class CostModel:
         self.endpoint = endpoint
         if self.astra and (endpoint.on or any(d.algorithm == "ina" for d in topology.dims)):
             raise UsageError("the endpoint model and ina are not part of --compat astra-sim-1.0")
+        if topology.flat and (self.astra or endpoint.on or self.endpoint_delay_ns):
+            raise UsageError("nccl dims take neither --compat, the endpoint model nor an endpoint delay")
         share = sum(d.bandwidth_bytes_per_ns for d in topology.dims if d.npus > 1) or 1.0
         self.memory_bytes_per_ns = [
             endpoint.hbm_bytes_per_ns * d.bandwidth_bytes_per_ns / share for d in topology.dims
@@ -412,12 +415,26 @@ class CostModel:
             t = t + step_ns
         return t
 
+    @memo_method
+    def flat_steps_ns(self, plan: tuple, index: int) -> tuple[float, ...]:
+        """Step times of stage `index` of a chunk's plan under the NCCL-like model (`nccl`).
+
+        The chunk takes the flat algorithm's time (`nccl.collective_ns`), spread evenly over all
+        the steps of its stages: the emulator moves the data dim by dim, in the flat time.
+        """
+        op, dims, elems = plan_collective(plan)
+        time_ns, _, _ = collective_ns(self.topology, dims, op, elems * self.itemsize)
+        counts = [len(steps(self.topology.dims[d], o, full, self.itemsize)) for d, o, full in plan]
+        return (time_ns / sum(counts),) * counts[index]
+
     def run_steps_ns(self, run) -> tuple[float, ...]:
         """The step times of a started stage (`engine.StageRun`).
 
         Its place in its chunk and whether compute shared the memory when it started count.
         """
         s = run.stage
+        if self.topology.flat and s.plan and s.op != A2A:
+            return self.flat_steps_ns(s.plan, s.index)
         return self.step_times_ns(
             s.dim, s.op, s.full_elems, s.index == 0, s.index == s.n_stages - 1, run.mem_shared
         )

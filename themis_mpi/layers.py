@@ -33,8 +33,8 @@ LAYERS: tuple[Layer, ...] = (
     ),
     Layer(
         "network",
-        "the topology, the time model of its dims, and the links that concurrent traffic shares",
-        ("topology", "cost", "network"),
+        "the topology, the time model of its dims (per-dim stages, or NCCL-like flat), the shared links",
+        ("topology", "nccl", "cost", "network"),
     ),
     Layer(
         "collectives",

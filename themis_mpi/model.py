@@ -81,7 +81,8 @@ class ModelTransport:
             end_ns = run.start_ns + self.cost(1).p2p_ns(run.path, run.nbytes)
         else:
             first, last = s.index == 0, s.index == s.n_stages - 1
-            key = (s.itemsize, s.dim, s.op, s.full_elems, first, last, run.mem_shared)
+            plan = s.plan if self.topology.flat else None  # the NCCL-like model times a stage by its plan
+            key = (s.itemsize, s.dim, s.op, s.full_elems, first, last, run.mem_shared, plan)
             steps = self._steps.get(key)
             if steps is None:
                 steps = self._steps[key] = self.cost(s.itemsize).run_steps_ns(run)

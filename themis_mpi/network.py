@@ -63,6 +63,14 @@ class Link:
     bytes_per_ns: float
 
 
+def check_rule(topology: Topology, rule: str) -> None:
+    """Refuse a sharing rule the topology cannot take (nccl dims are timed flat, not per link)."""
+    if rule != IDEAL and topology.flat:
+        raise UsageError(
+            f"--network {rule} shares the links of per-dim stages; nccl dims take --network ideal"
+        )
+
+
 def physical_links(topology: Topology) -> tuple[Link, ...]:
     """Every link of one NPU, dim by dim, then the shared ports (out, in)."""
     out: list[Link] = []
@@ -242,6 +250,10 @@ class Network:
     def __init__(self, topology: Topology, rule: str, cost):
         if rule not in (FAIR, STORE_FORWARD):
             raise UsageError(f"unknown sharing rule {rule!r}; use one of {', '.join(RULES)}")
+        if topology.flat:
+            raise UsageError(
+                f"--network {rule} shares the links of per-dim stages; nccl dims take --network ideal"
+            )
         self.rule, self.cost = rule, cost
         self.topology = topology
         self._planners: dict[int, StepPlanner] = {}

@@ -37,7 +37,13 @@ KIND_ALIASES = {
     "switch": "Switch",
 }
 SHORT_KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
-ALGORITHMS = ("ring", "direct", "halving_doubling", "ina")  # inline and CLI also accept "hd", "ina:EFF"
+ALGORITHMS = (
+    "ring",
+    "direct",
+    "halving_doubling",
+    "ina",
+    "nccl",
+)  # inline and CLI also accept "hd", "ina:EFF"
 ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
 
@@ -65,8 +71,9 @@ class Dim:
         npus: NPUs along this dim.
         bandwidth_gbps: per-NPU bandwidth of all links of this dim together, GB/s (2^30 B).
         latency_ns: per-hop latency.
-        algorithm: ring, direct, halving_doubling or ina (in-network aggregation, Switch dims
-            only; ``ina:EFF`` also sets `efficiency`); defaults by kind.
+        algorithm: ring, direct, halving_doubling, ina (in-network aggregation, Switch dims
+            only; ``ina:EFF`` also sets `efficiency`) or nccl (the NCCL-like model of `nccl`, which
+            times a collective as one flat algorithm over all its dims); defaults by kind.
         efficiency: share of the bandwidth an in-switch reduction reaches (ina only; 1 otherwise).
     """
 
@@ -134,6 +141,86 @@ class Dim:
         )
 
 
+PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_ALGOS = ("Ring", "Tree", "NVLS", "NVLSTree")
+
+
+@dataclass(frozen=True)
+class NcclParams:
+    """Protocol parameters of the NCCL-like model (`nccl`), written ``NCCL(...)`` in a topology.
+
+    Attributes:
+        base_ns: base latency of a collective per protocol (LL, LL128, Simple), ns.
+        efficiency: share of the bus bandwidth each protocol reaches (Simple's is 1 by definition).
+        nvls_base_ns: base latency of NVLS and NVLS-Tree (Simple protocol), ns.
+        nvls_efficiency: NVLS all-reduce algbw as a share of dim 0's bandwidth.
+        tree_efficiency: share of the across-node bandwidth a tree (Tree, NVLS-Tree) reaches.
+        algos: the algorithms NCCL may pick (``NCCL_ALGO``); all by default.
+    """
+
+    base_ns: tuple[float, float, float] = (6600.0, 14000.0, 8400.0)  # NCCL's Ring base latencies
+    efficiency: tuple[float, float, float] = (0.5, 0.92, 1.0)  # NCCL's Ring LL and LL128 factors
+    nvls_base_ns: float = 25000.0
+    nvls_efficiency: float = 0.85
+    algos: tuple[str, ...] = NCCL_ALGOS
+    tree_efficiency: float = 1.0
+
+    def __post_init__(self):
+        if len(self.base_ns) != 3 or len(self.efficiency) != 3:
+            raise UsageError("NCCL(...) needs a base latency and an efficiency for LL, LL128 and Simple")
+        for proto, base, eff in zip(PROTOCOLS, self.base_ns, self.efficiency):
+            in_range(f"NCCL {proto} base latency", base, 0, MAX_LATENCY_NS, "ns")
+            in_range(f"NCCL {proto} efficiency", eff, MIN_INA_EFFICIENCY, 1.0)
+        in_range("NCCL NVLS base latency", self.nvls_base_ns, 0, MAX_LATENCY_NS, "ns")
+        in_range("NCCL NVLS efficiency", self.nvls_efficiency, MIN_INA_EFFICIENCY, 2.0)
+        in_range("NCCL tree efficiency", self.tree_efficiency, MIN_INA_EFFICIENCY, 1.0)
+        if not self.algos or any(a not in NCCL_ALGOS for a in self.algos):
+            raise UsageError(f"NCCL algos must be some of {'+'.join(NCCL_ALGOS)}, got {'+'.join(self.algos)}")
+
+    def spec(self) -> str:
+        """``NCCL(ll=BASE:EFF,ll128=BASE:EFF,simple=BASE:EFF,nvls=BASE:EFF[,tree=EFF][,algos=A+B])``."""
+        items = [f"{p.lower()}={b:g}:{e:g}" for p, b, e in zip(PROTOCOLS, self.base_ns, self.efficiency)]
+        items.append(f"nvls={self.nvls_base_ns:g}:{self.nvls_efficiency:g}")
+        if self.tree_efficiency != 1.0:
+            items.append(f"tree={self.tree_efficiency:g}")
+        if self.algos != NCCL_ALGOS:
+            items.append("algos=" + "+".join(a.lower() for a in self.algos))
+        return f"NCCL({','.join(items)})"
+
+    @classmethod
+    def parse(cls, text: str) -> NcclParams:
+        """The inside of ``NCCL(...)``: ``KEY=BASE_NS:EFF`` (ll, ll128, simple, nvls), ``algos=ring+tree``."""
+        base, eff = list(cls.base_ns), list(cls.efficiency)
+        nvls = [cls.nvls_base_ns, cls.nvls_efficiency]
+        algos: tuple[str, ...] = NCCL_ALGOS
+        tree = 1.0
+        names = {a.lower(): a for a in NCCL_ALGOS}
+        for field in filter(None, (f.strip() for f in text.split(","))):
+            key, _, value = field.partition("=")
+            key = key.strip().lower()
+            if key == "algos":
+                try:
+                    algos = tuple(names[a.strip().lower()] for a in value.split("+"))
+                except KeyError:
+                    raise UsageError(
+                        f"NCCL algos must be some of {'+'.join(NCCL_ALGOS)}, got {value!r}"
+                    ) from None
+                continue
+            if key == "tree":
+                tree = _number(value, key, field)
+                continue
+            lat_text, _, eff_text = value.partition(":")
+            lat, efficiency = _number(lat_text, key, field), _number(eff_text or "nan", key, field)
+            if key in ("ll", "ll128", "simple"):
+                i = ("ll", "ll128", "simple").index(key)
+                base[i], eff[i] = lat, efficiency
+            elif key == "nvls":
+                nvls = [lat, efficiency]
+            else:
+                raise UsageError(f"unknown NCCL(...) key {key!r}; use ll, ll128, simple, nvls, tree or algos")
+        return cls((base[0], base[1], base[2]), (eff[0], eff[1], eff[2]), nvls[0], nvls[1], algos, tree)
+
+
 @dataclass(frozen=True)
 class Port:
     """A port that several dims share: their traffic leaves (and enters) the NPU through one NIC.
@@ -172,10 +259,18 @@ class Topology:
     dims: tuple[Dim, ...]
     name: str = ""
     ports: tuple[Port, ...] = ()
+    nccl: NcclParams | None = None
 
     def __post_init__(self):
         if not self.dims:
             raise UsageError("a topology needs at least one dim")
+        flat = [d.algorithm == "nccl" for d in self.dims if d.npus > 1]
+        if any(flat) and not all(flat):
+            raise UsageError("nccl dims time a collective as one flat algorithm: make every dim nccl or none")
+        if self.nccl is not None and not any(flat):
+            raise UsageError("an NCCL(...) item needs nccl dims, e.g. SW(8,400,600,nccl)_NCCL(...)")
+        if any(flat) and self.nccl is None:
+            object.__setattr__(self, "nccl", NcclParams())
         if len(self.dims) > MAX_DIMS:
             raise UsageError(f"a topology has at most {MAX_DIMS} dims, got {len(self.dims)}")
         if self.npus > MAX_NPUS:
@@ -212,18 +307,29 @@ class Topology:
         """NPUs per dim."""
         return tuple(d.npus for d in self.dims)
 
+    @property
+    def flat(self) -> bool:
+        """Whether collectives are timed by the NCCL-like model (nccl dims)."""
+        return self.nccl is not None
+
     def spec(self) -> str:
         """The inline form, which `parse_topology` reads back to an equal topology."""
-        return "_".join([d.spec() for d in self.dims] + [p.spec() for p in self.ports])
+        items = [d.spec() for d in self.dims] + [p.spec() for p in self.ports]
+        return "_".join(items + ([self.nccl.spec()] if self.nccl is not None else []))
 
     def label(self) -> str:
         """The preset name when there is one, else the inline form."""
         return self.name or self.spec()
 
     def with_dims(self, dims) -> Topology:
-        """A copy with other dims (and no preset name); ports stay if their dims are still there."""
+        """A copy with other dims (and no preset name).
+
+        Ports stay if their dims are still there; NCCL parameters stay while a dim is nccl.
+        """
+        dims = tuple(dims)
         ports = self.ports if len(dims) == len(self.dims) else ()
-        return Topology(tuple(dims), "", ports)
+        nccl = self.nccl if any(d.algorithm == "nccl" for d in dims) else None
+        return Topology(dims, "", ports, nccl)
 
     def with_overrides(self, bandwidth_gbps=None, latency_ns=None, algorithms=None) -> Topology:
         """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value)."""
@@ -240,13 +346,18 @@ class Topology:
                     f"{len(values)} values given for {field} but the topology has {len(dims)} dims"
                 )
             dims = [d if v is None else replace(d, **{field: v}) for d, v in zip(dims, values)]
-        changed = Topology(tuple(dims), self.name, self.ports)
+        changed = Topology(
+            tuple(dims),
+            self.name,
+            self.ports,
+            self.nccl if any(d.algorithm == "nccl" for d in dims) else None,
+        )
         return changed if changed == self else self.with_dims(dims)
 
 
 def _preset(spec: str, name: str) -> Topology:
     parsed = parse_inline(spec)
-    return Topology(parsed.dims, name, parsed.ports)
+    return Topology(parsed.dims, name, parsed.ports, parsed.nccl)
 
 
 PRESETS = {
@@ -332,14 +443,23 @@ def _port(item: str, fields: str) -> Port:
 
 
 def parse_inline(spec: str) -> Topology:
-    """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``, then ``NIC(d1+d2,GB/s)`` ports."""
+    """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``, then ``NIC(d1+d2,GB/s)`` ports.
+
+    An ``NCCL(...)`` item gives the NCCL-like model's parameters (`NcclParams`) of nccl dims.
+    """
     dims, ports = [], []
+    nccl = None
     for item in spec.split("_"):
         match = _INLINE_DIM.match(item)
         if not match:
             raise UsageError(
                 f"malformed topology dim {item!r}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
             )
+        if match.group(1).upper() == "NCCL":
+            if nccl is not None:
+                raise UsageError("a topology has at most one NCCL(...) item")
+            nccl = NcclParams.parse(match.group(2))
+            continue
         if match.group(1).upper() == "NIC":
             ports.append(_port(item, match.group(2)))
             continue
@@ -360,7 +480,9 @@ def parse_inline(spec: str) -> Topology:
         dims.append(
             Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
         )
-    return Topology(tuple(dims), "", tuple(ports))
+    if not dims:
+        raise UsageError("a topology needs at least one dim besides NCCL(...) and NIC(...)")
+    return Topology(tuple(dims), "", tuple(ports), nccl)
 
 
 def parse_yaml(path: str) -> Topology:

@@ -1,12 +1,17 @@
-"""`themis-mpi calibrate`: fit a dim to an nccl-tests log and show the error per size."""
+"""`themis-mpi calibrate`: fit an nccl-tests log and show the error per size.
+
+By default the NCCL-like model (`nccl`: algorithms and protocols, all sizes, one or two levels
+with ``--base``); ``--algorithm ring`` (or another per-dim algorithm) fits one dim's latency and
+bandwidth instead.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from ..calibrate import fit, format_fit, read_nccl_log
+from ..calibrate import fit, fit_nccl, format_fit, format_nccl_fit, parse_algos, read_base, read_nccl_log
 from ..errors import UsageError
-from ..limits import MAX_CHUNKS, in_range
+from ..limits import MAX_BANDWIDTH_GBPS, MAX_CHUNKS, MIN_BANDWIDTH_GBPS, in_range
 from ..output import write_json
 from ..topology import KIND_ALIASES
 from ..units import parse_size
@@ -22,9 +27,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     kind = KIND_ALIASES.get(args.kind.lower())
     if kind is None:
         raise UsageError(f"unknown dim kind {args.kind!r}; use SW, Ring or FC")
-    log = read_nccl_log(args.log, args.op, args.npus)
-    result = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
-    print(format_fit(log, result))
+    log = read_nccl_log(args.log, args.op, args.npus, args.table)
+    if args.algorithm.lower() == "nccl":
+        base = read_base(args.base) if args.base else None
+        in_range("--link-gbps", args.link_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS)
+        flat = fit_nccl(log, base, kind, parse_algos(args.nccl_algo), link_gbps=args.link_gbps)
+        print(format_nccl_fit(log, flat))
+        doc = flat.to_dict()
+    else:
+        one_dim = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
+        print(format_fit(log, one_dim))
+        doc = one_dim.to_dict()
     if args.json:
-        write_json(args.json, result.to_dict())
+        write_json(args.json, doc)
     return 0

@@ -341,10 +341,29 @@ def _calibrate_parser(sub: Any) -> None:
     )
     p.add_argument("--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)")
     p.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
-    p.add_argument("--algorithm", default="ring", help="algorithm of the fitted dim (default ring)")
+    p.add_argument(
+        "--algorithm",
+        default="nccl",
+        help="nccl (default: the NCCL-like model, all sizes) or a per-dim algorithm (ring...: one-dim fit)",
+    )
     p.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
-    p.add_argument("--min-size", default="1M", help="smallest size fitted (default 1M)")
-    p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "rows", ...}')
+    p.add_argument("--min-size", default="1M", help="smallest size of the per-dim fit (default 1M)")
+    p.add_argument("--table", type=int, default=None, help="which table of a log with several (1, 2...)")
+    p.add_argument(
+        "--nccl-algo", default=None, help="the algorithms the run allowed (NCCL_ALGO), e.g. Ring or Ring,Tree"
+    )
+    p.add_argument(
+        "--base",
+        default=None,
+        help="a single-node fit (its topology or --json file): fit dim 1 of a multi-node log",
+    )
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=450e9 / 2**30,
+        help="dim 0's nominal link rate, GB/s (default NVLink 4)",
+    )
+    p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
 
 
 def build_parser() -> argparse.ArgumentParser:

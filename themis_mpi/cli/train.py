@@ -11,6 +11,7 @@ import argparse
 from ..errors import UsageError
 from ..launch import under_mpiexec
 from ..limits import check_memory
+from ..network import check_rule
 from ..output import write_json
 from ..report import training_table, with_speedups
 from ..results import TrainingResult
@@ -42,6 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.first_bucket_mib,
     )
     settings = policy_settings(args)
+    check_rule(topo, settings[0][1].network)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi = under_mpiexec()
     if use_mpi and collectives:
@@ -86,6 +88,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
     spec = TrainingSpec(one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
     settings = policy_settings(args)
+    check_rule(topo, settings[0][1].network)
     use_mpi = under_mpiexec()
     if not graph.symmetric and len(graph.traces) != topo.npus:
         raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")

@@ -416,6 +416,7 @@ class MpiTransport:
             s.index == s.n_stages - 1,
             run.mem_shared,
             data.collective.dims if op == A2A else None,
+            self.topology.flat and s.plan,  # the NCCL-like model times a stage by its chunk's plan
         )
         shape = self._shapes.get(key)
         if shape is None:

@@ -16,6 +16,7 @@ import numpy as np
 from ..collectives import Collective
 from ..config import RunConfig
 from ..errors import UsageError
+from ..network import check_rule
 from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
 from ..topology import Topology
 from ..verify import check_range
@@ -114,6 +115,8 @@ def sweep_cells(
     Everything is checked before the first cell runs: names, dims, sizes and settings.
     """
     configs = policy_configs(policies, intras, base)
+    for topo in topologies:
+        check_rule(topo, base.network)
     return [
         SweepCell(topo, coll, policy, config)
         for topo in topologies
