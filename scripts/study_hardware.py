@@ -24,7 +24,7 @@ ACE (Rashidi et al., ISCA 2020), on the model:
 INA: baseline and Themis, with and without ``ina`` on every Switch dim, on the paper's four
 topologies and the HGX-H100 preset, at 64 MiB and 1 GiB.
 
-Assumptions (the README's endpoint-model section states the formulas): every reduced byte costs
+Assumptions (docs/hardware.md#the-endpoint-model-and-ace states the formulas): every reduced byte costs
 the NPU 5 bytes of memory traffic and every copied byte 2, ACE 2 per chunk byte in all; the
 memory bandwidth is split between dims by network bandwidth; compute is memory-bound and keeps
 at least its share. Results go to OUT/hardware.md and OUT/hardware.json.

@@ -31,7 +31,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
+from themis_mpi.cost import CostModels  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.results import link_results  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import PRESETS, parse_topology  # noqa: E402
@@ -54,9 +56,10 @@ def _topology(spec: str, latency: float | None):
     return topo if latency is None else topo.with_overrides(latency_ns=[latency] * len(topo.dims))
 
 
-def _nic_pct(result) -> float | None:
+def _nic_pct(topo, result, engine) -> float | None:
     """The busiest direction of the shared NIC, in percent of its rate (None without one)."""
-    nic = [link.busy_pct for link in result.links if link.name.startswith("port")]
+    links = link_results(engine.records, topo, CostModels(topo), result.time_us)
+    nic = [link.busy_pct for link in links if link.name.startswith("port")]
     return max(nic) if nic else None
 
 
@@ -71,9 +74,10 @@ def all_reduce_part() -> list[dict]:
                 for rule in RULES:
                     row = {"machine": machine, "latency": latency_name, "size_bytes": size, "rule": rule}
                     for policy, intra in POLICIES:
-                        result, _ = model_collective(topo, coll, policy, RunConfig(intra=intra, network=rule))
+                        config = RunConfig(intra=intra, network=rule)
+                        result, engine = model_collective(topo, coll, policy, config)
                         row[f"{policy}_us"] = result.time_us
-                        row[f"{policy}_nic_pct"] = _nic_pct(result)
+                        row[f"{policy}_nic_pct"] = _nic_pct(topo, result, engine)
                     row["speedup"] = row["baseline_us"] / row["themis_us"]
                     rows.append(row)
     return rows
@@ -107,8 +111,9 @@ def splits_part() -> list[dict]:
             for chunks in SPLITS:
                 coll = Collective("all_reduce", 64 * MIB // 8, "float64", chunks, (0, 1, 2))
                 config = RunConfig(intra="fifo", active_per_dim=active, network=rule)
-                result, _ = model_collective(topo, coll, "baseline", config)
-                busiest = max(link.busy_pct for link in result.links)
+                result, engine = model_collective(topo, coll, "baseline", config)
+                links = link_results(engine.records, topo, CostModels(topo), result.time_us)
+                busiest = max(link.busy_pct for link in links)
                 rows.append({"rule": rule, "active": active, "chunks": chunks, "time_us": result.time_us,
                              "ideal_us": result.ideal_us, "busiest_link_pct": busiest})  # fmt: skip
     return rows

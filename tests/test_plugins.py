@@ -29,7 +29,7 @@ class Broken(InterPolicy):
 
 def readme_example() -> tuple[str, str, str]:
     """(module name, module source, entry-point line) of the README's example plugin."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "policies.md").read_text()
     block = text.split("<!-- plugin-example -->")[1]
     source = re.search(r"```python\n# (\w+)\.py\n(.*?)```", block, re.S)
     entry = re.search(r'\[project\.entry-points\."themis_mpi\.policies"\]\n(.*?)\n', block)

@@ -1,4 +1,4 @@
-"""Rules of the policies: THEMIS.md's reference numbers, ASTRA-sim 1.0's rules, the registry and ours."""
+"""Rules of the policies: the reference numbers of docs/design.md#reference-numbers, ASTRA-sim 1.0's rules, the registry and ours."""
 
 import pytest
 

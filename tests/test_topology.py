@@ -14,7 +14,7 @@ def test_preset_round_trips_through_inline_form(name):
 
 
 def test_paper_topologies_have_1024_npus():
-    """The four paper presets are 1024-NPU systems with the THEMIS.md bandwidths."""
+    """The four paper presets are 1024-NPU systems with the bandwidths of docs/design.md#the-papers-systems."""
     bws = {
         "3D-SW_SW_SW_hetero": (200, 100, 50),
         "3D-FC_Ring_SW": (175, 100, 50),

@@ -1,4 +1,4 @@
-"""The alpha-beta cost model of one stage on one dim (DESIGN.md section 4).
+"""The alpha-beta cost model of one stage on one dim (docs/design.md#time-model).
 
 A message on dim d takes ``hops * latency_ns + bytes / link_bandwidth``. A Ring or Switch dim
 has one port of the dim's bandwidth B per NPU: messages sent at once share it, so a step of
@@ -177,7 +177,7 @@ def ina_traffic(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[int,
 
 
 def memory_bytes(dim: Dim, op: str, full_elems: int, itemsize: int) -> tuple[int, ...]:
-    """NPU memory bytes of each step without ACE (the README's table).
+    """NPU memory bytes of each step without ACE (docs/hardware.md#the-endpoint-model-and-ace).
 
     A sent message is read from HBM once; a received message is written once (copy), or
     written, read back with the local operand and the sum written (reduce): ``5 n b`` for a
@@ -499,7 +499,7 @@ class CostModels:
 
 
 def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
-    """Bandwidth-only lower bound of a collective on the involved dims (docs/design.md, Metric).
+    """Bandwidth-only lower bound of a collective on the involved dims (docs/design.md#metric).
 
     All-reduce: ``2 S (N-1)/N / sum(B_d)``; reduce-scatter and all-gather: half of that;
     all-to-all: ``S (N-1)/N / sum(B_d)``. S is the per-NPU size in bytes. Dims that leave the

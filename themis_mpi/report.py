@@ -24,6 +24,8 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
             f"#   endpoint delay {config.endpoint_delay_ns:g} ns"
             + (f", compat {config.compat}" if config.compat else "")
         )
+    if config.network != "ideal":
+        lines.append(f"#   network {config.network}: stages that run at once share the links")
     if config.endpoint.on:
         e = config.endpoint
         lines.append(

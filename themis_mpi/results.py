@@ -2,7 +2,7 @@
 
 Bandwidths are in GB/s with 1 GB = 2^30 bytes. algbw is ``size / time``; busbw scales it by
 nccl-tests' factor (``2 (N-1)/N`` for all-reduce, ``(N-1)/N`` otherwise) so that it compares with
-the per-NPU link bandwidth. Utilization is ``ideal / actual`` (docs/design.md); a dim's
+the per-NPU link bandwidth. Utilization is ``ideal / actual`` (docs/design.md#metric); a dim's
 utilization is its busy time over the collective time. Results are frozen: a run builds each one
 whole.
 """
@@ -59,7 +59,8 @@ class LinkResult:
     """One physical link (or shared port direction) of one NPU over a run (`network`).
 
     `busy_pct` is the bytes it carried over what it could carry in the run's time: never above
-    100 under a sharing rule; under ``ideal`` (no sharing) it shows how much a schedule overdraws.
+    100 under a sharing rule. Results list their links under a sharing rule only; under
+    ``ideal`` (no sharing) `link_results` of a run's records shows how much a schedule overdraws.
     """
 
     name: str
@@ -246,9 +247,8 @@ def summarize(
     time_us = virtual_us if wall_time_us is None else wall_time_us
     ideal_us = ideal_time_us(coll.op, coll.size_bytes, topology, coll.dims)
     algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
-    links = link_results(run.runs, topology, cost, time_us)
-    shared = links if network != IDEAL else ()
-    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns), shared)
+    links = link_results(run.runs, topology, cost, time_us) if network != IDEAL else []
+    dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns), links)
     return CollectiveResult(
         op=coll.op,
         involved=list(coll.dims),

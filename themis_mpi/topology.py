@@ -54,7 +54,7 @@ def is_power_of_two(n: int) -> bool:
 
 
 def default_algorithm(kind: str, npus: int) -> str:
-    """The per-kind default of DESIGN.md: ring, direct, halving-doubling (direct if not 2^k)."""
+    """The per-kind default (docs/design.md#dim-kinds): ring, direct, hd (direct if not 2^k)."""
     if kind == "Ring":
         return "ring"
     if kind == "FullyConnected":
@@ -361,7 +361,7 @@ def _preset(spec: str, name: str) -> Topology:
 
 
 PRESETS = {
-    # The paper's four 1024-NPU topologies (THEMIS.md).
+    # The paper's four 1024-NPU topologies (docs/design.md#the-papers-systems).
     "3D-SW_SW_SW_hetero": "SW(16,200,700)_SW(8,100,700)_SW(8,50,1700)",
     "3D-FC_Ring_SW": "FC(8,175,700)_Ring(16,100,700)_SW(8,50,1700)",
     "4D-Ring_SW_SW_SW": "Ring(4,250,20)_SW(4,200,700)_SW(8,100,700)_SW(8,50,1700)",
@@ -371,7 +371,7 @@ PRESETS = {
     "Zion-FC_SW": "FC(8,175,700)_SW(128,46.57,1700)",
     "TPUv4-4x4x4": "Ring(4,93.13,500)_Ring(4,93.13,500)_Ring(4,93.13,500)",
     "TPUv4-16x16x16": "Ring(16,93.13,500)_Ring(16,93.13,500)_Ring(16,93.13,500)",
-    # ASTRA-sim's 2023 tutorial point (THEMIS.md): 512 NPUs, halving-doubling everywhere.
+    # ASTRA-sim's 2023 tutorial point (docs/design.md#reference-numbers): 512 NPUs, hd everywhere.
     "tutorial-8x8x8": "SW(8,50,1)_SW(8,50,1)_SW(8,50,1)",
     # Laptop sizes. Equal bandwidth per dim makes the baseline overload dim 0.
     "2x2x2": "Ring(2,100,20)_FC(2,100,700)_SW(2,100,700)",

@@ -7,7 +7,7 @@ in the permutation and are skipped when stages are built, as in ASTRA-sim.
 
 - `baseline` (ASTRA-sim's ``baseline``/Ascending with localBWAware): dims ascending, the last
   dim of an all-reduce as one All-Reduce stage.
-- `themis` (``themis``/OfflineGreedy): THEMIS.md's load tracker.
+- `themis` (``themis``/OfflineGreedy): the load tracker of docs/design.md#themis.
 - `themisFlex` (OfflineGreedyFlex): the same tracker, but each chunk is sized to close the gap
   between the least and the most loaded dim (at least the nominal chunk size).
 - `roundRobin` (RoundRobin): the ascending order rotated by one more dim for every chunk; the
@@ -105,7 +105,7 @@ class ThemisTracker:
         return list(range(len(self.loads)))
 
     def next_order(self, op: str, chunk_bytes: int) -> list[int]:
-        """Choose one chunk's order (rules 1 to 4 of THEMIS.md) and add its load."""
+        """Choose one chunk's order (rules 1 to 4 of docs/design.md#themis) and add its load."""
         first = self.sort()
         if first is None:
             return baseline_order(op, len(self.loads))
@@ -161,7 +161,7 @@ class Baseline(InterPolicy):
 
 
 class Themis(InterPolicy):
-    """Themis (ISCA 2022): the RS starts on the least-loaded dim; loads in bytes (THEMIS.md)."""
+    """Themis (ISCA 2022): the RS starts on the least-loaded dim; loads in bytes (docs/design.md#themis)."""
 
     name = "themis"
     description = "Themis: greedy on per-dim byte loads, largest stage on the least-loaded dim"
@@ -173,7 +173,7 @@ class Themis(InterPolicy):
         self.n_dims = len(context.topology.dims)
 
     def order(self, chunk: Chunk) -> Sequence[int]:
-        """THEMIS.md rules 1 to 5."""
+        """Rules 1 to 5 of docs/design.md#themis."""
         if chunk.op == "all_to_all":
             return baseline_order(chunk.op, self.n_dims)
         return self.tracker.next_order(chunk.op, self.nominal_bytes)

@@ -58,8 +58,7 @@ def _training_result(
     """The row of a training run or a graph replay, from its engine at the end."""
     topo, total_ns, network = transport.topology, engine.now_ns, transport.config.network
     mean_ns = total_ns / iterations
-    links = link_results(engine.records, topo, transport.cost, total_ns / 1e3)
-    shared = links if network != IDEAL else ()
+    links = link_results(engine.records, topo, transport.cost, total_ns / 1e3) if network != IDEAL else []
     return TrainingResult(
         policy=policy_name(policy),
         intra=transport.config.intra,
@@ -72,7 +71,7 @@ def _training_result(
         compute_us=compute_ns / iterations / 1e3,
         exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
         collectives=collectives,
-        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns), shared),
+        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns), links),
         wrong=wrong_elements(transport, engine),
         wall_s=wall_s,
         workload=workload,

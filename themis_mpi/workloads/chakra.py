@@ -1,6 +1,6 @@
 """Replay of Chakra execution graphs (`et`) on the engine, as one process per node.
 
-Rules (README, "Chakra traces"):
+Rules (docs/workloads.md#chakra-execution-traces):
 
 - A node starts once every node it depends on (``ctrl_deps`` and ``data_deps``) has finished.
   Dependencies on ids absent from the trace are ignored (and counted); a cycle is refused.

@@ -1,0 +1,316 @@
+"""Docs that cannot lie: every pasted output in README.md and docs/ is re-run and compared.
+
+Convention (docs/index.md, "How the pages are checked"): a fenced ``console`` block holds
+commands, each on a line that starts with ``$ `` (continued on lines that start with ``> ``), and
+below each command the output it printed. The commands run from the root of a copy of the
+shipped files (what git tracks), with standard error folded into standard output. The output is
+compared line by line and token by token: a line of ``...`` stands for any number of lines, and
+the values of the wall-clock columns in ``WALL_CLOCK_COLUMNS`` are not compared (they are found by
+name in the table header above them, counted from the end of the line). Commands under
+``mpiexec`` (at most 8 ranks) run only when ``THEMIS_MPI_DOC_MPI=1``, which ``.ci/run`` sets unless
+``CI_QUICK=1``. Blocks of other kinds (``sh``, ``text``) are not run: ``text`` holds measurements,
+each labelled with its machine and date.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import cli_reference  # noqa: E402
+
+# Columns whose values are wall-clock measurements of this machine, never compared.
+WALL_CLOCK_COLUMNS = ("wall_s", "wall_us", "scale", "error%")
+MAX_MPI_RANKS = 8
+COMMAND_TIMEOUT_S = 300
+RUN_MPI = os.environ.get("THEMIS_MPI_DOC_MPI") == "1"
+
+
+@dataclass
+class Example:
+    """One command of a ``console`` block and the output pasted below it."""
+
+    page: str
+    line: int
+    command: str
+    expected: list[str]
+
+    @property
+    def ranks(self) -> int:
+        """Ranks of its mpiexec launch, 0 without one."""
+        found = re.search(r"\bmpiexec\b.*?\s-n\s+(\d+)", self.command)
+        return int(found.group(1)) if found else (1 if "mpiexec" in self.command else 0)
+
+    @property
+    def name(self) -> str:
+        """``page:line``."""
+        return f"{self.page}:{self.line}"
+
+
+def pages() -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def examples() -> list[Example]:
+    """Every command of every ``console`` block, in page order."""
+    found: list[Example] = []
+    for page in pages():
+        lines = page.read_text().splitlines()
+        inside = False
+        for number, line in enumerate(lines, start=1):
+            if line.strip().startswith("```"):
+                inside = not inside and line.strip() == "```console"
+                continue
+            if not inside:
+                continue
+            if line.startswith("$ "):
+                found.append(Example(str(page.relative_to(ROOT)), number, line[2:], []))
+            elif line.startswith("> ") and found and not found[-1].expected:
+                found[-1].command += "\n" + line[2:]
+            else:
+                assert found and found[-1].line < number, f"{page.name}:{number}: output before any command"
+                found[-1].expected.append(line)
+    return found
+
+
+def is_header(line: str) -> bool:
+    """A table header: ``#`` and at least four column names, none a number or a unit in brackets."""
+    words = line.lstrip("#").split()
+    if not line.startswith("#") or len(words) < 4 or words[0].startswith("("):
+        return False
+    return not any(re.fullmatch(r"[-+]?[\d.]+%?", word) for word in words)
+
+
+def wall_positions(header: str) -> set[int]:
+    """Positions, counted from the end of a row, of the header's wall-clock columns."""
+    words = header.lstrip("#").split()
+    return {len(words) - 1 - i for i, word in enumerate(words) if word in WALL_CLOCK_COLUMNS}
+
+
+def same_line(expected: str, actual: str, ignored: set[int]) -> bool:
+    """Equal token by token, but for the tokens at the ignored positions from the end."""
+    want, got = expected.split(), actual.split()
+    if len(want) != len(got):
+        return False
+    return all(w == g for i, (w, g) in enumerate(zip(want, got)) if len(want) - 1 - i not in ignored)
+
+
+def ignored_per_line(lines: list[str]) -> list[set[int]]:
+    """For each line, the wall-clock positions of the table header above it (empty if none)."""
+    current: set[int] = set()
+    out = []
+    for line in lines:
+        if is_header(line):
+            current = wall_positions(line)
+        out.append(set() if line.startswith("#") else current)
+    return out
+
+
+def mismatch(expected: list[str], actual: list[str]) -> str | None:
+    """Why the actual output does not match the page, or None when it does."""
+    ignored = ignored_per_line(expected)
+    segments: list[list[tuple[str, set[int]]]] = [[]]
+    for line, skip in zip(expected, ignored):
+        if line.strip() == "...":
+            segments.append([])
+        else:
+            segments[-1].append((line, skip))
+    position = 0
+    for index, segment in enumerate(segments):
+        starts = [position] if index == 0 else range(position, max(position, len(actual) - len(segment)) + 1)
+        best, best_start = -1, position
+        for start in starts:
+            window = actual[start : start + len(segment)]
+            matched = next(
+                (
+                    i
+                    for i, ((want, skip), got) in enumerate(zip(segment, window))
+                    if not same_line(want, got, skip)
+                ),
+                len(window),
+            )
+            if matched == len(segment):
+                position = start + len(segment)
+                break
+            if matched > best:
+                best, best_start = matched, start
+        else:
+            want = segment[best][0]
+            got = actual[best_start + best] if best_start + best < len(actual) else "(no more output)"
+            return f"page line {want!r}\n  but the command printed {got!r}"
+    if segments[-1] and position != len(actual):
+        return "the command printed more lines than the page shows:\n" + "\n".join(actual[position:])
+    return None
+
+
+def shipped_files() -> list[str]:
+    """The repository's files as git ships them (tracked, or new and not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode == 0:
+        return listed.stdout.splitlines()
+    skip = {".git", ".venv", "__pycache__", "results", "out", ".pytest_cache", ".hypothesis"}
+    return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if not skip & set(p.relative_to(ROOT).parts)]
+
+
+@pytest.fixture(scope="session")
+def shipped(tmp_path_factory) -> Path:
+    """A copy of the shipped files to run the examples in, so that they cannot touch the checkout."""
+    copy = tmp_path_factory.mktemp("shipped")
+    for name in shipped_files():
+        source = ROOT / name
+        if source.is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name)
+    return copy
+
+
+def run_example(example: Example, root: Path) -> None:
+    """Run one example in the copy and compare its output with the page."""
+    done = subprocess.run(
+        ["bash", "-c", example.command],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    actual = done.stdout.rstrip("\n").split("\n") if done.stdout.strip() else []
+    why = mismatch(example.expected, actual)
+    assert why is None, f"{example.name}: $ {example.command}\n{why}"
+
+
+SERIAL = [e for e in examples() if not e.ranks]
+MPI = [e for e in examples() if e.ranks]
+
+
+def test_pages_show_examples():
+    """The pages hold both kinds of example: commands without MPI and under mpiexec."""
+    assert len(SERIAL) >= 20 and len(MPI) >= 3, (len(SERIAL), len(MPI))
+
+
+@pytest.mark.parametrize("example", SERIAL, ids=[e.name for e in SERIAL])
+def test_example_reproduces(example, shipped):
+    """A pasted command without MPI prints what its page shows, wall-clock columns aside."""
+    run_example(example, shipped)
+
+
+def test_mpi_examples_fit_the_ci_job():
+    """Every mpiexec example launches at most 8 ranks and shows the output it checks."""
+    assert all(1 <= e.ranks <= MAX_MPI_RANKS and e.expected for e in MPI), [e.name for e in MPI]
+
+
+if RUN_MPI:
+
+    @pytest.mark.parametrize("example", MPI, ids=[e.name for e in MPI])
+    def test_mpi_example_reproduces(example, shipped):
+        """A pasted mpiexec command prints what its page shows, wall-clock columns aside."""
+        run_example(example, shipped)
+
+
+def test_edited_figure_is_caught():
+    """Changing one figure of a pasted row, or dropping a row, makes the comparison fail."""
+    header = "#   policy  time_us  util%  wall_s"
+    page = [header, "  baseline  627.56  58.10  0.4777"]
+    assert mismatch(page, [header, "  baseline  627.56  58.10  9.9999"]) is None
+    assert mismatch(page, [header, "  baseline  627.57  58.10  0.4777"]) is not None
+    assert mismatch(page, [header]) is not None
+    assert mismatch(["...", page[1]], ["x", header, page[1]]) is None
+    assert mismatch([*page, "..."], [*page, "more"]) is None
+    assert mismatch(page, [*page, "more"]) is not None
+
+
+def test_cli_reference_is_generated():
+    """docs/cli.md is exactly what scripts/cli_reference.py writes from the parser."""
+    assert (ROOT / "docs" / "cli.md").read_text() == cli_reference.reference()
+
+
+def test_readme_is_short():
+    """The README is at most 200 lines."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def test_readme_links_every_page():
+    """Every Markdown page under docs/ is linked from the README."""
+    readme = (ROOT / "README.md").read_text()
+    missing = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md"))]
+    missing = [name for name in missing if f"]({name}" not in readme]
+    assert not missing, missing
+
+
+def anchors(page: Path) -> set[str]:
+    """The heading anchors of a page, as GitHub spells them."""
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_resolve():
+    """Every relative link of README.md and docs/ names a file of the repository, and its heading."""
+    broken = []
+    for page in pages():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", page.read_text()):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            linked = (page.parent / target) if target else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)} -> {target}#{anchor}")
+    assert not broken, broken
+
+
+def test_readme_test_command_is_ci():
+    """The README's test command is the last line of .ci/run, character for character."""
+    last = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert f"```sh\n{last}\n```" in (ROOT / "README.md").read_text()
+
+
+def test_cited_documents_exist():
+    """Every Markdown document that the code, scripts and tests cite is a file of the repository."""
+    names = {p.name for p in ROOT.rglob("*.md") if ".venv" not in p.parts}
+    missing = set()
+    for folder in ("themis_mpi", "scripts", "tests"):
+        for source in (ROOT / folder).rglob("*.py"):
+            for cited in re.findall(r"[\w./-]*[\w-]+\.md\b", source.read_text()):
+                if not (ROOT / cited).is_file() and Path(cited).name not in names:
+                    missing.add(f"{source.relative_to(ROOT)}: {cited}")
+    assert not missing, sorted(missing)
+
+
+def test_allreduce_study_regenerates(tmp_path):
+    """The all-reduce study's documented command rewrites its shipped data, timings aside."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "study_allreduce.py"), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=COMMAND_TIMEOUT_S,
+    )
+    timings = ("wall_s", "decision_s")
+    shipped_rows = json.loads((ROOT / "docs" / "study" / "study.json").read_text())
+    new_rows = json.loads((tmp_path / "study.json").read_text())
+    strip = [
+        [{k: v for k, v in row.items() if k not in timings} for row in rows]
+        for rows in (shipped_rows, new_rows)
+    ]
+    assert strip[0] == strip[1]
+    untimed = [
+        [line for line in text.splitlines() if not re.search(r"runs in [\d.]+ s", line)]
+        for text in ((ROOT / "docs" / "study" / "study.md").read_text(), (tmp_path / "study.md").read_text())
+    ]
+    assert untimed[0] == untimed[1]
