@@ -11,13 +11,15 @@ latency; sizes below ``min_size`` are reported but not fitted (nccl-tests' small
 NCCL's low-latency protocols, which no single latency describes).
 
 nccl-tests' GB/s are 1e9 B/s; this package's are 2^30 B/s. Tables printed "in nccl-tests'
-format" (`format_nccl`) use nccl-tests' unit, so they compare column by column.
+format" (`report.format_nccl`) use nccl-tests' unit, so they compare column by column.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field, replace
 
@@ -49,7 +51,6 @@ NCCL_TYPES = {  # nccl-tests' type name -> (bytes, dtype the model runs with)
     "int8": (1, "float32"),
     "uint8": (1, "float32"),
 }
-NCCL_TYPE_OF_DTYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64"}
 NCCL_REDOPS = ("sum", "prod", "max", "min", "avg", "none", "mulsum")
 _OP_IN_HEADER = re.compile(
     r"\b(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv)_perf\b"
@@ -859,49 +860,6 @@ def format_fit(log: NcclLog, result: Fit) -> str:
     return "\n".join(lines)
 
 
-def _nccl_time(us: float) -> str:
-    """nccl-tests' time column: 2 decimals below 100 us, 1 below 10 ms, none above."""
-    if us < 100:
-        return f"{us:.2f}"
-    if us < 10000:
-        return f"{us:.1f}"
-    return f"{us:.0f}"
-
-
-NCCL_HALF_HEADER = f" {'time':>8} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-NCCL_HALF_UNITS = f" {'(us)':>8} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
-
-
-def format_nccl(rows, npus: int) -> str:
-    """Rows of `run`/`model` as nccl-tests prints them (GB/s of 1e9 B), one block per policy.
-
-    The emulator and the model have no in-place variant: the in-place columns repeat the
-    out-of-place ones.
-    """
-    lines = []
-    policies = list(dict.fromkeys(r.policy for r in rows))
-    for policy in policies:
-        lines += [
-            f"# policy {policy}; GB/s are nccl-tests' (1e9 B/s); in-place repeats out-of-place",
-            f"#{'out-of-place':>74}{'in-place':>31}",
-            f"#{'size':>11} {'count':>13} {'type':>9} {'redop':>7} {'root':>7}" + NCCL_HALF_HEADER * 2,
-            (f"#{'(B)':>11} {'(elements)':>13} {'':>9} {'':>7} {'':>7}" + NCCL_HALF_UNITS * 2).rstrip(),
-        ]
-        for r in rows:
-            if r.policy != policy:
-                continue
-            algbw = r.size_bytes / r.time_us / 1e3 if r.time_us > 0 else 0.0
-            busbw = algbw * busbw_factor(r.op, npus)
-            redop = r.redop if r.op in ("all_reduce", "reduce_scatter") else "none"
-            wrong = "N/A" if r.wrong is None else str(r.wrong)
-            half = f"{_nccl_time(r.time_us):>8} {algbw:>7.2f} {busbw:>7.2f} {wrong:>6}"
-            lines.append(
-                f"{r.size_bytes:>12} {r.count:>13} {NCCL_TYPE_OF_DTYPE.get(r.dtype, r.dtype):>9} {redop:>7} "
-                f"{-1:>7} {half} {half}"
-            )
-    return "\n".join(lines)
-
-
 def parse_algos(text: str | None) -> tuple[str, ...] | None:
     """``--nccl-algo Ring,Tree`` (NCCL_ALGO's names, any case) as `NCCL_ALGOS` names; None for all."""
     if text is None:
@@ -919,9 +877,6 @@ def parse_algos(text: str | None) -> tuple[str, ...] | None:
 
 def read_base(text: str) -> Topology:
     """``--base``: a single-node fit, as its topology string or the file `calibrate --json` wrote."""
-    import json
-    import os
-
     if text.endswith(".json") or (os.path.isfile(text) and "(" not in text):
         try:
             with open(text) as f:

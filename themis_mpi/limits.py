@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from .errors import UsageError
+from .launch import env_local_size
 
 MAX_SIZE_BYTES = 2**50  # per NPU
 MAX_DIM_NPUS = 2**20
@@ -64,8 +65,6 @@ def check_memory(bytes_per_rank: int, what: str) -> None:
     MemAvailable differs from rank to rank and a job near the limit was refused by some ranks
     only (seen at 256 ranks). MemTotal gives every rank of a machine the same answer.
     """
-    from .launch import env_local_size
-
     total = meminfo_bytes("MemTotal")
     ranks = env_local_size()
     need = ranks * (bytes_per_rank + RANK_OVERHEAD_BYTES)

@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
 from ..output import RowFiles
-from ..report import run_header, table_header, table_row
+from ..report import format_nccl, run_header, table_header, table_row
 from ..results import flat_row, median
 from ..run.backend import open_backend
 from ..run.collective import run_collective
@@ -98,8 +98,6 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                 rows.append(result)
                 progress.update()
             if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
-                from ..calibrate import format_nccl  # (the nccl table's module, only for --format nccl)
-
                 progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
             events = backend.gather(recorder.my_events()) if recorder else None
             if backend.rank == 0 and recorder and events is not None:

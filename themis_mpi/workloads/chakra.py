@@ -32,6 +32,7 @@ files are ``prefix.<rank>.et``. The model replays rank 0's graph.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 from collections.abc import Sequence
@@ -371,8 +372,6 @@ def _topological(trace: EtTrace, ctrl: list[set[int]], data: list[set[int]]) -> 
     dep loses its unmet ctrl deps (removed from `ctrl`, counted). A cycle of data deps alone is
     refused, naming one of its nodes.
     """
-    import heapq
-
     n = len(ctrl)
     waiting = [len(ctrl[i] | data[i]) for i in range(n)]
     users: list[list[int]] = [[] for _ in range(n)]
@@ -453,8 +452,6 @@ class Resource:
 
     def acquire(self, node_id: int, seq: int) -> Event:
         """An event that triggers when this node holds the unit."""
-        import heapq
-
         event = Event()
         if not self.busy:
             self.busy = True
@@ -465,8 +462,6 @@ class Resource:
 
     def release(self) -> None:
         """Hand the unit to the waiting node with the smallest id (now), or free it."""
-        import heapq
-
         if self._waiting:
             heapq.heappop(self._waiting)[2].succeed()
         else:
