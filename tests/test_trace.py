@@ -196,3 +196,21 @@ def test_incomplete_trace_is_refused(traces, tmp_path):
         f.attrs["complete"] = 0
     with pytest.raises(UsageError, match="incomplete"):
         Trace(str(path))
+
+
+def test_analyze_compares_each_row_with_its_own_baseline():
+    """Side by side, a row's speedup is over the baseline of its size and topology, not over the first row."""
+    from themis_mpi.analysis import baseline_row, format_analysis
+
+    def row(policy, size, topology, time_us):
+        return {"trace": "t.h5", "topology": topology, "collective": 0, "op": "all_reduce", "policy": policy,
+                "intra": "fifo", "size_bytes": size, "chunks": 4, "time_us": time_us, "ideal_us": 1.0,
+                "utilization": 0.5, "algbw_gbps": 1.0, "busbw_gbps": 1.0, "wrong": 0, "ranks": 1, "dims": []}  # fmt: skip
+
+    rows = [row("themis", 1 << 20, "A", 50.0), row("baseline", 2 << 20, "A", 90.0),
+            row("baseline", 1 << 20, "B", 70.0), row("baseline", 1 << 20, "A", 100.0)]  # fmt: skip
+    assert [baseline_row(rows, i) for i in range(4)] == [3, 1, 2, 3]
+    table = format_analysis(rows).splitlines()
+    assert table[-4].endswith("2.00x vs #3") and table[-1].endswith("ref")
+    rows.append(row("themis", 4 << 20, "A", 10.0))
+    assert baseline_row(rows, 4) is None and format_analysis(rows).splitlines()[-1].endswith(" -")

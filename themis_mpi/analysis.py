@@ -79,6 +79,7 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
         out.append(
             {
                 "trace": trace.path,
+                "topology": topo.label(),
                 "collective": cid,
                 "op": row["op"],
                 "policy": row["policy"],
@@ -100,6 +101,20 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
             }
         )
     return out
+
+
+SAME_RUN = ("op", "size_bytes", "topology", "chunks")  # what a row and its baseline share
+
+
+def baseline_row(rows: list[dict], i: int) -> int | None:
+    """The index of row i's baseline: the first baseline row of its op, size, topology and chunks."""
+    key = tuple(rows[i].get(k) for k in SAME_RUN)
+    matches = (
+        j
+        for j, r in enumerate(rows)
+        if r["policy"] == "baseline" and tuple(r.get(k) for k in SAME_RUN) == key
+    )
+    return next(matches, None)
 
 
 def format_analysis(rows: list[dict]) -> str:
@@ -126,19 +141,20 @@ def format_analysis(rows: list[dict]) -> str:
             )
     if len(rows) > 1:
         lines.append(
-            "# side by side (GB/s with 1 GB = 2^30 B); speedup: the time of the first row of the same op and "
-            "size (#ref) over this one"
+            "# side by side (GB/s with 1 GB = 2^30 B); speedup: the time of this row's baseline (the first "
+            "baseline row of the same op, size, topology and chunks, #ref) over this one"
         )
         lines.append(
             f"#{'row':>4} {'trace':>30} {'coll':>4} {'policy':>8} {'intra':>5} {'size':>8} {'time_us':>12} "
             f"{'util%':>7} {'busbw':>8} {'speedup':>12}"
         )
-        reference: dict[tuple, int] = {}
         for i, r in enumerate(rows):
-            ref = reference.setdefault((r["op"], r["size_bytes"]), i)
+            ref = baseline_row(rows, i)
             speedup = (
                 "ref"
                 if ref == i
+                else "-"
+                if ref is None
                 else f"{rows[ref]['time_us'] / r['time_us'] if r['time_us'] else 0:.2f}x vs #{ref}"
             )
             lines.append(

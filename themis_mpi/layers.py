@@ -95,6 +95,7 @@ LAYERS: tuple[Layer, ...] = (
             "cli.analyze",
             "cli.export",
             "cli.calibrate",
+            "cli.plot",
             "cli.topologies",
             "cli.policies",
             "cli.info",

@@ -113,3 +113,70 @@ def queue_depth(trace, collective: int, path: str, rank: int = 0) -> str:
         fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path
+
+
+# Short names of a sweep's columns, with their axis labels (`sweep_plot`).
+SWEEP_COLUMNS = {
+    "size": ("size_bytes", "size per NPU (bytes)"),
+    "time": ("time_us", "time (us)"),
+    "ideal": ("ideal_us", "ideal time (us)"),
+    "busbw": ("busbw_gbps", "busbw (GB/s, 2^30 B)"),
+    "algbw": ("algbw_gbps", "algbw (GB/s, 2^30 B)"),
+    "util": ("utilization", "utilization (ideal / actual)"),
+    "chunks": ("chunks", "chunks"),
+    "iteration": ("iteration_us", "iteration time (us)"),
+}
+
+
+def sweep_column(name: str) -> tuple[str, str]:
+    """(column, axis label) of a short name (`SWEEP_COLUMNS`) or of a column named as it is."""
+    return SWEEP_COLUMNS.get(name, (name, name))
+
+
+GRID_COLUMNS = ("policy", "intra", "topology", "op", "requested_chunks", "dtype", "network", "workload")
+
+
+def sweep_lines(rows: list[dict], x: str, y: str, hue: str) -> dict[str, list[tuple[float, float]]]:
+    """The lines of `sweep_plot`: label -> (x, y) points in x order.
+
+    One line per value of `hue`; rows that also differ in another grid column (topology, op,
+    requested chunks...) within one hue value get lines of their own, labelled with those values,
+    so that no line joins points of different runs.
+    """
+    xcol, ycol, hcol = sweep_column(x)[0], sweep_column(y)[0], sweep_column(hue)[0]
+    others = [  # grid columns that differ between rows of one hue value
+        c
+        for c in GRID_COLUMNS
+        if c not in (xcol, hcol)
+        and any(len({str(r.get(c)) for r in rows if r[hcol] == h}) > 1 for h in {r[hcol] for r in rows})
+    ]
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        key = ", ".join(f"{name} {r.get(c)}" for name, c in zip((hue, *others), (hcol, *others)))
+        lines.setdefault(key, []).append((float(r[xcol]), float(r[ycol])))
+    return {label: sorted(points) for label, points in lines.items()}
+
+
+def sweep_plot(rows: list[dict], x: str, y: str, hue: str, path: str) -> str:
+    """One line per value of `hue` (`sweep_lines`), y against x; log axes for sizes and times."""
+    plt = _pyplot()
+    (xcol, xlabel), (ycol, ylabel) = sweep_column(x), sweep_column(y)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (label, points) in enumerate(sweep_lines(rows, x, y, hue).items()):
+        style = ("-", "--", ":", "-.")[i // 10 % 4]  # the colours repeat after ten lines
+        ax.plot([a for a, _ in points], [b for _, b in points], style, marker="o", label=label)
+    for col, setter in ((xcol, ax.set_xscale), (ycol, ax.set_yscale)):
+        if col == "size_bytes" or col.endswith("_us"):
+            setter("log", base=2 if col == "size_bytes" else 10)
+    if xcol == "size_bytes":
+        ticks = sorted({float(r[xcol]) for r in rows})
+        ax.set_xticks(ticks, [format_size(int(t)) for t in ticks], rotation=45, fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return path

@@ -81,7 +81,8 @@ class CollectiveResult:
     keeps the virtual one. `wrong` is summed over ranks (None when not checked, and in the model).
     `dim_bound_us` is the per-dim bound of the schedule that ran, ``max_d(bytes_d / B_d)``;
     `schedule` names what the policy chose (e.g. ``themis-lat/scf/16`` under predictive) and
-    `decision_s` is the coordinator's time to choose it.
+    `decision_s` is the coordinator's time to choose it. `chunks` is the chunk count that ran
+    and `requested_chunks` the one asked for (``-c``; a policy that sizes chunks may differ).
     """
 
     op: str
@@ -113,6 +114,7 @@ class CollectiveResult:
     decision_s: float = 0.0
     network: str = IDEAL
     links: list[LinkResult] = field(default_factory=list)
+    requested_chunks: int = 0
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -278,6 +280,7 @@ def summarize(
         decision_s=decision_s,
         network=network,
         links=links,
+        requested_chunks=coll.chunks,
     )
 
 

@@ -2,7 +2,7 @@
 
 Subcommands (one module each, imported only when it runs, so an MPI rank of `run` loads only
 what `run` needs): run and model (`sweep`), train, convert, replay, analyze, export, calibrate,
-topologies, policies, info. The parser is `parser`; options become domain objects in `options`.
+plot, topologies, policies, info. The parser is `parser`; options become domain objects in `options`.
 
 Errors end every rank: a user mistake found before MPI starts prints one line (rank 0) and every
 rank exits 2; a mistake found on some ranks only, once MPI runs, aborts the job with 2; a rank
@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "cmd_analyze"),
     "export": ("export", "cmd_export"),
     "calibrate": ("calibrate", "cmd_calibrate"),
+    "plot": ("plot", "cmd_plot"),
     "topologies": ("topologies", "cmd_topologies"),
     "policies": ("policies", "cmd_policies"),
     "info": ("info", "cmd_info"),

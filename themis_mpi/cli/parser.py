@@ -366,6 +366,21 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
 
 
+def _plot_parser(sub: Any) -> None:
+    """`themis-mpi plot`."""
+    p = sub.add_parser(
+        "plot",
+        help="plot a sweep's rows (--csv or --json of run, model or train)",
+        description="One line per value of --hue, --y against --x. Short names: size, time, ideal, busbw, "
+        "algbw, util, chunks, iteration; any other column by its name.",
+    )
+    p.add_argument("rows", metavar="ROWS", help="a --csv or --json file of run, model or train")
+    p.add_argument("--x", default="size", help="the x axis (default size)")
+    p.add_argument("--y", default="busbw", help="the y axis (default busbw)")
+    p.add_argument("--hue", default="policy", help="one line per value of this column (default policy)")
+    p.add_argument("--out", metavar="PNG", default=None, help="the picture (default: ROWS with .png)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its subcommands."""
     parser = _Parser(
@@ -384,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         _analyze_parser,
         _export_parser,
         _calibrate_parser,
+        _plot_parser,
     ):
         add(sub)
     sub.add_parser("topologies", help="list the topology presets")
