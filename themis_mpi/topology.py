@@ -419,6 +419,7 @@ SOURCES = {
     "TPUv4-16x16x16": "as TPUv4-4x4x4; 64 cubes = 4096 chips in a 16x16x16 torus (the full pod).",
 }
 
+MAX_YAML_DEPTH = 32  # an ASTRA-sim network file is two levels deep
 _INLINE_DIM = re.compile(r"^\s*([A-Za-z]+)\s*\(([^()]*)\)\s*$")
 
 
@@ -487,11 +488,28 @@ def parse_inline(spec: str) -> Topology:
 
 def parse_yaml(path: str) -> Topology:
     """Read an ASTRA-sim 2.x network YAML (topology, npus_count, bandwidth, latency lists)."""
-    import yaml
+    import yaml  # only YAML topologies pay for it
+
+    class Loader(yaml.SafeLoader):
+        """PyYAML's safe loader without aliases (a YAML bomb expands them) and with a depth limit."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.events.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"line {mark.line + 1}: aliases (*name) are not allowed in a topology")
+            self.depth += 1
+            if self.depth > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"nested more than {MAX_YAML_DEPTH} levels deep")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            doc = yaml.load(f, Loader=Loader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"cannot read topology file {path}: {str(exc).splitlines()[0]}") from None
     keys = ("topology", "npus_count", "bandwidth", "latency")
@@ -509,6 +527,8 @@ def parse_yaml(path: str) -> Topology:
             raise UsageError(f"{path}: npus_count entries must be integers, got {npus!r}")
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (bw, lat)):
             raise UsageError(f"{path}: bandwidth and latency entries must be numbers")
+        if any(isinstance(v, int) and abs(v) > 2**53 for v in (npus, bw, lat)):
+            raise UsageError(f"{path}: a number of the topology is out of range (at most 2^53)")
         dims.append(Dim(kind, npus, float(bw), float(lat)))
     return Topology(tuple(dims), os.path.basename(path))
 

@@ -49,6 +49,7 @@ import numpy as np
 from .cost import CostModel
 from .engine import Engine
 from .errors import UsageError
+from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
 from .output import atomic_path
 from .results import CollectiveResult
 from .topology import parse_inline
@@ -461,6 +462,15 @@ def _read_file(path: str):
         return _read_open(path, f)
 
 
+MAX_TIME_US = MAX_TIME_NS / 1e3  # a day: every time a trace holds
+
+
+def _within(values: np.ndarray, lo: float, hi: float) -> bool:
+    """Whether every value is a finite number in [lo, hi] (an empty column is)."""
+    values = np.asarray(values, dtype=np.float64)
+    return bool(np.isfinite(values).all() and (values >= lo).all() and (values <= hi).all())
+
+
 def _check_ranges(path: str, attrs: dict, topology, collectives, schedule, summary, events) -> None:
     """Refuse a trace whose attributes or tables are out of their ranges (forged or damaged)."""
 
@@ -486,6 +496,18 @@ def _check_ranges(path: str, attrs: dict, topology, collectives, schedule, summa
         raise bad("collective ids, chunk counts or sizes out of range")
     if (collectives["dims_mask"] < 1).any() or (collectives["dims_mask"] >= 1 << n_dims).any():
         raise bad("involved dims out of range")
+    if not _within(collectives["size_bytes"], 1, MAX_SIZE_BYTES) or not _within(
+        collectives["count"], 1, MAX_SIZE_BYTES
+    ):
+        raise bad("collective sizes out of range")
+    for column in ("issued_us", "time_us", "ideal_us", "algbw_gbps", "busbw_gbps", "utilization", "wall_s"):
+        if not _within(collectives[column], 0, MAX_TIME_US):
+            raise bad(f"collective {column} out of range")
+    for column in ("busy_us", "idle_us", "utilization"):
+        if not _within(summary[column], -MAX_TIME_US, MAX_TIME_US):
+            raise bad(f"per-dim {column} out of range")
+    if not _within(summary["bytes"], 0, MAX_SIZE_BYTES):
+        raise bad("per-dim bytes out of range")
     orders = schedule["order"]
     if orders.ndim != 2 or orders.shape[1] != n_dims or (orders < 0).any() or (orders >= n_dims).any():
         raise bad("chunk orders out of range")
@@ -501,8 +523,8 @@ def _check_ranges(path: str, attrs: dict, topology, collectives, schedule, summa
         or (events["dim"] >= n_dims).any()
         or (events["collective"] < 0).any()
         or (events["collective"] >= len(ids)).any()
-        or (events["bytes"] < 0).any()
-        or not np.isfinite(times).all()
+        or not _within(events["bytes"], 0, MAX_SIZE_BYTES)
+        or not _within(times, 0, MAX_TIME_US)
         or (times[0] > times[1]).any()
         or (times[1] > times[2]).any()
     ):

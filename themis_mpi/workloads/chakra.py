@@ -43,6 +43,7 @@ import numpy as np
 from ..collectives import Collective
 from ..engine import Engine, Event, ProcessGenerator
 from ..errors import UsageError
+from ..limits import MAX_TIME_NS
 from ..policies import Schedule
 from ..topology import Topology
 from .et import (
@@ -160,6 +161,8 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
             doc = json.load(f)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read communicator groups {path}: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"cannot read communicator groups {path}: nested too deep") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: communicator groups must be an object of id -> list of NPUs")
     out = {}
@@ -225,12 +228,21 @@ def _int_attr(node: Node, name: str, where: str, default: int | None = None) -> 
     return value
 
 
-def duration_ns(node: Node) -> float:
-    """The node's duration: ``themis_duration_ns`` if present, else ``duration_micros`` in ns."""
+def duration_ns(node: Node, where: str = "") -> float:
+    """The node's duration: ``themis_duration_ns`` if present, else ``duration_micros`` in ns.
+
+    Durations beyond `MAX_TIME_NS` (a day), infinite or not a number are refused with one line.
+    """
     value = node.attr("themis_duration_ns")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-        return float(value)
-    return node.duration_micros * 1e3
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        ns = float(value)
+    else:
+        ns = node.duration_micros * 1e3
+    if not (0 <= ns <= MAX_TIME_NS):  # (NaN fails both)
+        raise UsageError(
+            f"{where or 'a node'}: duration {ns:g} ns is out of range (at most {MAX_TIME_NS:g} ns)"
+        )
+    return ns
 
 
 def _collective(
@@ -264,7 +276,6 @@ def _collective(
 
 
 def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, where: str) -> Op | None:
-
     send = node.type == COMM_SEND_NODE
     src = _int_attr(node, "comm_src", where, rank if send else None)
     dst = _int_attr(node, "comm_dst", where, None if send else rank)
@@ -336,8 +347,7 @@ def plan_graph(
 
 
 def _op(node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str) -> Op:
-
-    delay = duration_ns(node) * spec.compute_scale
+    delay = duration_ns(node, where) * spec.compute_scale
     if node.type == COMP_NODE:
         if node.attr("themis_overlap", False) is True:
             return Op(0, node.id, DELAY, delay_ns=delay)
@@ -370,7 +380,7 @@ def _topological(trace: EtTrace, ctrl: list[set[int]], data: list[set[int]]) -> 
     Some traces (PyTorch's older converter) use ``ctrl_deps`` for the parent op, which makes
     cycles. When nothing is ready, the first waiting node in file order that waits on a ctrl
     dep loses its unmet ctrl deps (removed from `ctrl`, counted). A cycle of data deps alone is
-    refused, naming one of its nodes.
+    refused, naming one of its nodes. Linear in nodes and dependencies, however many cycles.
     """
     n = len(ctrl)
     waiting = [len(ctrl[i] | data[i]) for i in range(n)]
@@ -383,11 +393,12 @@ def _topological(trace: EtTrace, ctrl: list[set[int]], data: list[set[int]]) -> 
     heapq.heapify(ready)
     order: list[int] = []
     dropped = 0
+    scan = 0  # nodes before it are finished or wait on data deps only, and stay so: linear in all
     while len(order) < n:
         if not ready:
-            stuck = next(
-                (i for i in range(n) if not finished[i] and any(not finished[d] for d in ctrl[i])), None
-            )
+            while scan < n and (finished[scan] or all(finished[d] for d in ctrl[scan])):
+                scan += 1
+            stuck = scan if scan < n else None
             if stuck is None:
                 first = next(i for i in range(n) if not finished[i])
                 node = trace.nodes[first]

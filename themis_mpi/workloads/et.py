@@ -42,6 +42,10 @@ from ..output import atomic_path
 # NodeType
 INVALID_NODE, METADATA_NODE, MEM_LOAD_NODE, MEM_STORE_NODE = 0, 1, 2, 3
 COMP_NODE, COMM_SEND_NODE, COMM_RECV_NODE, COMM_COLL_NODE = 4, 5, 6, 7
+MAX_ET_BYTES = 1 << 30  # a trace's bytes, inflated: far above any real one, far below this machine's memory
+GUNZIP_PIECE_BYTES = 1 << 24  # inflated a piece at a time, so a gzip bomb is caught early
+MAX_ET_NODES = 10_000_000
+
 NODE_TYPES = {
     INVALID_NODE: "INVALID",
     METADATA_NODE: "METADATA",
@@ -381,11 +385,32 @@ def load_bytes(path: str) -> bytes:
     except OSError as exc:
         raise UsageError(f"cannot read Chakra trace {path}: {exc.strerror or exc}") from None
     if data[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise UsageError(f"{path}: truncated or corrupt gzip stream ({exc})") from None
+        return _gunzip(data, path)
+    if len(data) > MAX_ET_BYTES:
+        raise UsageError(f"{path}: {len(data)} bytes; a Chakra trace may hold at most {MAX_ET_BYTES}")
     return data
+
+
+def _gunzip(data: bytes, path: str) -> bytes:
+    """Inflate a gzip stream piece by piece, refusing it once it grows past `MAX_ET_BYTES`."""
+    inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip's header and trailer
+    out = bytearray()
+    try:
+        pending = data
+        while pending:
+            out += inflate.decompress(pending, GUNZIP_PIECE_BYTES)
+            if len(out) > MAX_ET_BYTES:
+                raise UsageError(
+                    f"{path}: the gzip stream inflates past {MAX_ET_BYTES} bytes; a Chakra trace may hold at "
+                    "most that"
+                )
+            pending = inflate.unconsumed_tail
+        out += inflate.flush()
+    except zlib.error as exc:
+        raise UsageError(f"{path}: truncated or corrupt gzip stream ({exc})") from None
+    if not inflate.eof:
+        raise UsageError(f"{path}: truncated or corrupt gzip stream (it ends early)")
+    return bytes(out)
 
 
 def parse_et_bytes(data: bytes, path: str = "<bytes>") -> EtTrace:
@@ -405,6 +430,8 @@ def parse_et_bytes(data: bytes, path: str = "<bytes>") -> EtTrace:
             if record == 0:
                 _metadata(body, trace)
             else:
+                if len(trace.nodes) >= MAX_ET_NODES:
+                    raise _Malformed(start, f"more than {MAX_ET_NODES} nodes")
                 node = Node(id=0)
                 _node(body, node)
                 trace.nodes.append(node)
