@@ -443,14 +443,18 @@ class Engine:
         view = self.views[stage.dim]
         # (ASTRA-sim queues All-Reduce phases FIFO, by priority)
         policy = self._fifo if self.astra and stage.op == AR else self.collectives[stage.coll].intra
+        waiting = view.waiting
+        n = len(waiting)
         try:
             pos = policy.position(view, stage)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
             raise PolicyError(
                 f"intra-dim policy {policy.name!r} failed: {type(exc).__name__}: {exc}"
             ) from None
-        waiting = view.waiting
-        n = len(waiting)
+        if view.waiting is not waiting or len(waiting) != n:
+            raise PolicyError(
+                f"intra-dim policy {policy.name!r} changed the queue it was shown; it may only read it"
+            )
         if type(pos) is not int:
             pos = int(pos) if isinstance(pos, np.integer) else -1
         if pos == n:

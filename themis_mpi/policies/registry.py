@@ -54,7 +54,7 @@ def _registry() -> tuple[dict[str, type], dict[str, str]]:
     for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             cls = ep.load()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
             raise _plugin_error(ep, f"failed to load: {type(exc).__name__}: {exc}") from None
         if not (isinstance(cls, type) and issubclass(cls, (InterPolicy, IntraPolicy))):
             raise _plugin_error(ep, "is not a subclass of InterPolicy or IntraPolicy")
@@ -122,7 +122,7 @@ def make_inter(name: str) -> InterPolicy:
     cls = inter_class(name)
     try:
         return cls()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
         raise UsageError(
             f"policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
         ) from None
@@ -133,7 +133,7 @@ def make_intra(name: str) -> IntraPolicy:
     cls = intra_class(name)
     try:
         return cls()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
         raise UsageError(
             f"intra-dim policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
         ) from None

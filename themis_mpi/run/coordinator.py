@@ -121,7 +121,7 @@ def share_schedules(
             text = "\n".join(f"{s.intra}\t{s.label}" for s in schedules)
             header[3::2] = [s.n_chunks for s in schedules]
             header[4::2] = [s.fuse_last for s in schedules]
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
             name = policy_name(policy)
             where = origin(name) if given is None and is_inter(name) else "given"
             why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"

@@ -1,0 +1,85 @@
+"""Rules for plugins as untrusted code: a plugin that exits or meddles is an error of one line, exit 2.
+
+Each plugin is installed alone into its own temporary site directory (as pip lays it out), so
+that one that breaks on import breaks only its own test.
+"""
+
+import pytest
+from harness import local
+from test_plugins import install
+
+EXITS_IN_ORDER = """
+import sys
+from themis_mpi.policies import InterPolicy
+
+
+class Quitter(InterPolicy):
+    name = "quitter"
+    description = "calls sys.exit(0) while choosing"
+
+    def order(self, chunk):
+        sys.exit(0)
+"""
+
+EXITS_IN_INIT = EXITS_IN_ORDER.replace(
+    "def order(self, chunk):", "def __init__(self):\n        sys.exit(0)\n\n    def order(self, chunk):"
+)
+
+EXITS_ON_IMPORT = "import sys\nsys.exit(0)\n"
+
+MUTATES_QUEUE = """
+from themis_mpi.policies import IntraPolicy
+
+
+class Thief(IntraPolicy):
+    name = "thief"
+    description = "takes a stage out of the queue it is shown"
+
+    def position(self, queue, stage):
+        if queue.waiting:
+            queue.waiting.pop()
+        return 0
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """Install one plugin module (source, entry-point line) and put it on PYTHONPATH."""
+
+    def put(module: str, source: str, entry: str) -> None:
+        install(tmp_path, f"{module}-dist", module, source, entry)
+        monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    return put
+
+
+def one_line(proc, *words):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr)
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for word in words:
+        assert word in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "where"), [(EXITS_IN_ORDER, "raised SystemExit"), (EXITS_IN_INIT, "failed to start")]
+)
+def test_a_policy_that_calls_sys_exit_is_an_error_not_a_quiet_exit_0(plugin, source, where):
+    """sys.exit(0) in a plugin's constructor or in `order` ends the run with exit 2 and one line naming it."""
+    plugin("quitter_policy", source, 'quitter = "quitter_policy:Quitter"')
+    one_line(local(["model", "-b", "1M", "-c", "4", "-p", "quitter", "-q"]), "quitter", where)
+
+
+def test_a_plugin_module_that_exits_on_import_is_named(plugin):
+    """A plugin module that calls sys.exit on import makes `policies` fail with one line, not exit 0."""
+    plugin("exits_policy", EXITS_ON_IMPORT, 'exits = "exits_policy:Nothing"')
+    one_line(local(["policies"]), "exits", "failed to load")
+
+
+def test_an_intra_policy_that_changes_its_queue_is_stopped(plugin):
+    """An intra-dim plugin that pops a stage from the queue it is shown: one line, not an IndexError."""
+    plugin("thief_policy", MUTATES_QUEUE, 'thief = "thief_policy:Thief"')
+    one_line(
+        local(["model", "-b", "1M", "-c", "16", "-p", "themis", "--intra", "thief", "-q"]),
+        "thief",
+        "changed the queue",
+    )
