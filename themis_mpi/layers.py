@@ -102,12 +102,16 @@ LAYERS: tuple[Layer, ...] = (
         ),
         "apart",
     ),  # fmt: skip
-    Layer("entry points", "`themis-mpi` and `python -m themis_mpi`; the lazy API", ("cli", "__main__", "")),
+    Layer(
+        "entry points",
+        "`themis-mpi` (Ctrl-C first, then the command) and `python -m themis_mpi`; the lazy API",
+        ("cli.app", "cli", "__main__", ""),
+    ),
 )
 
 # Modules that may import package modules by name at run time (importlib, entry points): the CLI
 # imports only the command it runs; the registry loads plugins' entry points.
-DYNAMIC_IMPORTERS = ("cli", "policies.registry")
+DYNAMIC_IMPORTERS = ("cli.app", "policies.registry")
 
 
 def rank_of(module: str) -> tuple[int, int]:

@@ -1,109 +1,54 @@
-"""The `themis-mpi` command: options in, domain objects out, library calls, tables printed.
+"""The `themis-mpi` command (`main`); see `app` for how it runs commands and ends on errors.
 
-Subcommands (one module each, imported only when it runs, so an MPI rank of `run` loads only
-what `run` needs): run and model (`sweep`), train, convert, replay, analyze, export, calibrate,
-plot, topologies, policies, info. The parser is `parser`; options become domain objects in `options`.
-
-Errors end every rank: a user mistake found before MPI starts prints one line (rank 0) and every
-rank exits 2; a mistake found on some ranks only, once MPI runs, aborts the job with 2; a rank
-that waits in vain (`Stalled`) aborts it with 3; any other exception prints its traceback once
-and aborts with 1.
+This file imports nothing heavy: `main` first makes Ctrl-C end the process quietly (one line
+from rank 0, exit 130), then imports the parser and the command. A Ctrl-C while numpy, mpi4py or
+MPI_Init load would otherwise print a traceback per rank, or worse.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
-import sys
-import time
-import traceback
+import signal
+import threading
 from typing import Any
-
-from ..errors import UsageError
-from ..launch import env_rank
-from .parser import build_parser
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-# command -> (module of this package, its function)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("sweep", "cmd_run"),
-    "model": ("sweep", "cmd_model"),
-    "train": ("train", "cmd_train"),
-    "convert": ("convert", "cmd_convert"),
-    "replay": ("replay", "cmd_replay"),
-    "analyze": ("analyze", "cmd_analyze"),
-    "export": ("export", "cmd_export"),
-    "calibrate": ("calibrate", "cmd_calibrate"),
-    "plot": ("plot", "cmd_plot"),
-    "topologies": ("topologies", "cmd_topologies"),
-    "policies": ("policies", "cmd_policies"),
-    "info": ("info", "cmd_info"),
-}
-
-FORWARD_S = 0.3  # lets the launcher forward a last line before an abort tears the job down
-RANK0_GRACE_S = 1.0  # a rank other than 0 waits this long for rank 0 to report the same error
+INTERRUPTED = b"themis-mpi: interrupted\n"
 
 
-def _command(args: argparse.Namespace) -> int:
-    """Run the parsed command: its module is imported now, and only its module."""
-    module, function = COMMANDS[args.command]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), function)(args)
-
-
-def _world() -> Any:
-    """COMM_WORLD when MPI is running with more than one rank, else None."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() < 2:
-        return None
-    return mpi.COMM_WORLD
-
-
-def _abort(world: Any, message: str, code: int) -> int:
-    """Print `message` once for the job and abort every rank with `code`.
-
-    Rank 0 prints and aborts at once. Another rank first gives rank 0 a moment: when rank 0 met
-    the same error it aborts the job (and this rank) with one line; when only this rank did, it
-    prints its own line and aborts.
-    """
-    if world.Get_rank() != 0:
-        time.sleep(RANK0_GRACE_S)
-    print(message, file=sys.stderr, end="" if message.endswith("\n") else "\n", flush=True)
-    time.sleep(FORWARD_S)
-    world.Abort(code)
-    return code
+def _interrupted(signum: int, frame: Any) -> None:
+    """SIGINT: rank 0 says so in one line; every rank leaves at once (mpiexec signals them all)."""
+    if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+        os.write(2, INTERRUPTED)
+    os._exit(130)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: one line and exit 2 for a user mistake; a bug or a lost rank aborts every rank."""
-    args = build_parser().parse_args(argv)
+    """Entry point: Ctrl-C handled before the heavy imports, then `app.main`.
+
+    The handler is this process's while the command runs, and the caller's again after it (a
+    program or a test may call `main` in its own process, from its main thread).
+    """
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupted) if main_thread else None
     try:
-        return _command(args)
-    except UsageError as exc:
-        world = _world()
-        if world is None:  # found before MPI started: every rank found it
-            if env_rank() == 0:
-                print(f"themis-mpi: error: {exc}", file=sys.stderr, flush=True)
-            return 2
-        return _abort(world, f"themis-mpi: error: {exc}", 2)
-    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, and the job ends
-        world = _world()
-        if env_rank() == 0:
-            print("themis-mpi: interrupted", file=sys.stderr, flush=True)
-        if world is not None:
-            world.Abort(130)
-        return 130
-    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as a Unix filter does
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except Exception as exc:
-        world = _world()
-        if type(exc).__name__ == "Stalled" and world is not None:
-            print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
-            time.sleep(FORWARD_S)
-            world.Abort(3)
-            return 3
-        if world is None:
-            raise
-        return _abort(world, traceback.format_exc(), 1)
+        from .app import main as run  # the parser, numpy and the rest: after the handler
+
+        return run(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def __getattr__(name: str) -> Any:
+    """`build_parser` and `COMMANDS` from `parser` and `app`, imported on first use (PEP 562)."""
+    if name == "build_parser":
+        from .parser import build_parser
+
+        return build_parser
+    if name == "COMMANDS":
+        from .app import COMMANDS
+
+        return COMMANDS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""Rules for Ctrl-C: one line from the job (rank 0's), exit 130, no traceback and no MPI abort report."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from harness import ROOT, mpi_env
+
+from themis_mpi.launch import mpiexec_path
+
+RUN = ["-m", "themis_mpi", "run", "-b", "16M", "-n", "500", "-w", "0", "-c", "64"]
+
+
+def interrupt_when(cmd: list[str], marker: str, timeout_s: float = 120) -> tuple[int, str]:
+    """Start cmd in its own process group, SIGINT the group once stdout shows `marker`; (exit, stderr)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(),
+                            cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if marker in line:
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        _, err = proc.communicate(timeout=timeout_s)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, err
+
+
+MODEL = [sys.executable, "-m", "themis_mpi", "model", "-t", "3D-SW_SW_SW_hetero", "-b", "1M", "-e", "1G", "-f", "1.01",
+         "-p", "all"]  # fmt: skip
+EMULATOR = [mpiexec_path(), "-n", "4", sys.executable, *RUN, "-t", "Ring(4,100,20)"]
+
+
+@pytest.mark.parametrize("cmd", [MODEL, EMULATOR], ids=["model", "emulator-4-ranks"])
+def test_ctrl_c_mid_run_is_one_line_and_exit_130(cmd):
+    """Ctrl-C once the run is under way (the table's header is out): `themis-mpi: interrupted` once, exit 130."""
+    code, err = interrupt_when(cmd, "# themis-mpi")
+    assert code == 130, err
+    assert err == "themis-mpi: interrupted\n", err
