@@ -73,9 +73,16 @@ def _abort(world: Any, message: str, code: int) -> int:
     return code
 
 
+# Commands that run in one process. Started as several MPI ranks, rank 0 runs them and the other
+# ranks leave at once, so nothing is printed or written twice.
+ONE_PROCESS = ("model", "convert", "analyze", "export", "calibrate", "plot", "topologies", "policies", "info")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line and exit 2 for a user mistake; a bug or a lost rank aborts every rank."""
     args = build_parser().parse_args(argv)
+    if args.command in ONE_PROCESS and env_rank() != 0:
+        return 0
     try:
         return _command(args)
     except UsageError as exc:

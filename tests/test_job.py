@@ -1,4 +1,4 @@
-"""Rules for Ctrl-C: one line from the job (rank 0's), exit 130, no traceback and no MPI abort report."""
+"""Rules for a job as a whole: Ctrl-C is one line and exit 130; a one-process command runs once under mpiexec."""
 
 import os
 import signal
@@ -41,3 +41,22 @@ def test_ctrl_c_mid_run_is_one_line_and_exit_130(cmd):
     code, err = interrupt_when(cmd, "# themis-mpi")
     assert code == 130, err
     assert err == "themis-mpi: interrupted\n", err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["model", "-b", "1M", "-q"], ["policies"], ["calibrate", "tests/data/nccl-tests/h100x8_nvls_dgxc.txt"]],
+    ids=["model", "policies", "calibrate"],
+)
+def test_a_one_process_command_under_mpiexec_runs_once(tmp_path, args):
+    """`mpiexec -n 2 themis-mpi model ...`: rank 0 runs it, the other rank leaves; one output, one file."""
+    out = tmp_path / "out.json"
+    extra = ["--json", str(out)] if args[0] in ("model", "calibrate") else []
+    proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "themis_mpi", *args, *extra],
+                          capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    single = subprocess.run([sys.executable, "-m", "themis_mpi", *args], capture_output=True, text=True,
+                            env=mpi_env(), cwd=ROOT, timeout=120)  # fmt: skip
+    wall = [line.rsplit(None, 1)[0] for line in proc.stdout.splitlines()]  # (the last column may be wall_s)
+    assert wall == [line.rsplit(None, 1)[0] for line in single.stdout.splitlines()]
+    assert not extra or out.exists()
