@@ -60,3 +60,24 @@ def test_a_one_process_command_under_mpiexec_runs_once(tmp_path, args):
     wall = [line.rsplit(None, 1)[0] for line in proc.stdout.splitlines()]  # (the last column may be wall_s)
     assert wall == [line.rsplit(None, 1)[0] for line in single.stdout.splitlines()]
     assert not extra or out.exists()
+
+
+HALF_WRITTEN = """
+import os, signal, sys, time
+from themis_mpi import cli
+from themis_mpi.output import atomic_path
+signal.signal(signal.SIGINT, cli._interrupted)
+with atomic_path(sys.argv[1]) as tmp:
+    with open(tmp, "w") as f:
+        f.write("half of a file")
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(30)
+"""
+
+
+def test_ctrl_c_while_a_file_is_written_leaves_no_partial_file(tmp_path):
+    """Interrupted between writing a temporary file and renaming it: exit 130, and the directory stays empty."""
+    proc = subprocess.run([sys.executable, "-c", HALF_WRITTEN, str(tmp_path / "out.json")], capture_output=True,
+                          text=True, env=mpi_env(), cwd=ROOT, timeout=60)  # fmt: skip
+    assert proc.returncode == 130 and proc.stderr == "themis-mpi: interrupted\n", proc.stderr
+    assert list(tmp_path.iterdir()) == []

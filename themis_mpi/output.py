@@ -21,6 +21,17 @@ from .errors import UsageError
 STDOUT = "-"
 SPECIAL_ROOTS = ("/proc/", "/sys/", "/dev/")
 PARTIAL = ".{stem}.partial-{pid}{ext}"
+_PARTIALS: set[str] = set()  # temporary files being written now (`atomic_path`)
+
+
+def remove_partials() -> None:
+    """Remove the temporary files being written now: a job that ends abruptly leaves none behind."""
+    for tmp in list(_PARTIALS):
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        _PARTIALS.discard(tmp)
 
 
 def _temp_name(target: str) -> str:
@@ -56,6 +67,7 @@ def atomic_path(path: str) -> Iterator[str]:
     check_output_path(path)
     target = os.path.realpath(path)
     tmp = _temp_name(target)
+    _PARTIALS.add(tmp)
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)
@@ -68,6 +80,8 @@ def atomic_path(path: str) -> Iterator[str]:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    finally:
+        _PARTIALS.discard(tmp)
 
 
 def write_json(path: str, doc: Any) -> None:

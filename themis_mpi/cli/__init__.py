@@ -12,13 +12,16 @@ import signal
 import threading
 from typing import Any
 
+from ..output import remove_partials
+
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 INTERRUPTED = b"themis-mpi: interrupted\n"
 
 
 def _interrupted(signum: int, frame: Any) -> None:
-    """SIGINT: rank 0 says so in one line; every rank leaves at once (mpiexec signals them all)."""
+    """SIGINT: no half-written file stays; rank 0 says so in one line; every rank leaves at once."""
+    remove_partials()
     if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
         os.write(2, INTERRUPTED)
     os._exit(130)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..launch import env_rank
+from ..output import remove_partials
 from .parser import build_parser
 
 # command -> (module of this package, its function)
@@ -65,6 +66,7 @@ def _abort(world: Any, message: str, code: int) -> int:
     the same error it aborts the job (and this rank) with one line; when only this rank did, it
     prints its own line and aborts.
     """
+    remove_partials()
     if world.Get_rank() != 0:
         time.sleep(RANK0_GRACE_S)
     print(message, file=sys.stderr, end="" if message.endswith("\n") else "\n", flush=True)
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         world = _world()
         if type(exc).__name__ == "Stalled" and world is not None:
+            remove_partials()
             print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
             time.sleep(FORWARD_S)
             world.Abort(3)
