@@ -140,6 +140,8 @@ def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
         if lines or not launcher_took_over:
             break
     assert lines, err[-4000:] + f" returncode={returncode}"
+    if how == "stop":  # every survivor sees the silence; the job says so once
+        assert len(lines) == 1, lines
     named = [ln.split("; rank(s) ")[1].split(" did not answer")[0] for ln in lines if "did not answer" in ln]
     named += [ln.split("waiting for rank(s) ")[1].split(" in ")[0] for ln in lines if "waiting for" in ln]
     assert any(str(victim) in peers.split(", ") for peers in named), lines

@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 FORWARD_S = 0.3  # lets the launcher forward a last line before an abort tears the job down
 RANK0_GRACE_S = 1.0  # a rank other than 0 waits this long for rank 0 to report the same error
+STAGGER_S, MAX_STAGGERED_RANKS = 0.5, 20  # a stalled rank r reports after r * STAGGER_S (at most 10 s)
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         world = _world()
         if type(exc).__name__ == "Stalled" and world is not None:
             remove_partials()
+            # ranks that see the same silence at once speak in rank order: the first one's abort
+            # ends the others before they print, so the job says it once
+            time.sleep(min(world.Get_rank(), MAX_STAGGERED_RANKS) * STAGGER_S)
             print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
             time.sleep(FORWARD_S)
             world.Abort(3)
