@@ -203,3 +203,32 @@ def test_export_window_is_on_the_exported_axis_and_an_empty_selection_is_refused
     assert kept and {e["args"]["collective"] for e in kept} == {1}
     proc = themis("export", str(trace), "--perfetto", str(out), "--window", "1e9,2e9")
     assert proc.returncode == 2 and "keeps no stage" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        (dict(topology=None), "topology"),
+        (dict(topology=5), "topology"),
+        (dict(topology={}), "topology"),
+        (dict(policy=None), "policy"),
+        (dict(policy={"themis"}), "policy"),
+        (dict(policy=(p for p in ["themis"])), "policy"),
+        (dict(size=None), "size"),
+        (dict(size=float("nan")), "size"),
+        (dict(size=b"1M"), "size"),
+        (dict(active_per_dim=1.5), "active_per_dim"),
+        (dict(chunks=2.5), "chunks"),
+        (dict(chunks=True), "chunks"),
+    ],
+)
+def test_the_api_names_a_parameter_of_the_wrong_type(kwargs, name):
+    """A wrong type is a TypeError naming the parameter and what it accepts, not an error from deep inside."""
+    with pytest.raises(TypeError, match=f"^{name} must be "):
+        themis_mpi.sweep(**kwargs)
+
+
+def test_the_api_train_names_a_parameter_of_the_wrong_type():
+    """The API's train checks its arguments the same way (a float chunk count is not truncated)."""
+    with pytest.raises(TypeError, match="^chunks must be a whole number"):
+        themis_mpi.train("traces/resnet152.txt", chunks=2.5)

@@ -26,13 +26,28 @@ from .workloads.text import parse_workload
 from .workloads.training import TrainingSpec
 
 
-def _items(value: Any) -> list:
-    """A scalar as a one-item list; a list or tuple as itself."""
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def _items(value: Any, what: str, kinds: tuple[type, ...], accepts: str) -> list:
+    """A scalar or a list/tuple of them, each of `kinds` (bools are not ints); else a TypeError naming it."""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not items or any(isinstance(v, bool) or not isinstance(v, kinds) for v in items):
+        raise TypeError(f"{what} must be {accepts}, or a list of them; got {value!r}")
+    return items
+
+
+def _names(value: Any, what: str) -> list[str]:
+    return _items(value, what, (str,), "a name (str)")
+
+
+def _one(value: Any, what: str, kinds: tuple[type, ...], accepts: str) -> Any:
+    """A single value of `kinds` (bools are not ints), else a TypeError naming the parameter."""
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TypeError(f"{what} must be {accepts}; got {value!r}")
+    return value
 
 
 def _size_bytes(size: int | str) -> int:
-    return parse_size(size) if isinstance(size, str) else int(size)
+    """Bytes of a size given as a number of bytes or with a K/M/G suffix."""
+    return parse_size(size) if isinstance(size, str) else size
 
 
 def sweep(
@@ -68,18 +83,25 @@ def sweep(
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
         chunks, policy, intra.
+
+    Raises:
+        TypeError: a parameter of the wrong type (named, with what it accepts).
+        UsageError: a value out of range or a name that is not known (one line).
     """
+    _one(active_per_dim, "active_per_dim", (int,), "a whole number (int)")
+    if endpoint_delay_ns is not None:
+        _one(endpoint_delay_ns, "endpoint_delay_ns", (int, float), "a number of ns")
     delay_ns = default_endpoint_delay_ns(compat) if endpoint_delay_ns is None else endpoint_delay_ns
     base = RunConfig(active_per_dim=active_per_dim, endpoint_delay_ns=delay_ns, compat=compat)
     cells = sweep_cells(
-        [parse_topology(t) for t in _items(topology)],
-        [_size_bytes(s) for s in _items(size)],
-        [int(c) for c in _items(chunks)],
-        policy,
-        _items(intra),
+        [parse_topology(t) for t in _names(topology, "topology")],
+        [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
+        _items(chunks, "chunks", (int,), "a whole number (int)"),
+        _names(policy, "policy"),
+        _names(intra, "intra"),
         base,
-        op=op,
-        dtype=dtype,
+        op=_one(op, "op", (str,), "a name (str)"),
+        dtype=_one(dtype, "dtype", (str,), "a name (str)"),
     )
     return [run_collective(ModelTransport(c.topology, c.config), c.collective, c.policy)[0] for c in cells]
 
@@ -101,11 +123,20 @@ def train(
 
     Each policy runs with its own intra-dim policy under ``intra="auto"``, as ``themis-mpi train``.
     """
-    wl = parse_workload(workload)
-    topo = parse_topology(topology)
-    spec = TrainingSpec(chunks, dtype, iterations, compute_scale, comm_scale)
+    wl = parse_workload(_one(workload, "workload", (str,), "a path (str)"))
+    topo = parse_topology(
+        _one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path (str)")
+    )
+    for what, count in (("chunks", chunks), ("iterations", iterations)):
+        _one(count, what, (int,), "a whole number (int)")
+    for what, scale in (("compute_scale", compute_scale), ("comm_scale", comm_scale)):
+        _one(scale, what, (int, float), "a number")
+    spec = TrainingSpec(
+        chunks, _one(dtype, "dtype", (str,), "a name (str)"), iterations, compute_scale, comm_scale
+    )
     base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat)
-    return [model_training(wl, topo, p, spec, config) for p, config in policy_configs(policy, [intra], base)]
+    policies = policy_configs(_names(policy, "policy"), _names(intra, "intra"), base)
+    return [model_training(wl, topo, p, spec, config) for p, config in policies]
 
 
 def to_dataframe(results: Iterable[CollectiveResult | TrainingResult]) -> Any:
