@@ -140,3 +140,17 @@ def test_the_forging_helper_leaves_a_readable_trace_when_nothing_is_out_of_range
     """The same edit with an in-range value reads: the refusals above are about the ranges."""
     proc = local(["analyze", forged_trace(tmp_path, "collectives", "time_us", 600.0)])
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_topology_string_too_long_is_refused_without_echoing_it():
+    """A 120 kB topology string: one short line (its start and length), not the whole string back."""
+    proc = local(["model", "-t", "SW(8,100,700)_" * 8000 + "SW(8,100,700)"])
+    one_line(proc, "too long", "characters")
+    assert len(proc.stderr) < 300
+
+
+def test_convert_refuses_more_iterations_than_an_et_file_holds(tmp_path):
+    """`convert --iters 1000000`: refused at once with the largest count that fits, not a minute of work."""
+    proc = local(["convert", "traces/resnet152.txt", str(tmp_path / "w.et"), "--iters", "1000000"])
+    one_line(proc, "at most")
+    assert not (tmp_path / "w.et").exists()

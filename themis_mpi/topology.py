@@ -420,6 +420,15 @@ SOURCES = {
 }
 
 MAX_YAML_DEPTH = 32  # an ASTRA-sim network file is two levels deep
+MAX_TOPOLOGY_CHARS = 4096  # 16 dims, NIC(...) and NCCL(...) items fit many times over
+SHOWN_CHARS = 60  # what an error line quotes of a long input
+
+
+def _shown(text: str) -> str:
+    """An input as an error line quotes it: whole if short, else its start and its length."""
+    return repr(text) if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
 _INLINE_DIM = re.compile(r"^\s*([A-Za-z]+)\s*\(([^()]*)\)\s*$")
 
 
@@ -434,11 +443,13 @@ def _port(item: str, fields: str) -> Port:
     """``NIC(1+2,46.57)``: dims 1 and 2 share a port of 46.57 GB/s."""
     parts = [f.strip() for f in fields.split(",")]
     if len(parts) != 2:
-        raise UsageError(f"shared port {item!r} needs DIMS,GB/s, e.g. NIC(1+2,46.57)")
+        raise UsageError(f"shared port {_shown(item)} needs DIMS,GB/s, e.g. NIC(1+2,46.57)")
     dims = []
     for text in parts[0].split("+"):
         if not text.strip().isdigit():
-            raise UsageError(f"bad dim {text.strip()!r} in shared port {item!r}: use dim indices like 1+2")
+            raise UsageError(
+                f"bad dim {text.strip()!r} in shared port {_shown(item)}: use dim indices like 1+2"
+            )
         dims.append(int(text))
     return Port(tuple(dims), _number(parts[1], "GB/s", item))
 
@@ -454,7 +465,7 @@ def parse_inline(spec: str) -> Topology:
         match = _INLINE_DIM.match(item)
         if not match:
             raise UsageError(
-                f"malformed topology dim {item!r}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
+                f"malformed topology dim {_shown(item)}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
             )
         if match.group(1).upper() == "NCCL":
             if nccl is not None:
@@ -466,17 +477,17 @@ def parse_inline(spec: str) -> Topology:
             continue
         if ports:
             raise UsageError(
-                f"topology dim {item!r} comes after a shared port: write the NIC(...) items last"
+                f"topology dim {_shown(item)} comes after a shared port: write the NIC(...) items last"
             )
         kind = KIND_ALIASES.get(match.group(1).lower())
         if kind is None:
-            raise UsageError(f"unknown dim kind {match.group(1)!r} in {item!r}; use Ring, FC or SW")
+            raise UsageError(f"unknown dim kind {match.group(1)!r} in {_shown(item)}; use Ring, FC or SW")
         fields = [f.strip() for f in match.group(2).split(",")]
         if len(fields) not in (3, 4):
-            raise UsageError(f"topology dim {item!r} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
+            raise UsageError(f"topology dim {_shown(item)} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
         npus = _number(fields[0], "npus", item)
         if not math.isfinite(npus) or npus != int(npus):
-            raise UsageError(f"npus must be an integer in topology dim {item!r}")
+            raise UsageError(f"npus must be an integer in topology dim {_shown(item)}")
         algorithm = fields[3].lower() if len(fields) == 4 else ""
         dims.append(
             Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
@@ -535,13 +546,15 @@ def parse_yaml(path: str) -> Topology:
 
 def parse_topology(text: str) -> Topology:
     """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
+    if len(text) > MAX_TOPOLOGY_CHARS:
+        raise UsageError(f"topology {_shown(text)} is too long (at most {MAX_TOPOLOGY_CHARS} characters)")
     if text in PRESETS:
         return _preset(PRESETS[text], text)
     if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
         return parse_yaml(text)
     if "(" not in text:
         raise UsageError(
-            f"unknown topology preset {text!r}; see `themis-mpi topologies`, or write "
+            f"unknown topology preset {_shown(text)}; see `themis-mpi topologies`, or write "
             "KIND(npus,GB/s,ns)_... or give a .yml file"
         )
     return parse_inline(text)

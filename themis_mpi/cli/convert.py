@@ -10,7 +10,7 @@ from ..output import atomic_path, check_output_path
 from ..topology import parse_topology
 from ..workloads.chakra import is_et_source
 from ..workloads.convert import et_to_workload_text, workload_to_et
-from ..workloads.et import read_et, write_et
+from ..workloads.et import MAX_ET_NODES, read_et, write_et
 from ..workloads.text import parse_workload
 
 
@@ -28,6 +28,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.output}: a text workload converts to a .et or .et.gz file")
     wl = parse_workload(args.input)
     topo = parse_topology(args.topology)
+    per_iteration = len(workload_to_et(wl, topo, 1).nodes)
+    if per_iteration * args.iters > MAX_ET_NODES:
+        raise UsageError(
+            f"{args.iters} iterations of {args.input} make {per_iteration * args.iters} nodes; an ET file "
+            f"holds at most {MAX_ET_NODES} (at most {MAX_ET_NODES // max(per_iteration, 1)} iterations here)"
+        )
     trace = workload_to_et(wl, topo, args.iters, args.output)
     write_et(args.output, trace)
     counts = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
