@@ -63,7 +63,12 @@ def check_output_path(path: str, inputs: Sequence[str] = ()) -> None:
 
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
-    """A temporary path to write to (same directory and extension); renamed over `path` on success."""
+    """A temporary path to write to (same directory and extension); renamed over `path` on success.
+
+    On any failure the temporary file is removed and `path` keeps its previous content; a failure
+    of the file system (a full disk, a read-only file system, EIO, a target that became a
+    directory) is one `UsageError` line naming `path`.
+    """
     check_output_path(path)
     target = os.path.realpath(path)
     tmp = _temp_name(target)
@@ -76,9 +81,13 @@ def atomic_path(path: str) -> Iterator[str]:
         finally:
             os.close(fd)
         os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as exc:
+        if os.path.lexists(tmp):
             os.remove(tmp)
+        if isinstance(exc, OSError):  # a full disk, a read-only file system, a target turned directory
+            raise UsageError(
+                f"cannot write {path}: {exc.strerror or exc}; the previous file, if any, is intact"
+            ) from None
         raise
     finally:
         _PARTIALS.discard(tmp)

@@ -20,7 +20,7 @@ from .options import check_outputs
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """`themis-mpi calibrate`: the fitted topology, and the model's error at every size of the log."""
-    check_outputs(args.json, inputs=(args.log,))
+    check_outputs(args.json, inputs=(args.log, args.base))
     in_range("--chunks", args.chunks, 1, MAX_CHUNKS)
     if args.npus is not None:
         in_range("--npus", args.npus, 2, 2**20)

@@ -7,13 +7,15 @@ below (`run.sweep`) checks what the names and numbers mean.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Sequence
 
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
 from ..limits import MAX_CHUNKS, in_range
-from ..output import check_output_path
+from ..output import STDOUT, check_output_path
 from ..policies import InterPolicy
 from ..run.sweep import policy_configs
 from ..topology import Topology, parse_topology
@@ -102,11 +104,30 @@ def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConf
     return policy_configs(policies, split_list(args.intra), base_config(args))
 
 
-def check_outputs(*paths: str | None, inputs: tuple[str, ...] = ()) -> None:
-    """Refuse bad output paths before any work (on rank 0: a refusal there aborts the job with 2)."""
+def check_outputs(*paths: str | None, inputs: Sequence[str | None] = ()) -> None:
+    """Refuse bad output paths before any work (on rank 0: a refusal there aborts the job with 2).
+
+    An output may be no input of the command (through symlinks too) and no other output of it.
+    """
+    named = [p for p in inputs if p]
+    seen: dict[str, str] = {}
     for path in paths:
-        if path:
-            check_output_path(path, inputs)
+        if not path:
+            continue
+        check_output_path(path, named)
+        if path == STDOUT:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(
+                f"cannot write {path}: {seen[real]} is the same file; give each output its own path"
+            )
+        seen[real] = path
+
+
+def input_files(*values: str | None) -> list[str]:
+    """The values that name existing files (a topology given as a YAML path, a workload, ...)."""
+    return [v for v in values if v and v != STDOUT and os.path.isfile(v)]
 
 
 class Lines:

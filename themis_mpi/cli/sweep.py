@@ -21,7 +21,16 @@ from ..run.backend import open_backend
 from ..run.collective import run_collective
 from ..run.sweep import sweep_cells
 from ..units import format_size
-from .options import Lines, all_topologies, base_config, check_outputs, chunk_counts, size_list, split_list
+from .options import (
+    Lines,
+    all_topologies,
+    base_config,
+    check_outputs,
+    chunk_counts,
+    input_files,
+    size_list,
+    split_list,
+)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -75,7 +84,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
         recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
         with open_backend(topo, use_mpi, config.timeout_s) as backend:
             if backend.rank == 0:
-                check_outputs(args.json, args.csv, args.trace)
+                check_outputs(args.json, args.csv, args.trace, inputs=input_files(*split_list(args.topology)))
                 progress.write(run_header(topo, command, config))
                 if args.format != "nccl":
                     progress.write(table_header(len(topo.dims), clock))

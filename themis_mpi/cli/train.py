@@ -21,7 +21,7 @@ from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
 from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
-from .options import check_outputs, one_chunk_count, one_topology, policy_settings
+from .options import check_outputs, input_files, one_chunk_count, one_topology, policy_settings
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -50,7 +50,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
     with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
         if backend.rank == 0:
-            check_outputs(args.json)
+            check_outputs(args.json, inputs=input_files(args.workload, args.topology, args.comm_group))
         rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in settings]
         if backend.rank == 0:
             print(
@@ -99,7 +99,9 @@ def _train_graph(args: argparse.Namespace) -> int:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
     with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
         if backend.rank == 0:
-            check_outputs(args.json)
+            check_outputs(
+                args.json, inputs=[t.path for t in graph.traces] + input_files(args.topology, args.comm_group)
+            )
         rows = [
             run_graph(backend.transport(config), graph, policy, spec, ranks) for policy, config in settings
         ]
