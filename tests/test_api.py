@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from harness import ROOT, local, mpi_env, mpiexec_path
+from harness import DATA, ROOT, local, mpi_env, mpiexec_path
 
 import themis_mpi
 from themis_mpi.analysis import queue_levels
@@ -232,3 +232,34 @@ def test_the_api_train_names_a_parameter_of_the_wrong_type():
     """The API's train checks its arguments the same way (a float chunk count is not truncated)."""
     with pytest.raises(TypeError, match="^chunks must be a whole number"):
         themis_mpi.train("traces/resnet152.txt", chunks=2.5)
+
+
+def test_the_api_has_the_commands_overrides_buckets_and_chakra():
+    """The API's sweep takes the overrides and --network, its train buckets and Chakra traces, as the CLI."""
+    row = themis_mpi.sweep(
+        size="1M", chunks=4, policy="themis", bandwidth_gbps=[None, None, 200], network="fair"
+    )[0]
+    proc = themis(
+        "model",
+        "-b",
+        "1M",
+        "-c",
+        "4",
+        "-p",
+        "themis",
+        "--bandwidth",
+        ",,200",
+        "--network",
+        "fair",
+        "--json",
+        "-",
+    )
+    cli_row = json.loads(proc.stdout[proc.stdout.index("\n[") :])[0]
+    assert row.time_us == cli_row["time_us"] and row.topology == cli_row["topology"] and row.network == "fair"
+    buckets = themis_mpi.train(
+        str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"), chunks=4, bucket_mib=25
+    )
+    plain = themis_mpi.train(str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"), chunks=4)
+    assert [r.collectives for r in buckets] == [8, 8] and buckets[0].collectives < plain[0].collectives
+    graph = themis_mpi.train(str(DATA / "chakra-pytorch" / "chakra.0.et.gz"), chunks=4)
+    assert [r.policy for r in graph] == ["baseline", "themis"] and graph[0].collectives == 5

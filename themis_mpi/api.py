@@ -16,13 +16,15 @@ from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
 from .model import ModelTransport
+from .network import check_rule
 from .results import CollectiveResult, TrainingResult, flat_row
 from .run.collective import run_collective
 from .run.sweep import policy_configs, sweep_cells
-from .run.training import model_training
+from .run.training import model_training, run_graph
 from .topology import parse_topology
 from .units import parse_size
-from .workloads.text import parse_workload
+from .workloads.chakra import is_et_source, load_graph
+from .workloads.text import Workload, parse_workload
 from .workloads.training import TrainingSpec
 
 
@@ -62,6 +64,10 @@ def sweep(
     active_per_dim: int = 1,
     endpoint_delay_ns: float | None = None,
     compat: str = "",
+    network: str = "ideal",
+    bandwidth_gbps: Sequence[float | None] | None = None,
+    latency_ns: Sequence[float | None] | None = None,
+    algorithm: Sequence[str | None] | None = None,
 ) -> list[CollectiveResult]:
     """Model a collective over every combination of the given values; one result per combination.
 
@@ -79,6 +85,10 @@ def sweep(
         endpoint_delay_ns: delay added to every algorithm step (default 0, or ASTRA-sim's 10 ns
             with compat "astra-sim-1.0").
         compat: "" or "astra-sim-1.0".
+        network: how stages that run at once share links: ideal, fair or store-forward.
+        bandwidth_gbps: per-dim bandwidth overrides in GB/s (None keeps a dim's), as --bandwidth.
+        latency_ns: per-dim latency overrides in ns, as --latency.
+        algorithm: per-dim algorithm overrides, as --algorithm.
 
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
@@ -92,9 +102,14 @@ def sweep(
     if endpoint_delay_ns is not None:
         _one(endpoint_delay_ns, "endpoint_delay_ns", (int, float), "a number of ns")
     delay_ns = default_endpoint_delay_ns(compat) if endpoint_delay_ns is None else endpoint_delay_ns
-    base = RunConfig(active_per_dim=active_per_dim, endpoint_delay_ns=delay_ns, compat=compat)
+    base = RunConfig(
+        active_per_dim=active_per_dim, endpoint_delay_ns=delay_ns, compat=compat, network=network
+    )
     cells = sweep_cells(
-        [parse_topology(t) for t in _names(topology, "topology")],
+        [
+            parse_topology(t).with_overrides(bandwidth_gbps, latency_ns, algorithm)
+            for t in _names(topology, "topology")
+        ],
         [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
         _items(chunks, "chunks", (int,), "a whole number (int)"),
         _names(policy, "policy"),
@@ -118,24 +133,43 @@ def train(
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",
+    network: str = "ideal",
+    bucket_mib: float = 0.0,
+    first_bucket_mib: float | None = None,
+    comm_group: str | None = None,
 ) -> list[TrainingResult]:
-    """Training iterations of an ASTRA-sim 1.0 text workload on the model, one result per policy.
+    """Training iterations of a workload on the model, one result per policy, as ``themis-mpi train``.
 
-    Each policy runs with its own intra-dim policy under ``intra="auto"``, as ``themis-mpi train``.
+    `workload` is an ASTRA-sim 1.0 text workload, or a Chakra trace (a .et file, or the prefix of
+    prefix.<rank>.et files; `comm_group` names its communicator-group JSON). Each policy runs
+    with its own intra-dim policy under ``intra="auto"``. Buckets (`bucket_mib`,
+    `first_bucket_mib`) apply to text workloads.
     """
-    wl = parse_workload(_one(workload, "workload", (str,), "a path (str)"))
+    _one(workload, "workload", (str,), "a path (str)")
     topo = parse_topology(
         _one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path (str)")
     )
     for what, count in (("chunks", chunks), ("iterations", iterations)):
         _one(count, what, (int,), "a whole number (int)")
-    for what, scale in (("compute_scale", compute_scale), ("comm_scale", comm_scale)):
+    for what, scale in (
+        ("compute_scale", compute_scale),
+        ("comm_scale", comm_scale),
+        ("bucket_mib", bucket_mib),
+    ):
         _one(scale, what, (int, float), "a number")
-    spec = TrainingSpec(
-        chunks, _one(dtype, "dtype", (str,), "a name (str)"), iterations, compute_scale, comm_scale
-    )
-    base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat)
+    base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat, network=network)
     policies = policy_configs(_names(policy, "policy"), _names(intra, "intra"), base)
+    dtype = _one(dtype, "dtype", (str,), "a name (str)")
+    if is_et_source(workload):
+        if bucket_mib or first_bucket_mib is not None:
+            raise UsageError("bucket_mib and first_bucket_mib apply to text workloads only")
+        graph = load_graph(workload, comm_group)
+        fitted = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(topo)
+        check_rule(fitted, network)
+        spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale)
+        return [run_graph(ModelTransport(fitted, config), graph, p, spec) for p, config in policies]
+    wl = parse_workload(workload)
+    spec = TrainingSpec(chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib)
     return [model_training(wl, topo, p, spec, config) for p, config in policies]
 
 
