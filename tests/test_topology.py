@@ -83,3 +83,24 @@ def test_yaml_with_missing_keys_is_refused(tmp_path):
     path.write_text("topology: [ Ring ]\n")
     with pytest.raises(UsageError, match="needs the keys"):
         parse_topology(str(path))
+
+
+@pytest.mark.parametrize(
+    ("shape", "spec"),
+    [
+        ("8x8x8", "Ring(8,100,20,ring)_FC(8,100,700,direct)_SW(8,100,700,hd)"),
+        ("16", "Ring(16,100,20,ring)"),
+        ("4x8x2x2", "Ring(4,100,20,ring)_FC(8,100,700,direct)_SW(2,100,700,hd)_SW(2,100,700,hd)"),
+    ],
+)
+def test_a_shape_that_is_no_preset_gets_the_documented_defaults(shape, spec):
+    """`-t 8x8x8`: a Ring, a FullyConnected, then Switch dims (100 GB/s; 20, then 700 ns), named by its shape."""
+    topo = parse_topology(shape)
+    assert topo.spec() == spec and topo.label() == shape
+
+
+def test_preset_shapes_keep_their_meaning():
+    """2x2x2, 4x2 and 8 are presets: the generic rule does not replace them."""
+    for name in ("2x2x2", "4x2", "8"):
+        assert parse_topology(name).spec() == parse_topology(PRESETS[name]).spec()
+    assert parse_topology("4x2").dims[1].kind == "Switch"  # (the generic rule would make it FullyConnected)

@@ -419,6 +419,8 @@ SOURCES = {
     "TPUv4-16x16x16": "as TPUv4-4x4x4; 64 cubes = 4096 chips in a 16x16x16 torus (the full pod).",
 }
 
+_SHAPE = re.compile(r"^[1-9][0-9]{0,6}(x[1-9][0-9]{0,6}){0,15}$")
+GENERIC_DIMS = ("Ring({},100,20)", "FC({},100,700)", "SW({},100,700)")  # a generic shape's dims 0, 1, 2+
 MAX_YAML_DEPTH = 32  # an ASTRA-sim network file is two levels deep
 MAX_TOPOLOGY_CHARS = 4096  # 16 dims, NIC(...) and NCCL(...) items fit many times over
 SHOWN_CHARS = 60  # what an error line quotes of a long input
@@ -544,6 +546,17 @@ def parse_yaml(path: str) -> Topology:
     return Topology(tuple(dims), os.path.basename(path))
 
 
+def generic_shape(text: str) -> Topology:
+    """A shape that is not a preset, ``AxBxC...``: a Ring, then a FullyConnected, then Switch dims.
+
+    Every dim has 100 GB/s; the Ring 20 ns per hop, the others 700 ns (the laptop presets'
+    numbers): ``8x8x8`` is ``Ring(8,100,20)_FC(8,100,700)_SW(8,100,700)``.
+    """
+    sizes = [int(n) for n in text.split("x")]
+    specs = [GENERIC_DIMS[min(d, len(GENERIC_DIMS) - 1)].format(n) for d, n in enumerate(sizes)]
+    return Topology(parse_inline("_".join(specs)).dims, text)
+
+
 def parse_topology(text: str) -> Topology:
     """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
     if len(text) > MAX_TOPOLOGY_CHARS:
@@ -552,6 +565,8 @@ def parse_topology(text: str) -> Topology:
         return _preset(PRESETS[text], text)
     if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
         return parse_yaml(text)
+    if _SHAPE.match(text):
+        return generic_shape(text)
     if "(" not in text:
         raise UsageError(
             f"unknown topology preset {_shown(text)}; see `themis-mpi topologies`, or write "
