@@ -4,8 +4,10 @@ Each plugin is installed alone into its own temporary site directory (as pip lay
 that one that breaks on import breaks only its own test.
 """
 
+import json
+
 import pytest
-from harness import local
+from harness import cli, local
 from test_plugins import install
 
 EXITS_IN_ORDER = """
@@ -83,3 +85,30 @@ def test_an_intra_policy_that_changes_its_queue_is_stopped(plugin):
         "thief",
         "changed the queue",
     )
+
+
+SLOW = """
+import time
+from themis_mpi.policies import InterPolicy
+
+
+class Slow(InterPolicy):
+    name = "slow"
+    description = "thinks for 4 s before its first order"
+
+    def order(self, chunk):
+        if chunk.index == 0:
+            time.sleep(4)
+        return [0]  # (a one-dim topology)
+"""
+
+
+def test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead(plugin, tmp_path):
+    """Rank 0 deciding for 4 s with --timeout-s 1 answers the others' pings: the run ends right, not aborted."""
+    plugin("slow_policy", SLOW, 'slow = "slow_policy:Slow"')
+    out = tmp_path / "rows.json"
+    proc = cli(4, ["run", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "4", "-p", "slow", "-n", "1", "-w", "0",
+                   "--timeout-s", "1", "--json", str(out)], timeout_s=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())
+    assert row["policy"] == "slow" and row["wrong"] == 0 and row["decision_s"] >= 4

@@ -32,6 +32,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -283,8 +284,12 @@ class Transport(Protocol):
         """The cost model of one element size (`cost.CostModels`)."""
         ...
 
-    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
-        """Rank 0's array on every rank, in place."""
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
+        """Rank 0's array on every rank, in place (`patient`: rank 0 may take long, `serving`)."""
+        ...
+
+    def serving(self) -> AbstractContextManager[None]:
+        """While this rank computes on its own, the others still hear that it is alive."""
         ...
 
     def barrier(self, what: str) -> None:

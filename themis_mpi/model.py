@@ -9,6 +9,7 @@ virtual clock wherever both can run (a test).
 from __future__ import annotations
 
 import heapq
+from contextlib import AbstractContextManager, nullcontext
 
 import numpy as np
 
@@ -47,9 +48,13 @@ class ModelTransport:
 
     # --- control: one rank, nothing to exchange --------------------------------------------------
 
-    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
         """The array itself."""
         return array
+
+    def serving(self) -> AbstractContextManager[None]:
+        """Nobody to answer."""
+        return nullcontext()
 
     def barrier(self, what: str) -> None:
         """Nothing to wait for."""

@@ -9,6 +9,10 @@ same host.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 from mpi4py import MPI
 
@@ -16,6 +20,8 @@ from ..config import DEFAULT_TIMEOUT_S
 from ..errors import UsageError
 from ..topology import Topology
 from .progress import Watchdog
+
+SERVE_EVERY_S = 0.01  # how often a busy rank's thread answers pings (they wait 2 s for it)
 
 
 class CartGrid:
@@ -62,14 +68,38 @@ class CartGrid:
         world.Free()
         self.watchdog = Watchdog(self.cart, timeout_s)
 
-    def wait(self, request: MPI.Request, what: str) -> None:
-        """Complete a control collective quietly, under the watchdog."""
-        self.watchdog.wait(request, what)
+    def wait(self, request: MPI.Request, what: str, patient: bool = False) -> None:
+        """Complete a control collective quietly, under the watchdog (`Watchdog.wait`)."""
+        self.watchdog.wait(request, what, patient)
 
-    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
-        """Broadcast a numpy array from rank 0 in place (uppercase, no pickling)."""
-        self.wait(self.cart.Ibcast(array, root=0), what)
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
+        """Broadcast a numpy array from rank 0 in place (uppercase, no pickling).
+
+        `patient`: rank 0 may take long (it decides) but answers pings meanwhile (`serving`).
+        """
+        self.wait(self.cart.Ibcast(array, root=0), what, patient)
         return array
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """While this rank computes on its own, a thread answers the others' liveness pings.
+
+        The rank makes no MPI call meanwhile (MPI runs with MPI_THREAD_MULTIPLE), so the other
+        ranks, waiting patiently, know it is busy rather than dead.
+        """
+        stop = threading.Event()
+
+        def answer() -> None:
+            while not stop.wait(SERVE_EVERY_S):
+                self.watchdog.service()
+
+        thread = threading.Thread(target=answer, name="themis-mpi-pings", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def close(self) -> None:
         """Free the sub-communicators and the Cartesian communicator."""

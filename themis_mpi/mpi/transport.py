@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import AbstractContextManager
 
 import numpy as np
 from mpi4py import MPI
@@ -334,9 +335,13 @@ class MpiTransport:
 
     # --- control (small messages, rank 0 coordinates) --------------------------------------------
 
-    def bcast(self, array: np.ndarray, what: str) -> np.ndarray:
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
         """Rank 0's array on every rank (uppercase, in place)."""
-        return self.grid.bcast(array, what)
+        return self.grid.bcast(array, what, patient)
+
+    def serving(self) -> AbstractContextManager[None]:
+        """Answer the other ranks' pings while this rank computes on its own (rank 0 deciding)."""
+        return self.grid.serving()
 
     def barrier(self, what: str) -> None:
         """Every rank has arrived."""

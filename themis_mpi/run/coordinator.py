@@ -112,9 +112,10 @@ def share_schedules(
     if transport.rank == 0:
         t0 = time.perf_counter()
         try:
-            schedules = (
-                list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
-            )
+            with transport.serving():  # a long decision is not silence: rank 0 answers pings
+                schedules = (
+                    list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
+                )
             if len(schedules) != n_coll:
                 raise PolicyError(f"returned {len(schedules)} schedules for {n_coll} collectives")
             schedules = [validate_schedule(s, c, n_dims) for s, c in zip(schedules, collectives)]
@@ -128,7 +129,7 @@ def share_schedules(
             header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
         header[2] = int((time.perf_counter() - t0) * 1e9)
         header[1] = len(text.encode())
-    transport.bcast(header, "the broadcast of the schedule header")
+    transport.bcast(header, "the broadcast of the schedule header (rank 0 decides)", patient=True)
     if header[1]:
         raw = (
             np.frombuffer(text.encode(), np.uint8).copy()
