@@ -77,7 +77,15 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "run",
         "the one run driver: rank 0's schedules, a collective, training, backends, sweeps",
-        ("run", "run.coordinator", "run.collective", "run.linked", "run.training", "run.backend", "run.sweep"),
+        (
+            "run",
+            "run.coordinator",
+            "run.collective",
+            "run.linked",
+            "run.training",
+            "run.backend",
+            "run.sweep",
+        ),
     ),
     Layer(
         "edges",

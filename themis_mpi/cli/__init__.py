@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "topologies": ("topologies", "cmd_topologies"),
     "policies": ("policies", "cmd_policies"),
     "info": ("info", "cmd_info"),
+    "workload": ("workload", "cmd_workload"),
 }
 
 FORWARD_S = 0.3  # lets the launcher forward a last line before an abort tears the job down

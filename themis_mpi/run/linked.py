@@ -106,9 +106,9 @@ class LinkedTransport(ModelTransport):
                 if ex.error is not None:
                     raise ex.error
                 bound = self._resolve()
-                first = min(
-                    self._heap[0][0] if self._heap else math.inf, self._ended[0][0] if self._ended else math.inf
-                )
+                first = self._heap[0][0] if self._heap else math.inf
+                if self._ended and self._ended[0][0] < first:
+                    first = self._ended[0][0]
                 if first <= horizon_ns and first < bound:
                     done: list[tuple[int, StageRun]] = []
                     for heap in (self._heap, self._ended):

@@ -28,6 +28,7 @@ ends inside it (`fit_groups`).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
@@ -356,7 +357,8 @@ def _resized(dim: Dim, npus: int) -> Dim:
 class _Builder:
     """One rank's chain of steps: every node of a step waits for every node of the previous one."""
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: Layout, drop: frozenset[str] = frozenset()):
+        self.drop = drop
         self.nodes: list[Node] = []
         self.prev: list[int] = []
         self.batch: list[int] = []
@@ -388,7 +390,7 @@ class _Builder:
     def coll(self, name: str, op: int, nbytes: int, group: str, parallelism: str) -> None:
         """A collective on a group's dims; the next step waits for it."""
         self.flush()
-        if nbytes <= 0 or not any(self.involved[group]):
+        if nbytes <= 0 or not any(self.involved[group]) or parallelism in self.drop:
             return
         attrs = [
             Attr("comm_type", "int64", op),
@@ -415,10 +417,10 @@ def rank_coords(c: LlmConfig, rank: int) -> tuple[int, int, int]:
     return rank % c.tp, rank // c.tp % c.dp, rank // (c.tp * c.dp)
 
 
-def rank_graph(c: LlmConfig, layout: Layout, rank: int) -> list[Node]:
-    """One rank's nodes: its stage's schedule, then the data-parallel step."""
+def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = frozenset()) -> list[Node]:
+    """One rank's nodes: its stage's schedule, then the data-parallel step (`drop`: collectives left out)."""
     _, _, s = rank_coords(c, rank)
-    b = _Builder(layout)
+    b = _Builder(layout, drop)
     m, p, v_chunks, e = c.micro_batches, c.pp, c.chunks, c.bytes_per_element
     act = c.activation_bytes
     n = c.layers_per_stage
@@ -548,3 +550,22 @@ def _line(npus: int) -> Topology:
     return Topology((Dim("Switch" if npus > 1 else "Ring", npus, 100.0, 0.0),))
 
 
+class LazyTraces(Sequence):
+    """Every rank's trace, built when first read (a model run reads one rank per stage)."""
+
+    def __init__(self, c: LlmConfig, layout: Layout, drop: frozenset[str] = frozenset()):
+        self.c, self.layout, self.drop = c, layout, drop
+        self._made: dict[int, EtTrace] = {}
+        self.attrs = metadata(c, layout)
+
+    def __len__(self) -> int:
+        return self.c.npus
+
+    def __getitem__(self, rank):  # type: ignore[override]
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(len(self)))]
+        if rank not in self._made:
+            path = f"<{self.c.schedule} rank {rank}>"
+            nodes = rank_graph(self.c, self.layout, rank, self.drop)
+            self._made[rank] = EtTrace(path, "0.0.4", self.attrs, nodes)
+        return self._made[rank]
