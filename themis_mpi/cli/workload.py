@@ -132,8 +132,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
             "saved were X's collectives free (PP: the messages, collectives left out); bubble = idle time "
             "with free communication"
         )
-        head = ("policy", "iteration_us", "compute_us", "exposed_us", "TP_us", "PP_us", "DP_us", "EP_us")
-        head += ("bubble_us",)
+        head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
         print("#" + "".join(f"{h:>14}" for h in head)[1:])
         for policy, intra in POLICIES:
             r = price(c, layout, policy, RunConfig(intra=intra), spec)

@@ -473,7 +473,7 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
         for kind, mb, chunk in unit:
             vs = chunk * p + s
             if kind == "B" and vs == last and head:
-                b.comp(f"B{mb}.head", head * 2)
+                b.comp(f"B{mb}.head", head * (3 if c.recompute else 2))
             for i in range(n) if kind == "F" else reversed(range(n)):
                 layer(kind, mb, vs, i)
             if kind == "F" and vs == last and head:
@@ -561,7 +561,7 @@ class LazyTraces(Sequence):
     def __len__(self) -> int:
         return self.c.npus
 
-    def __getitem__(self, rank):  # type: ignore[override]
+    def __getitem__(self, rank):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]
         if rank not in self._made:
