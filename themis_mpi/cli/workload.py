@@ -3,7 +3,7 @@
 It prints the model's figures (parameters, FLOPs, bytes per parallelism, the schedule's
 micro-batches in flight), writes ``PREFIX.<rank>.et`` with ``--out`` (`train PREFIX` replays
 them), and with ``--run`` prices one iteration on the model: time, compute, the communication
-each parallelism exposes and the pipeline bubble (docs/workloads.md#llm-training).
+each parallelism exposes and the pipeline bubble (docs/workloads.md#llm-training-generated-from-a-models-shape).
 """
 
 from __future__ import annotations
