@@ -71,6 +71,7 @@ LAYERS: tuple[Layer, ...] = (
             "workloads.convert",
             "workloads.chakra",
             "workloads.llm",
+            "workloads.simai",
         ),
     ),  # fmt: skip
     Layer("results", "result dataclasses and the figures of a finished run", ("results",)),

@@ -378,7 +378,12 @@ def _workload_parser(sub: Any) -> None:
         "stated throughput, collective and message sizes by Megatron-LM's accounting, the pipeline schedule "
         "written into the graphs. Ranks: TP fastest, then DP, then PP; TP on the first dims.",
     )
-    p.add_argument("kind", choices=["gpt"], help="the model family (gpt: decoder-only transformer)")
+    p.add_argument(
+        "kind", choices=["gpt", "simai"], help="gpt: a decoder from its shape; simai: a SimAI file"
+    )
+    p.add_argument("file", nargs="?", help="simai: the SimAI/AICB workload file")
+    p.add_argument("--nvlink-gbps", type=float, default=360.0, help="simai: NVLink GB/s per GPU (360)")
+    p.add_argument("--nic-gbps", type=float, default=48.5, help="simai: NIC GB/s per GPU (48.5)")
     p.add_argument("--preset", choices=LLM_PRESETS, help="a model's shape; flags given override it")
     for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk"):
         p.add_argument(f"--{name}", type=int, help=f"{name} (ffn: default 4*hidden; experts: 0 = dense)")

@@ -3,7 +3,8 @@
 It prints the model's figures (parameters, FLOPs, bytes per parallelism, the schedule's
 micro-batches in flight), writes ``PREFIX.<rank>.et`` with ``--out`` (`train PREFIX` replays
 them), and with ``--run`` prices one iteration on the model: time, compute, the communication
-each parallelism exposes and the pipeline bubble (docs/workloads.md#llm-training-generated-from-a-models-shape).
+each parallelism exposes and the pipeline bubble (docs/workloads.md, "LLM training"). `workload
+simai FILE` reads SimAI's extended text format and runs one stage of it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from ..config import RunConfig
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..run.training import run_graph
-from ..topology import Topology
+from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
 from ..workloads.llm import (
     PARALLELISMS,
@@ -25,10 +26,12 @@ from ..workloads.llm import (
     fit_groups,
     in_flight,
     parse_schedule,
+    place_groups,
     stage_order,
     traffic,
     write_llm,
 )
+from ..workloads.simai import GROUPS, census, group_sizes, parse_simai, simai_graph
 from ..workloads.training import TrainingSpec
 from .options import one_topology
 
@@ -113,8 +116,57 @@ def price(c: LlmConfig, layout: Layout, policy: str, config: RunConfig, spec: Tr
     return out
 
 
+def simai_network(npus: int, args: argparse.Namespace) -> Topology:
+    """SimAI's README network for one stage: 8 GPUs per server on NVLink, a NIC per GPU beyond."""
+    nv, nic = args.nvlink_gbps, args.nic_gbps
+    servers, per = max(1, npus // 8), min(8, npus)
+    spec = f"SW({per},{nv:g},0)" + (f"_SW({servers},{nic:g},0)" if servers > 1 else "")
+    return parse_topology(spec)
+
+
+def cmd_simai(args: argparse.Namespace) -> int:
+    """`themis-mpi workload simai FILE`: its layers and collectives per group; --run: our iteration."""
+    wl = parse_simai(args.file)
+    stage = wl.tp * wl.dp
+    layout = place_groups(wl.tp, wl.ep, wl.dp, 1, simai_network(stage, args))
+    print(
+        f"# SimAI workload {args.file}: {len(wl.layers)} layers; TP {wl.tp}, EP {wl.ep}, PP {wl.pp} (vpp "
+        f"{wl.vpp}, pp_comm {wl.pp_comm} B), DP {wl.dp}, ga {wl.ga}, {wl.all_gpus} GPUs; one stage of "
+        f"{stage} NPUs on {layout.topology.spec()}"
+    )
+    print("#   group  npus  op             collectives          bytes")
+    sizes = group_sizes(wl)
+    for (group, op), (n, b) in sorted(census(wl).items()):
+        print(f"  {group:>7} {sizes[group]:5d}  {op:<13} {n:12d} {b:14d}")
+    if args.run:
+        spec = TrainingSpec(args.chunks, "float32", 1)
+        print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
+        print(
+            "#   policy  iteration_us    compute_us    exposed_us"
+            + "".join(f"{g + '_us':>14}" for g in GROUPS)
+        )
+        for policy, intra in POLICIES:
+            config = RunConfig(intra=intra)
+
+            def run(drop: frozenset[str], policy: str = policy, config: RunConfig = config):
+                graph = Graph(args.file, [simai_graph(wl, layout, drop)])
+                return run_graph(ModelTransport(layout.topology, config), graph, policy, spec)
+
+            row = run(frozenset())
+            saved = [row.iteration_us - run(frozenset((g,))).iteration_us for g in GROUPS]
+            cells = [row.iteration_us, row.compute_us, row.exposed_comm_us, *saved]
+            print(f"{policy:>10}" + "".join(f"{v:14.2f}" for v in cells))
+    return 0
+
+
 def cmd_workload(args: argparse.Namespace) -> int:
     """`themis-mpi workload gpt`: the figures, the files (--out), the priced iteration (--run)."""
+    if args.kind == "simai":
+        if not args.file:
+            raise UsageError("workload simai needs a SimAI workload FILE")
+        return cmd_simai(args)
+    if args.file:
+        raise UsageError("workload gpt takes no FILE; its shape comes from flags")
     c = llm_config(args)
     layout = fit_groups(c, one_topology(args))
     for line in summary(c, layout):

@@ -301,11 +301,17 @@ class Layout:
 
 def fit_groups(c: LlmConfig, topology: Topology) -> Layout:
     """TP on the first dims, then EP within DP, then DP, then PP; a dim splits where a group ends in it."""
-    if topology.npus != c.npus:
+    return place_groups(c.tp, c.ep, c.dp, c.pp, topology)
+
+
+def place_groups(tp: int, ep: int, dp: int, pp: int, topology: Topology) -> Layout:
+    """`fit_groups` for given degrees (EP within DP)."""
+    npus = tp * dp * pp
+    if topology.npus != npus:
         raise UsageError(
-            f"TP {c.tp} x PP {c.pp} x DP {c.dp} = {c.npus} NPUs, but {topology.label()} has {topology.npus}"
+            f"TP {tp} x PP {pp} x DP {dp} = {npus} NPUs, but {topology.label()} has {topology.npus}"
         )
-    bounds = sorted({c.tp, c.tp * c.ep, c.tp * c.dp, c.npus} - {1})
+    bounds = sorted({tp, tp * ep, tp * dp, npus} - {1})
     dims: list[Dim] = []
     product = 1
     for dim in topology.dims:
@@ -335,11 +341,11 @@ def fit_groups(c: LlmConfig, topology: Topology) -> Layout:
 
     return Layout(
         topo,
-        span(1, c.tp),
-        span(c.tp, c.tp * c.dp),
-        span(c.tp, c.tp * c.ep),
-        span(c.tp * c.ep, c.tp * c.dp),
-        span(c.tp * c.dp, c.npus),
+        span(1, tp),
+        span(tp, tp * dp),
+        span(tp, tp * ep),
+        span(tp * ep, tp * dp),
+        span(tp * dp, npus),
         topo is not topology,
     )
 
