@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from harness import cli, local
+from harness import DATA, cli, local
 
 from themis_mpi.cli.parser import LLM_PRESETS
 from themis_mpi.config import RunConfig
@@ -33,6 +33,7 @@ from themis_mpi.workloads.llm import (
     traffic,
     write_llm,
 )
+from themis_mpi.workloads.simai import census, parse_simai, split_type
 from themis_mpi.workloads.training import TrainingSpec
 
 SMALL = dict(layers=8, hidden=64, heads=4, seq=32, vocab=100, micro_batch=2, global_batch=16)
@@ -246,3 +247,39 @@ def test_tp2_pp2_dp2_runs_on_8_ranks_with_no_wrong_element_in_the_models_time(tm
     got, want = rows(emu.stdout), rows(model.stdout)
     assert [r[:4] for r in got] == [r[:4] for r in want] and len(got) == 2
     assert all(r[4] == "0" for r in got)
+
+
+# --- SimAI's workloads ---------------------------------------------------------------------------
+
+SIMAI = DATA / "simai"
+
+
+def test_simai_files_parse_to_their_header_and_collectives_per_group():
+    """workload_ep_test.txt: TP 4, EP 4, DP 8 on 32 GPUs, 43 layers, 16 EP all-to-alls of 24 MiB."""
+    wl = parse_simai(str(SIMAI / "workload_ep_test.txt"))
+    assert (wl.tp, wl.ep, wl.pp, wl.dp, wl.ga, len(wl.layers)) == (4, 4, 1, 8, 1, 43)
+    assert census(wl)[("EP", "ALLTOALL")] == (16, 16 * 25165824)
+    assert split_type("ALLGATHER_DP_EP", "wg") == ("ALLGATHER", "DP_EP")
+    assert split_type("ALLGATHER", "fwd") == ("ALLGATHER", "TP") and split_type("ALLGATHER", "wg")[1] == "DP"
+
+
+def test_micro_all_reduce_takes_compute_plus_2_n_minus_1_over_n_bytes_over_nvlink():
+    """microAllReduce.txt: 2 x 556 us + 2 (n-1)/n x 80 MiB / 360 GB/s, within 0.1% of SimAI's 1,492 us."""
+    proc = local(["workload", "simai", str(SIMAI / "microAllReduce.txt"), "--run"])
+    assert proc.returncode == 0, proc.stderr
+    row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"])
+    want_us = 2 * 556 + 2 * 7 / 8 * (16 + 64) * 2**20 / (360 * 2**30) * 1e6
+    assert float(row[1]) == pytest.approx(want_us, abs=0.01)
+    assert float(row[1]) == pytest.approx(1492, rel=1e-3)
+
+
+def test_a_malformed_simai_file_is_refused_with_one_line(tmp_path):
+    """A layer line with a missing field: one line naming file and line, exit 2."""
+    bad = tmp_path / "bad.txt"
+    text = (SIMAI / "microAllReduce.txt").read_text().splitlines()
+    bad.write_text("\n".join([*text[:2], text[2].rsplit(None, 1)[0], text[3]]) + "\n")
+    proc = local(["workload", "simai", str(bad)])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"themis-mpi: error: {bad}:3: a layer line has 12 fields, got 11"
+    ]

@@ -8,10 +8,11 @@ forward and input-gradient collectives run on the TP group, weight-gradient ones
 names the expert group and ``_DP_EP`` the experts' data-parallel group (DP / EP). Sizes are
 SimAI's (an all-gather's output), written as the replay's (an all-gather's input per NPU).
 
-`simai_graph` writes one pipeline stage's iteration as a symmetric Chakra graph: ``ga``
-micro-batches, each the forward of every layer (its compute, then its collective, waited for)
-and the backward in reverse (input-gradient compute and collective, weight-gradient compute),
-then every weight-gradient collective in file order. Pipeline messages and the bubble are not
+AICB writes the ``ga`` micro-batches out (``embedding_layer`` appears ``ga`` times), so the file
+is one stage's whole iteration. `simai_graph` writes it as a symmetric Chakra graph: the forward
+of every line (its compute, then its collective, waited for), the backward in reverse
+(input-gradient compute and collective, weight-gradient compute), then every weight-gradient
+collective in file order. Pipeline messages and the bubble are not
 replayed (docs/workloads.md#simais-workloads).
 """
 
@@ -154,16 +155,15 @@ def group_sizes(wl: SimaiWorkload) -> dict[str, int]:
 
 
 def census(wl: SimaiWorkload) -> dict[tuple[str, str], tuple[int, int]]:
-    """(group, op) -> (collectives, bytes) of one iteration: fwd and ig ga times, wg once."""
+    """(group, op) -> (collectives, bytes) of one iteration (the file's lines, once each)."""
     out: dict[tuple[str, str], tuple[int, int]] = {}
     for layer in wl.layers:
         for phase, (kind, size) in (("fwd", layer.fwd), ("ig", layer.ig), ("wg", layer.wg)):
             if kind == "NONE" or size <= 0:
                 continue
             op, group = split_type(kind, phase)
-            times = 1 if phase == "wg" else wl.ga
             n, b = out.get((group, op), (0, 0))
-            out[(group, op)] = (n + times, b + times * size)
+            out[(group, op)] = (n + 1, b + size)
     return out
 
 
@@ -197,14 +197,13 @@ def simai_graph(wl: SimaiWorkload, layout: Layout, drop: frozenset[str] = frozen
         ]
         add(name, COMM_COLL_NODE, attrs)
 
-    for mb in range(wl.ga):
-        for i, layer in enumerate(wl.layers):
-            comp(f"mb{mb}.l{i}.fwd", layer.fwd_ns)
-            coll(f"mb{mb}.l{i}.fwd.{layer.fwd[0]}", *layer.fwd, "fwd")
-        for i, layer in reversed(list(enumerate(wl.layers))):
-            comp(f"mb{mb}.l{i}.ig", layer.ig_ns)
-            coll(f"mb{mb}.l{i}.ig.{layer.ig[0]}", *layer.ig, "ig")
-            comp(f"mb{mb}.l{i}.wg", layer.wg_ns)
+    for i, layer in enumerate(wl.layers):
+        comp(f"l{i}.fwd", layer.fwd_ns)
+        coll(f"l{i}.fwd.{layer.fwd[0]}", *layer.fwd, "fwd")
+    for i, layer in reversed(list(enumerate(wl.layers))):
+        comp(f"l{i}.ig", layer.ig_ns)
+        coll(f"l{i}.ig.{layer.ig[0]}", *layer.ig, "ig")
+        comp(f"l{i}.wg", layer.wg_ns)
     for i, layer in enumerate(wl.layers):
         coll(f"l{i}.wg.{layer.wg[0]}", *layer.wg, "wg")
     return EtTrace(wl.path, "0.0.4", [Attr("themis_generator", "string", "simai")], nodes)
