@@ -9,6 +9,7 @@ its exit status, whether a Python traceback appeared, and the first line of what
 """
 
 import argparse
+import gzip
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import numpy as np
 
 from themis_mpi.launch import mpiexec_path
 from themis_mpi.output import atomic_path
+from themis_mpi.trace import checksum
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ASTRA-sim 1.0's text workloads: the copies in tests/data, else the shared reference ones, if present
@@ -72,7 +74,36 @@ RUNTIME = [
         "a user mistake seen on one rank only",
         "one line from that rank and MPI_Abort ends every rank (exit 2)",
     ),
-    ("Ctrl-C", "`themis-mpi: interrupted` once, exit 130 (MPI_Abort under mpiexec); no traceback"),
+    (
+        "Ctrl-C at any moment after the package starts",
+        "`themis-mpi: interrupted` once (rank 0), exit 130, every rank gone at once, no temporary file left; "
+        "the handler is installed before numpy, mpi4py and MPI load (tests/test_job.py)",
+    ),
+    (
+        "a disk that fills, a read-only file system or EIO while writing any output",
+        "`cannot write PATH: No space left on device; the previous file, if any, is intact`, exit 2 "
+        "(tests/test_writers.py injects them into every writer)",
+    ),
+    (
+        "a plugin that calls sys.exit (on import, in its constructor, while choosing)",
+        "one line naming the plugin, exit 2 (was a quiet exit 0; tests/test_hostile_plugins.py)",
+    ),
+    (
+        "an intra-dim plugin that changes the queue it is shown",
+        "`intra-dim policy 'NAME' changed the queue it was shown; it may only read it`, exit 2",
+    ),
+    (
+        "rank 0 deciding longer than --timeout-s (a slow policy)",
+        "not taken for dead: a thread answers pings while it decides, the others wait patiently",
+    ),
+    (
+        "a frozen rank: many survivors see the silence at once",
+        "one line for the job: survivors report in rank order and the first abort ends the others",
+    ),
+    (
+        "a one-process command (model, calibrate, policies...) under mpiexec -n K",
+        "rank 0 runs it once; the other ranks leave at once (tests/test_job.py)",
+    ),
     ("output piped into `head`", "the command stops quietly (exit 141), no BrokenPipeError"),
     (
         "int32 sums that would overflow (over 46340 NPUs)",
@@ -147,6 +178,61 @@ def main():
     subprocess.run(
         [*py, "model", "-t", "2x2x2", "-b", "1M", "-c", "4", "--trace", mpi_trace], check=True, cwd=ROOT
     )
+    # round 3: hostile readers and outputs that are inputs
+    laughs = ["a0: &a0 [1,1,1,1,1,1,1,1,1,1]"]
+    laughs += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    write(
+        "laughs.yml",
+        "\n".join([*laughs, "topology: [Ring]", "npus_count: *a8", "bandwidth: [1]", "latency: [1]"]),
+    )
+    write(
+        "deep.yml",
+        "topology: " + "[" * 3000 + "]" * 3000 + "\nnpus_count: [4]\nbandwidth: [1]\nlatency: [1]\n",
+    )
+    write("bigint.yml", "topology: [Ring]\nnpus_count: [4]\nbandwidth: [" + "9" * 400 + "]\nlatency: [10]\n")
+    write("deep.json", "[" * 3000 + "]" * 3000)
+    write("groups.json", '{"1": [0, 1]}')
+    from themis_mpi.workloads import et
+
+    def et_file(name, nodes):
+        path = os.path.join(tmp, name)
+        et.write_et(path, et.EtTrace(path, "0.0.4", [], nodes))
+        files[name] = path
+
+    cpu = [et.Attr("is_cpu_op", "bool", False)]
+    et_file(
+        "cycles.et",
+        [et.Node(i, f"c{i}", et.COMP_NODE, [i ^ 1], attrs=cpu, duration_micros=1) for i in range(100_000)],
+    )
+    for label, ns in (("inf", float("inf")), ("2e64", 2.0**64), ("1e300", 1e300)):
+        et_file(
+            f"dur_{label}.et",
+            [et.Node(1, "c", et.COMP_NODE, attrs=[et.Attr("themis_duration_ns", "double", ns)])],
+        )
+    files["bomb.et.gz"] = os.path.join(tmp, "bomb.et.gz")
+    with gzip.open(files["bomb.et.gz"], "wb", compresslevel=1) as f:
+        for _ in range(1100):
+            f.write(bytes(1 << 20))  # 1.07 GiB of zeros inflated, 1 MB on disk
+    log = open(os.path.join(ROOT, "tests", "data", "nccl-tests", "h100x8_nvls_dgxc.txt")).read()
+    write("superscript.log", log.replace("     1048576", "     10485⁷6", 1))
+    write("digits.log", log.replace("     1048576", "9" * 5000, 1))
+    for label, column, value in (
+        ("negative-size", "size_bytes", -1),
+        ("end-1e300", "end_us", 1e300),
+        ("bytes-2e62", "bytes", 1 << 62),
+    ):
+        path = os.path.join(tmp, f"forged-{label}.h5")
+        open(path, "wb").write(data)
+        table = "collectives" if column == "size_bytes" else "events"
+        with h5py.File(path, "r+") as f:
+            rows = f[table][()]
+            rows[column][0] = value
+            del f[table]
+            f[table] = rows
+            f[table].attrs["sha256"] = checksum(np.asarray(rows))
+        files[f"forged-{label}.h5"] = path
+    write("net.yml", "topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n")
+    workload_copy = write("w.txt", open(os.path.join(ROOT, "traces", "gnmt.txt")).read())
     seventy = "_".join(["Ring(1,1,1)"] * 70)
     link_dir = os.path.join(tmp, "a-directory")
     os.makedirs(link_dir)
@@ -263,6 +349,72 @@ def main():
         (
             "output: a bad --json path under mpiexec",
             [*mpi, "2", *py, "run", "-t", "Ring(2,1,1)", "--json", os.path.join(tmp, "no", "x.json")],
+        ),
+    ]
+    pytorch = os.path.join(ROOT, "tests", "data", "chakra-pytorch", "chakra.0.et.gz")
+    cases += [
+        # round 3 (issue 32): readers with bounds, outputs that are inputs, daily use
+        ("YAML topology: a billion-laughs bomb of aliases", [*py, "model", "-t", files["laughs.yml"]]),
+        ("YAML topology: nested 3,000 deep", [*py, "model", "-t", files["deep.yml"]]),
+        ("YAML topology: a 400-digit integer", [*py, "model", "-t", files["bigint.yml"]]),
+        ("--comm-group JSON nested 3,000 deep", [*py, "train", pytorch, "--comm-group", files["deep.json"]]),
+        (
+            "ET: 50,000 control-dependency cycles (100,000 nodes)",
+            [*py, "train", files["cycles.et"], "-p", "baseline", "-c", "1"],
+        ),
+        ("ET: a node of inf ns", [*py, "train", files["dur_inf.et"]]),
+        ("ET: a node of 2^64 ns", [*py, "train", files["dur_2e64.et"]]),
+        ("ET: a node of 1e300 ns", [*py, "train", files["dur_1e300.et"]]),
+        ("ET: a gzip bomb (1.07 GiB of zeros)", [*py, "train", files["bomb.et.gz"]]),
+        (
+            "calibrate: 1,048,576 NPUs",
+            [
+                *py,
+                "calibrate",
+                os.path.join(ROOT, "tests", "data", "nccl-tests", "h100x8_nvls_dgxc.txt"),
+                "--npus",
+                "1048576",
+            ],
+        ),
+        ("calibrate: a superscript digit in the size column", [*py, "calibrate", files["superscript.log"]]),
+        ("calibrate: a 5,000-digit size", [*py, "calibrate", files["digits.log"]]),
+        (
+            "trace: forged (re-checksummed), a negative size",
+            [*py, "analyze", files["forged-negative-size.h5"]],
+        ),
+        ("trace: forged, an event ending at 1e300 us", [*py, "analyze", files["forged-end-1e300.h5"]]),
+        ("trace: forged, 2^62 bytes in an event", [*py, "analyze", files["forged-bytes-2e62.h5"]]),
+        ("output: train W --json W", [*py, "train", workload_copy, "--json", workload_copy]),
+        (
+            "output: model -t T.yml --json T.yml",
+            [*py, "model", "-t", files["net.yml"], "--json", files["net.yml"]],
+        ),
+        (
+            "output: --comm-group G --json G",
+            [*py, "train", pytorch, "--comm-group", files["groups.json"], "--json", files["groups.json"]],
+        ),
+        (
+            "output: --json P --csv P",
+            [*py, "model", "-b", "1M", "--json", os.path.join(tmp, "p"), "--csv", os.path.join(tmp, "p")],
+        ),
+        (
+            "output: --json P --trace P",
+            [*py, "model", "-b", "1M", "--json", os.path.join(tmp, "q"), "--trace", os.path.join(tmp, "q")],
+        ),
+        (
+            "output: replay --json P --trace P",
+            [*py, "replay", good, "--json", os.path.join(tmp, "r"), "--trace", os.path.join(tmp, "r")],
+        ),
+        ("a 120 kB topology string", [*py, "model", "-t", "SW(8,100,700)_" * 8500 + "SW(8,100,700)"]),
+        (
+            "convert --iters 1000000",
+            [*py, "convert", workload_copy, os.path.join(tmp, "w.et"), "--iters", "1000000"],
+        ),
+        ("a shape that is not a preset (8x8x8)", [*py, "model", "-t", "8x8x8", "-b", "1M", "-q"]),
+        ("--network fair with nccl dims", [*py, "model", "-t", "SW(8,400,600,nccl)", "--network", "fair"]),
+        (
+            "--network fair with --compat astra-sim-1.0",
+            [*py, "model", "--network", "fair", "--compat", "astra-sim-1.0"],
         ),
     ]
     if REF:

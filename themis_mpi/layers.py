@@ -70,13 +70,23 @@ LAYERS: tuple[Layer, ...] = (
             "workloads.et",
             "workloads.convert",
             "workloads.chakra",
+            "workloads.llm",
+            "workloads.simai",
         ),
     ),  # fmt: skip
     Layer("results", "result dataclasses and the figures of a finished run", ("results",)),
     Layer(
         "run",
         "the one run driver: rank 0's schedules, a collective, training, backends, sweeps",
-        ("run", "run.coordinator", "run.collective", "run.training", "run.backend", "run.sweep"),
+        (
+            "run",
+            "run.coordinator",
+            "run.collective",
+            "run.linked",
+            "run.training",
+            "run.backend",
+            "run.sweep",
+        ),
     ),
     Layer(
         "edges",
@@ -90,6 +100,7 @@ LAYERS: tuple[Layer, ...] = (
         (
             "cli.sweep",
             "cli.train",
+            "cli.workload",
             "cli.convert",
             "cli.replay",
             "cli.analyze",

@@ -1,8 +1,9 @@
 """How `themis-mpi` runs a command: options in, domain objects out, library calls, tables printed.
 
 Subcommands (one module each, imported only when it runs, so an MPI rank of `run` loads only
-what `run` needs): run and model (`sweep`), train, convert, replay, analyze, export, calibrate,
-plot, topologies, policies, info. The parser is `parser`; options become domain objects in `options`.
+what `run` needs): run and model (`sweep`), train, workload, convert, replay, analyze, export,
+calibrate, plot, topologies, policies, info. The parser is `parser`; options become domain
+objects in `options`.
 
 Errors end every rank: a user mistake found before MPI starts prints one line (rank 0) and every
 rank exits 2; a mistake found on some ranks only, once MPI runs, aborts the job with 2; a rank
@@ -36,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export", "cmd_export"),
     "calibrate": ("calibrate", "cmd_calibrate"),
     "plot": ("plot", "cmd_plot"),
+    "workload": ("workload", "cmd_workload"),
     "topologies": ("topologies", "cmd_topologies"),
     "policies": ("policies", "cmd_policies"),
     "info": ("info", "cmd_info"),
@@ -78,7 +80,18 @@ def _abort(world: Any, message: str, code: int) -> int:
 
 # Commands that run in one process. Started as several MPI ranks, rank 0 runs them and the other
 # ranks leave at once, so nothing is printed or written twice.
-ONE_PROCESS = ("model", "convert", "analyze", "export", "calibrate", "plot", "topologies", "policies", "info")
+ONE_PROCESS = (
+    "model",
+    "workload",
+    "convert",
+    "analyze",
+    "export",
+    "calibrate",
+    "plot",
+    "topologies",
+    "policies",
+    "info",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -381,6 +381,43 @@ def _plot_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="PNG", default=None, help="the picture (default: ROWS with .png)")
 
 
+LLM_PRESETS = ("gpt3-175b", "llama2-70b", "mixtral-8x7b")  # workloads.llm.PRESETS (not imported here)
+
+
+def _workload_parser(sub: Any) -> None:
+    """`themis-mpi workload gpt`."""
+    p = sub.add_parser(
+        "workload",
+        help="generate an LLM's training iteration (TP/PP/DP/EP) as per-rank Chakra ET files",
+        description="A GPT/Llama-like decoder (optionally MoE) from its shape: compute from FLOPs over the "
+        "stated throughput, collective and message sizes by Megatron-LM's accounting, the pipeline schedule "
+        "written into the graphs. Ranks: TP fastest, then DP, then PP; TP on the first dims.",
+    )
+    p.add_argument(
+        "kind", choices=["gpt", "simai"], help="gpt: a decoder from its shape; simai: a SimAI file"
+    )
+    p.add_argument("file", nargs="?", help="simai: the SimAI/AICB workload file")
+    p.add_argument("--nvlink-gbps", type=float, default=360.0, help="simai: NVLink GB/s per GPU (360)")
+    p.add_argument("--nic-gbps", type=float, default=48.5, help="simai: NIC GB/s per GPU (48.5)")
+    p.add_argument("--preset", choices=LLM_PRESETS, help="a model's shape; flags given override it")
+    for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk"):
+        p.add_argument(f"--{name}", type=int, help=f"{name} (ffn: default 4*hidden; experts: 0 = dense)")
+    p.add_argument("--micro-batch", type=int, help="micro-batch size b (default 1)")
+    p.add_argument("--global-batch", type=int, help="global batch B in sequences (default b*DP)")
+    for name in ("tp", "pp", "dp", "ep"):
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{name.upper()} degree (default 1)")
+    p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V (default 1f1b)")
+    p.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="peak TFLOP/s (default 989)")
+    p.add_argument("--efficiency", type=float, default=0.5, help="share of the peak reached (default 0.5)")
+    p.add_argument("--bytes-per-element", type=int, default=2, help="e: bytes per element (default 2)")
+    _add_topology(p, "2x2x2")
+    p.add_argument("--out", metavar="PREFIX", help="write PREFIX.<rank>.et, one file per rank")
+    p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
+    p.add_argument("-c", "--chunks", type=int, default=4, help="chunks per collective for --run (default 4)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with its subcommands."""
     parser = _Parser(
@@ -400,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
         _export_parser,
         _calibrate_parser,
         _plot_parser,
+        _workload_parser,
     ):
         add(sub)
     sub.add_parser("topologies", help="list the topology presets")

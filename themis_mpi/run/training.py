@@ -7,6 +7,7 @@ schedules at once (`coordinator.share_schedules`, with the model of the whole ru
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from ..config import RunConfig
@@ -23,6 +24,7 @@ from ..workloads.text import Workload
 from ..workloads.training import TrainingLoop, TrainingSpec, distinct_collectives
 from .collective import execute, wrong_elements
 from .coordinator import PolicyLike, policy_name, share_orders, share_schedules
+from .linked import linked_ranks, run_linked
 
 
 def training_oracle(topology: Topology, config: RunConfig, workload: Workload, spec: TrainingSpec):
@@ -54,9 +56,11 @@ def _training_result(
     collectives: int,
     workload: str,
     decision_s: float = 0.0,
+    total_ns: float | None = None,
 ) -> TrainingResult:
-    """The row of a training run or a graph replay, from its engine at the end."""
-    topo, total_ns, network = transport.topology, engine.now_ns, transport.config.network
+    """The row of a training run or a graph replay, from its engine (`total_ns`: the last rank's end)."""
+    topo, network = transport.topology, transport.config.network
+    total_ns = engine.now_ns if total_ns is None else total_ns
     mean_ns = total_ns / iterations
     links = link_results(engine.records, topo, transport.cost, total_ns / 1e3) if network != IDEAL else []
     return TrainingResult(
@@ -141,11 +145,28 @@ def run_graph(
             f"per-rank Chakra traces under --network {config.network} need the per-NPU network model, "
             "which is not built yet; use --network ideal"
         )
+    linked = None
+    if transport.name == "model" and not graph.symmetric and plan.messages:
+        plans = {0: plan}
+        ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
-    engine = Engine(topo, transport, config)
-    replay = GraphReplay(plan, schedules)
-    _, wall_s = execute(transport, engine, "the graph replay", lambda: engine.process(replay.process(engine)))
+    if transport.name == "model" and not graph.symmetric and plan.messages:
+        t0 = time.perf_counter()
+        linked = run_linked(topo, config, plans, schedules)
+        engine, wall_s = linked[0], time.perf_counter() - t0
+        replay = GraphReplay(plan, schedules)
+        replay.collectives_issued = len(engine.collectives)
+        total_ns = max(e.now_ns for e in linked.values())
+    else:
+        engine = Engine(topo, transport, config)
+        replay = GraphReplay(plan, schedules)
+        _, wall_s = execute(
+            transport, engine, "the graph replay", lambda: engine.process(replay.process(engine))
+        )
+        total_ns = engine.now_ns
+        if not graph.symmetric:  # the iteration ends with the last rank
+            total_ns = float(transport.reduce([engine.now_ns], "max")[0])
     return _training_result(
         transport,
         engine,
@@ -153,10 +174,11 @@ def run_graph(
         spec,
         wall_s,
         iterations=graph.iterations,
-        last_iteration_ns=engine.now_ns / graph.iterations,
+        last_iteration_ns=total_ns / graph.iterations,
         compute_ns=plan.compute_ns,
         collectives=replay.collectives_issued,
         workload=graph.source,
+        total_ns=total_ns,
     )
 
 

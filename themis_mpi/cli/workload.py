@@ -1,0 +1,193 @@
+"""`themis-mpi workload gpt`: an LLM's training iteration from its shape, as per-rank Chakra files.
+
+It prints the model's figures (parameters, FLOPs, bytes per parallelism, the schedule's
+micro-batches in flight), writes ``PREFIX.<rank>.et`` with ``--out`` (`train PREFIX` replays
+them), and with ``--run`` prices one iteration on the model: time, compute, the communication
+each parallelism exposes and the pipeline bubble (docs/workloads.md, "LLM training"). `workload
+simai FILE` reads SimAI's extended text format and runs one stage of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import RunConfig
+from ..errors import UsageError
+from ..model import ModelTransport
+from ..run.training import run_graph
+from ..topology import Topology, parse_topology
+from ..workloads.chakra import Graph
+from ..workloads.llm import (
+    PARALLELISMS,
+    PRESETS,
+    Layout,
+    LazyTraces,
+    LlmConfig,
+    fit_groups,
+    in_flight,
+    parse_schedule,
+    place_groups,
+    stage_order,
+    traffic,
+    write_llm,
+)
+from ..workloads.simai import GROUPS, census, group_sizes, parse_simai, simai_graph
+from ..workloads.training import TrainingSpec
+from .options import one_topology
+
+SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk", "micro_batch", "global_batch")
+POLICIES = (("baseline", "fifo"), ("themis", "scf"))
+
+
+def llm_config(args: argparse.Namespace) -> LlmConfig:
+    """The flags (over a preset's shape) as an `LlmConfig`; a shape that does not divide is refused."""
+    shape = dict(PRESETS[args.preset]) if args.preset else {}
+    for name in SHAPE:
+        value = getattr(args, name)
+        if value is not None:
+            shape[name] = value
+    missing = [n for n in ("layers", "hidden", "heads", "seq", "vocab") if n not in shape]
+    if missing:
+        raise UsageError(f"workload gpt needs --{' --'.join(missing).replace('_', '-')} (or --preset)")
+    shape.setdefault("micro_batch", 1)
+    shape.setdefault("global_batch", shape["micro_batch"] * args.dp)
+    schedule, chunks = parse_schedule(args.schedule)
+    return LlmConfig(
+        **shape,
+        tp=args.tp,
+        pp=args.pp,
+        dp=args.dp,
+        ep=args.ep,
+        zero=args.zero,
+        schedule=schedule,
+        chunks=chunks,
+        recompute=args.recompute,
+        peak_tflops=args.peak_tflops,
+        efficiency=args.efficiency,
+        bytes_per_element=args.bytes_per_element,
+    )
+
+
+def _dims(dims: tuple[int, ...]) -> str:
+    return ",".join(map(str, dims)) or "-"
+
+
+def summary(c: LlmConfig, layout: Layout) -> list[str]:
+    """What the generated iteration holds, as comment lines."""
+    nodes = LazyTraces(c, layout)[0].nodes
+    sent = traffic(nodes)
+    flight = [in_flight(stage_order(c.schedule, c.pp, s, c.micro_batches, c.chunks)) for s in range(c.pp)]
+    topo = layout.topology
+    moe = f", {c.experts} experts top-{c.topk}, EP {c.ep} on dims {_dims(layout.ep)}" if c.moe else ""
+    schedule = c.schedule + (f":{c.chunks}" if c.schedule == "interleaved" else "")
+    return [
+        f"# gpt: {c.layers} layers, hidden {c.hidden}, {c.heads} heads, seq {c.seq}, vocab {c.vocab}, "
+        f"ffn {c.ffn_hidden}{moe}; {c.params / 1e9:.2f}e9 parameters, {c.flops:.4g} FLOPs per iteration",
+        f"# TP {c.tp} x PP {c.pp} x DP {c.dp} = {c.npus} NPUs on {topo.spec()}: TP dims {_dims(layout.tp)}, "
+        f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} (rank = tp + TP*(dp + DP*pp))",
+        f"# {schedule}: {c.micro_batches} micro-batches of {c.micro_batch} per pipeline, ZeRO-{c.zero}"
+        f"{', recompute' if c.recompute else ''}; in flight per stage {' '.join(map(str, flight))}; "
+        f"ideal bubble (p-1)/(m*V) = {(c.pp - 1) / (c.micro_batches * c.chunks):.3f}",
+        "# rank 0 per iteration: "
+        + ", ".join(f"{k} {sent[k] / 2**20:.2f} MiB" for k in PARALLELISMS)
+        + f"; layer forward {c.layer_forward_ns / 1e3:.2f} us per micro-batch",
+    ]
+
+
+def price(c: LlmConfig, layout: Layout, policy: str, config: RunConfig, spec: TrainingSpec) -> dict:
+    """One iteration on the model, and what each parallelism's communication and the bubble cost it."""
+
+    def run(drop: frozenset[str], topo: Topology) -> tuple[float, float]:
+        graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, drop))  # type: ignore[arg-type]
+        row = run_graph(ModelTransport(topo, config), graph, policy, spec)
+        return row.iteration_us, row.compute_us
+
+    topo = layout.topology
+    free = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
+    full, compute = run(frozenset(), topo)
+    out = {"iteration_us": full, "compute_us": compute, "exposed_us": full - compute}
+    colls = frozenset(("TP", "DP", "EP"))
+    for k in ("TP", "DP", "EP"):
+        out[k] = full - run(frozenset((k,)), topo)[0]
+    messages, _ = run(colls, topo)
+    idle, _ = run(colls, free)
+    out["PP"] = messages - idle
+    out["bubble_us"] = idle - compute
+    return out
+
+
+def simai_network(npus: int, args: argparse.Namespace) -> Topology:
+    """SimAI's README network for one stage: 8 GPUs per server on NVLink, a NIC per GPU beyond."""
+    nv, nic = args.nvlink_gbps, args.nic_gbps
+    servers, per = max(1, npus // 8), min(8, npus)
+    spec = f"SW({per},{nv:g},0)" + (f"_SW({servers},{nic:g},0)" if servers > 1 else "")
+    return parse_topology(spec)
+
+
+def cmd_simai(args: argparse.Namespace) -> int:
+    """`themis-mpi workload simai FILE`: its layers and collectives per group; --run: our iteration."""
+    wl = parse_simai(args.file)
+    stage = wl.tp * wl.dp
+    layout = place_groups(wl.tp, wl.ep, wl.dp, 1, simai_network(stage, args))
+    print(
+        f"# SimAI workload {args.file}: {len(wl.layers)} layers; TP {wl.tp}, EP {wl.ep}, PP {wl.pp} (vpp "
+        f"{wl.vpp}, pp_comm {wl.pp_comm} B), DP {wl.dp}, ga {wl.ga}, {wl.all_gpus} GPUs; one stage of "
+        f"{stage} NPUs on {layout.topology.spec()}"
+    )
+    print("#   group  npus  op             collectives          bytes")
+    sizes = group_sizes(wl)
+    for (group, op), (n, b) in sorted(census(wl).items()):
+        print(f"  {group:>7} {sizes[group]:5d}  {op:<13} {n:12d} {b:14d}")
+    if args.run:
+        spec = TrainingSpec(args.chunks, "float32", 1)
+        print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
+        print(
+            "#   policy  iteration_us    compute_us    exposed_us"
+            + "".join(f"{g + '_us':>14}" for g in GROUPS)
+        )
+        for policy, intra in POLICIES:
+            config = RunConfig(intra=intra)
+
+            def run(drop: frozenset[str], policy: str = policy, config: RunConfig = config):
+                graph = Graph(args.file, [simai_graph(wl, layout, drop)])
+                return run_graph(ModelTransport(layout.topology, config), graph, policy, spec)
+
+            row = run(frozenset())
+            saved = [row.iteration_us - run(frozenset((g,))).iteration_us for g in GROUPS]
+            cells = [row.iteration_us, row.compute_us, row.exposed_comm_us, *saved]
+            print(f"{policy:>10}" + "".join(f"{v:14.2f}" for v in cells))
+    return 0
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    """`themis-mpi workload gpt`: the figures, the files (--out), the priced iteration (--run)."""
+    if args.kind == "simai":
+        if not args.file:
+            raise UsageError("workload simai needs a SimAI workload FILE")
+        return cmd_simai(args)
+    if args.file:
+        raise UsageError("workload gpt takes no FILE; its shape comes from flags")
+    c = llm_config(args)
+    layout = fit_groups(c, one_topology(args))
+    for line in summary(c, layout):
+        print(line)
+    if args.out:
+        write_llm(c, layout.topology, args.out)
+        print(
+            f"# wrote {args.out}.0.et .. {args.out}.{c.npus - 1}.et ({c.npus} files, pipeline schedule in "
+            f"the graphs); replay: themis-mpi train {args.out} -t '{layout.topology.spec()}'"
+        )
+    if args.run:
+        spec = TrainingSpec(args.chunks, "float32", 1)
+        print(
+            f"# model: one rank per pipeline stage, {spec.chunks} chunks per collective; exposed X = time "
+            "saved were X's collectives free (PP: the messages, collectives left out); bubble = idle time "
+            "with free communication"
+        )
+        head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
+        print("#" + "".join(f"{h:>14}" for h in head)[1:])
+        for policy, intra in POLICIES:
+            r = price(c, layout, policy, RunConfig(intra=intra), spec)
+            cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]
+            print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in [*cells, r["bubble_us"]]))
+    return 0

@@ -1,0 +1,183 @@
+"""The model of per-rank graphs whose ranks wait for each other: one engine per rank, in lock step.
+
+The model replays one NPU and takes every collective as symmetric. Point-to-point messages are
+not: a pipeline stage's receive ends when its peer, another stage, has sent. `run_linked` runs
+rank 0 and every rank it exchanges messages with, transitively (one per pipeline stage for a
+generated LLM, whose stages' ranks are symmetric), each on its own engine and model transport,
+in threads that decide as the emulator's ranks do: a message ends at ``max(send issue, receive
+issue) + cost`` once both issues are known, and a rank waits for its peer's issue whenever the
+message could end before its next event (`mpi.transport.MpiTransport.wait_next`'s rule). So the
+same virtual times come out as on the emulator. A schedule in which every rank waits is refused.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import threading
+from collections.abc import Sequence
+
+from ..collectives import Collective
+from ..config import RunConfig
+from ..engine import Engine, MessageRun, StageRun
+from ..errors import UsageError
+from ..model import ModelTransport
+from ..policies import Schedule
+from ..topology import Topology
+from ..workloads.chakra import GraphReplay, Plan
+
+
+class _Exchange:
+    """Issue times of every message side, shared by the ranks' threads."""
+
+    def __init__(self, ranks: int):
+        self.cond = threading.Condition()
+        self.issued: dict[tuple, float] = {}
+        self.version = 0
+        self.alive = ranks
+        self.blocked: dict[int, int] = {}  # rank -> version it saw when it started waiting
+        self.error: BaseException | None = None
+
+    def post(self, key: tuple, t_ns: float) -> None:
+        with self.cond:
+            self.issued[key] = t_ns
+            self.version += 1
+            self.cond.notify_all()
+
+    def leave(self) -> None:
+        with self.cond:
+            self.alive -= 1
+            self.version += 1
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = exc
+            self.cond.notify_all()
+
+
+class LinkedTransport(ModelTransport):
+    """The model transport of one rank among several: messages wait for the peer's issue."""
+
+    def __init__(self, topology: Topology, config: RunConfig, rank: int, exchange: _Exchange):
+        super().__init__(topology, config)
+        self.rank = rank
+        self.exchange = exchange
+        self._counts: dict[tuple, int] = {}
+        self._pending: list[list] = []  # [run, peer key, cost, seq]
+        self._ended: list[tuple[float, int, StageRun]] = []
+
+    def start(self, run: StageRun) -> None:
+        """Collectives as the model; a message posts its issue and waits for its peer's."""
+        if not isinstance(run, MessageRun):
+            super().start(run)
+            return
+        src, dst = (self.rank, run.peer) if run.send else (run.peer, self.rank)
+        side = (src, dst, run.tag)
+        k = self._counts.get((side, run.send), 0)
+        self._counts[(side, run.send)] = k + 1
+        self.exchange.post((side, k, run.send), run.start_ns)
+        cost = self.cost(1).p2p_ns(run.path, run.nbytes)
+        self._pending.append([run, (side, k, not run.send), cost, self._seq])
+        self._seq += 1
+
+    def _resolve(self) -> float:
+        """Messages whose peer has issued get their end; returns the earliest end still unknown."""
+        bound = math.inf
+        keep = []
+        issued = self.exchange.issued
+        for item in self._pending:
+            run, key, cost, seq = item
+            peer = issued.get(key)
+            if peer is None:
+                bound = min(bound, run.start_ns + cost)
+                keep.append(item)
+            else:
+                heapq.heappush(self._ended, (max(run.start_ns, peer) + cost, seq, run))
+        self._pending = keep
+        return bound
+
+    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+        """The earliest certain batch of ends (stages and messages, in start order), or the horizon."""
+        ex = self.exchange
+        with ex.cond:
+            while True:
+                if ex.error is not None:
+                    raise ex.error
+                bound = self._resolve()
+                first = self._heap[0][0] if self._heap else math.inf
+                if self._ended and self._ended[0][0] < first:
+                    first = self._ended[0][0]
+                if first <= horizon_ns and first < bound:
+                    done: list[tuple[int, StageRun]] = []
+                    for heap in (self._heap, self._ended):
+                        while heap and heap[0][0] == first:
+                            _, seq, run = heapq.heappop(heap)
+                            done.append((seq, run))
+                    done.sort(key=lambda x: x[0])
+                    return first, [run for _, run in done]
+                if horizon_ns < first and horizon_ns < bound:
+                    return horizon_ns, []
+                ex.blocked[self.rank] = ex.version
+                if len(ex.blocked) == ex.alive and all(v == ex.version for v in ex.blocked.values()):
+                    ranks = ", ".join(map(str, sorted(ex.blocked)))
+                    ex.error = UsageError(
+                        f"the graph deadlocks: ranks {ranks} each wait for a message nobody sends yet"
+                    )
+                    ex.cond.notify_all()
+                    raise ex.error
+                ex.cond.wait(timeout=1.0)
+                ex.blocked.pop(self.rank, None)
+
+
+def linked_ranks(plans: dict[int, Plan], plan_of) -> list[int]:
+    """Rank 0 and every rank it exchanges messages with, transitively (`plan_of(rank)` plans one)."""
+    seen, todo = [0], [0]
+    while todo:
+        rank = todo.pop()
+        plan = plans.get(rank)
+        if plan is None:
+            plan = plans[rank] = plan_of(rank)
+        for op in plan.ops:
+            if op.peer >= 0 and op.peer not in seen:
+                seen.append(op.peer)
+                todo.append(op.peer)
+    return sorted(seen)
+
+
+def run_linked(
+    topology: Topology,
+    config: RunConfig,
+    plans: dict[int, Plan],
+    schedules: dict[Collective, Schedule],
+) -> dict[int, Engine]:
+    """Every plan on its own engine, the ranks in lock step; returns each rank's finished engine."""
+    exchange = _Exchange(len(plans))
+    engines: dict[int, Engine] = {}
+
+    def work(rank: int) -> None:
+        try:
+            engine = Engine(topology, LinkedTransport(topology, config, rank, exchange), config)
+            engines[rank] = engine
+            replay = GraphReplay(plans[rank], schedules)
+            engine.process(replay.process(engine))
+            engine.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            exchange.fail(exc)
+        finally:
+            exchange.leave()
+
+    threads = [threading.Thread(target=work, args=(rank,), daemon=True) for rank in sorted(plans)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if exchange.error is not None:
+        raise exchange.error
+    return engines
+
+
+def slowest(engines: Sequence[Engine]) -> float:
+    """The last rank's end, in ns."""
+    return max(e.now_ns for e in engines)

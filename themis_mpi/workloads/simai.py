@@ -1,0 +1,209 @@
+"""SimAI/AICB's extended ASTRA-sim text workloads: the reader, their groups, and one stage as a graph.
+
+The header adds ``ep``, ``pp``, ``vpp``, ``ga``, ``all_gpus`` and ``pp_comm`` to
+``HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: TP``; each layer line is ``name
+reserved fwd_ns fwd_type fwd_bytes ig_ns ig_type ig_bytes wg_ns wg_type wg_bytes update_ns``.
+A collective's group comes from its phase and suffix, as SimAI's ``Workload.cc`` reads them:
+forward and input-gradient collectives run on the TP group, weight-gradient ones on DP; ``_EP``
+names the expert group and ``_DP_EP`` the experts' data-parallel group (DP / EP). Sizes are
+SimAI's (an all-gather's output), written as the replay's (an all-gather's input per NPU).
+
+AICB writes the ``ga`` micro-batches out (``embedding_layer`` appears ``ga`` times), so the file
+is one stage's whole iteration. `simai_graph` writes it as a symmetric Chakra graph: the forward
+of every line (its compute, then its collective, waited for), the backward in reverse
+(input-gradient compute and collective, weight-gradient compute), then every weight-gradient
+collective in file order. Pipeline messages and the bubble are not
+replayed (docs/workloads.md#simais-workloads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
+from .llm import Layout
+
+OPS = {"ALLREDUCE": 0, "ALLGATHER": 2, "ALLTOALL": 6, "REDUCESCATTER": 7}
+GROUPS = ("TP", "EP", "DP", "DP_EP")
+HEADER_KEYS = (
+    "model_parallel_NPU_group",
+    "ep",
+    "pp",
+    "vpp",
+    "ga",
+    "all_gpus",
+    "checkpoints",
+    "checkpoint_initiates",
+)
+
+
+@dataclass(frozen=True)
+class SimaiLayer:
+    """One layer line: compute times in ns, collective types and sizes in bytes per phase."""
+
+    name: str
+    fwd_ns: float
+    fwd: tuple[str, int]
+    ig_ns: float
+    ig: tuple[str, int]
+    wg_ns: float
+    wg: tuple[str, int]
+    update_ns: float
+
+
+@dataclass
+class SimaiWorkload:
+    """A SimAI workload file: its header numbers and its layers."""
+
+    path: str
+    tp: int
+    ep: int
+    pp: int
+    vpp: int
+    ga: int
+    all_gpus: int
+    pp_comm: int
+    layers: list[SimaiLayer] = field(default_factory=list)
+
+    @property
+    def dp(self) -> int:
+        """Data parallelism: all_gpus / (TP * PP)."""
+        return self.all_gpus // (self.tp * self.pp)
+
+
+def parse_simai(path: str) -> SimaiWorkload:
+    """Read a SimAI workload file; a malformed one is refused with one line naming file and line."""
+    try:
+        with open(path) as f:
+            lines = [line.split() for line in f]
+    except OSError as exc:
+        raise UsageError(f"cannot read SimAI workload {path}: {exc.strerror}") from None
+    if not lines or not lines[0] or lines[0][0] != "HYBRID_TRANSFORMER_FWD_IN_BCKWD":
+        raise UsageError(f"{path}:1: a SimAI workload starts with HYBRID_TRANSFORMER_FWD_IN_BCKWD")
+    head = lines[0][1:]
+    values: dict[str, int] = {}
+    i = 0
+    while i < len(head):
+        key = head[i].rstrip(":")
+        if i + 1 >= len(head):
+            raise UsageError(f"{path}:1: header key {key!r} has no value")
+        try:
+            values[key] = int(head[i + 1])
+        except ValueError:
+            raise UsageError(f"{path}:1: header {key}: expected an integer, got {head[i + 1]!r}") from None
+        i += 2
+    tp = values.get("model_parallel_NPU_group")
+    if tp is None or "all_gpus" not in values:
+        raise UsageError(f"{path}:1: the header needs model_parallel_NPU_group: and all_gpus:")
+    wl = SimaiWorkload(
+        path,
+        tp,
+        values.get("ep", 1),
+        values.get("pp", 1),
+        values.get("vpp", 1),
+        values.get("ga", 1),
+        values["all_gpus"],
+        values.get("pp_comm", 0),
+    )
+    if min(wl.tp, wl.ep, wl.pp, wl.ga, wl.all_gpus) < 1 or wl.all_gpus % (wl.tp * wl.pp) or wl.dp % wl.ep:
+        raise UsageError(
+            f"{path}:1: TP {wl.tp} x PP {wl.pp} must divide all_gpus {wl.all_gpus}, and EP {wl.ep} the DP"
+        )
+    try:
+        count = int(lines[1][0])
+    except (IndexError, ValueError):
+        raise UsageError(f"{path}:2: expected the number of layers") from None
+    body = [t for t in lines[2:] if t]
+    if len(body) != count:
+        raise UsageError(f"{path}: the header says {count} layers, the file has {len(body)}")
+    for n, t in enumerate(body, start=3):
+        if len(t) != 12:
+            raise UsageError(f"{path}:{n}: a layer line has 12 fields, got {len(t)}")
+        try:
+            wl.layers.append(
+                SimaiLayer(
+                    t[0],
+                    float(t[2]),
+                    (t[3], int(t[4])),
+                    float(t[5]),
+                    (t[6], int(t[7])),
+                    float(t[8]),
+                    (t[9], int(t[10])),
+                    float(t[11]),
+                )
+            )
+        except ValueError as exc:
+            raise UsageError(f"{path}:{n}: {exc}") from None
+        for kind, _ in (wl.layers[-1].fwd, wl.layers[-1].ig, wl.layers[-1].wg):
+            if kind != "NONE" and split_type(kind, "fwd")[0] not in OPS:
+                raise UsageError(f"{path}:{n}: unknown collective {kind}")
+    return wl
+
+
+def split_type(kind: str, phase: str) -> tuple[str, str]:
+    """(op, group) of a collective type in a phase: ALLTOALL_EP -> (ALLTOALL, EP); wg without suffix -> DP."""
+    for suffix in ("_DP_EP", "_EP"):
+        if kind.endswith(suffix):
+            return kind[: -len(suffix)], suffix[1:]
+    return kind, "DP" if phase == "wg" else "TP"
+
+
+def group_sizes(wl: SimaiWorkload) -> dict[str, int]:
+    """NPUs of each group."""
+    return {"TP": wl.tp, "EP": wl.ep, "DP": wl.dp, "DP_EP": wl.dp // wl.ep}
+
+
+def census(wl: SimaiWorkload) -> dict[tuple[str, str], tuple[int, int]]:
+    """(group, op) -> (collectives, bytes) of one iteration (the file's lines, once each)."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for layer in wl.layers:
+        for phase, (kind, size) in (("fwd", layer.fwd), ("ig", layer.ig), ("wg", layer.wg)):
+            if kind == "NONE" or size <= 0:
+                continue
+            op, group = split_type(kind, phase)
+            n, b = out.get((group, op), (0, 0))
+            out[(group, op)] = (n + 1, b + size)
+    return out
+
+
+def simai_graph(wl: SimaiWorkload, layout: Layout, drop: frozenset[str] = frozenset()) -> EtTrace:
+    """One stage's iteration as a symmetric graph on the layout's topology (`drop`: groups left out)."""
+    n_dims = len(layout.topology.dims)
+    dims = {"TP": layout.tp, "EP": layout.ep, "DP": layout.dp, "DP_EP": layout.edp}
+    sizes = group_sizes(wl)
+    nodes: list[Node] = []
+
+    def add(name: str, kind: int, attrs: list[Attr]) -> None:
+        nodes.append(Node(len(nodes) + 1, name, kind, [len(nodes)] if nodes else [], attrs=attrs))
+
+    def comp(name: str, ns: float) -> None:
+        if ns > 0:
+            add(name, COMP_NODE, [Attr("is_cpu_op", "bool", False), Attr("themis_duration_ns", "double", ns)])
+
+    def coll(name: str, kind: str, size: int, phase: str) -> None:
+        if kind == "NONE" or size <= 0:
+            return
+        op, group = split_type(kind, phase)
+        if group in drop or sizes[group] <= 1:
+            return
+        per_npu = size // sizes[group] if op == "ALLGATHER" else size
+        involved = [d in dims[group] for d in range(n_dims)]
+        attrs = [
+            Attr("comm_type", "int64", OPS[op]),
+            Attr("comm_size", "int64", per_npu),
+            Attr("involved_dim", "bool", involved, is_list=True),
+            Attr("themis_parallelism", "string", group),
+        ]
+        add(name, COMM_COLL_NODE, attrs)
+
+    for i, layer in enumerate(wl.layers):
+        comp(f"l{i}.fwd", layer.fwd_ns)
+        coll(f"l{i}.fwd.{layer.fwd[0]}", *layer.fwd, "fwd")
+    for i, layer in reversed(list(enumerate(wl.layers))):
+        comp(f"l{i}.ig", layer.ig_ns)
+        coll(f"l{i}.ig.{layer.ig[0]}", *layer.ig, "ig")
+        comp(f"l{i}.wg", layer.wg_ns)
+    for i, layer in enumerate(wl.layers):
+        coll(f"l{i}.wg.{layer.wg[0]}", *layer.wg, "wg")
+    return EtTrace(wl.path, "0.0.4", [Attr("themis_generator", "string", "simai")], nodes)
