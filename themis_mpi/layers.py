@@ -75,8 +75,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("results", "result dataclasses and the figures of a finished run", ("results",)),
     Layer(
         "run",
-        "the one run driver: rank 0's schedules, a collective, training, backends, sweeps",
-        ("run", "run.coordinator", "run.collective", "run.training", "run.backend", "run.sweep"),
+        "the one run driver: rank 0's schedules, a collective, training, backends, sweeps and their pools",
+        ("run", "run.coordinator", "run.collective", "run.training", "run.backend", "run.sweep", "run.pool"),
     ),
     Layer(
         "edges",
