@@ -34,6 +34,10 @@ from .coordinator import share_schedules
 from .sweep import SweepCell
 
 MPI = "mpi"  # `--workers mpi`
+WORKERS_HELP = (
+    "worker processes (default 1: this process), or mpi: an mpi4py.futures pool "
+    "(mpiexec -n K python -m mpi4py.futures SCRIPT ...: K - 1 workers)"
+)
 FRESH_EACH_COLLECTIVE = (Baseline, Themis, ThemisFlex, ThemisLat, Predictive)  # `begin` resets all they keep
 
 
