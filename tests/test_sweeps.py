@@ -159,3 +159,14 @@ def test_policies_taken_as_fresh_schedule_a_collective_as_a_new_instance_does():
         (b,), _ = share_schedules(transport, fresh, [last])
         assert (a.bounds == b.bounds).all() and (a.orders == b.orders).all() and a.label == b.label, cls.name
     assert carries_state(make_inter("roundRobin"))
+
+
+def test_train_on_two_workers_gives_the_serial_rows(tmp_path):
+    """`train --workers 2` writes the rows of a serial `train`, policy by policy (roundRobin's two intras too)."""
+    workload = str(ROOT / "tests" / "data" / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt")
+    argv = ["train", workload, "-t", "2x2x2", "-p", "all", "--intra", "auto,fifo", "-c", "8", "-n", "1"]
+    one = local([*argv, "--json", str(tmp_path / "1.json")])
+    two = local([*argv, "--workers", "2", "--json", str(tmp_path / "2.json")])
+    assert one.returncode == two.returncode == 0, two.stderr
+    assert rows_of(tmp_path / "2.json") == rows_of(tmp_path / "1.json")
+    assert len(rows_of(tmp_path / "1.json")) == 10

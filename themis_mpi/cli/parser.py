@@ -274,6 +274,7 @@ def _train_parser(sub: Any) -> None:
     )
     _add_mpi(p)
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument("--workers", default="1", help="model: run the policies on N local processes, or mpi (1)")
 
 
 def _convert_parser(sub: Any) -> None:
