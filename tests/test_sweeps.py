@@ -134,10 +134,10 @@ def test_run_refuses_workers_and_resume():
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "run is serial" in proc.stderr
 
 
-def test_bad_workers_are_one_line_and_exit_2():
-    """`--workers 0`, `--workers x` and `--workers mpi` outside mpi4py.futures are one line and exit 2."""
-    for value in ("0", "x", "mpi"):
-        proc = local(["model", "--workers", value, "-q"])
+def test_bad_workers_and_a_resume_without_files_are_one_line_and_exit_2():
+    """`--workers 0`, `x`, `mpi` outside mpi4py.futures, and `--resume` without a file: one line, exit 2."""
+    for flags in (["--workers", "0"], ["--workers", "x"], ["--workers", "mpi"], ["--resume"]):
+        proc = local(["model", *flags, "-q"])
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 

@@ -49,6 +49,8 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     topologies = all_topologies(args)
     if args.trace and len(topologies) > 1:
         raise UsageError("--trace records one topology; sweep topologies without it")
+    if args.resume and not any(p and p != "-" for p in (args.json, args.csv, args.jsonl)):
+        raise UsageError("--resume reads the rows already written: give --json, --csv or --jsonl")
     if args.trace and (workers != 1 or args.resume):
         raise UsageError("--trace records every cell in this process: drop --workers and --resume")
     cells = sweep_cells(

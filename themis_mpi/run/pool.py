@@ -129,8 +129,11 @@ def _mpi_executor(cells: Sequence[SweepCell]) -> Any:
             "--workers mpi runs under mpiexec -n K python -m mpi4py.futures -m themis_mpi ... "
             "(K - 1 workers); use --workers N for local processes"
         )
+    from mpi4py import MPI
     from mpi4py.futures import MPIPoolExecutor
 
+    if MPI.COMM_WORLD.Get_size() < 2:
+        raise UsageError("--workers mpi needs mpiexec -n K with K >= 2 (rank 0 leads, K - 1 workers)")
     return MPIPoolExecutor(initializer=_start, initargs=(list(cells),))
 
 
