@@ -116,9 +116,15 @@ def _start(cells: Sequence[SweepCell]) -> None:
     _WORKER = Cells(cells)
 
 
-def _run(i: int) -> tuple[int, CollectiveResult]:
+def _run(batch: Sequence[int]) -> list[tuple[int, CollectiveResult]]:
     assert _WORKER is not None
-    return i, _WORKER.run(i)
+    return [(i, _WORKER.run(i)) for i in batch]
+
+
+def batches(todo: Sequence[int], workers: int) -> list[list[int]]:
+    """Consecutive cells in tasks of a few, about 8 tasks per worker (fewer round trips for small cells)."""
+    size = max(1, min(32, len(todo) // (8 * workers)))
+    return [list(todo[k : k + size]) for k in range(0, len(todo), size)]
 
 
 def _mpi_executor(cells: Sequence[SweepCell]) -> Any:
@@ -152,14 +158,16 @@ def run_cells(
         return
     if workers == MPI:
         executor = _mpi_executor(cells)
+        count = executor.num_workers
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         executor = ProcessPoolExecutor(int(workers), initializer=_start, initargs=(list(cells),))
+        count = int(workers)
     try:
-        futures = [executor.submit(_run, i) for i in todo]
+        futures = [executor.submit(_run, batch) for batch in batches(todo, count)]
         for future in futures:
-            yield future.result()
+            yield from future.result()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
