@@ -18,7 +18,7 @@ from ..output import write_json
 from ..report import training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
-from ..run.pool import ordered_map, parse_workers
+from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
@@ -48,8 +48,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
-    use_mpi = under_mpiexec()
-    workers = _workers(args, use_mpi)
+    use_mpi, workers = _where(args)
     if use_mpi and collectives:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
     with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
@@ -74,12 +73,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workers(args: argparse.Namespace, use_mpi: bool) -> int | str:
-    """``--workers``; the emulator's runs are MPI jobs themselves and stay serial."""
+def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
+    """The emulator (under mpiexec) or the model, and ``--workers``.
+
+    Under mpiexec with ``--workers mpi`` (mpi4py.futures) the runs are the model's, on the pool;
+    otherwise mpiexec means the emulator, whose runs are MPI jobs themselves and stay serial.
+    """
     workers = parse_workers(args.workers)
+    use_mpi = under_mpiexec() and workers != MPI
     if use_mpi and workers != 1:
         raise UsageError("train under mpiexec is the emulator, one run at a time: --workers is for the model")
-    return workers
+    return use_mpi, workers
 
 
 def _chain(task) -> list[TrainingResult]:
@@ -120,8 +124,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     spec = TrainingSpec(one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
-    use_mpi = under_mpiexec()
-    workers = _workers(args, use_mpi)
+    use_mpi, workers = _where(args)
     if not graph.symmetric and len(graph.traces) != topo.npus:
         raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
     ranks = range(topo.npus) if use_mpi else [0]
