@@ -170,3 +170,13 @@ def test_train_on_two_workers_gives_the_serial_rows(tmp_path):
     assert one.returncode == two.returncode == 0, two.stderr
     assert rows_of(tmp_path / "2.json") == rows_of(tmp_path / "1.json")
     assert len(rows_of(tmp_path / "1.json")) == 10
+
+
+def test_the_api_sweep_on_two_workers_gives_the_serial_results():
+    """`themis_mpi.sweep(..., workers=2)` returns the serial results, in order (roundRobin included)."""
+    import themis_mpi
+
+    grid = dict(topology="3D-SW_SW_SW_hetero", size=["1M", "64M"], policy="all", chunks=[4, 16])
+    serial, pooled = themis_mpi.sweep(**grid), themis_mpi.sweep(**grid, workers=2)
+    strip = lambda rs: [{k: v for k, v in r.to_dict().items() if k not in WALL} for r in rs]  # noqa: E731
+    assert len(serial) == 24 and strip(pooled) == strip(serial)

@@ -15,9 +15,8 @@ from typing import Any
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
-from .model import ModelTransport
 from .results import CollectiveResult, TrainingResult, flat_row
-from .run.collective import run_collective
+from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training
 from .topology import parse_topology
@@ -47,6 +46,7 @@ def sweep(
     active_per_dim: int = 1,
     endpoint_delay_ns: float | None = None,
     compat: str = "",
+    workers: int | str = 1,
 ) -> list[CollectiveResult]:
     """Model a collective over every combination of the given values; one result per combination.
 
@@ -64,6 +64,8 @@ def sweep(
         endpoint_delay_ns: delay added to every algorithm step (default 0, or ASTRA-sim's 10 ns
             with compat "astra-sim-1.0").
         compat: "" or "astra-sim-1.0".
+        workers: local processes to run the cells on (1: this process), or "mpi" (an mpi4py.futures
+            pool, under ``mpiexec -n K python -m mpi4py.futures SCRIPT``); the same results.
 
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
@@ -81,7 +83,7 @@ def sweep(
         op=op,
         dtype=dtype,
     )
-    return [run_collective(ModelTransport(c.topology, c.config), c.collective, c.policy)[0] for c in cells]
+    return [result for _, result in run_cells(cells, range(len(cells)), parse_workers(workers))]
 
 
 def train(
