@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_allreduce.py [--out docs/study]
+    python scripts/study_allreduce.py [--out docs/study] [--workers N|mpi]
 
 Sweeps size (1 MiB to 16 GiB, 64 chunks) and chunk count (1 to 256, at --chunk-sweep-size), with
 the paper's link latencies and with zero latency, for baseline (FIFO), Themis+FIFO and
@@ -24,6 +24,7 @@ from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.units import format_size  # noqa: E402
 
@@ -59,8 +60,19 @@ def topology(name: str, latency: str):
     return topo.with_overrides(latency_ns=[LATENCY[latency]] * len(topo.dims))
 
 
-def run_all(sizes, chunk_counts, chunk_sweep_size):
-    """Every (latency, topology, policy, size, chunks) point; returns rows."""
+def _point(point) -> dict:
+    """One (latency, topology, policy, size, chunks) point's row."""
+    latency, name, (policy, intra), size, chunks, sweep = point
+    topo = topology(name, latency)
+    coll = Collective("all_reduce", size // 4, "float32", chunks, tuple(range(len(topo.dims))))
+    result, _ = model_collective(topo, coll, policy, RunConfig(intra=intra))
+    row = result.to_dict()
+    row.update(topology=name, latency=latency, label=LABELS[(policy, intra)], sweep=sweep)
+    return row
+
+
+def run_all(sizes, chunk_counts, chunk_sweep_size, workers: int | str = 1):
+    """Every (latency, topology, policy, size, chunks) point, on `workers` processes; returns rows."""
     points = []
     for latency in LATENCY:
         for name in TOPOLOGIES:
@@ -68,12 +80,7 @@ def run_all(sizes, chunk_counts, chunk_sweep_size):
                 points += [(latency, name, pol, s, 64, "size") for s in sizes]
                 points += [(latency, name, pol, chunk_sweep_size, c, "chunks") for c in chunk_counts]
     rows, started = [], time.perf_counter()
-    for i, (latency, name, (policy, intra), size, chunks, sweep) in enumerate(points):
-        topo = topology(name, latency)
-        coll = Collective("all_reduce", size // 4, "float32", chunks, tuple(range(len(topo.dims))))
-        result, _ = model_collective(topo, coll, policy, RunConfig(intra=intra))
-        row = result.to_dict()
-        row.update(topology=name, latency=latency, label=LABELS[(policy, intra)], sweep=sweep)
+    for i, row in enumerate(ordered_map(_point, points, workers)):
         rows.append(row)
         progress(i + 1, len(points), started)
     return rows, time.perf_counter() - started
@@ -230,10 +237,11 @@ def main():
         help="output folder (default results/study; docs/study is the shipped copy)",
     )
     ap.add_argument("--chunk-sweep-size", default=2**30, type=int, help="bytes (default 1 GiB)")
+    ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = ap.parse_args()
     sizes = [2**20 * 4**i for i in range(8)]  # 1 MiB .. 16 GiB
     chunk_counts = [2**i for i in range(9)]  # 1 .. 256
-    rows, elapsed = run_all(sizes, chunk_counts, args.chunk_sweep_size)
+    rows, elapsed = run_all(sizes, chunk_counts, args.chunk_sweep_size, parse_workers(args.workers))
     os.makedirs(args.out, exist_ok=True)
     md = tables(rows, sizes, chunk_counts, args.chunk_sweep_size)
     md += f"\n{len(rows)} model runs in {elapsed:.1f} s.\n"

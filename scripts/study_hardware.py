@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_hardware.py [--out docs/hardware] [--quick]
+    python scripts/study_hardware.py [--out docs/hardware] [--quick] [--workers N|mpi]
     python scripts/study_hardware.py --nccl [--logs tests/data/nccl-tests] [--out docs/hardware]
 
 ``--nccl`` (issue 29) fits the NCCL-like model (`themis_mpi.nccl`) to every real nccl-tests log:
@@ -45,6 +45,7 @@ from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import Endpoint  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
@@ -374,12 +375,24 @@ def nccl_use(rows: list, fits) -> list[str]:
     return lines + [""]
 
 
+SECTIONS = ("ace_utilization", "ace_needed", "ace_training", "ina_study")  # in the page's order
+
+
+def _section(part) -> tuple[list[dict], list[str]]:
+    """One section of the page: its rows and its lines (the sections run on the pool)."""
+    name, quick = part
+    rows: list[dict] = []
+    lines = globals()[name](rows, quick)
+    return rows, lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/hardware", help="output directory")
     ap.add_argument("--quick", action="store_true", help="fewer topologies and points (for a smoke test)")
     ap.add_argument("--nccl", action="store_true", help="the nccl-tests logs study only (issue 29)")
     ap.add_argument("--logs", default=os.path.join(ROOT, "tests/data/nccl-tests"), help="nccl-tests logs")
+    ap.add_argument("--workers", default="1", help=f"{WORKERS_HELP}; the four sections run in parallel")
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.nccl:
@@ -393,12 +406,11 @@ def main() -> None:
         write_json(os.path.join(args.out, "nccl.json"), nccl_rows)
         return
     rows: list[dict] = []
-    sections = [
-        ace_utilization(rows, args.quick),
-        ace_needed(rows, args.quick),
-        ace_training(rows, args.quick),
-        ina_study(rows, args.quick),
-    ]
+    sections = []
+    parts = [(name, args.quick) for name in SECTIONS]
+    for part_rows, lines in ordered_map(_section, parts, parse_workers(args.workers)):
+        rows += part_rows
+        sections.append(lines)
     text = "\n\n".join("\n".join(s) for s in sections) + "\n"
     print(text)
     print(f"# {time.perf_counter() - t0:.1f} s")

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_network.py [--traces traces] [--out docs/network]
+    python scripts/study_network.py [--traces traces] [--out docs/network] [--workers N|mpi]
 
 Three parts, all on the model (1024 NPUs), under each sharing rule (ideal: nothing shared,
 ASTRA-sim 1.0's rule; fair: max-min fair links; store-forward: whole messages in arrival order):
@@ -35,6 +35,7 @@ from themis_mpi.cost import CostModels  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.results import link_results  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import PRESETS, parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
@@ -83,23 +84,30 @@ def all_reduce_part() -> list[dict]:
     return rows
 
 
-def training_part(traces: str) -> list[dict]:
-    """Part 2: two training iterations of each workload per machine, latency and rule."""
-    rows = []
+def _training_row(point) -> dict:
+    """Part 2's row of one workload, machine, latency and rule."""
+    traces, name, machine, latency_name, rule = point
+    wl = parse_workload(os.path.join(traces, f"{name}.txt"))
+    topo = _topology(MACHINES[machine], LATENCIES[latency_name])
     spec = TrainingSpec(chunks=64, iterations=2)
-    for name in WORKLOADS:
-        wl = parse_workload(os.path.join(traces, f"{name}.txt"))
-        for machine, topo_spec in MACHINES.items():
-            for latency_name, latency in LATENCIES.items():
-                topo = _topology(topo_spec, latency)
-                for rule in ("ideal", "fair"):
-                    row = {"workload": name, "machine": machine, "latency": latency_name, "rule": rule}
-                    for policy, intra in POLICIES:
-                        result = model_training(wl, topo, policy, spec, RunConfig(intra=intra, network=rule))
-                        row[f"{policy}_us"] = result.iteration_us
-                    row["speedup"] = row["baseline_us"] / row["themis_us"]
-                    rows.append(row)
-    return rows
+    row = {"workload": name, "machine": machine, "latency": latency_name, "rule": rule}
+    for policy, intra in POLICIES:
+        result = model_training(wl, topo, policy, spec, RunConfig(intra=intra, network=rule))
+        row[f"{policy}_us"] = result.iteration_us
+    row["speedup"] = row["baseline_us"] / row["themis_us"]
+    return row
+
+
+def training_part(traces: str, workers: int | str = 1) -> list[dict]:
+    """Part 2: two training iterations of each workload per machine, latency and rule."""
+    points = [
+        (traces, name, machine, latency_name, rule)
+        for name in WORKLOADS
+        for machine in MACHINES
+        for latency_name in LATENCIES
+        for rule in ("ideal", "fair")
+    ]
+    return list(ordered_map(_training_row, points, workers))
 
 
 def splits_part() -> list[dict]:
@@ -286,15 +294,23 @@ def plots(ar: list[dict], splits: list[dict], out: str) -> list[str]:
     return paths
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished worker processes."""
+    times = os.times()
+    return time.process_time() + times.children_user + times.children_system
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the three parts, print the page, write JSON, Markdown and plots into --out."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces", help="folder with the four workloads (traces)")
     ap.add_argument("--out", default=os.path.join("results", "network"), help="output directory")
+    ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = ap.parse_args(argv)
-    t0 = time.process_time()
-    ar, training, splits = all_reduce_part(), training_part(args.traces), splits_part()
-    seconds = time.process_time() - t0
+    t0 = _cpu_s()
+    ar, training = all_reduce_part(), training_part(args.traces, parse_workers(args.workers))
+    splits = splits_part()
+    seconds = _cpu_s() - t0
     os.makedirs(args.out, exist_ok=True)
     write_json(
         os.path.join(args.out, "network.json"), {"all_reduce": ar, "training": training, "splits": splits}

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_policies.py [--out results/policies] [--quick]
+    python scripts/study_policies.py [--out results/policies] [--quick] [--workers N|mpi]
 
 Collectives (model): all-reduce, sizes 1 MiB to 16 GiB (x4), chunks 1 to 256 (x2), with the
 topologies' latencies and with zero latency, on the four paper topologies and 2x2x2, 4x4x4,
@@ -42,6 +42,7 @@ from themis_mpi.run.coordinator import (
     model_oracle,  # noqa: E402
     share_schedules,  # noqa: E402
 )
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import training_oracle  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
@@ -66,48 +67,56 @@ def topology(name: str, latency: bool):
     return topo if latency else topo.with_overrides(None, [0.0] * len(topo.dims), None)
 
 
-def collective_rows(topos, sizes, chunk_counts, search_s: float) -> list[dict]:
-    """One row per (topology, latency, size, chunks, policy)."""
+def _cell_rows(point) -> list[dict]:
+    """The rows of one (topology, latency, size, chunks) cell: every policy and the best found."""
+    name, latency, size, chunks, search_s = point
+    topo = topology(name, latency)
+    dims = tuple(range(len(topo.dims)))
     rows = []
-    for name in topos:
-        for latency in (True, False):
-            topo = topology(name, latency)
-            dims = tuple(range(len(topo.dims)))
-            for size in sizes:
-                for chunks in chunk_counts:
-                    coll = Collective("all_reduce", size // 8, "float64", chunks, dims)
-                    cell = {"topology": name, "latency": latency, "size_bytes": size, "chunks": chunks}
-                    times = {}
-                    for policy in POLICIES:
-                        config = RunConfig(intra=inter_class(policy).default_intra)
-                        r, _ = model_collective(topo, coll, policy, config)
-                        times[policy] = r.time_us
-                        rows.append(
-                            {
-                                **cell,
-                                "policy": policy,
-                                "intra": r.intra,
-                                "schedule": r.schedule,
-                                "used_chunks": r.chunks,
-                                "time_us": r.time_us,
-                                "ideal_us": r.ideal_us,
-                                "dim_bound_us": r.dim_bound_us,
-                                "decision_s": r.decision_s,
-                            }
-                        )
-                        if policy == "predictive":
-                            pred_schedule, pred_us = r, r.time_us
-                    config = RunConfig(intra="scf")
-                    ctx = policy_context(topo, config)
-                    ctx.evaluate_collective = model_oracle(topo, config)
-                    start = share_schedules(ModelTransport(topo, config), "predictive", [coll])[0][0]
-                    found, found_us, evals = best_found(ctx, coll, search_s, start=(start, pred_us))
-                    for row in rows[-len(POLICIES) :]:
-                        row["speedup"] = times["baseline"] / row["time_us"]
-                        row["best_found_us"] = found_us
-                        row["best_found_evals"] = evals
-                    del pred_schedule
+    coll = Collective("all_reduce", size // 8, "float64", chunks, dims)
+    cell = {"topology": name, "latency": latency, "size_bytes": size, "chunks": chunks}
+    times = {}
+    for policy in POLICIES:
+        config = RunConfig(intra=inter_class(policy).default_intra)
+        r, _ = model_collective(topo, coll, policy, config)
+        times[policy] = r.time_us
+        rows.append(
+            {
+                **cell,
+                "policy": policy,
+                "intra": r.intra,
+                "schedule": r.schedule,
+                "used_chunks": r.chunks,
+                "time_us": r.time_us,
+                "ideal_us": r.ideal_us,
+                "dim_bound_us": r.dim_bound_us,
+                "decision_s": r.decision_s,
+            }
+        )
+        if policy == "predictive":
+            pred_us = r.time_us
+    config = RunConfig(intra="scf")
+    ctx = policy_context(topo, config)
+    ctx.evaluate_collective = model_oracle(topo, config)
+    start = share_schedules(ModelTransport(topo, config), "predictive", [coll])[0][0]
+    found, found_us, evals = best_found(ctx, coll, search_s, start=(start, pred_us))
+    for row in rows:
+        row["speedup"] = times["baseline"] / row["time_us"]
+        row["best_found_us"] = found_us
+        row["best_found_evals"] = evals
     return rows
+
+
+def collective_rows(topos, sizes, chunk_counts, search_s: float, workers: int | str = 1) -> list[dict]:
+    """One row per (topology, latency, size, chunks, policy); the cells on `workers` processes."""
+    points = [
+        (name, latency, size, chunks, search_s)
+        for name in topos
+        for latency in (True, False)
+        for size in sizes
+        for chunks in chunk_counts
+    ]
+    return [row for rows in ordered_map(_cell_rows, points, workers) for row in rows]
 
 
 def workload_rows(paths, topos, iterations: int) -> list[dict]:
@@ -319,6 +328,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=2, help="training iterations per workload run")
     ap.add_argument("--quick", action="store_true", help="two topologies, three sizes, three chunk counts")
     ap.add_argument("--no-workloads", action="store_true", help="skip the workloads")
+    ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = ap.parse_args()
     if os.path.abspath(args.out) == os.path.abspath(os.path.join(os.path.dirname(__file__), "..")):
         sys.exit("study_policies.py: --out must not be the repository root")
@@ -329,7 +339,7 @@ def main():
     if args.quick:
         topos, sizes, chunk_counts = ["3D-SW_SW_SW_hetero", "2x2x2"], [MIB, 64 * MIB, GIB], [2, 8, 64]
     t0 = time.perf_counter()
-    rows = collective_rows(topos, sizes, chunk_counts, args.search_s)
+    rows = collective_rows(topos, sizes, chunk_counts, args.search_s, parse_workers(args.workers))
     t_coll = time.perf_counter() - t0
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     paths = [os.path.join(here, "tests", "data", "astra-sim-1.0-text", "Resnet50_DataParallel.txt")]

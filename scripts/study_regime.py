@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_regime.py [--traces traces/per-layer] [--out docs/regime] [--jobs 2]
+    python scripts/study_regime.py [--traces traces/per-layer] [--out docs/regime] [--workers 2|mpi]
                                    [--zero-latency] [--workloads W,..] [--topologies T,..]
                                    [--buckets 0,4,25,64,256] [--speeds 1,4,16] [--intra all]
 
@@ -37,7 +37,6 @@ import re
 import sys
 import time
 from collections import Counter
-from multiprocessing import get_context
 
 import matplotlib
 
@@ -51,6 +50,7 @@ from themis_mpi.model import ModelTransport  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
 from themis_mpi.policies import inter_names, intra_names  # noqa: E402
 from themis_mpi.run.coordinator import share_schedules  # noqa: E402
+from themis_mpi.run.pool import ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import (
     model_training,  # noqa: E402
     training_oracle,  # noqa: E402
@@ -198,7 +198,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="docs/regime")
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2; 1: in this process)")
+    ap.add_argument(
+        "--workers", "--jobs", default="2", help="worker processes (default 2; 1: in this process), or mpi"
+    )
     ap.add_argument("--zero-latency", action="store_true", help="every link latency 0 (bandwidth-bound)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset (all four)")
     ap.add_argument(
@@ -263,14 +265,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     todo = [k for k in tasks if k not in results]
     sys.stderr.write(
         f"{all_runs} runs, {len(tasks)} distinct, {len(tasks) - len(todo)} of them in {args.resume}, "
-        f"on {args.jobs} worker(s)\n"
+        f"on {args.workers} worker(s)\n"
     )
     last_note = started
     with contextlib.ExitStack() as stack:
         log = stack.enter_context(open(args.resume, "a")) if args.resume else None
-        pool = stack.enter_context(get_context("fork").Pool(args.jobs)) if args.jobs > 1 else None
         order = sorted(todo, key=cost_rank)
-        done = pool.imap_unordered(_run, order, chunksize=1) if pool else map(_run, order)
+        done = ordered_map(_run, order, parse_workers(args.workers))
         for n, (task, out, secs) in enumerate(done, 1):
             results[task] = {**out, "s": secs}
             if log:
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     md.append(
         f"\n{all_runs} runs ({len(tasks)} distinct, {args.iterations} iterations, {args.chunks} chunks "
         f"per collective, {latency}): {run_s:.0f} CPU s of runs; {elapsed:.0f} s of wall time on "
-        f"{args.jobs} worker(s){' in the last invocation' if args.resume else ''}.\n"
+        f"{args.workers} worker(s){' in the last invocation' if args.resume else ''}.\n"
     )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_training.py [--traces traces] [--out docs/training]
+    python scripts/study_training.py [--traces traces] [--out docs/training] [--workers N|mpi]
 
 Runs traces/{resnet152,gnmt,dlrm,transformer_1t}.txt (see scripts/generate_workloads.py) for two
 iterations on each paper topology, with the paper's latencies and with zero latency, baseline
@@ -22,6 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
@@ -37,6 +38,30 @@ TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Rin
 LATENCY = {"paper latency": None, "zero latency": 0.0}
 
 
+def _point(point) -> dict:
+    """One (workload, topology, latency) point: baseline and Themis, and the speedup."""
+    traces, spec, w, name, lat = point
+    wl = parse_workload(os.path.join(traces, f"{w}.txt"))
+    topo = parse_topology(name)
+    if LATENCY[lat] is not None:
+        topo = topo.with_overrides(latency_ns=[LATENCY[lat]] * len(topo.dims))
+    res = {
+        p: model_training(wl, topo, p, spec, RunConfig(intra=intra))
+        for p, intra in (("baseline", "fifo"), ("themis", "scf"))
+    }
+    return {
+        "workload": w,
+        "topology": name,
+        "latency": lat,
+        "baseline_us": res["baseline"].iteration_us,
+        "themis_us": res["themis"].iteration_us,
+        "compute_us": res["baseline"].compute_us,
+        "speedup": res["baseline"].iteration_us / res["themis"].iteration_us,
+        "baseline": res["baseline"].to_dict(),
+        "themis": res["themis"].to_dict(),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces")
@@ -45,32 +70,13 @@ def main():
     )
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
+    ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = ap.parse_args()
     spec = TrainingSpec(chunks=args.chunks, iterations=args.iterations)
     rows, started = [], time.perf_counter()
-    points = [(w, t, lat) for w in WORKLOADS for t in TOPOLOGIES for lat in LATENCY]
-    for i, (w, name, lat) in enumerate(points):
-        wl = parse_workload(os.path.join(args.traces, f"{w}.txt"))
-        topo = parse_topology(name)
-        if LATENCY[lat] is not None:
-            topo = topo.with_overrides(latency_ns=[LATENCY[lat]] * len(topo.dims))
-        res = {
-            p: model_training(wl, topo, p, spec, RunConfig(intra=intra))
-            for p, intra in (("baseline", "fifo"), ("themis", "scf"))
-        }
-        rows.append(
-            {
-                "workload": w,
-                "topology": name,
-                "latency": lat,
-                "baseline_us": res["baseline"].iteration_us,
-                "themis_us": res["themis"].iteration_us,
-                "compute_us": res["baseline"].compute_us,
-                "speedup": res["baseline"].iteration_us / res["themis"].iteration_us,
-                "baseline": res["baseline"].to_dict(),
-                "themis": res["themis"].to_dict(),
-            }
-        )
+    points = [(args.traces, spec, w, t, lat) for w in WORKLOADS for t in TOPOLOGIES for lat in LATENCY]
+    for i, row in enumerate(ordered_map(_point, points, parse_workers(args.workers))):
+        rows.append(row)
         sys.stderr.write(f"\r{i + 1}/{len(points)} runs, {time.perf_counter() - started:5.1f} s")
     sys.stderr.write("\n")
     elapsed = time.perf_counter() - started

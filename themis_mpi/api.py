@@ -18,7 +18,7 @@ from .errors import UsageError
 from .model import ModelTransport
 from .network import check_rule
 from .results import CollectiveResult, TrainingResult, flat_row
-from .run.collective import run_collective
+from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training, run_graph
 from .topology import parse_topology
@@ -38,6 +38,12 @@ def _items(value: Any, what: str, kinds: tuple[type, ...], accepts: str) -> list
 
 def _names(value: Any, what: str) -> list[str]:
     return _items(value, what, (str,), "a name (str)")
+
+
+def _policies(value: Any) -> str | list[str]:
+    """Policy names as `run.sweep.policy_names` takes them ("all", "both", "a,b" or a list)."""
+    names = _names(value, "policy")
+    return value if isinstance(value, str) else names
 
 
 def _one(value: Any, what: str, kinds: tuple[type, ...], accepts: str) -> Any:
@@ -68,6 +74,7 @@ def sweep(
     bandwidth_gbps: Sequence[float | None] | None = None,
     latency_ns: Sequence[float | None] | None = None,
     algorithm: Sequence[str | None] | None = None,
+    workers: int | str = 1,
 ) -> list[CollectiveResult]:
     """Model a collective over every combination of the given values; one result per combination.
 
@@ -89,6 +96,8 @@ def sweep(
         bandwidth_gbps: per-dim bandwidth overrides in GB/s (None keeps a dim's), as --bandwidth.
         latency_ns: per-dim latency overrides in ns, as --latency.
         algorithm: per-dim algorithm overrides, as --algorithm.
+        workers: local processes to run the cells on (1: this process), or "mpi" (an mpi4py.futures
+            pool, under ``mpiexec -n K python -m mpi4py.futures SCRIPT``); the same results.
 
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
@@ -112,13 +121,13 @@ def sweep(
         ],
         [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
         _items(chunks, "chunks", (int,), "a whole number (int)"),
-        _names(policy, "policy"),
+        _policies(policy),
         _names(intra, "intra"),
         base,
         op=_one(op, "op", (str,), "a name (str)"),
         dtype=_one(dtype, "dtype", (str,), "a name (str)"),
     )
-    return [run_collective(ModelTransport(c.topology, c.config), c.collective, c.policy)[0] for c in cells]
+    return [result for _, result in run_cells(cells, range(len(cells)), parse_workers(workers))]
 
 
 def train(
@@ -158,7 +167,7 @@ def train(
     ):
         _one(scale, what, (int, float), "a number")
     base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat, network=network)
-    policies = policy_configs(_names(policy, "policy"), _names(intra, "intra"), base)
+    policies = policy_configs(_policies(policy), _names(intra, "intra"), base)
     dtype = _one(dtype, "dtype", (str,), "a name (str)")
     if is_et_source(workload):
         if bucket_mib or first_bucket_mib is not None:

@@ -77,7 +77,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer("results", "result dataclasses and the figures of a finished run", ("results",)),
     Layer(
         "run",
-        "the one run driver: rank 0's schedules, a collective, training, backends, sweeps",
+        "the one run driver: rank 0's schedules, a collective, training, backends, sweeps and their pools",
         (
             "run",
             "run.coordinator",
@@ -86,6 +86,7 @@ LAYERS: tuple[Layer, ...] = (
             "run.training",
             "run.backend",
             "run.sweep",
+            "run.pool",
         ),
     ),
     Layer(

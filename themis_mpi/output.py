@@ -146,3 +146,179 @@ class RowFiles:
             write_json(STDOUT, self.rows)
         if self.csv_path == STDOUT:
             write_csv(STDOUT, [self.flatten(r) if self.flatten else r for r in self.rows])
+
+
+CELL, FINGERPRINT = "sweep_cell", "sweep_fingerprint"  # what every row of a sweep's files records
+
+
+def _refuse(path: str, why: str) -> UsageError:
+    return UsageError(f"cannot resume from {path}: {why}; remove it or run without --resume")
+
+
+def _read_json_rows(path: str) -> list[dict]:
+    import json
+
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise _refuse(path, f"it is not a JSON list of rows ({exc})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise _refuse(path, "it is not a JSON list of rows")
+    return rows
+
+
+def _read_csv_rows(path: str) -> list[dict]:
+    import csv
+
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except (OSError, csv.Error, UnicodeDecodeError) as exc:
+        raise _refuse(path, f"it is not a CSV table ({exc})") from None
+
+
+def _read_jsonl_rows(path: str) -> tuple[list[dict], bool]:
+    """The rows of a JSON Lines file, and whether a half-written last line was dropped."""
+    import json
+
+    try:
+        with open(path) as f:
+            lines = f.read().split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _refuse(path, str(exc)) from None
+    rows, cut = [], lines.pop() != ""  # text after the last newline: a line cut mid-write
+    for n, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict):
+            if n == len(lines) - 1:  # the last line, cut where a newline happened to be
+                cut = True
+                break
+            raise _refuse(path, f"line {n + 1} is not a JSON row")
+        rows.append(row)
+    return rows, cut
+
+
+class SweepFiles:
+    """The ``--json``, ``--csv`` and ``--jsonl`` files of a sweep: its rows by cell, in grid order.
+
+    Every row records its cell (`CELL`) and the sweep's fingerprint (`FINGERPRINT`). JSON and CSV
+    are rewritten atomically after every row; JSON Lines get each row appended and flushed. With
+    `resume`, the rows of cells already in every given file are kept (a half-written last JSON
+    line is dropped) and `done` names those cells; a file of another sweep is refused.
+    """
+
+    def __init__(
+        self,
+        fingerprint: str,
+        json_path: str | None = None,
+        csv_path: str | None = None,
+        jsonl_path: str | None = None,
+        flatten: Any = None,
+        resume: bool = False,
+    ):
+        self.fingerprint, self.flatten = fingerprint, flatten
+        self.paths = {"json": json_path, "csv": csv_path, "jsonl": jsonl_path}
+        self.rows: dict[int, dict] = {}  # cell -> its row (as written to JSON: nested)
+        self.kept: dict[str, dict[int, dict]] = {}  # rows read back, per format (CSV's as text)
+        self._jsonl: Any = None
+        self._jsonl_cells: list[int] = []
+        self.done: set[int] = set()
+        if resume:
+            self._resume()
+
+    def _files(self) -> list[tuple[str, str]]:
+        return [(kind, p) for kind, p in self.paths.items() if p and p != STDOUT]
+
+    def _resume(self) -> None:
+        """Read back every given file; the cells in all of them are done."""
+        found: dict[str, dict[int, dict]] = {}
+        rewrite_jsonl = False
+        for kind, path in self._files():
+            if not os.path.exists(path):
+                found[kind] = {}
+                continue
+            if kind == "jsonl":
+                rows, rewrite_jsonl = _read_jsonl_rows(path)
+            else:
+                rows = _read_json_rows(path) if kind == "json" else _read_csv_rows(path)
+            by_cell: dict[int, dict] = {}
+            for row in rows:
+                if str(row.get(FINGERPRINT)) != self.fingerprint:
+                    raise _refuse(path, "it holds rows of another sweep (its grid or options differ)")
+                try:
+                    by_cell[int(row[CELL])] = row
+                except (KeyError, TypeError, ValueError):
+                    raise _refuse(path, f"a row has no {CELL}") from None
+            found[kind] = by_cell
+        if not found:
+            return
+        self.done = set.intersection(*(set(by_cell) for by_cell in found.values()))
+        for kind, by_cell in found.items():
+            self.kept[kind] = {c: r for c, r in by_cell.items() if c in self.done}
+        if "jsonl" in found and (rewrite_jsonl or len(found["jsonl"]) != len(self.done)):
+            self._rewrite_jsonl()
+        if "jsonl" in found:
+            self._jsonl_cells = sorted(self.kept["jsonl"])
+
+    def _row(self, cell: int, row: dict) -> dict:
+        return {**row, CELL: cell, FINGERPRINT: self.fingerprint}
+
+    def _ordered(self, kind: str) -> list[dict]:
+        """A format's rows, kept and new, in cell order (CSV's flattened)."""
+        new = {c: (self.flatten(r) if kind == "csv" and self.flatten else r) for c, r in self.rows.items()}
+        merged = {**self.kept.get(kind, {}), **new}
+        return [merged[c] for c in sorted(merged)]
+
+    def _rewrite_jsonl(self) -> None:
+        import json
+
+        path = self.paths["jsonl"]
+        assert path is not None
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
+            for row in self._ordered("jsonl"):
+                f.write(json.dumps(row) + "\n")
+        self._jsonl_cells = sorted(set(self.kept.get("jsonl", {})) | set(self.rows))
+
+    def add(self, cell: int, row: dict) -> None:
+        """Record the row of one more cell: JSON and CSV rewritten, a JSON line appended."""
+        import json
+
+        self.rows[cell] = self._row(cell, row)
+        if self.paths["json"] and self.paths["json"] != STDOUT:
+            write_json(self.paths["json"], self._ordered("json"))
+        if self.paths["csv"] and self.paths["csv"] != STDOUT:
+            write_csv(self.paths["csv"], self._ordered("csv"))
+        path = self.paths["jsonl"]
+        if path and path != STDOUT:
+            if self._jsonl is None and not self._jsonl_cells:  # a new file: complete from its first row
+                self._rewrite_jsonl()
+            else:
+                if self._jsonl is None:
+                    self._jsonl = open(path, "a")
+                self._jsonl.write(json.dumps(self.rows[cell]) + "\n")
+                self._jsonl.flush()
+                self._jsonl_cells.append(cell)
+        elif path == STDOUT:
+            print(json.dumps(self.rows[cell]), flush=True)
+
+    def close(self) -> None:
+        """Files left in cell order (a resumed JSON Lines file too); standard output gets its copy."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self._jsonl_cells != sorted(self._jsonl_cells):
+            self._rewrite_jsonl()
+        for kind, path in self._files():
+            if kind != "jsonl" and self.kept.get(kind) and not self.rows:
+                (write_json if kind == "json" else write_csv)(path, self._ordered(kind))
+        if self.paths["json"] == STDOUT:
+            write_json(STDOUT, self._ordered("json"))
+        if self.paths["csv"] == STDOUT:
+            write_csv(STDOUT, self._ordered("csv"))

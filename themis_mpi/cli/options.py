@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
@@ -131,14 +132,30 @@ def input_files(*values: str | None) -> list[str]:
 
 
 class Lines:
-    """Where rows go as they finish: lines on stdout, a tqdm bar on stderr when it is a terminal."""
+    """Where rows go as they finish: lines on stdout; on stderr, a bar (on a terminal) or a line a minute.
 
-    def __init__(self, total: int, quiet: bool):
+    The bar and the lines say the cells done, the cells left and the time left.
+    """
+
+    NOTE_S = 60.0  # off a terminal (a cluster job's log): a progress line this often
+
+    def __init__(self, total: int, quiet: bool, done: int = 0):
         self.bar = None
+        self.quiet = quiet
+        self.total, self.done, self.first = total, done, done
+        self.t0_s = self.last_s = time.perf_counter()
         if not quiet and sys.stderr.isatty():
             from tqdm import tqdm  # type: ignore[import-untyped]  # only on a terminal
 
-            self.bar = tqdm(total=total, unit="run", file=sys.stderr, leave=False)
+            self.bar = tqdm(
+                total=total,
+                initial=done,
+                unit="cell",
+                file=sys.stderr,
+                leave=False,
+                postfix=str(total - done),
+                bar_format="{n_fmt}/{total_fmt} cells done{postfix} left, ETA {remaining} |{bar}|",
+            )
 
     def write(self, line: str) -> None:
         """Print a line above the bar."""
@@ -148,10 +165,21 @@ class Lines:
         if self.bar is not None:
             self.bar.refresh()
 
+    def progress(self) -> str:
+        """E.g. ``12/40 cells done, 28 left, ETA 35 s``."""
+        ran, left = self.done - self.first, self.total - self.done
+        eta = f"{(time.perf_counter() - self.t0_s) / ran * left:.0f} s" if ran else "?"
+        return f"{self.done}/{self.total} cells done, {left} left, ETA {eta}"
+
     def update(self) -> None:
         """One more run done."""
+        self.done += 1
         if self.bar is not None:
+            self.bar.set_postfix_str(str(self.total - self.done), refresh=False)
             self.bar.update()
+        elif not self.quiet and time.perf_counter() - self.last_s >= self.NOTE_S:
+            self.last_s = time.perf_counter()
+            print(f"themis-mpi: {self.progress()}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Remove the bar."""

@@ -160,6 +160,18 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
         "--json", metavar="PATH", help="write the rows as a JSON list, updated as each row finishes"
     )
     p.add_argument("--csv", metavar="PATH", help="write the rows as CSV, updated as each row finishes")
+    p.add_argument("--jsonl", metavar="PATH", help="write the rows as JSON Lines, appended as each finishes")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="model: keep the rows already in the --json/--csv/--jsonl files (same sweep), run the rest",
+    )
+    p.add_argument(
+        "--workers",
+        default="1",
+        help="model: run the cells on N local processes, or mpi (an mpi4py.futures pool: mpiexec -n K "
+        "python -m mpi4py.futures -m themis_mpi model ...); the rows are the same, in order (default 1)",
+    )
     p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
@@ -262,6 +274,7 @@ def _train_parser(sub: Any) -> None:
     )
     _add_mpi(p)
     p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument("--workers", default="1", help="model: run the policies on N local processes, or mpi (1)")
 
 
 def _convert_parser(sub: Any) -> None:

@@ -1,7 +1,9 @@
 """`themis-mpi run` and `themis-mpi model`: one collective sweep, on the emulator or the model.
 
 The cells come from `run.sweep.sweep_cells` (as for `api.sweep`): topologies x sizes x chunks x
-policies x intra-dim policies. Each row is shown and saved as it ends.
+policies x intra-dim policies. Each row is shown and saved as it ends. `model` runs its cells
+on a pool (`--workers`, `run.pool`) and resumes a killed sweep from its files (`--resume`);
+`run` is serial, each of its cells an MPI job.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from itertools import groupby
 from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
-from ..output import RowFiles
+from ..output import SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
-from ..results import flat_row, median
+from ..results import CollectiveResult, flat_row, median
 from ..run.backend import open_backend
 from ..run.collective import run_collective
+from ..run.pool import fingerprint, parse_workers, run_cells
 from ..run.sweep import sweep_cells
+from ..topology import Topology
 from ..units import format_size
 from .options import (
     Lines,
@@ -45,12 +49,19 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> int:
     """`run` and `model`: every cell of the sweep, each row shown and saved as it ends."""
+    workers = parse_workers(args.workers)
     if use_mpi:
         in_range("--iters", args.iters, 1, MAX_ITERS)
         in_range("--warmup-iters", args.warmup_iters, 0, MAX_ITERS)
+        if workers != 1 or args.resume:
+            raise UsageError("run is serial (each cell is an MPI job): --workers and --resume are for model")
     topologies = all_topologies(args)
     if args.trace and len(topologies) > 1:
         raise UsageError("--trace records one topology; sweep topologies without it")
+    if args.resume and not any(p and p != "-" for p in (args.json, args.csv, args.jsonl)):
+        raise UsageError("--resume reads the rows already written: give --json, --csv or --jsonl")
+    if args.trace and (workers != 1 or args.resume):
+        raise UsageError("--trace records every cell in this process: drop --workers and --resume")
     cells = sweep_cells(
         topologies,
         size_list(args),
@@ -76,15 +87,24 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
             3 * max(c.collective.size_bytes for c in cells), "the buffer and scratch of the largest size"
         )
     clock = config.clock if use_mpi else "model"
-    files = RowFiles(args.json, args.csv, flat_row)
+    if not use_mpi and not args.trace:
+        return _model_sweep(args, cells, workers, command)
+    files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
     progress = Lines(len(cells), args.quiet or env_rank() != 0)
+    index = {id(cell): i for i, cell in enumerate(cells)}
     for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
         group = list(same_topology)
         topo = group[0].topology
         recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
         with open_backend(topo, use_mpi, config.timeout_s) as backend:
             if backend.rank == 0:
-                check_outputs(args.json, args.csv, args.trace, inputs=input_files(*split_list(args.topology)))
+                check_outputs(
+                    args.json,
+                    args.csv,
+                    args.jsonl,
+                    args.trace,
+                    inputs=input_files(*split_list(args.topology)),
+                )
                 progress.write(run_header(topo, command, config))
                 if args.format != "nccl":
                     progress.write(table_header(len(topo.dims), clock))
@@ -103,7 +123,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                 if backend.rank == 0:
                     if args.format != "nccl":
                         progress.write(table_row(result))
-                    files.add(result.to_dict())
+                    files.add(index[id(cell)], result.to_dict())
                 rows.append(result)
                 progress.update()
             if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
@@ -118,6 +138,48 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     if backend.rank == 0:
         files.close()
     return 0
+
+
+def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, command: str) -> int:
+    """`model`'s cells on a pool, rows shown and saved in grid order; a resumed sweep runs the rest."""
+    quiet = env_rank() != 0  # (plain mpiexec: every rank models, rank 0 speaks and writes)
+    if not quiet:
+        check_outputs(args.json, args.csv, args.jsonl, inputs=input_files(*split_list(args.topology)))
+    files = SweepFiles(
+        fingerprint(cells, command, 1), args.json, args.csv, args.jsonl, flat_row, args.resume and not quiet
+    )
+    todo = [i for i in range(len(cells)) if i not in files.done]
+    progress = Lines(len(cells), args.quiet or quiet, done=len(cells) - len(todo))
+    if files.done and not quiet:
+        progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
+    shown: Topology | None = None  # the topology whose table is open
+    rows: list[CollectiveResult] = []  # its rows (for --format nccl)
+    for i, result in run_cells(cells, todo, workers):
+        topo = cells[i].topology
+        if shown is not topo:
+            _end_table(args, progress, shown, rows, quiet)
+            shown, rows = topo, []
+            if not quiet:
+                progress.write(run_header(topo, command, cells[i].config))
+                if args.format != "nccl":
+                    progress.write(table_header(len(topo.dims), "model"))
+        if not quiet:
+            if args.format != "nccl":
+                progress.write(table_row(result))
+            files.add(i, result.to_dict())
+        rows.append(result)
+        progress.update()
+    _end_table(args, progress, shown, rows, quiet)
+    progress.close()
+    if not quiet:
+        files.close()
+    return 0
+
+
+def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quiet: bool) -> None:
+    """nccl-tests' blocks of a topology, once its last row is in."""
+    if topo is not None and rows and not quiet and args.format == "nccl":
+        progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
 
 
 def _warn_small(cells) -> None:

@@ -1,7 +1,8 @@
 """`themis-mpi train`: training iterations of a workload under each policy, with the speedup.
 
 A text workload runs its layer loop (`workloads.training`); a Chakra trace (a .et file, or the
-prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`).
+prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`). The policies run one after
+the other, or on a pool (``--workers``, the model only).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import argparse
 from ..errors import UsageError
 from ..launch import under_mpiexec
 from ..limits import check_memory
+from ..model import ModelTransport
 from ..network import check_rule
 from ..output import write_json
 from ..report import training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
+from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
@@ -45,13 +48,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
-    use_mpi = under_mpiexec()
+    use_mpi, workers = _where(args)
     if use_mpi and collectives:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
     with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(args.workload, args.topology, args.comm_group))
-        rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in settings]
+        if workers == 1:
+            rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in settings]
+        else:
+            rows = _on_pool(run_training, (wl, spec), topo, settings, workers)
         if backend.rank == 0:
             print(
                 f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology "
@@ -65,6 +71,35 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(_buckets_line(wl, topo, spec))
             _report(args, rows, topo)
     return 0
+
+
+def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
+    """The emulator (under mpiexec) or the model, and ``--workers``.
+
+    Under mpiexec with ``--workers mpi`` (mpi4py.futures) the runs are the model's, on the pool;
+    otherwise mpiexec means the emulator, whose runs are MPI jobs themselves and stay serial.
+    """
+    workers = parse_workers(args.workers)
+    use_mpi = under_mpiexec() and workers != MPI
+    if use_mpi and workers != 1:
+        raise UsageError("train under mpiexec is the emulator, one run at a time: --workers is for the model")
+    return use_mpi, workers
+
+
+def _chain(task) -> list[TrainingResult]:
+    """One policy instance's runs, in order (its state carries from one run to the next)."""
+    run, extra, topo, settings = task
+    return [run(ModelTransport(topo, config), extra[0], policy, *extra[1:]) for policy, config in settings]
+
+
+def _on_pool(run, extra: tuple, topo: Topology, settings, workers: int | str) -> list[TrainingResult]:
+    """The runs of every (policy, settings) on a pool, each policy instance's on one worker, in order."""
+    chains: dict[int, list] = {}
+    for policy, config in settings:
+        chains.setdefault(id(policy), []).append((policy, config))
+    tasks = [(run, extra, topo, chain) for chain in chains.values()]
+    done = dict(zip(chains, ordered_map(_chain, tasks, workers)))
+    return [done[id(policy)].pop(0) for policy, _ in settings]
 
 
 def _buckets_line(wl: Workload, topo: Topology, spec: TrainingSpec) -> str:
@@ -89,7 +124,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     spec = TrainingSpec(one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
-    use_mpi = under_mpiexec()
+    use_mpi, workers = _where(args)
     if not graph.symmetric and len(graph.traces) != topo.npus:
         raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
     ranks = range(topo.npus) if use_mpi else [0]
@@ -102,9 +137,13 @@ def _train_graph(args: argparse.Namespace) -> int:
             check_outputs(
                 args.json, inputs=[t.path for t in graph.traces] + input_files(args.topology, args.comm_group)
             )
-        rows = [
-            run_graph(backend.transport(config), graph, policy, spec, ranks) for policy, config in settings
-        ]
+        if workers == 1:
+            rows = [
+                run_graph(backend.transport(config), graph, policy, spec, ranks)
+                for policy, config in settings
+            ]
+        else:
+            rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
         if backend.rank == 0:
             print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi))
             if topo != given:

@@ -1,0 +1,227 @@
+"""A sweep's cells on a pool: local processes or an mpi4py.futures pool, rows back in grid order.
+
+Rows are the serial run's rows (wall-clock columns aside) whatever the worker count. A policy
+instance serves all its cells in a serial sweep, so a policy whose state carries from one
+collective to the next (roundRobin's counter) must meet its earlier cells before a later one:
+a worker keeps one instance per policy and, before a cell, replays the decisions (the schedules
+alone, no engine run) of that policy's earlier cells it has not seen. Policies known to start
+afresh at every collective (`begin` resets all they keep) skip the replay. Cells go out in grid
+order, so each worker meets a policy's cells in order and replays each earlier cell at most once.
+A resumed sweep replays the same way the cells it skips.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..config import DEFAULT_TIMEOUT_S
+from ..errors import UsageError
+from ..launch import under_mpiexec
+from ..model import ModelTransport
+from ..policies import InterPolicy
+from ..policies.inter import Baseline, Themis, ThemisFlex, ThemisLat
+from ..policies.predictive import Predictive
+from ..results import CollectiveResult
+from ..version import __version__
+from .collective import run_collective
+from .coordinator import share_schedules
+from .sweep import SweepCell
+
+MPI = "mpi"  # `--workers mpi`
+WORKERS_HELP = (
+    "worker processes (default 1: this process), or mpi: an mpi4py.futures pool "
+    "(mpiexec -n K python -m mpi4py.futures SCRIPT ...: K - 1 workers)"
+)
+FRESH_EACH_COLLECTIVE = (Baseline, Themis, ThemisFlex, ThemisLat, Predictive)  # `begin` resets all they keep
+
+
+def parse_workers(text: str | int) -> int | str:
+    """``--workers``: a count of local processes (1: this process) or ``mpi``."""
+    if text == MPI:
+        return MPI
+    try:
+        workers = int(text)
+    except (TypeError, ValueError):
+        workers = 0
+    if workers < 1 or workers > 1024:
+        raise UsageError(f"--workers takes a count between 1 and 1024 or 'mpi', got {text!r}")
+    return workers
+
+
+def carries_state(policy: InterPolicy) -> bool:
+    """Whether a policy's state may carry from one collective to the next.
+
+    A policy class may say so with a ``carries_state`` attribute; otherwise only the built-in
+    policies that start afresh at every collective are taken not to.
+    """
+    declared = getattr(policy, "carries_state", None)
+    if declared is not None:
+        return bool(declared)
+    return type(policy) not in FRESH_EACH_COLLECTIVE
+
+
+def fingerprint(cells: Sequence[SweepCell], *extra: object) -> str:
+    """A short hash of what a sweep runs: every cell, the package version and `extra` options."""
+    runs = [(c.topology, c.collective, c.policy.name, replace(c.config, timeout_s=DEFAULT_TIMEOUT_S))
+            for c in cells]  # fmt: skip
+    text = repr([*runs, __version__, *extra])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Cells:
+    """The cells of a sweep as a worker holds them: each cell's policy chain and place in it."""
+
+    def __init__(self, cells: Sequence[SweepCell]):
+        self.cells = list(cells)
+        chains: dict[int, int] = {}  # id(policy instance) -> chain
+        self.chain: list[int] = []
+        self.place: list[int] = []
+        seen: dict[int, int] = {}
+        for cell in self.cells:
+            k = chains.setdefault(id(cell.policy), len(chains))
+            self.chain.append(k)
+            self.place.append(seen.get(k, 0))
+            seen[k] = seen.get(k, 0) + 1
+        self.members: dict[int, list[int]] = {}
+        for i, k in enumerate(self.chain):
+            self.members.setdefault(k, []).append(i)
+        self.policies: dict[int, tuple[InterPolicy, int]] = {}  # chain -> (instance, next place)
+
+    def run(self, i: int) -> CollectiveResult:
+        """Cell `i` on the model, its policy brought to the state the serial sweep gives it."""
+        cell, k = self.cells[i], self.chain[i]
+        policy, next_place = self.policies.get(k, (None, 0))
+        if policy is None or (next_place > self.place[i] and carries_state(policy)):
+            policy, next_place = copy.deepcopy(cell.policy), 0
+        if carries_state(policy):
+            for j in self.members[k][next_place : self.place[i]]:  # decisions only: the state moves on
+                old = self.cells[j]
+                share_schedules(ModelTransport(old.topology, old.config), policy, [old.collective])
+        result, _ = run_collective(ModelTransport(cell.topology, cell.config), cell.collective, policy)
+        self.policies[k] = (policy, self.place[i] + 1)
+        return result
+
+
+_WORKER: Cells | None = None  # a pool worker's cells (set once by `_start`)
+
+
+def _quiet_interrupt() -> None:
+    """A pool worker leaves at Ctrl-C without a word: the command's own process says it once."""
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+
+
+def _start(cells: Sequence[SweepCell]) -> None:
+    global _WORKER
+    _quiet_interrupt()
+    _WORKER = Cells(cells)
+
+
+def _run(batch: Sequence[int]) -> list[tuple[int, CollectiveResult]]:
+    assert _WORKER is not None
+    return [(i, _WORKER.run(i)) for i in batch]
+
+
+def batches(todo: Sequence[int], workers: int) -> list[list[int]]:
+    """Consecutive cells in tasks of a few, about 8 tasks per worker (fewer round trips for small cells)."""
+    size = max(1, min(32, len(todo) // (8 * workers)))
+    return [list(todo[k : k + size]) for k in range(0, len(todo), size)]
+
+
+def _mpi_executor(cells: Sequence[SweepCell]) -> Any:
+    """The mpi4py.futures pool of ``mpiexec -n K python -m mpi4py.futures -m themis_mpi ...``."""
+    core = sys.modules.get("mpi4py.futures._core")
+    if not under_mpiexec() or core is None or getattr(core, "SharedPool", None) is None:
+        raise UsageError(
+            "--workers mpi runs under mpiexec -n K python -m mpi4py.futures -m themis_mpi ... "
+            "(K - 1 workers); use --workers N for local processes"
+        )
+    from mpi4py import MPI
+    from mpi4py.futures import MPIPoolExecutor
+
+    if MPI.COMM_WORLD.Get_size() < 2:
+        raise UsageError("--workers mpi needs mpiexec -n K with K >= 2 (rank 0 leads, K - 1 workers)")
+    return MPIPoolExecutor(initializer=_start, initargs=(list(cells),))
+
+
+def run_cells(
+    cells: Sequence[SweepCell], todo: Sequence[int], workers: int | str = 1
+) -> Iterator[tuple[int, CollectiveResult]]:
+    """(cell, result) of every cell in `todo`, in the order given, on `workers` processes or ``mpi``.
+
+    With one worker the cells run in this process. The pool is shut down when the caller stops
+    reading (a finished or failed sweep).
+    """
+    if workers == 1:
+        local = Cells(cells)
+        for i in todo:
+            yield i, local.run(i)
+        return
+    if workers == MPI:
+        executor = _mpi_executor(cells)
+        count = executor.num_workers
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor = ProcessPoolExecutor(int(workers), initializer=_start, initargs=(list(cells),))
+        count = int(workers)
+    try:
+        futures = [executor.submit(_run, batch) for batch in batches(todo, count)]
+        for future in futures:
+            yield from future.result()
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def ordered_map(
+    function: Callable[[Any], Any], items: Sequence[Any], workers: int | str = 1
+) -> Iterator[Any]:
+    """`function` of every item, in the items' order, on `workers` local processes or ``mpi``.
+
+    For scripts whose runs are independent (the studies); `function` must be a module-level
+    function, as for any process pool.
+    """
+    if workers == 1:
+        yield from map(function, items)
+        return
+    if workers == MPI:
+        core = sys.modules.get("mpi4py.futures._core")
+        if core is None or getattr(core, "SharedPool", None) is None:
+            raise UsageError("--workers mpi runs under mpiexec -n K python -m mpi4py.futures SCRIPT ...")
+        from mpi4py.futures import MPIPoolExecutor
+
+        executor: Any = MPIPoolExecutor()
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor = ProcessPoolExecutor(int(workers), initializer=_quiet_interrupt)
+    try:
+        yield from executor.map(function, items)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+class Eta:
+    """Cells done, cells left and the time left at the rate of this run so far."""
+
+    def __init__(self, total: int, done: int = 0):
+        self.total, self.done, self.start_done = total, done, done
+        self.t0_s = time.perf_counter()
+
+    def step(self) -> None:
+        """One more cell done."""
+        self.done += 1
+
+    def line(self) -> str:
+        """E.g. ``12/40 cells done, 28 left, ETA 35 s``."""
+        ran = self.done - self.start_done
+        left = self.total - self.done
+        eta = f"{(time.perf_counter() - self.t0_s) / ran * left:.0f} s" if ran else "?"
+        return f"{self.done}/{self.total} cells done, {left} left, ETA {eta}"
