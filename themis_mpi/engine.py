@@ -39,7 +39,7 @@ import numpy as np
 
 from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
-from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel
+from .cost import AR, P2P, CostModel, is_astra
 from .errors import UsageError
 from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra
 from .topology import Topology
@@ -230,7 +230,7 @@ class CollectiveRun(Event):
     issued_ns: float
     chunks_left: int
     check: bool = True
-    fuse_last: bool = False
+    fuse_last: int = False
     end_ns: float = math.nan
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
@@ -330,7 +330,7 @@ class Engine:
         self.intra_policy(config.intra)
         self.compat = config.compat
         self.active_per_dim = active_per_dim = config.active_per_dim
-        self.astra = config.compat == ASTRA_SIM_1_0
+        self.astra = is_astra(config.compat)
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so

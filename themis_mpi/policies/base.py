@@ -55,7 +55,7 @@ class Schedule:
 
     bounds: np.ndarray
     orders: np.ndarray
-    fuse_last: bool = False
+    fuse_last: int = False  # bool, or AR_EVERY_DIM (collectives)
     intra: str = ""
     label: str = ""
 
@@ -135,7 +135,7 @@ class InterPolicy:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    fuses_last_dim: ClassVar[bool] = False  # an all-reduce's last dim as one AR stage (baseline)
+    fuses_last_dim: ClassVar[int] = False  # an all-reduce's last dim as one AR stage (baseline)
     default_intra: ClassVar[str] = "scf"  # the intra-dim policy `--intra auto` pairs it with
     sizes_chunks: ClassVar[bool] = False  # ask `size` for every chunk's element count
 
