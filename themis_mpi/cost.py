@@ -150,7 +150,7 @@ def link_bytes_per_ns(dim: Dim) -> float:
 
 
 def astra_steps(
-    dim: Dim, op: str, full_elems: int, itemsize: int
+    dim: Dim, op: str, full_elems: int, itemsize: int, ring_a2a: bool = False
 ) -> tuple[tuple[int, int, int, int | None], ...]:
     """ASTRA-sim 1.0's steps of one stage: (message bytes, messages at once, hops, reduced bytes).
 
@@ -161,6 +161,9 @@ def astra_steps(
     halving-doubling reduction is charged on the size of the *next* message (``msg_size`` after
     the halving), the ring and direct ones on the received message. An All-Reduce phase (AR) is
     the RS steps then the AG steps on the same data.
+
+    With `ring_a2a` (2.x) an all-to-all on a ring dim runs Ring.cc's all-to-all: P(P-1)/2 messages
+    of a block to the next NPU, one after the other (``stream_count``, Normal injection).
     """
     p = dim.npus
     if p == 1:
@@ -169,6 +172,8 @@ def astra_steps(
     if op == AR:
         return astra_steps(dim, RS, full_elems, itemsize) + astra_steps(dim, AG, full_elems, itemsize)
     reduce = op == RS
+    if op == A2A and ring_a2a and dim.algorithm == "ring":
+        return ((block, 1, dim.hops, None),) * (p * (p - 1) // 2)
     if op == A2A or dim.algorithm == "direct":  # on a Ring, the farthest peer is P/2 hops away
         return ((block, p - 1, p // 2 if dim.kind == "Ring" else dim.hops, block if reduce else None),)
     if dim.algorithm == "ring":
@@ -391,7 +396,7 @@ class CostModel:
         dim = self.topology.dims[dim_index]
         e = self.endpoint_delay_ns
         gaps: list[tuple[float, ...]] = []
-        for i, (b, _, hops, red) in enumerate(astra_steps(dim, op, full_elems, self.itemsize)):
+        for i, (b, _, hops, red) in enumerate(astra_steps(dim, op, full_elems, self.itemsize, self.astra2)):
             step: tuple[float, ...] = (e,) if i == 0 else ()
             step += (self.message_ns(dim, b, hops), e)
             reduce_ns = reduction_2_ns if self.astra2 else reduction_ns
@@ -500,7 +505,7 @@ class CostModel:
         """Bytes one NPU sends during the stage."""
         dim = self.topology.dims[dim_index]
         if self.astra:
-            return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize))
+            return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize, self.astra2))
         return sum(b * n for b, n in steps(dim, op, full_elems, self.itemsize))
 
 

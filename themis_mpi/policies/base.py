@@ -69,7 +69,7 @@ class Schedule:
         return int(self.bounds[k + 1] - self.bounds[k])
 
 
-def fixed_schedule(collective: Collective, orders, fuse_last: bool = False, intra: str = "") -> Schedule:
+def fixed_schedule(collective: Collective, orders, fuse_last: int = False, intra: str = "") -> Schedule:
     """A schedule on the collective's nominal chunks (`Collective.chunk_bounds`)."""
     return Schedule(collective.chunk_bounds(), np.asarray(orders, dtype=np.int32), fuse_last, intra)
 
