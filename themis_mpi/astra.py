@@ -222,3 +222,24 @@ def compare_row_2(row: dict, network_dir: str) -> dict:
         "err_ns": max(abs(finish - ref), *(abs(a - b) for a, b in zip(ends, ref_ends))),
         "time_err": (finish - ref) / ref,
     }
+
+
+def error_summary_2(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
+    """Rows exact to the ns, max error in ns and max and median |finish-time error| per group of `keys`."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        groups[tuple(r[k] for k in keys)].append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        errs = [abs(r["time_err"]) for r in rs]
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "rows": len(rs),
+                "exact": sum(r["err_ns"] == 0 for r in rs),
+                "max_err_ns": max(r["err_ns"] for r in rs),
+                "max_time_err_pct": 100 * max(errs),
+                "median_time_err_pct": 100 * statistics.median(errs),
+            }
+        )
+    return out
