@@ -8,7 +8,7 @@ Without --spec it sweeps topologies of exactly as many NPUs as there are ranks (
 and algorithm, one to three dims), two sizes (one that nothing divides), chunk counts 1, 7 and 64,
 every built-in inter-dim policy with FIFO and SCF, and themis with RG and LRPF. A spec is
 ``{"topology": ..., "cases": [{op, count, dtype, chunks, policy, intra[, active, redop,
-endpoint_delay_ns, compat, clock, time_scale, hbm_gbps, ace]}]}``; the tests use it. Rank 0
+endpoint_delay_ns, compat, network, clock, time_scale, hbm_gbps, ace]}]}``; the tests use it. Rank 0
 prints a table and writes JSON; the exit status is 1 on any disagreement.
 """
 
@@ -106,6 +106,7 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
                 active_per_dim=case.get("active", 1),
                 endpoint_delay_ns=case.get("endpoint_delay_ns", 0.0),
                 compat=case.get("compat", ""),
+                network=case.get("network", "ideal"),
                 endpoint=Endpoint(case.get("hbm_gbps", 0.0), 0.0, case.get("ace", False)),
             )
             clock = replace(

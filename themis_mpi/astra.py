@@ -11,17 +11,22 @@ delay and one active chunk per dim; the model runs with ``compat="astra-sim-1.0"
 from __future__ import annotations
 
 import csv
+import os
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .collectives import Collective
+from .collectives import AR_EVERY_DIM, Collective
 from .config import RunConfig
-from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0
+from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, ASTRA_SIM_2
+from .engine import Engine
 from .errors import UsageError
+from .model import ModelTransport
+from .network import IDEAL, STORE_FORWARD
+from .policies.base import baseline_order, fixed_schedule
 from .results import astra_busy_pct
 from .run.collective import model_collective
-from .topology import Topology, parse_topology
+from .topology import Topology, from_link_bandwidths, parse_topology
 
 # The issue's bounds: relative finish-time error per policy class, busy share in points.
 TIME_BOUNDS = {("baseline", "fifo"): 0.005, ("themis", "scf"): 0.005, ("themis", "fifo"): 0.03}
@@ -111,6 +116,130 @@ def error_summary(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
                 "max_time_err_pct": 100 * max(errs),
                 "median_time_err_pct": 100 * statistics.median(errs),
                 "max_busy_err_pct": max(r["busy_err_pct"] for r in rs),
+            }
+        )
+    return out
+
+
+# --- ASTRA-sim 2.x (tests/data/astra-sim-reference-2) -------------------------------------------
+
+COLUMNS_2 = (
+    "run_id",
+    "section",
+    "backend",
+    "binary_variant",
+    "topology",
+    "collectives",
+    "size_bytes",
+    "scheduling_policy",
+    "collective_optimization",
+    "active_chunks_per_dim",
+    "splits",
+    "implementation",
+    "finish_ns",
+    "node0_end_ns",
+    "node1_end_ns",
+)
+ALGORITHMS_2 = {"ring": "ring", "direct": "direct", "halvingDoubling": "halving_doubling"}
+BACKENDS_2 = {"congestion_unaware": IDEAL, "congestion_aware": STORE_FORWARD}
+OPTIMIZATIONS_2 = {"localBWAware": True, "baseline": AR_EVERY_DIM}  # `Schedule.fuse_last`
+
+
+def reference_rows_2(path: str) -> list[dict]:
+    """The 2.x runs.csv rows as dicts of strings; a file without the columns is refused in one line."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    missing = set(COLUMNS_2) - set(rows[0] if rows else ())
+    if missing:
+        raise UsageError(f"{path}: not an ASTRA-sim 2.x run table (missing {', '.join(sorted(missing))})")
+    return rows
+
+
+def topology_of_2(row: dict, network_dir: str) -> Topology:
+    """The row's network YAML (bandwidth per link) with the row's algorithm on every dim."""
+    topo = from_link_bandwidths(parse_topology(os.path.join(network_dir, f"net_{row['topology']}.yml")))
+    return topo.with_overrides(algorithms=[ALGORITHMS_2[row["implementation"]]] * len(topo.dims))
+
+
+def run_row_2(row: dict, network_dir: str) -> Engine:
+    """Model one 2.x row: its collectives on one engine under ``compat="astra-sim-2"``."""
+    topo = topology_of_2(row, network_dir)
+    config = RunConfig(
+        active_per_dim=int(row["active_chunks_per_dim"]),
+        endpoint_delay_ns=ASTRA_ENDPOINT_DELAY_NS,
+        compat=ASTRA_SIM_2,
+        network=BACKENDS_2[row["backend"]],
+        compat_concurrent=row["binary_variant"] == "hwres_multi_comm",
+        compat_fifo=row["scheduling_policy"] == "FIFO",
+    )
+    engine = Engine(topo, ModelTransport(topo, config), config)
+    dependent = "->" in row["collectives"]
+    ops = row["collectives"].replace("->", "+").split("+")
+    dims = tuple(range(len(topo.dims)))
+    splits = int(row["splits"])
+    colls = []
+    for op, size in zip(ops, row["size_bytes"].split("|")):
+        op = op.lower()
+        n_bytes = max(int(size), splits * topo.npus)  # a chunk has at least total_npus bytes
+        coll = Collective(op, n_bytes // 4, "float32", splits, dims)
+        fuse = OPTIMIZATIONS_2[row["collective_optimization"]] if op == "all_reduce" else False
+        colls.append((coll, fixed_schedule(coll, [baseline_order(op, len(dims))] * splits, fuse, "fifo")))
+
+    def workload():
+        for coll, schedule in colls:
+            run = engine.issue(coll, schedule)
+            if dependent:
+                yield run
+
+    engine.process(workload())
+    engine.run()
+    return engine
+
+
+def compare_row_2(row: dict, network_dir: str) -> dict:
+    """Model one 2.x row; finish and per-collective ends beside ASTRA-sim's, with errors in ns."""
+    engine = run_row_2(row, network_dir)
+    ends = [int(c.end_ns) for c in engine.collectives]
+    ref_ends = [int(row[f"node{i}_end_ns"]) for i in range(len(ends))]
+    finish, ref = max(ends), int(row["finish_ns"])
+    return {
+        "run_id": row["run_id"],
+        "section": row["section"],
+        "backend": row["backend"],
+        "variant": row["binary_variant"],
+        "topology": row["topology"],
+        "implementation": row["implementation"],
+        "optimization": row["collective_optimization"],
+        "active": int(row["active_chunks_per_dim"]),
+        "splits": int(row["splits"]),
+        "finish_ns": finish,
+        "ref_finish_ns": ref,
+        "ends_ns": ends,
+        "ref_ends_ns": ref_ends,
+        "err_ns": max(abs(finish - ref), *(abs(a - b) for a, b in zip(ends, ref_ends))),
+        "time_err": (finish - ref) / ref,
+    }
+
+
+def error_summary_2(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
+    """Rows exact to the ns, max error in ns and max and median |finish-time error| per group of `keys`."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        groups[tuple(r[k] for k in keys)].append(r)
+    out = []
+    for key, rs in sorted(groups.items()):
+        errs = [abs(r["time_err"]) for r in rs]
+        out.append(
+            {
+                **dict(zip(keys, key)),
+                "rows": len(rs),
+                "exact": sum(r["err_ns"] == 0 for r in rs),
+                "max_err_ns": max(r["err_ns"] for r in rs),
+                "max_time_err_pct": 100 * max(errs),
+                "median_time_err_pct": 100 * statistics.median(errs),
             }
         )
     return out

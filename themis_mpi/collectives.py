@@ -22,6 +22,7 @@ from .topology import Topology
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 DTYPES = ("float32", "float64", "int32", "int64")
 REDOPS = ("sum", "max", "min")
+AR_EVERY_DIM = 2  # `fuse_last` value of ASTRA-sim 2.x's baseline: a full AR stage on every dim
 
 
 def block_bounds(lo: int, hi: int, parts: int) -> list[int]:
@@ -141,7 +142,7 @@ def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 def chunk_plan(
-    topology: Topology, collective: Collective, chunk_elems: int, order, fuse_last: bool = False
+    topology: Topology, collective: Collective, chunk_elems: int, order, fuse_last: int = False
 ) -> list[tuple[int, str, int]]:
     """A chunk's stages as ``(dim, op, full_elems)``, in execution order.
 
@@ -151,6 +152,8 @@ def chunk_plan(
     ``localBWAware`` builds an All-Reduce phase there). An ina last dim is always one AR stage:
     in-network aggregation reduces and returns the chunk in one pass through the switch, where
     separate halves would send it up twice.
+    With ``fuse_last == AR_EVERY_DIM`` (ASTRA-sim 2.x's ``baseline`` optimization) an all-reduce
+    is one AR stage of the whole chunk on every dim in turn.
     Reduce-scatter: RS along `order`. All-gather: AG along `order`, growing to `chunk_elems`.
     All-to-all: one A2A stage per dim along `order`, size unchanged.
     """
@@ -165,6 +168,8 @@ def chunk_plan(
     rs = [(d, RS, s) for d, s in zip(down, sizes)]
     ag = [(d, AG, s) for d, s in zip(down[::-1], sizes[::-1])]
     plan = {"all_reduce": rs + ag, "reduce_scatter": rs, "all_gather": ag}[op]
+    if op == "all_reduce" and fuse_last == AR_EVERY_DIM:
+        return [(d, AR, chunk_elems) for d in down]
     if op == "all_reduce" and rs and (fuse_last or topology.dims[rs[-1][0]].algorithm == "ina"):
         plan = [*rs[:-1], (rs[-1][0], AR, rs[-1][2]), *ag[1:]]
     return plan
@@ -186,7 +191,7 @@ def chunk_stages(
     chunk: int,
     chunk_elems: int,
     order,
-    fuse_last: bool = False,
+    fuse_last: int = False,
 ) -> list[Stage]:
     """The stages of one chunk, in execution order (`chunk_plan` made into `Stage` objects)."""
     plan = chunk_plan(topology, collective, chunk_elems, order, fuse_last)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import NO_ENDPOINT, Endpoint, check_compat
+from .cost import ASTRA_SIM_1_0, ASTRA_SIM_2, NO_ENDPOINT, Endpoint, check_compat
 from .errors import UsageError
 from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
-from .network import IDEAL, RULES
+from .network import IDEAL, RULES, STORE_FORWARD
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
 
@@ -33,6 +33,10 @@ class RunConfig:
         endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
         network: how stages that run at once share links (`network`): ideal (they share
             nothing: the cost model alone, ASTRA-sim 1.0's rule), fair or store-forward.
+        compat_concurrent: under ``astra-sim-2``, let collectives be in flight together (its
+            ``hwres_multi_comm`` build); by default one runs at a time per NPU, as its workload layer.
+        compat_fifo: under ``astra-sim-2``, its ``scheduling-policy: FIFO`` (the earlier collective
+            first) instead of LIFO.
     """
 
     intra: str = "fifo"
@@ -44,6 +48,8 @@ class RunConfig:
     compat: str = ""
     endpoint: Endpoint = NO_ENDPOINT
     network: str = IDEAL
+    compat_concurrent: bool = False
+    compat_fifo: bool = False
 
     def __post_init__(self) -> None:
         check_compat(self.compat)
@@ -51,8 +57,12 @@ class RunConfig:
             raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
         if self.network not in RULES:
             raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(RULES)}")
-        if self.network != IDEAL and self.compat:
+        if self.network not in (IDEAL, STORE_FORWARD) and self.compat == ASTRA_SIM_2:
+            raise UsageError(f"--compat {self.compat} takes --network store-forward or ideal")
+        if self.network != IDEAL and self.compat == ASTRA_SIM_1_0:
             raise UsageError(f"--compat {self.compat} shares no link: it takes --network ideal only")
+        if (self.compat_concurrent or self.compat_fifo) and self.compat != ASTRA_SIM_2:
+            raise UsageError("--compat-concurrent and --compat-fifo need --compat astra-sim-2")
         if self.network != IDEAL and self.endpoint.on:
             raise UsageError(
                 f"the endpoint model (--hbm-gbps) is not modelled under --network {self.network}"

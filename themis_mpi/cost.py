@@ -54,22 +54,29 @@ from functools import wraps
 from .errors import UsageError
 from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
 from .nccl import collective_ns, plan_collective
-from .topology import Dim, Topology
+from .topology import Dim, Topology, links_per_npu
 from .units import BYTES_PER_GB
 
 RS, AG, A2A, AR = "RS", "AG", "A2A", "AR"
 P2P = "P2P"  # a point-to-point message (`CostModel.p2p_ns`), not a collective stage
 ASTRA_SIM_1_0 = "astra-sim-1.0"
+ASTRA_SIM_2 = "astra-sim-2"
 ASTRA_ENDPOINT_DELAY_NS = 10.0  # endpoint-delay of ASTRA-sim 1.0's system configurations
 ASTRA_CYCLE_NS = 1.0  # one cycle of ASTRA-sim's clock: every step of its workload loop takes one
-COMPATS = ("", ASTRA_SIM_1_0)
+COMPATS = ("", ASTRA_SIM_1_0, ASTRA_SIM_2)
+ASTRA2_LOCAL_MEM_BYTES_PER_S = 1e9 * 1e9  # local-mem-bw 1e9 GB/s of the 2.x runs (Sys: x 1e9)
 ASTRA_MEM_BYTES_PER_NS = 500000  # SimpleMemory(npu_access_bw_GB=500000) in the backend's main.cc
 ASTRA_MEM_ACCESSES = 3  # PacketBundle::call: mem_write + mem_read + mem_read, each floored
 
 
+def is_astra(compat: str) -> bool:
+    """Whether the compat is one of ASTRA-sim's (1.0 or 2.x): its system layer's step and tie rules."""
+    return compat in (ASTRA_SIM_1_0, ASTRA_SIM_2)
+
+
 def default_endpoint_delay_ns(compat: str) -> float:
-    """The endpoint delay when none is given: ASTRA-sim's 10 ns under its 1.0 compat, else 0."""
-    return ASTRA_ENDPOINT_DELAY_NS if compat == ASTRA_SIM_1_0 else 0.0
+    """The endpoint delay when none is given: ASTRA-sim's 10 ns under its compats, else 0."""
+    return ASTRA_ENDPOINT_DELAY_NS if is_astra(compat) else 0.0
 
 
 def loop_tick_ns(compat: str) -> float:
@@ -118,7 +125,9 @@ REDUCE_MEM, COPY_MEM = 5, 2  # NPU memory bytes per network byte of a reduce / c
 def check_compat(compat: str) -> str:
     """The compat name, refused with one line when unknown."""
     if compat not in COMPATS:
-        raise UsageError(f"unknown compat {compat!r}; use {ASTRA_SIM_1_0!r} or leave it empty")
+        raise UsageError(
+            f"unknown compat {compat!r}; use {ASTRA_SIM_1_0!r}, {ASTRA_SIM_2!r} or leave it empty"
+        )
     return compat
 
 
@@ -127,8 +136,21 @@ def reduction_ns(n_bytes: int) -> int:
     return ASTRA_MEM_ACCESSES * (int(n_bytes) // ASTRA_MEM_BYTES_PER_NS)
 
 
+def reduction_2_ns(n_bytes: int) -> int:
+    """ASTRA-sim 2.x's local reduction: three accesses of ``trunc(bytes / local_mem_bw)`` ns each.
+
+    ``PacketBundle::call``; with the 2.x runs' 1e9 GB/s it is 0 below 1e9 bytes.
+    """
+    return ASTRA_MEM_ACCESSES * int(n_bytes / ASTRA2_LOCAL_MEM_BYTES_PER_S * 1e9)
+
+
+def link_bytes_per_ns(dim: Dim) -> float:
+    """One link's rate in one direction: the dim's per-NPU bandwidth over `links_per_npu`."""
+    return dim.bandwidth_bytes_per_ns / links_per_npu(dim)
+
+
 def astra_steps(
-    dim: Dim, op: str, full_elems: int, itemsize: int
+    dim: Dim, op: str, full_elems: int, itemsize: int, ring_a2a: bool = False
 ) -> tuple[tuple[int, int, int, int | None], ...]:
     """ASTRA-sim 1.0's steps of one stage: (message bytes, messages at once, hops, reduced bytes).
 
@@ -139,6 +161,9 @@ def astra_steps(
     halving-doubling reduction is charged on the size of the *next* message (``msg_size`` after
     the halving), the ring and direct ones on the received message. An All-Reduce phase (AR) is
     the RS steps then the AG steps on the same data.
+
+    With `ring_a2a` (2.x) an all-to-all on a ring dim runs Ring.cc's all-to-all: P(P-1)/2 messages
+    of a block to the next NPU, one after the other (``stream_count``, Normal injection).
     """
     p = dim.npus
     if p == 1:
@@ -147,8 +172,10 @@ def astra_steps(
     if op == AR:
         return astra_steps(dim, RS, full_elems, itemsize) + astra_steps(dim, AG, full_elems, itemsize)
     reduce = op == RS
-    if op == A2A or dim.algorithm == "direct":
-        return ((block, p - 1, dim.hops, block if reduce else None),)
+    if op == A2A and ring_a2a and dim.algorithm == "ring":
+        return ((block, 1, dim.hops, None),) * (p * (p - 1) // 2)
+    if op == A2A or dim.algorithm == "direct":  # on a Ring, the farthest peer is P/2 hops away
+        return ((block, p - 1, p // 2 if dim.kind == "Ring" else dim.hops, block if reduce else None),)
     if dim.algorithm == "ring":
         return ((block, 1, dim.hops, block if reduce else None),) * (p - 1)
     n = p.bit_length() - 1  # halving-doubling: log2 P steps
@@ -271,7 +298,8 @@ class CostModel:
         self.topology = topology
         self.itemsize = itemsize
         self.endpoint_delay_ns = float(endpoint_delay_ns)
-        self.astra = check_compat(compat) == ASTRA_SIM_1_0
+        self.astra = is_astra(check_compat(compat))
+        self.astra2 = compat == ASTRA_SIM_2
         self.endpoint = endpoint
         if self.astra and (endpoint.on or any(d.algorithm == "ina" for d in topology.dims)):
             raise UsageError("the endpoint model and ina are not part of --compat astra-sim-1.0")
@@ -348,11 +376,16 @@ class CostModel:
         return tuple(m / rate for m in mem)
 
     def message_ns(self, dim: Dim, msg_bytes: int, hops: int) -> float:
-        """ASTRA-sim 1.0's time of one message: whole ns, one FullyConnected link per peer."""
-        link_bytes_per_ns = dim.bandwidth_bytes_per_ns
+        """ASTRA-sim's time of one message: whole ns, one FullyConnected link per peer.
+
+        Under 2.x every message goes at one link's rate (`link_bytes_per_ns`): a Ring's one way.
+        """
+        if self.astra2:
+            return float(math.floor(hops * dim.latency_ns + msg_bytes / link_bytes_per_ns(dim)))
+        rate = dim.bandwidth_bytes_per_ns
         if dim.kind == "FullyConnected":
-            link_bytes_per_ns /= dim.npus - 1
-        return float(math.floor(hops * dim.latency_ns + msg_bytes / link_bytes_per_ns))
+            rate /= dim.npus - 1
+        return float(math.floor(hops * dim.latency_ns + msg_bytes / rate))
 
     @memo_method
     def _astra_gaps(self, dim_index: int, op: str, full_elems: int) -> tuple[tuple[float, ...], ...]:
@@ -363,10 +396,11 @@ class CostModel:
         dim = self.topology.dims[dim_index]
         e = self.endpoint_delay_ns
         gaps: list[tuple[float, ...]] = []
-        for i, (b, _, hops, red) in enumerate(astra_steps(dim, op, full_elems, self.itemsize)):
+        for i, (b, _, hops, red) in enumerate(astra_steps(dim, op, full_elems, self.itemsize, self.astra2)):
             step: tuple[float, ...] = (e,) if i == 0 else ()
             step += (self.message_ns(dim, b, hops), e)
-            gaps.append(step + (() if red is None else (float(reduction_ns(red)),)))
+            reduce_ns = reduction_2_ns if self.astra2 else reduction_ns
+            gaps.append(step + (() if red is None else (float(reduce_ns(red)),)))
         return tuple(gaps)
 
     def finish_order_key(self, dim_index: int, op: str, full_elems: int, end_ns: float) -> tuple:
@@ -471,7 +505,7 @@ class CostModel:
         """Bytes one NPU sends during the stage."""
         dim = self.topology.dims[dim_index]
         if self.astra:
-            return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize))
+            return sum(b * n for b, n, _, _ in astra_steps(dim, op, full_elems, self.itemsize, self.astra2))
         return sum(b * n for b, n in steps(dim, op, full_elems, self.itemsize))
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
-from .cost import AR, ASTRA_SIM_1_0, P2P, CostModel
+from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError
 from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra
 from .topology import Topology
@@ -231,7 +231,7 @@ class CollectiveRun(Event):
     issued_ns: float
     chunks_left: int
     check: bool = True
-    fuse_last: bool = False
+    fuse_last: int = False
     end_ns: float = math.nan
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
@@ -335,12 +335,18 @@ class Engine:
         self.intra_policy(config.intra)
         self.compat = config.compat
         self.active_per_dim = active_per_dim = config.active_per_dim
-        self.astra = config.compat == ASTRA_SIM_1_0
+        self.astra = is_astra(config.compat)
         n = len(topology.dims)
         self.queues: list[list[StageRun]] = [[] for _ in range(n)]
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
         # that queueing costs no copy) and the count of running ones
-        self.views = [QueueView([], 0, config.compat) for _ in range(n)]
+        # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
+        view_compat = "" if config.compat_fifo else config.compat
+        self.views = [QueueView([], 0, view_compat) for _ in range(n)]
+        # ASTRA-sim 2.x's workload layer: one collective in flight per NPU, the next issued after
+        self.one_at_a_time = config.compat == ASTRA_SIM_2 and not config.compat_concurrent
+        self._deferred: list[CollectiveRun] = []
+        self._in_flight = 0
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self._fifo = self.intra_policy("fifo")
         self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
@@ -395,14 +401,24 @@ class Engine:
             fuse_last,
         )
         self.collectives.append(run)
+        if self.one_at_a_time and self._in_flight:
+            self._deferred.append(run)
+            return run
+        self._launch(run)
+        return run
+
+    def _launch(self, run: CollectiveRun) -> None:
+        """Open the collective and queue its chunks (each one whose first dim is free starts)."""
+        self._in_flight += 1
+        run.issued_ns = self.now_ns
         self.transport.open(run)
+        stages = run.stages
         for chunk_list in stages:
             if chunk_list:
                 self._enqueue(chunk_list[0])
                 self._claim_free((chunk_list[0].dim,))
         if run.chunks_left == 0:
             self._collective_done(run)
-        return run
 
     def message(
         self, peer: int, path: tuple[tuple[int, int], ...], nbytes: int, tag: int, send: bool
@@ -527,8 +543,11 @@ class Engine:
 
     def _collective_done(self, coll: CollectiveRun) -> None:
         coll.end_ns = self.now_ns
+        self._in_flight -= 1
         self.transport.close(coll)
         coll.succeed()
+        if self._deferred and not self._in_flight:
+            self._launch(self._deferred.pop(0))
 
     # --- the event loop ------------------------------------------------------------------------
 

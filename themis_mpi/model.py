@@ -17,7 +17,7 @@ from .config import RunConfig
 from .cost import CostModels
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
-from .network import IDEAL, Network
+from .network import IDEAL, make_network
 from .topology import Topology
 
 
@@ -44,7 +44,11 @@ class ModelTransport:
         self._heap: list[tuple[float, int, StageRun]] = []
         self._steps: dict[tuple, tuple[float, ...]] = {}  # step times by stage shape (`run_steps_ns`)
         self._seq = 0
-        self.network = None if config.network == IDEAL else Network(topology, config.network, self.cost)
+        self.network = (
+            None
+            if config.network == IDEAL
+            else make_network(topology, config.network, self.cost, config.compat)
+        )
 
     # --- control: one rank, nothing to exchange --------------------------------------------------
 

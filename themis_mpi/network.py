@@ -39,7 +39,19 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from .cost import A2A, CostModel, block_elems, ina_traffic, steps
+from .cost import (
+    A2A,
+    AG,
+    AR,
+    ASTRA_SIM_2,
+    RS,
+    CostModel,
+    astra_steps,
+    block_elems,
+    ina_traffic,
+    link_bytes_per_ns,
+    steps,
+)
 from .errors import UsageError
 from .topology import Topology
 
@@ -468,3 +480,180 @@ class Network:
                 self._enter_hop(flow)
             else:
                 self._schedule(self.now_ns + step.delay_ns, "delay", flow)
+
+
+# --- ASTRA-sim 2.x's congestion-aware backend (``--compat astra-sim-2 --network store-forward``) ---
+
+LinkKey = tuple[int, str]  # (dim, name): ``cw``/``ccw`` on a Ring, ``peer+k``, ``up``/``down``
+
+
+def astra2_route(dim_index: int, kind: str, npus: int, distance: int) -> tuple[LinkKey, ...]:
+    """The links a message to the peer `distance` ahead crosses, one per hop (NPU 0's view).
+
+    A Ring takes the shorter way (ties clockwise) and stores and forwards at every NPU; a Switch
+    is the sender's up-link, then the receiver's down-link; a FullyConnected dim, one link.
+    """
+    if kind == "Ring":
+        if npus - distance < distance:
+            return ((dim_index, "ccw"),) * (npus - distance)
+        return ((dim_index, "cw"),) * distance
+    if kind == "Switch":
+        return ((dim_index, "up"), (dim_index, "down"))
+    return ((dim_index, f"peer+{distance}"),)
+
+
+def astra2_stage_steps(
+    topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int
+) -> tuple[tuple[int, tuple[tuple[LinkKey, ...], ...], float], ...]:
+    """A stage's steps on the links: (message bytes, one route per message, delay after the last arrival).
+
+    The messages and their order are `cost.astra_steps`'s; the delay is the endpoint delay and
+    the local reduction (`CostModel._astra_gaps`).
+    """
+    dim = topology.dims[dim_index]
+    p = dim.npus
+    gaps = cost._astra_gaps(dim_index, op, full_elems)
+    out = []
+    halves = ((RS, full_elems), (AG, full_elems)) if op == AR else ((op, full_elems),)
+    i = 0
+    for half, elems in halves:
+        for k, (nbytes, n, _, _) in enumerate(astra_steps(dim, half, elems, cost.itemsize, True)):
+            if n > 1:  # direct and all-to-all: every peer at once
+                distances = list(range(1, p))
+            elif dim.algorithm == "ring":
+                distances = [1]
+            else:  # halving-doubling: RS partners 1, 2, 4, ... away, AG back down
+                distances = [1 << k if half == RS else p >> (k + 1)]
+            routes = tuple(astra2_route(dim_index, dim.kind, p, d) for d in distances)
+            after = gaps[i][1:] if i == 0 else gaps[i]  # (message, endpoint[, reduction])
+            out.append((nbytes, routes, sum(after[1:])))
+            i += 1
+    return tuple(out)
+
+
+@dataclass(eq=False)
+class _Astra2Flow:
+    run: object
+    steps: tuple
+    k: int = 0
+    pending: int = 0
+
+
+class Astra2Network:
+    """ASTRA-sim 2.x's congestion-aware analytical backend, seen from one NPU of a symmetric collective.
+
+    Every link is a FIFO of whole messages: a free link holds a message for ``trunc(bytes / B)``
+    and delivers it to the next device ``trunc(latency + bytes / B)`` after it took it (``Link.cpp``
+    of astra-network-analytical), so the next message's serialization overlaps this one's
+    latency; a device forwards a message once all of it has arrived. B is one link's rate in one
+    direction (`cost.link_bytes_per_ns`). By symmetry the messages other NPUs put on one of this
+    NPU's links are this NPU's own at the same point of their routes, so each message re-enters
+    this NPU's link of its next hop's kind (`astra2_route`). A stage sends its step's messages
+    after the stage's first endpoint delay, and each next step's once the last message of the
+    step before has arrived and the endpoint delay (and reduction) has passed.
+    """
+
+    def __init__(self, topology: Topology, cost):
+        if topology.flat:
+            raise UsageError("--compat astra-sim-2 times per-dim stages; nccl dims are not part of it")
+        self.topology, self.cost = topology, cost
+        self.now_ns = 0.0
+        self._timers: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self._fifo: dict[LinkKey, deque] = {}
+        self._busy: dict[LinkKey, bool] = {}
+        self._ended: list[object] = []
+        self._plans: dict[tuple, tuple] = {}
+
+    def start(self, run) -> None:
+        """A stage starts now: its first messages leave after one endpoint delay."""
+        s = run.stage
+        key = (s.itemsize, s.dim, s.op, s.full_elems)
+        steps = self._plans.get(key)
+        if steps is None:
+            steps = self._plans[key] = astra2_stage_steps(
+                self.topology, self.cost(s.itemsize), s.dim, s.op, s.full_elems
+            )
+        if not self._timers and not any(self._busy.values()):
+            self.now_ns = run.start_ns
+        flow = _Astra2Flow(run, steps)
+        if not steps:
+            self._ended.append(run)
+            return
+        self._schedule(self.now_ns + self.cost(s.itemsize).endpoint_delay_ns, "send", flow)
+
+    def next(self, horizon_ns: float) -> tuple[float, list]:
+        """Advance to the earliest stage end at or before the horizon: (t, stages), or (horizon, [])."""
+        while True:
+            if self._ended:
+                ended, self._ended = self._ended, []
+                return self.now_ns, ended
+            if not self._timers or self._timers[0][0] > horizon_ns:
+                self.now_ns = max(self.now_ns, horizon_ns) if horizon_ns < math.inf else self.now_ns
+                return horizon_ns, []
+            t, _, what, item = heapq.heappop(self._timers)
+            self.now_ns = t
+            if what == "send":
+                self._send(item)  # type: ignore[arg-type]
+            elif what == "free":
+                self._free(item)  # type: ignore[arg-type]
+            elif what == "arrive":
+                self._arrive(item)  # type: ignore[arg-type]
+            else:
+                self._step_done(item)  # type: ignore[arg-type]
+
+    def _schedule(self, t_ns: float, what: str, item: object) -> None:
+        heapq.heappush(self._timers, (t_ns, self._seq, what, item))
+        self._seq += 1
+
+    def _send(self, flow: _Astra2Flow) -> None:
+        nbytes, routes, _ = flow.steps[flow.k]
+        flow.pending = len(routes)
+        for route in routes:
+            self._enter([flow, route, 0, nbytes])
+
+    def _enter(self, msg: list) -> None:
+        link = msg[1][msg[2]]
+        if self._busy.get(link):
+            self._fifo.setdefault(link, deque()).append(msg)
+        else:
+            self._transmit(link, msg)
+
+    def _transmit(self, link: LinkKey, msg: list) -> None:
+        self._busy[link] = True
+        dim = self.topology.dims[link[0]]
+        serial = msg[3] / link_bytes_per_ns(dim)
+        self._schedule(self.now_ns + math.floor(dim.latency_ns + serial), "arrive", msg)
+        self._schedule(self.now_ns + math.floor(serial), "free", link)
+
+    def _free(self, link: LinkKey) -> None:
+        self._busy[link] = False
+        queue = self._fifo.get(link)
+        if queue:
+            self._transmit(link, queue.popleft())
+
+    def _arrive(self, msg: list) -> None:
+        msg[2] += 1
+        if msg[2] < len(msg[1]):
+            self._enter(msg)
+            return
+        flow = msg[0]
+        flow.pending -= 1
+        if flow.pending == 0:
+            self._schedule(self.now_ns + flow.steps[flow.k][2], "done", flow)
+
+    def _step_done(self, flow: _Astra2Flow) -> None:
+        flow.k += 1
+        if flow.k < len(flow.steps):
+            self._send(flow)
+        else:
+            self._ended.append(flow.run)
+
+
+def make_network(topology: Topology, rule: str, cost, compat: str = ""):
+    """The links under a sharing rule: ASTRA-sim 2.x's congestion-aware backend under its compat."""
+    if compat == ASTRA_SIM_2:
+        if rule != STORE_FORWARD:
+            raise UsageError(f"--compat {compat} shares links as store-forward only (or --network ideal)")
+        return Astra2Network(topology, cost)
+    return Network(topology, rule, cost)

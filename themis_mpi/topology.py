@@ -557,6 +557,20 @@ def generic_shape(text: str) -> Topology:
     return Topology(parse_inline("_".join(specs)).dims, text)
 
 
+def links_per_npu(dim: Dim) -> int:
+    """Outgoing links of one NPU on a dim: 2 on a Ring (both ways), P-1 FullyConnected, 1 to a Switch."""
+    return {"Ring": 2, "FullyConnected": dim.npus - 1}.get(dim.kind, 1)
+
+
+def from_link_bandwidths(topology: Topology) -> Topology:
+    """A topology whose bandwidths were given per link and direction (ASTRA-sim 2.x), per NPU.
+
+    Every dim's bandwidth is multiplied by `links_per_npu`: FC8 at 50 GB/s per link is 350 GB/s.
+    """
+    dims = tuple(replace(d, bandwidth_gbps=d.bandwidth_gbps * links_per_npu(d)) for d in topology.dims)
+    return replace(topology, dims=dims)
+
+
 def parse_topology(text: str) -> Topology:
     """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
     if len(text) > MAX_TOPOLOGY_CHARS:

@@ -152,7 +152,7 @@ class TraceRecorder:
         self.rows: list[CollectiveResult] = []
         self.orders: list[np.ndarray] = []
         self.bounds: list[np.ndarray] = []
-        self.fused: list[bool] = []
+        self.fused: list[int] = []
         self.events: list[np.ndarray] = []
         self.start_time = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -162,7 +162,7 @@ class TraceRecorder:
         orders: np.ndarray,
         events: np.ndarray,
         bounds: np.ndarray | None = None,
-        fused: bool = False,
+        fused: int = False,
     ) -> None:
         """Record one collective: its result, schedule (orders, bounds, fused) and this rank's events."""
         self.rows.append(result)
@@ -357,14 +357,14 @@ class Trace:
         sel = self.schedule[self.schedule["collective"] == collective]
         return sel["order"][np.argsort(sel["chunk"])]
 
-    def bounds_and_fused(self, collective: int) -> tuple[np.ndarray, bool] | None:
+    def bounds_and_fused(self, collective: int) -> tuple[np.ndarray, int] | None:
         """The chunk bounds and fused flag of one collective (None in traces that predate them)."""
         names = self.schedule.dtype.names or ()
         if "lo" not in names:
             return None
         sel = self.schedule[self.schedule["collective"] == collective]
         sel = sel[np.argsort(sel["chunk"])]
-        return np.append(sel["lo"], sel["hi"][-1:]).astype(np.int64), bool(sel["fused"].any())
+        return np.append(sel["lo"], sel["hi"][-1:]).astype(np.int64), int(sel["fused"].max())
 
     def collective_row(self, collective: int) -> dict:
         """One row of /collectives as a dict of Python values."""

@@ -13,13 +13,14 @@ import time
 from collections.abc import Sequence
 
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
-from ..cost import Endpoint, default_endpoint_delay_ns
+from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
 from ..limits import MAX_CHUNKS, in_range
+from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
 from ..policies import InterPolicy
 from ..run.sweep import policy_configs
-from ..topology import Topology, parse_topology
+from ..topology import Topology, from_link_bandwidths, parse_topology
 from ..units import parse_size, size_sweep
 
 
@@ -40,11 +41,18 @@ def split_list(text: str) -> list[str]:
     return items
 
 
+def read_topology(spec: str, args: argparse.Namespace) -> Topology:
+    """A -t item; under --compat astra-sim-2 a YAML file's bandwidths are per link."""
+    topo = parse_topology(spec)
+    yaml_file = spec.endswith((".yml", ".yaml")) or os.path.isfile(spec)
+    return from_link_bandwidths(topo) if getattr(args, "compat", "") == ASTRA_SIM_2 and yaml_file else topo
+
+
 def one_topology(args: argparse.Namespace, base: Topology | None = None) -> Topology:
     """The one topology of a command that takes one (train, replay)."""
     if args.algorithm is not None and len(args.algorithm) > 1:
         raise UsageError("this command takes one --algorithm list")
-    topo = base if base is not None else parse_topology(args.topology)
+    topo = base if base is not None else read_topology(args.topology, args)
     return topo.with_overrides(args.bandwidth, args.latency, args.algorithm[0] if args.algorithm else None)
 
 
@@ -52,7 +60,7 @@ def all_topologies(args: argparse.Namespace) -> list[Topology]:
     """Every topology of a sweep: each -t item under each --algorithm override."""
     out = []
     for spec in split_list(args.topology):
-        base = parse_topology(spec)
+        base = read_topology(spec, args)
         for algorithms in args.algorithm or [None]:
             out.append(base.with_overrides(args.bandwidth, args.latency, algorithms))
     return out
@@ -95,7 +103,9 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
         compat=args.compat,
         endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
-        network=args.network,
+        network=args.network or (STORE_FORWARD if args.compat == ASTRA_SIM_2 else IDEAL),
+        compat_concurrent=args.compat_concurrent,
+        compat_fifo=args.compat_scheduling == "FIFO",
     )
 
 

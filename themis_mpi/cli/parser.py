@@ -14,9 +14,9 @@ from typing import Any
 
 from ..collectives import DTYPES, OPS, REDOPS
 from ..config import DEFAULT_TIMEOUT_S
-from ..cost import ASTRA_SIM_1_0
+from ..cost import ASTRA_SIM_1_0, ASTRA_SIM_2
 from ..launch import env_rank
-from ..network import IDEAL, RULES
+from ..network import RULES
 from ..topology import ALGORITHMS
 from ..units import UNITS
 from ..version import __version__
@@ -88,17 +88,32 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
         "--compat",
         default="",
-        choices=("", ASTRA_SIM_1_0),
+        choices=("", ASTRA_SIM_1_0, ASTRA_SIM_2),
         help="astra-sim-1.0: ASTRA-sim 1.0's exact semantics where they are modelling choices (whole-ns "
-        "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives)",
+        "messages, endpoint delay per message, local reduction time, event order, LIFO between collectives); "
+        "astra-sim-2: ASTRA-sim 2.x's (YAML bandwidths per link, --network store-forward its "
+        "congestion-aware backend and the default, ideal its congestion-unaware one; one collective "
+        "in flight per NPU)",
+    )
+    p.add_argument(
+        "--compat-concurrent",
+        action="store_true",
+        help="with --compat astra-sim-2: collectives in flight together (its hwres_multi_comm build)",
+    )
+    p.add_argument(
+        "--compat-scheduling",
+        default="LIFO",
+        choices=("LIFO", "FIFO"),
+        help="with --compat astra-sim-2: its scheduling-policy between collectives (default LIFO)",
     )
     p.add_argument(
         "--network",
-        default=IDEAL,
+        default=None,
         choices=RULES,
         help="how stages that run at once share the links: fair (max-min fair, cut-through), "
         "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
-        "it) or ideal (they share nothing: ASTRA-sim 1.0's rule; default)",
+        "it) or ideal (they share nothing: ASTRA-sim 1.0's rule; default, store-forward with --compat "
+        "astra-sim-2)",
     )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
     p.add_argument(

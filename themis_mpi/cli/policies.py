@@ -15,6 +15,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
     for name in inter:
         cls = inter_class(name)
         tags = f"auto intra {cls.default_intra}" + (", sizes chunks" if cls.sizes_chunks else "")
+        tags += f", in -p all under --compat {cls.compat_only}" if cls.compat_only else ""
         print(f"  {name:<{width}}  {cls.description}  [{tags}; {origin(name)}]")
     print(f"# intra-dim policies (--intra); {len(intra)}")
     for name in intra:

@@ -48,7 +48,7 @@ from ..config import RunConfig
 from ..cost import A2A, AG, RS, CostModels
 from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
 from ..errors import UsageError
-from ..network import IDEAL, Network
+from ..network import IDEAL, make_network
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
@@ -328,7 +328,11 @@ class MpiTransport:
         self._spare: list[np.ndarray] = []  # large scratch of finished stages, for reuse
         self._buffers: list[np.ndarray] = []  # buffers of finished collectives, for reuse
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
-        self.network = None if config.network == IDEAL else Network(self.topology, config.network, self.cost)
+        self.network = (
+            None
+            if config.network == IDEAL
+            else make_network(self.topology, config.network, self.cost, config.compat)
+        )
         if self.network is not None and self._wall:
             raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
         self._net_done: tuple[float, list[StageRun]] | None = None  # ends the network gave, data pending
@@ -464,7 +468,9 @@ class MpiTransport:
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
         costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
         if self.network is not None:  # the links' time comes from the network; steps move data
-            costs = (0.0,) * len(costs)
+            costs = (0.0,) * len(steps)
+        elif len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, moved direct)
+            costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
         if len(self._shapes) >= MAX_SHAPES:
             for old in self._shapes.values():
                 old.retired = True

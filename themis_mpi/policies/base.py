@@ -55,7 +55,7 @@ class Schedule:
 
     bounds: np.ndarray
     orders: np.ndarray
-    fuse_last: bool = False
+    fuse_last: int = False  # bool, or AR_EVERY_DIM (collectives)
     intra: str = ""
     label: str = ""
 
@@ -69,7 +69,7 @@ class Schedule:
         return int(self.bounds[k + 1] - self.bounds[k])
 
 
-def fixed_schedule(collective: Collective, orders, fuse_last: bool = False, intra: str = "") -> Schedule:
+def fixed_schedule(collective: Collective, orders, fuse_last: int = False, intra: str = "") -> Schedule:
     """A schedule on the collective's nominal chunks (`Collective.chunk_bounds`)."""
     return Schedule(collective.chunk_bounds(), np.asarray(orders, dtype=np.int32), fuse_last, intra)
 
@@ -135,9 +135,10 @@ class InterPolicy:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    fuses_last_dim: ClassVar[bool] = False  # an all-reduce's last dim as one AR stage (baseline)
+    fuses_last_dim: ClassVar[int] = False  # an all-reduce's last dim as one AR stage (baseline)
     default_intra: ClassVar[str] = "scf"  # the intra-dim policy `--intra auto` pairs it with
     sizes_chunks: ClassVar[bool] = False  # ask `size` for every chunk's element count
+    compat_only: ClassVar[str] = ""  # a compat's own policy: in `-p all` under that compat only
 
     def begin(self, context: PolicyContext, collective: Collective) -> None:
         """A new collective: reset per-collective state (the default does nothing)."""

@@ -7,6 +7,8 @@ in the permutation and are skipped when stages are built, as in ASTRA-sim.
 
 - `baseline` (ASTRA-sim's ``baseline``/Ascending with localBWAware): dims ascending, the last
   dim of an all-reduce as one All-Reduce stage.
+- `astra2-baseline` (ASTRA-sim 2.x's ``baseline`` optimization): dims ascending, a full
+  All-Reduce of the chunk on each (2.x's ``localBWAware`` is `baseline`).
 - `themis` (``themis``/OfflineGreedy): the load tracker of docs/design.md#themis.
 - `themisFlex` (OfflineGreedyFlex): the same tracker, but each chunk is sized to close the gap
   between the least and the most loaded dim (at least the nominal chunk size).
@@ -22,7 +24,8 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..collectives import Collective, chunk_stages
+from ..collectives import AR_EVERY_DIM, Collective, chunk_stages
+from ..cost import ASTRA_SIM_2
 from ..topology import Topology
 from .base import Chunk, InterPolicy, PolicyContext, baseline_order
 
@@ -158,6 +161,24 @@ class Baseline(InterPolicy):
     def begin(self, context: PolicyContext, collective: Collective) -> None:
         """Remember the dims."""
         self._dims = context.topology.dims
+
+
+class AllReducePerDim(InterPolicy):
+    """ASTRA-sim 2.x's ``baseline`` optimization: a full all-reduce on each dim in turn."""
+
+    name = "astra2-baseline"
+    description = "ASTRA-sim 2.x baseline: a full all-reduce of the chunk on every dim, ascending"
+    fuses_last_dim = AR_EVERY_DIM
+    default_intra = "fifo"
+    compat_only = ASTRA_SIM_2
+
+    def order(self, chunk: Chunk) -> Sequence[int]:
+        """Ascending dims (descending for a standalone all-gather)."""
+        return baseline_order(chunk.op, self.n_dims)
+
+    def begin(self, context: PolicyContext, collective: Collective) -> None:
+        """Remember the dim count."""
+        self.n_dims = len(context.topology.dims)
 
 
 class Themis(InterPolicy):

@@ -18,7 +18,7 @@ Only waiting stages are in the queue a policy sees; a running stage is never pre
 from __future__ import annotations
 
 from ..collectives import Stage
-from ..cost import AG, ASTRA_SIM_1_0, RS
+from ..cost import AG, RS, is_astra
 from .base import IntraPolicy, QueueView
 
 
@@ -38,7 +38,7 @@ class Fifo(IntraPolicy):
 
     def position(self, queue: QueueView, stage: Stage) -> int:
         """The tail (ASTRA-sim's priority between collectives under compat)."""
-        if queue.compat == ASTRA_SIM_1_0:
+        if is_astra(queue.compat):
             return astra_priority_position(queue, stage)
         return len(queue.waiting)
 
@@ -73,7 +73,7 @@ class Rg(IntraPolicy):
         pos = 1 if queue.running and waiting else 0
         while pos < len(waiting):
             ahead, behind = waiting[pos - 1] if pos else None, waiting[pos]
-            if queue.compat == ASTRA_SIM_1_0 and behind.coll > stage.coll:
+            if is_astra(queue.compat) and behind.coll > stage.coll:
                 pos += 1
             elif ahead is not None and {ahead.op, behind.op} == {RS, AG}:
                 pos += 1

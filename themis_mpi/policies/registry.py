@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from ..errors import UsageError
 from .base import InterPolicy, IntraPolicy
-from .inter import Baseline, RoundRobin, Themis, ThemisFlex, ThemisLat
+from .inter import AllReducePerDim, Baseline, RoundRobin, Themis, ThemisFlex, ThemisLat
 from .intra import Fifo, Lrpf, Rg, Scf
 from .predictive import Predictive
 
@@ -31,6 +31,7 @@ BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
     RoundRobin,
     ThemisLat,
     Predictive,
+    AllReducePerDim,
 )
 BUILTIN_INTRA: tuple[type[IntraPolicy], ...] = (Fifo, Scf, Rg, Lrpf)
 _BUILTIN: dict[str, type] = {p.name: p for p in BUILTIN_INTER} | {p.name: p for p in BUILTIN_INTRA}

@@ -155,7 +155,7 @@ def share_schedules(
         row += c
         intra, label = lines[i].split("\t", 1)
         bounds = np.append(part[:, 0], part[-1, 1]).astype(np.int64)
-        out.append(Schedule(bounds, part[:, 2:].astype(np.int32), bool(header[4 + 2 * i]), intra, label))
+        out.append(Schedule(bounds, part[:, 2:].astype(np.int32), int(header[4 + 2 * i]), intra, label))
     return out, float(header[2]) / 1e9
 
 

@@ -34,14 +34,15 @@ class SweepCell:
     config: RunConfig
 
 
-def policy_names(policies: str | Sequence[str]) -> list[str]:
+def policy_names(policies: str | Sequence[str], compat: str = "") -> list[str]:
     """The inter-dim policies named: ``all`` (every one), ``both`` (baseline, themis) or a list.
 
-    A string is a comma-separated list; every name is checked against the registry.
+    A string is a comma-separated list; every name is checked against the registry. ``all`` leaves
+    out a compat's own policies (`InterPolicy.compat_only`) unless that compat is on.
     """
     if isinstance(policies, str):
         if policies == "all":
-            return inter_names()
+            return [n for n in inter_names() if inter_class(n).compat_only in ("", compat)]
         names = list(BOTH) if policies == "both" else [p.strip() for p in policies.split(",")]
     else:
         names = list(policies)
@@ -60,7 +61,7 @@ def policy_configs(
         if name != "auto":
             intra_class(name)
     out = []
-    for name in policy_names(policies):
+    for name in policy_names(policies, base.compat):
         policy = make_inter(name)
         for intra in dict.fromkeys(policy.default_intra if i == "auto" else i for i in intras):
             out.append((policy, replace(base, intra=intra)))
