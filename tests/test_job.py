@@ -81,3 +81,30 @@ def test_ctrl_c_while_a_file_is_written_leaves_no_partial_file(tmp_path):
                           text=True, env=mpi_env(), cwd=ROOT, timeout=60)  # fmt: skip
     assert proc.returncode == 130 and proc.stderr == "themis-mpi: interrupted\n", proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wrong_data_ends_with_exit_1_after_the_report(tmp_path):
+    """A Chakra receive of 2 KiB for a send of 1 KiB: the table shows #wrong, then one line and exit 1."""
+    from themis_mpi.workloads.et import COMM_RECV_NODE, COMM_SEND_NODE, Attr, EtTrace, Node, write_et
+
+    for r in range(4):
+
+        def side(node_id, kind, peer_key, peer, nbytes):
+            attrs = [
+                Attr(peer_key, "int64", peer),
+                Attr("comm_size", "int64", nbytes),
+                Attr("comm_tag", "int64", 3),
+            ]
+            return Node(node_id, kind, COMM_SEND_NODE if kind == "send" else COMM_RECV_NODE, [], attrs=attrs)
+
+        nodes = [
+            side(1, "send", "comm_dst", (r + 1) % 4, 1024),
+            side(2, "recv", "comm_src", (r - 1) % 4, 2048),
+        ]
+        write_et(str(tmp_path / f"mm.{r}.et"), EtTrace("x", "0.0.4", [], nodes))
+    proc = subprocess.run([mpiexec_path(), "-n", "4", sys.executable, "-m", "themis_mpi", "train", str(tmp_path / "mm"),
+                           "-t", "Ring(4,100,20)", "-c", "1", "-p", "baseline"],
+                          capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    wrong = int(proc.stdout.splitlines()[-1].split()[6])
+    assert wrong > 0 and proc.stderr == f"themis-mpi: error: {wrong} element(s) differ from the closed form\n"

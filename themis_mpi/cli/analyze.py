@@ -8,6 +8,11 @@ import os
 from ..analysis import analyze_trace, format_analysis
 from ..errors import UsageError
 from ..output import write_json
+from ..plots import (  # (matplotlib loads when a picture is drawn)
+    queue_depth,
+    timeline,
+    utilization_bars,
+)
 from ..trace import Trace
 from .options import check_outputs
 
@@ -35,8 +40,6 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     if args.plot:
-        from ..plots import queue_depth, timeline, utilization_bars  # matplotlib: only for plots
-
         os.makedirs(args.plot, exist_ok=True)
         written = [utilization_bars(rows, os.path.join(args.plot, "utilization.png"))]
         for t, trace in enumerate(traces):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
+from ..launch import env_rank
 from ..limits import MAX_CHUNKS, in_range
 from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
@@ -134,6 +135,15 @@ def check_outputs(*paths: str | None, inputs: Sequence[str | None] = ()) -> None
                 f"cannot write {path}: {seen[real]} is the same file; give each output its own path"
             )
         seen[real] = path
+
+
+def wrong_exit(wrong: int) -> int:
+    """The exit status after the report: 1 when data came out wrong (a failed check), else 0."""
+    if wrong:
+        if env_rank() == 0:
+            print(f"themis-mpi: error: {wrong} element(s) differ from the closed form", file=sys.stderr)
+        return 1
+    return 0
 
 
 def input_files(*values: str | None) -> list[str]:

@@ -8,6 +8,7 @@ import json
 import os
 
 from ..errors import UsageError
+from ..plots import sweep_column, sweep_plot  # (matplotlib loads when a picture is drawn)
 from .options import check_outputs
 
 MAX_ROWS = 100_000
@@ -36,8 +37,6 @@ def read_rows(path: str) -> list[dict]:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """`themis-mpi plot`: y against x, one line per value of --hue."""
-    from ..plots import sweep_column, sweep_plot  # matplotlib: only here
-
     out = args.out or os.path.splitext(args.rows)[0] + ".png"
     check_outputs(out, inputs=(args.rows,))
     rows = read_rows(args.rows)

@@ -34,6 +34,7 @@ from .options import (
     input_files,
     size_list,
     split_list,
+    wrong_exit,
 )
 
 
@@ -92,6 +93,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
     progress = Lines(len(cells), args.quiet or env_rank() != 0)
     index = {id(cell): i for i, cell in enumerate(cells)}
+    wrong = 0  # elements that differ from the closed form, over every row
     for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
         group = list(same_topology)
         topo = group[0].topology
@@ -125,6 +127,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                         progress.write(table_row(result))
                     files.add(index[id(cell)], result.to_dict())
                 rows.append(result)
+                wrong += result.wrong or 0
                 progress.update()
             if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
                 progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
@@ -137,7 +140,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     progress.close()
     if backend.rank == 0:
         files.close()
-    return 0
+    return wrong_exit(wrong)
 
 
 def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, command: str) -> int:

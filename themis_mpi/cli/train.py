@@ -24,7 +24,7 @@ from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
 from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
-from .options import check_outputs, input_files, one_chunk_count, one_topology, policy_settings
+from .options import check_outputs, input_files, one_chunk_count, one_topology, policy_settings, wrong_exit
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if spec.bucket_mib:
                 print(_buckets_line(wl, topo, spec))
             _report(args, rows, topo)
-    return 0
+    return wrong_exit(sum(r.wrong or 0 for r in rows))
 
 
 def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
@@ -152,7 +152,7 @@ def _train_graph(args: argparse.Namespace) -> int:
                     f"{given.spec()} runs as {topo.spec()}"
                 )
             _report(args, rows, topo)
-    return 0
+    return wrong_exit(sum(r.wrong or 0 for r in rows))
 
 
 def _graph_lines(
