@@ -1,5 +1,8 @@
 """Rules for a job as a whole: Ctrl-C is one line and exit 130; a one-process command runs once under mpiexec."""
 
+import csv
+import io
+import json
 import os
 import signal
 import subprocess
@@ -108,3 +111,19 @@ def test_wrong_data_ends_with_exit_1_after_the_report(tmp_path):
     assert proc.returncode == 1, proc.stderr
     wrong = int(proc.stdout.splitlines()[-1].split()[6])
     assert wrong > 0 and proc.stderr == f"themis-mpi: error: {wrong} element(s) differ from the closed form\n"
+
+
+@pytest.mark.parametrize("flag", ["--json", "--jsonl", "--csv"])
+def test_dash_as_an_output_puts_pure_data_on_stdout(flag):
+    """`model --json -`: stdout is the data alone (the table goes to stderr), so a pipe can read it."""
+    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "model", "-b", "1M", "-e", "2M", flag, "-", "-q"],
+                          capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    if flag == "--json":
+        rows = json.loads(proc.stdout)
+    elif flag == "--jsonl":
+        rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    else:
+        rows = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert [int(r["size_bytes"]) for r in rows] == [1 << 20, 1 << 20, 2 << 20, 2 << 20]
+    assert "# themis-mpi model" in proc.stderr

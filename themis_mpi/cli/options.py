@@ -152,16 +152,18 @@ def input_files(*values: str | None) -> list[str]:
 
 
 class Lines:
-    """Where rows go as they finish: lines on stdout; on stderr, a bar (on a terminal) or a line a minute.
+    """Where rows go as they finish: lines on stdout, and progress on stderr.
 
-    The bar and the lines say the cells done, the cells left and the time left.
+    The lines go to stderr instead when stdout carries data (`--json -`). Progress is a bar on a
+    terminal, else a line a minute; it says the cells done, the cells left and the time left.
     """
 
     NOTE_S = 60.0  # off a terminal (a cluster job's log): a progress line this often
 
-    def __init__(self, total: int, quiet: bool, done: int = 0):
+    def __init__(self, total: int, quiet: bool, done: int = 0, data_on_stdout: bool = False):
         self.bar = None
         self.quiet = quiet
+        self.stream = sys.stderr if data_on_stdout else sys.stdout  # `--json -`: stdout holds data only
         self.total, self.done, self.first = total, done, done
         self.t0_s = self.last_s = time.perf_counter()
         if not quiet and sys.stderr.isatty():
@@ -181,7 +183,7 @@ class Lines:
         """Print a line above the bar."""
         if self.bar is not None:
             self.bar.clear()
-        print(line, flush=True)
+        print(line, file=self.stream, flush=True)
         if self.bar is not None:
             self.bar.refresh()
 

@@ -16,7 +16,7 @@ from itertools import groupby
 from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
-from ..output import SweepFiles
+from ..output import STDOUT, SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
 from ..results import CollectiveResult, flat_row, median
 from ..run.backend import open_backend
@@ -91,7 +91,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     if not use_mpi and not args.trace:
         return _model_sweep(args, cells, workers, command)
     files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
-    progress = Lines(len(cells), args.quiet or env_rank() != 0)
+    progress = Lines(len(cells), args.quiet or env_rank() != 0, data_on_stdout=_data_on_stdout(args))
     index = {id(cell): i for i, cell in enumerate(cells)}
     wrong = 0  # elements that differ from the closed form, over every row
     for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
@@ -152,7 +152,9 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
         fingerprint(cells, command, 1), args.json, args.csv, args.jsonl, flat_row, args.resume and not quiet
     )
     todo = [i for i in range(len(cells)) if i not in files.done]
-    progress = Lines(len(cells), args.quiet or quiet, done=len(cells) - len(todo))
+    progress = Lines(
+        len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=_data_on_stdout(args)
+    )
     if files.done and not quiet:
         progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
     shown: Topology | None = None  # the topology whose table is open
@@ -183,6 +185,11 @@ def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quie
     """nccl-tests' blocks of a topology, once its last row is in."""
     if topo is not None and rows and not quiet and args.format == "nccl":
         progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
+
+
+def _data_on_stdout(args: argparse.Namespace) -> bool:
+    """Whether an output is `-` (standard output): then the table goes to stderr."""
+    return STDOUT in (args.json, args.csv, args.jsonl)
 
 
 def _warn_small(cells) -> None:
