@@ -104,11 +104,13 @@ def test_the_plugin_replays_a_workload_on_both_transports(site, tmp_path):
 
 
 def test_a_broken_plugin_ends_every_rank_with_one_line_naming_it(site):
-    """A plugin's invalid order is caught on rank 0; every rank exits 2 with one line, no hang."""
+    """A plugin's invalid order is caught on rank 0; every rank exits 2 with one line naming it once, before any table."""
     proc = cli(8, ["run", "-t", "2x2x2", "-b", "1M", "-c", "4", "-p", "broken"], timeout_s=90)
     assert proc.returncode == 2
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
     assert len(lines) == 1 and "policy 'broken' (plugin broken_policy:Broken)" in lines[0], proc.stderr
+    assert lines[0].count("'broken'") == 1, lines[0]  # named once, with where it comes from
+    assert "# themis-mpi run" not in proc.stdout  # before any table
     assert "Traceback" not in proc.stderr
 
 

@@ -107,10 +107,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                     args.trace,
                     inputs=input_files(*split_list(args.topology)),
                 )
-                progress.write(run_header(topo, command, config))
-                if args.format != "nccl":
-                    progress.write(table_header(len(topo.dims), clock))
-            rows = []
+            rows: list[CollectiveResult] = []
             for cell in group:
                 transport = backend.transport(cell.config)
                 walls = []
@@ -123,6 +120,10 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                 if recorder:
                     recorder.add_run(result, engine, backend.rank)
                 if backend.rank == 0:
+                    if not rows:  # the header once the first row is in: a failing policy's line comes first
+                        progress.write(run_header(topo, command, config))
+                        if args.format != "nccl":
+                            progress.write(table_header(len(topo.dims), clock))
                     if args.format != "nccl":
                         progress.write(table_row(result))
                     files.add(index[id(cell)], result.to_dict())

@@ -126,6 +126,7 @@ def share_schedules(
             name = policy_name(policy)
             where = origin(name) if given is None and is_inter(name) else "given"
             why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
+            why = why.removeprefix(f"policy {name!r} ")  # (named once, with where it comes from)
             header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
         header[2] = int((time.perf_counter() - t0) * 1e9)
         header[1] = len(text.encode())
