@@ -112,3 +112,15 @@ def test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead(plug
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(out.read_text())
     assert row["policy"] == "slow" and row["wrong"] == 0 and row["decision_s"] >= 4
+
+
+STUCK = SLOW.replace('name = "slow"', 'name = "stuck"').replace("time.sleep(4)", "time.sleep(3600)")
+
+
+def test_a_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(plugin):
+    """`model -p stuck --timeout-s 1`: one line naming the plugin and exit 3 within seconds, not a hang."""
+    plugin("stuck_policy", STUCK, 'stuck = "stuck_policy:Slow"')
+    proc = local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "4", "-p", "stuck", "--timeout-s", "1", "-q"],
+                 timeout_s=60)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "policy 'stuck'" in proc.stderr and "--timeout-s" in proc.stderr

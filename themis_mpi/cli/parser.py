@@ -234,6 +234,12 @@ def _model_parser(sub: Any) -> None:
         description=f"Same flags and table as `run`, no MPI. Units: {UNITS}.",
     )
     _add_collective(p)
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"a plugin policy's decision may take this long before the command ends ({DEFAULT_TIMEOUT_S:g})",
+    )
 
 
 def _train_parser(sub: Any) -> None:

@@ -8,9 +8,16 @@ that fails becomes one `PolicyError` line that every rank raises together.
 
 from __future__ import annotations
 
+import _thread
+import os
+import signal
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +25,7 @@ from ..collectives import Collective
 from ..config import RunConfig
 from ..engine import Engine, Transport
 from ..model import ModelTransport
+from ..output import remove_partials
 from ..policies import (
     InterPolicy,
     PolicyContext,
@@ -81,6 +89,43 @@ def validate_schedule(schedule: Schedule, collective: Collective, n_dims: int) -
     return replace(schedule, bounds=bounds.astype(np.int64), orders=orders.astype(np.int32))
 
 
+PLUGIN_STUCK_EXIT = 3  # as the emulator's watchdog
+
+
+@contextmanager
+def _deadline(seconds: float, message: str) -> Iterator[None]:
+    """One line if the block outlives `seconds`: the command ends, a library call is interrupted."""
+
+    def expire() -> None:
+        print(f"themis-mpi: error: {message}", file=sys.stderr, flush=True)
+        if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "themis_mpi.cli":  # the command
+            remove_partials()
+            os._exit(PLUGIN_STUCK_EXIT)
+        _thread.interrupt_main()  # a library call: the caller's KeyboardInterrupt, its process lives on
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _watched(transport: Transport, policy: PolicyLike, given) -> Any:
+    """On the model, a plugin's decision gets `--timeout-s`.
+
+    Built-in policies are trusted; under MPI the other ranks watch rank 0, which answers their
+    pings while it decides.
+    """
+    name = policy_name(policy)
+    if transport.name != "model" or given is not None or not is_inter(name) or origin(name) == "builtin":
+        return nullcontext()
+    timeout_s = transport.config.timeout_s
+    return _deadline(timeout_s, f"policy {name!r} ({origin(name)}) did not decide within {timeout_s:g} s "
+                     "(--timeout-s); a plugin that never returns?")  # fmt: skip
+
+
 def share_schedules(
     transport: Transport,
     policy: PolicyLike,
@@ -112,7 +157,7 @@ def share_schedules(
     if transport.rank == 0:
         t0 = time.perf_counter()
         try:
-            with transport.serving():  # a long decision is not silence: rank 0 answers pings
+            with transport.serving(), _watched(transport, policy, given):  # busy is not silent
                 schedules = (
                     list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
                 )
