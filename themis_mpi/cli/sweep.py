@@ -108,22 +108,24 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                     inputs=input_files(*split_list(args.topology)),
                 )
             rows: list[CollectiveResult] = []
+            headed = False  # the header once the policy has decided once: a failing policy's line comes first
             for cell in group:
                 transport = backend.transport(cell.config)
                 walls = []
                 for it in range(warmup + iters):
                     check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
                     result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
+                    if backend.rank == 0 and not headed:
+                        progress.write(run_header(topo, command, config))
+                        if args.format != "nccl":
+                            progress.write(table_header(len(topo.dims), clock))
+                        headed = True
                     if it >= warmup:
                         walls.append(result.wall_s)
                 result = replace(result, wall_s=median(walls), iters=iters)
                 if recorder:
                     recorder.add_run(result, engine, backend.rank)
                 if backend.rank == 0:
-                    if not rows:  # the header once the first row is in: a failing policy's line comes first
-                        progress.write(run_header(topo, command, config))
-                        if args.format != "nccl":
-                            progress.write(table_header(len(topo.dims), clock))
                     if args.format != "nccl":
                         progress.write(table_row(result))
                     files.add(index[id(cell)], result.to_dict())
