@@ -101,17 +101,22 @@ def compare_row(row: dict) -> dict:
     }
 
 
-def error_summary(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
-    """Max and median |finish-time error| and max busy error per group of `keys`."""
+def _by_group(results: Sequence[dict], keys: Sequence[str]) -> list[tuple[dict, list[dict]]]:
+    """The rows grouped by the values of `keys`, groups in sorted order, each with its key as a dict."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
         groups[tuple(r[k] for k in keys)].append(r)
+    return [(dict(zip(keys, key)), rs) for key, rs in sorted(groups.items())]
+
+
+def error_summary(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
+    """Max and median |finish-time error| and max busy error per group of `keys`."""
     out = []
-    for key, rs in sorted(groups.items()):
+    for key, rs in _by_group(results, keys):
         errs = [abs(r["time_err"]) for r in rs]
         out.append(
             {
-                **dict(zip(keys, key)),
+                **key,
                 "rows": len(rs),
                 "max_time_err_pct": 100 * max(errs),
                 "median_time_err_pct": 100 * statistics.median(errs),
@@ -226,15 +231,12 @@ def compare_row_2(row: dict, network_dir: str) -> dict:
 
 def error_summary_2(results: Sequence[dict], keys: Sequence[str]) -> list[dict]:
     """Rows exact to the ns, max error in ns and max and median |finish-time error| per group of `keys`."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in results:
-        groups[tuple(r[k] for k in keys)].append(r)
     out = []
-    for key, rs in sorted(groups.items()):
+    for key, rs in _by_group(results, keys):
         errs = [abs(r["time_err"]) for r in rs]
         out.append(
             {
-                **dict(zip(keys, key)),
+                **key,
                 "rows": len(rs),
                 "exact": sum(r["err_ns"] == 0 for r in rs),
                 "max_err_ns": max(r["err_ns"] for r in rs),
