@@ -132,6 +132,11 @@ class IOInfo:
     types: str = ""
 
 
+def first_attr(attrs: list[Attr], name: str, default: Any = None) -> Any:
+    """The value of the first attribute in `attrs` called `name`, else `default`."""
+    return next((a.value for a in attrs if a.name == name), default)
+
+
 @dataclass
 class Node:
     """One ET node (see the module doc for the fields)."""
@@ -149,10 +154,7 @@ class Node:
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The value of the first attribute called `name`, else `default`."""
-        for a in self.attrs:
-            if a.name == name:
-                return a.value
-        return default
+        return first_attr(self.attrs, name, default)
 
     def has_attr(self, name: str) -> bool:
         """Whether the node has an attribute called `name`."""
@@ -180,10 +182,7 @@ class EtTrace:
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The value of the first metadata attribute called `name`, else `default`."""
-        for a in self.attrs:
-            if a.name == name:
-                return a.value
-        return default
+        return first_attr(self.attrs, name, default)
 
     def counts(self) -> dict[str, int]:
         """Nodes per type name, in NodeType order."""
