@@ -124,3 +124,32 @@ def test_a_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(plugin
                  timeout_s=60)  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "policy 'stuck'" in proc.stderr and "--timeout-s" in proc.stderr
+
+
+STUCK_INTRA = """
+import time
+from themis_mpi.policies import IntraPolicy
+
+
+class Stuck(IntraPolicy):
+    name = "stuck_intra"
+    description = "never places its fifth stage"
+
+    def __init__(self):
+        self.calls = 0
+
+    def position(self, queue, stage):
+        self.calls += 1
+        if self.calls == 5:
+            time.sleep(3600)
+        return len(queue.waiting)
+"""
+
+
+def test_an_intra_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(plugin):
+    """`model --intra stuck_intra --timeout-s 1`: one line naming the intra plugin and exit 3, not a hang."""
+    plugin("stuck_intra_policy", STUCK_INTRA, 'stuck_intra = "stuck_intra_policy:Stuck"')
+    proc = local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "8", "-p", "themis", "--intra", "stuck_intra",
+                  "--timeout-s", "1", "-q"], timeout_s=60)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "'stuck_intra'" in proc.stderr and "--timeout-s" in proc.stderr

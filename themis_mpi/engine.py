@@ -42,8 +42,9 @@ from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError
-from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra
+from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra, origin
 from .topology import Topology
+from .watchdog import watch
 
 # --- clocks ------------------------------------------------------------------------------------
 
@@ -332,6 +333,7 @@ class Engine:
         self.transport = transport
         self.intra = config.intra
         self._intra: dict[str, IntraPolicy] = {}
+        self._watched_intra: dict[int, float] = {}  # plugin policies on the model: id -> --timeout-s
         self.intra_policy(config.intra)
         self.compat = config.compat
         self.active_per_dim = active_per_dim = config.active_per_dim
@@ -456,7 +458,9 @@ class Engine:
     def intra_policy(self, name: str) -> IntraPolicy:
         """The engine's instance of an intra-dim policy, made on first use."""
         if name not in self._intra:
-            self._intra[name] = make_intra(name)
+            self._intra[name] = policy = make_intra(name)
+            if self.transport.name == "model" and origin(name) != "builtin":  # nobody else watches it
+                self._watched_intra[id(policy)] = self.transport.config.timeout_s
         return self._intra[name]
 
     def _enqueue(self, stage: Stage) -> None:
@@ -467,7 +471,13 @@ class Engine:
         waiting = view.waiting
         n = len(waiting)
         try:
-            pos = policy.position(view, stage)
+            timeout_s = self._watched_intra.get(id(policy))
+            if timeout_s is None:
+                pos = policy.position(view, stage)
+            else:
+                with watch(timeout_s, f"intra-dim policy {policy.name!r} did not place a stage within "
+                           f"{timeout_s:g} s (--timeout-s); a plugin that never returns?"):  # fmt: skip
+                    pos = policy.position(view, stage)
         except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
             raise PolicyError(
                 f"intra-dim policy {policy.name!r} failed: {type(exc).__name__}: {exc}"

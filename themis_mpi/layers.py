@@ -29,7 +29,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "leaves",
         "errors, units and limits every layer shares; atomic output files",
-        ("errors", "version", "launch", "limits", "units", "output", "layers"),
+        ("errors", "version", "launch", "limits", "units", "output", "watchdog", "layers"),
     ),
     Layer(
         "network",

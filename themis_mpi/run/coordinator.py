@@ -8,14 +8,9 @@ that fails becomes one `PolicyError` line that every rank raises together.
 
 from __future__ import annotations
 
-import _thread
-import os
-import signal
-import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +20,6 @@ from ..collectives import Collective
 from ..config import RunConfig
 from ..engine import Engine, Transport
 from ..model import ModelTransport
-from ..output import remove_partials
 from ..policies import (
     InterPolicy,
     PolicyContext,
@@ -37,6 +31,7 @@ from ..policies import (
     origin,
 )
 from ..topology import Topology
+from ..watchdog import watch
 
 PolicyLike = str | InterPolicy
 
@@ -89,29 +84,6 @@ def validate_schedule(schedule: Schedule, collective: Collective, n_dims: int) -
     return replace(schedule, bounds=bounds.astype(np.int64), orders=orders.astype(np.int32))
 
 
-PLUGIN_STUCK_EXIT = 3  # as the emulator's watchdog
-
-
-@contextmanager
-def _deadline(seconds: float, message: str) -> Iterator[None]:
-    """One line if the block outlives `seconds`: the command ends, a library call is interrupted."""
-
-    def expire() -> None:
-        print(f"themis-mpi: error: {message}", file=sys.stderr, flush=True)
-        if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "themis_mpi.cli":  # the command
-            remove_partials()
-            os._exit(PLUGIN_STUCK_EXIT)
-        _thread.interrupt_main()  # a library call: the caller's KeyboardInterrupt, its process lives on
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-
-
 def _watched(transport: Transport, policy: PolicyLike, given) -> Any:
     """On the model, a plugin's decision gets `--timeout-s`.
 
@@ -122,7 +94,7 @@ def _watched(transport: Transport, policy: PolicyLike, given) -> Any:
     if transport.name != "model" or given is not None or not is_inter(name) or origin(name) == "builtin":
         return nullcontext()
     timeout_s = transport.config.timeout_s
-    return _deadline(timeout_s, f"policy {name!r} ({origin(name)}) did not decide within {timeout_s:g} s "
+    return watch(timeout_s, f"policy {name!r} ({origin(name)}) did not decide within {timeout_s:g} s "
                      "(--timeout-s); a plugin that never returns?")  # fmt: skip
 
 
