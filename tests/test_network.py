@@ -220,7 +220,8 @@ def test_the_emulator_equals_the_model_under_sharing(tmp_path, network, active):
     """8 ranks, every policy: the emulator's times are the model's to the ns, and the data is right."""
     args = ["-t", "2x2x2", "-b", "1M", "-c", "16", "-p", "all", "--active-chunks-per-dim", str(active),
             "--network", network, "-q"]  # fmt: skip
-    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+    trace = str(tmp_path / "emu.h5")
+    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json"), "--trace", trace])
     assert emu.returncode == 0, emu.stderr
     model = local(["model", *args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
@@ -228,6 +229,39 @@ def test_the_emulator_equals_the_model_under_sharing(tmp_path, network, active):
     assert [r["time_us"] for r in e] == [r["time_us"] for r in m]
     assert [r["wrong"] for r in e] == [0] * len(e)
     assert all(r["network"] == network for r in e)
+    replay = local(["replay", trace])  # the model replays the emulator's trace under the recorded rule
+    assert replay.returncode == 0 and "reproduces all" in replay.stdout, replay.stdout + replay.stderr
+
+
+@pytest.mark.parametrize("network", SHARING)
+@pytest.mark.parametrize("spec", ["SW(8,100,0,ring)", "HGX-H100-SW_SW_SW"])
+def test_a_trace_under_sharing_keeps_every_link_and_replays_exactly(tmp_path, network, spec):
+    """`--trace` under a sharing rule holds the run's links; analyze shows them; replay keeps or changes the rule."""
+    from themis_mpi.trace import Trace
+
+    out, trace = tmp_path / "rows.json", str(tmp_path / "t.h5")
+    run = local(["model", "-t", spec, "-b", "64M", "-c", "16", "-p", "baseline,themis", "--active-chunks-per-dim",
+                 "2", "--network", network, "--json", str(out), "--trace", trace, "-q"])  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rows, t = json.loads(out.read_text()), Trace(trace)
+    assert t.network == network
+    for c, row in enumerate(rows):
+        mine = t.links[t.links["collective"] == c]
+        assert [x.decode() for x in mine["link"]] == [x["name"] for x in row["links"]]
+        assert list(mine["bytes"]) == [x["bytes"] for x in row["links"]]
+        assert list(mine["busy_pct"]) == [x["busy_pct"] for x in row["links"]]
+        assert (mine["busy_pct"] <= 100 * (1 + 1e-9)).all()
+    analyzed = local(["analyze", trace, "--json", str(tmp_path / "a.json")])
+    assert analyzed.returncode == 0 and "links of one NPU under --network " + network in analyzed.stdout
+    for row, a in zip(rows, json.loads((tmp_path / "a.json").read_text())):
+        assert [d["utilization"] for d in a["dims"]] == pytest.approx([d["utilization"] for d in row["dims"]])
+        assert [x["name"] for x in a["links"]] == [x["name"] for x in row["links"]]
+    same = local(["replay", trace])
+    assert same.returncode == 0 and "reproduces all" in same.stdout, same.stdout + same.stderr
+    other = local(["replay", trace, "--network", "ideal", "--json", str(tmp_path / "r.json")])
+    assert other.returncode == 0 and "(changed)" in other.stdout, other.stdout + other.stderr
+    for r in json.loads((tmp_path / "r.json").read_text())["collectives"]:
+        assert r["row"]["network"] == "ideal" and r["replay_us"] <= r["recorded_us"] * (1 + 1e-12)
 
 
 def test_point_to_point_messages_under_sharing_are_refused_with_one_line(tmp_path):

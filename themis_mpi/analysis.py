@@ -1,7 +1,10 @@
 """Timing analysis of recorded traces: per-dim busy and idle time, bytes, queueing delay.
 
 The figures of `analyze`: each collective of a trace recomputed from its stage events, on one
-rank or averaged over ranks, and the side-by-side comparison of several.
+rank or averaged over ranks, and the side-by-side comparison of several. Under a sharing rule the
+trace also holds one NPU's physical links (bytes, busy time); a dim's utilization is then its
+busiest link's, as in the run's own result, since stages that share a dim cannot make it busier
+than 100 %.
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
                     else None,
                 }
             )
+        links = trace.links[trace.links["collective"] == cid]
+        for entry in dims:  # under a sharing rule a dim is as busy as its busiest link (as in `results`)
+            on_links = links[links["dim"] == entry["dim"]]
+            if len(on_links):
+                entry["utilization"] = float(on_links["busy_pct"].max()) / 100
+                entry["idle_us"] = time_us - float(on_links["busy_us"].max())
         row = trace.collective_row(cid)
         involved = [d for d in range(len(topo.dims)) if row["dims_mask"] >> d & 1]
         out.append(
@@ -98,6 +107,17 @@ def analyze_trace(trace, rank: int | None = 0) -> list[dict]:
                 "wrong": None if row["wrong"] < 0 else row["wrong"],
                 "ranks": int(len(ranks)),
                 "dims": dims,
+                "network": trace.network,
+                "links": [
+                    {
+                        "name": x["link"].decode(),
+                        "dim": int(x["dim"]),
+                        "bytes": float(x["bytes"]),
+                        "busy_us": float(x["busy_us"]),
+                        "busy_pct": float(x["busy_pct"]),
+                    }
+                    for x in links
+                ],
             }
         )
     return out
@@ -139,6 +159,13 @@ def format_analysis(rows: list[dict]) -> str:
                 f"{100 * d['utilization']:>7.2f} {astra:>7} {d['bytes']:>14} {d['stages']:>7} "
                 f"{d['queue_mean_us']:>14.2f} {d['queue_p50_us']:>13.2f} {d['queue_p99_us']:>13.2f}"
             )
+        if r.get("links"):
+            lines.append(f"# links of one NPU under --network {r['network']}")
+            lines.append(f"#{'link':>15} {'busy_us':>12} {'busy%':>7} {'bytes':>14}")
+            for x in r["links"]:
+                lines.append(
+                    f" {x['name']:>15} {x['busy_us']:>12.2f} {x['busy_pct']:>7.2f} {x['bytes']:>14.0f}"
+                )
     if len(rows) > 1:
         lines.append(
             "# side by side (GB/s with 1 GB = 2^30 B); speedup: the time of this row's baseline (the first "

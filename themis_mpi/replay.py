@@ -16,6 +16,7 @@ import numpy as np
 from .collectives import Collective
 from .config import RunConfig
 from .errors import UsageError
+from .network import check_rule
 from .policies import Schedule, inter_class, is_inter
 from .results import CollectiveResult
 from .run.backend import Backend
@@ -72,7 +73,7 @@ class ReplayResult:
         results: one result per replayed collective.
         recorder: the replay's own trace (events of every rank in `events`).
         events: every rank's replayed events (rank 0 only).
-        unchanged: the replay ran on the recorded topology.
+        unchanged: the replay ran on the recorded topology under the recorded sharing rule.
         max_event_diff_us: largest event time difference against the recording (inf: not comparable).
     """
 
@@ -109,8 +110,13 @@ class ReplayResult:
         }
 
 
-def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: float) -> ReplayResult:
+def replay_trace(
+    trace: Trace, topology: Topology, backend: Backend, timeout_s: float, network: str | None = None
+) -> ReplayResult:
     """Run the trace's collectives with their recorded orders and settings on `topology`.
+
+    `network` replays under another sharing rule (None: the recorded one); a changed rule is a
+    what-if, like a changed topology.
 
     Raises:
         UsageError: the topology's dim sizes differ from the recorded ones.
@@ -124,6 +130,8 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
     active = int(trace.attrs.get("active_per_dim", 1))
     delay = float(trace.attrs.get("endpoint_delay_ns", 0.0))
     compat = str(trace.attrs.get("compat", ""))
+    network = trace.network if network is None else network
+    check_rule(topology, network)
     recorder = TraceRecorder(
         topology,
         backend.name,
@@ -132,11 +140,17 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
         active_per_dim=active,
         endpoint_delay_ns=delay,
         compat=compat,
+        network=network,
     )
     results = []
     for coll, policy, intra, schedule in recorded_collectives(trace):
         config = RunConfig(
-            intra=intra, active_per_dim=active, endpoint_delay_ns=delay, timeout_s=timeout_s, compat=compat
+            intra=intra,
+            active_per_dim=active,
+            endpoint_delay_ns=delay,
+            timeout_s=timeout_s,
+            compat=compat,
+            network=network,
         )
         result, engine = run_collective(backend.transport(config), coll, policy, schedule=schedule)
         results.append(result)
@@ -150,9 +164,8 @@ def replay_trace(trace: Trace, topology: Topology, backend: Backend, timeout_s: 
     compared = events
     if len(recorded_ranks) == 1 and backend.name == "mpi":  # a model trace: its NPU is rank 0
         compared = events[events["rank"] == recorded_ranks[0]]
-    return ReplayResult(
-        results, recorder, events, topology.dims == recorded_topo.dims, compare_events(trace.events, compared)
-    )
+    unchanged = topology.dims == recorded_topo.dims and network == trace.network
+    return ReplayResult(results, recorder, events, unchanged, compare_events(trace.events, compared))
 
 
 def _with_rank(events: np.ndarray, rank: int) -> np.ndarray:

@@ -9,7 +9,7 @@ Layout (format version 2)::
 
     /                  attrs: format, format_version, complete, transport, topology, topology_label,
                               npus, clock, time_scale, active_per_dim, endpoint_delay_ns, compat,
-                              command_line, start_time, versions (JSON)
+                              network, command_line, start_time, versions (JSON)
     /topology          dim, kind, npus, bandwidth_gbps, latency_ns, algorithm
     /collectives       collective, op, policy, intra, dtype, redop, size_bytes, count, chunks,
                        dims_mask, issued_us, time_us, ideal_us, utilization, algbw_gbps, busbw_gbps,
@@ -18,6 +18,9 @@ Layout (format version 2)::
                        orders, element bounds of each chunk, and 1 where an all-reduce's last dim
                        ran as one AR stage)
     /summary_dims      collective, dim, busy_us, idle_us, bytes, stages, utilization
+    /summary_links     collective, link, dim (-1: a shared port), bytes, busy_us, busy_pct: one NPU's
+                       physical links under a sharing rule (`network`); empty under ideal, absent in
+                       traces that predate it
     /events            rank, collective, chunk, stage, n_stages, op, dim, full_elems, bytes, slot, dim_seq,
                        queued_us, start_us, end_us, wall_start_s, wall_end_s
 
@@ -26,11 +29,12 @@ the ranges of what it reads, so a damaged or forged file is refused with one lin
 
 Event times are virtual microseconds since the collective was issued; wall times are seconds
 since the rank's transport started. The model writes one NPU's events (rank 0), which stand for
-every NPU of a symmetric collective.
+every NPU of a symmetric collective. A trace without a ``network`` attribute ran under ``ideal``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -50,6 +54,7 @@ from .cost import CostModel
 from .engine import Engine
 from .errors import UsageError
 from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
+from .network import IDEAL, RULES, physical_links
 from .output import atomic_path
 from .results import CollectiveResult
 from .topology import parse_inline
@@ -209,7 +214,7 @@ class TraceRecorder:
 
         with h5py.File(path, "w") as f:
             self._write(f, events)
-            for name in DATASETS:
+            for name in (*DATASETS, *OPTIONAL_DATASETS):
                 f[name].attrs["sha256"] = checksum(f[name][()])
             f.attrs["complete"] = 1
 
@@ -282,6 +287,13 @@ class TraceRecorder:
                 )
         f.create_dataset("collectives", data=colls)
         f.create_dataset("summary_dims", data=summary)
+        dim_of = {link.name: link.dim for link in physical_links(topo)}
+        links = [
+            (i, x.name, dim_of.get(x.name, -1), x.bytes, x.busy_pct * r.time_us / 100, x.busy_pct)
+            for i, r in enumerate(self.rows)
+            for x in r.links
+        ]
+        f.create_dataset("summary_links", data=np.array(links, dtype=LINK_DTYPE))
         sched_dtype = np.dtype(
             [
                 ("collective", "<i4"),
@@ -337,20 +349,43 @@ SUMMARY_DTYPE = np.dtype(
 )
 
 
+LINK_DTYPE = np.dtype(
+    [
+        ("collective", "<i4"),
+        ("link", "S24"),
+        ("dim", "<i4"),
+        ("bytes", "<f8"),
+        ("busy_us", "<f8"),
+        ("busy_pct", "<f8"),
+    ]
+)
+
+
 class Trace:
     """A trace file read back: attributes and tables as numpy arrays."""
 
     def __init__(self, path: str):
         self.path = path
-        self.attrs, self.topology_table, self.collectives, self.schedule, self.summary, self.events = _read(
-            path
-        )
+        (
+            self.attrs,
+            self.topology_table,
+            self.collectives,
+            self.schedule,
+            self.summary,
+            self.events,
+            self.links,
+        ) = _read(path)
+
+    @property
+    def network(self) -> str:
+        """The sharing rule the run used (``ideal`` in traces that predate the attribute)."""
+        return str(self.attrs.get("network", IDEAL))
 
     def topology(self):
         """The recorded topology."""
         topo = parse_inline(self.attrs["topology"])
         label = self.attrs.get("topology_label", "")
-        return type(topo)(topo.dims, label if label != topo.spec() else "")
+        return dataclasses.replace(topo, name=label if label != topo.spec() else "")  # (ports and all)
 
     def orders(self, collective: int) -> np.ndarray:
         """The chunk orders of one collective as broadcast, shape (chunks, n_dims)."""
@@ -374,7 +409,8 @@ class Trace:
 
 READ_TIMEOUT_S = 60.0
 WRITE_TIMEOUT_S = 3600.0
-DATASETS = ("topology", "collectives", "schedule", "summary_dims", "events")
+DATASETS = ("topology", "collectives", "schedule", "summary_dims", "events")  # every trace has them
+OPTIONAL_DATASETS = ("summary_links",)  # newer traces have them
 T = TypeVar("T")
 
 
@@ -546,8 +582,9 @@ def _read_open(path: str, f):
     missing = [name for name in DATASETS if name not in f]
     if missing:
         raise UsageError(f"{path}: damaged trace (no {', '.join(missing)} table)")
-    tables = [f[name][()] for name in DATASETS]
-    for name, table in zip(DATASETS, tables):
+    names = [name for name in (*DATASETS, *OPTIONAL_DATASETS) if name in f]
+    tables = [f[name][()] for name in names]
+    for name, table in zip(names, tables):
         if f[name].attrs.get("sha256") != checksum(table):
             raise UsageError(f"{path}: damaged trace (the {name} table does not match its checksum)")
     for name, table, columns in (
@@ -556,5 +593,18 @@ def _read_open(path: str, f):
     ):
         if table.dtype.names is None or set(columns or ()) - set(table.dtype.names):
             raise UsageError(f"{path}: damaged trace (the {name} table lacks columns)")
-    _check_ranges(path, attrs, *tables)
-    return (attrs, *tables)
+    links = tables[5] if len(tables) > 5 else np.zeros(0, LINK_DTYPE)
+    if links.dtype.names is None or set(LINK_DTYPE.names or ()) - set(links.dtype.names):
+        raise UsageError(f"{path}: damaged trace (the summary_links table lacks columns)")
+    _check_ranges(path, attrs, *tables[:5])
+    if str(attrs.get("network", IDEAL)) not in RULES:
+        raise UsageError(f"{path}: damaged trace (unknown network {attrs['network']!r})")
+    if (
+        (links["collective"] < 0).any()
+        or (links["collective"] >= len(tables[1])).any()
+        or not _within(links["bytes"], 0, MAX_SIZE_BYTES)
+        or not _within(links["busy_us"], 0, MAX_TIME_US)
+        or not _within(links["busy_pct"], 0, 1e6)
+    ):
+        raise UsageError(f"{path}: damaged trace (per-link figures out of range)")
+    return (attrs, *tables[:5], links)

@@ -106,15 +106,7 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         choices=("LIFO", "FIFO"),
         help="with --compat astra-sim-2: its scheduling-policy between collectives (default LIFO)",
     )
-    p.add_argument(
-        "--network",
-        default=None,
-        choices=RULES,
-        help="how stages that run at once share the links: fair (max-min fair, cut-through), "
-        "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
-        "it) or ideal (they share nothing: ASTRA-sim 1.0's rule; default, store-forward with --compat "
-        "astra-sim-2)",
-    )
+    _add_network(p, "ideal; store-forward with --compat astra-sim-2")
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
     p.add_argument(
         "--hbm-gbps",
@@ -313,6 +305,17 @@ def _convert_parser(sub: Any) -> None:
     p.add_argument("-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)")
 
 
+def _add_network(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--network",
+        default=None,
+        choices=RULES,
+        help="how stages that run at once share the links: fair (max-min fair, cut-through), "
+        "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
+        f"it) or ideal (they share nothing: ASTRA-sim 1.0's rule) (default {default})",
+    )
+
+
 def _replay_parser(sub: Any) -> None:
     """`themis-mpi replay`."""
     p = sub.add_parser(
@@ -323,6 +326,7 @@ def _replay_parser(sub: Any) -> None:
     )
     p.add_argument("trace_in", metavar="TRACE.h5", help="the trace to replay")
     _add_topology(p, default=None)
+    _add_network(p, "the recorded one")
     _add_mpi(p, clock=False)
     p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
     p.add_argument("--trace", metavar="PATH.h5", help="write the replay's own trace")

@@ -215,5 +215,5 @@ def _trace_recorder(topo, use_mpi: bool, clock: str, config):
     return TraceRecorder(
         topo, "mpi" if use_mpi else "model", clock=clock, time_scale=config.time_scale,
         active_per_dim=config.active_per_dim, endpoint_delay_ns=config.endpoint_delay_ns,
-        compat=config.compat,
+        compat=config.compat, network=config.network,
     )  # fmt: skip
