@@ -179,6 +179,11 @@ def format_replay(trace: Trace, replay: ReplayResult, topology: Topology, backen
     lines = [
         f"# replay of {trace.path} ({trace.attrs['transport']}, {trace.attrs['topology_label']}) on "
         f"{'the emulator' if backend == 'mpi' else 'the model'}, topology {topology.label()}"
+        + "".join(
+            f", network {r.network} (recorded {trace.network})"
+            for r in replay.results[:1]
+            if r.network != trace.network
+        )
         + ("" if replay.unchanged else " (changed)"),
         f"#{'coll':>4} {'op':>14} {'policy':>8} {'size':>12} {'recorded_us':>12} {'replay_us':>12} "
         f"{'change%':>8}  per-dim busy_us recorded -> replay",
