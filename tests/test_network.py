@@ -313,3 +313,21 @@ def test_a_solo_stage_ends_where_the_step_wise_path_ends_it(topo, policy, chunks
     ]
     assert [r.end_ns for r in fast.records] == pytest.approx([r.end_ns for r in slow.records], rel=1e-9)
     assert fast_result.time_us == pytest.approx(slow_result.time_us, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("args", "nic", "note"),
+    [
+        (["-t", "HGX-H100-SW_SW_SW"], True, True),
+        (["-t", "HGX-H100-SW_SW_SW", "--network", "fair"], True, False),
+        (["-t", "SW(8,100,0,ring)", "--active-chunks-per-dim", "4"], False, True),
+        (["-t", "SW(8,100,0,ring)"], False, False),
+    ],
+)
+def test_the_header_names_a_shared_nic_and_what_ideal_leaves_out(args, nic, note):
+    """A shared NIC gets its own header line; ideal says once that it lets links overdraw, where they can."""
+    proc = local(["model", *args, "-b", "1M", "-c", "4", "-p", "baseline"])
+    assert proc.returncode == 0, proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("#   ")]
+    assert any(line.startswith("#   NIC(1+2,46.57): dims 1 and 2") for line in header) == nic
+    assert any("network ideal: stages that run at once share nothing" in line for line in header) == note

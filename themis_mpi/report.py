@@ -24,8 +24,18 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
             f"#   endpoint delay {config.endpoint_delay_ns:g} ns"
             + (f", compat {config.compat}" if config.compat else "")
         )
+    for port in topo.ports:
+        lines.append(
+            f"#   {port.spec()}: dims {' and '.join(map(str, port.dims))} leave each NPU through one port of "
+            f"{port.bandwidth_gbps:g} GB/s each way"
+        )
     if config.network != "ideal":
         lines.append(f"#   network {config.network}: stages that run at once share the links")
+    elif (config.active_per_dim > 1 or topo.ports) and not topo.flat:  # what ideal leaves out, said once
+        lines.append(
+            "#   network ideal: stages that run at once share nothing, so a link or port may carry more "
+            "than its rate (--network fair shares them)"
+        )
     if config.endpoint.on:
         e = config.endpoint
         lines.append(
