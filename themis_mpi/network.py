@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cost import (
     A2A,
@@ -137,9 +137,13 @@ class Step:
     hops: tuple[Usage, ...]
     delay_ns: float
     usage: Usage = ()
+    links: frozenset[int] = frozenset()  # the links of `usage`
+    solo_rate: float = 0.0  # its rate alone on its links
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "usage", tuple(u for hop in self.hops for u in hop))
+        usage = tuple(u for hop in self.hops for u in hop)
+        object.__setattr__(self, "usage", usage)
+        object.__setattr__(self, "links", frozenset(link for link, _ in usage))
 
 
 class StepPlanner:
@@ -149,14 +153,23 @@ class StepPlanner:
         self.topology, self.cost = topology, cost
         self.links = physical_links(topology)
         self.index = {link.name: i for i, link in enumerate(self.links)}
-        self._memo: dict[tuple, tuple[Step, ...]] = {}
+        self._memo: dict[tuple, tuple[tuple[Step, ...], bool]] = {}
 
     def stage_steps(self, dim_index: int, op: str, full_elems: int) -> tuple[Step, ...]:
         """The steps of a stage, as the cost model times them alone."""
+        return self.stage_plan(dim_index, op, full_elems)[0]
+
+    def stage_plan(self, dim_index: int, op: str, full_elems: int) -> tuple[tuple[Step, ...], bool]:
+        """The steps of a stage, and whether every step uses the same links (a solo candidate)."""
         key = (dim_index, op, full_elems)
-        if key not in self._memo:
-            self._memo[key] = self._plan(dim_index, op, full_elems)
-        return self._memo[key]
+        plan = self._memo.get(key)
+        if plan is None:
+            steps = tuple(
+                replace(st, solo_rate=min(self.links[link].bytes_per_ns / share for link, share in st.usage))
+                for st in self._plan(dim_index, op, full_elems)
+            )
+            plan = self._memo[key] = (steps, all(step.usage == steps[0].usage for step in steps))
+        return plan
 
     def _port(self, dim_index: int, out: float, into: float) -> tuple[Usage, Usage]:
         port = self.topology.port_of(dim_index)
@@ -191,6 +204,20 @@ class StepPlanner:
                 hops = (((i[f"dim{d}.peer+{distance}"], 1.0), *p_out, *p_in),)
             out.append(Step(v, hops, delay_ns))
         return tuple(out)
+
+
+_PLANNERS: dict[tuple, StepPlanner] = {}  # stage plans are pure: runs of one topology share them
+
+
+def step_planner(topology: Topology, cost: CostModel) -> StepPlanner:
+    """The planner of a topology and element size, shared by every run and result that needs it."""
+    key = (topology, cost.itemsize, cost.endpoint_delay_ns)
+    planner = _PLANNERS.get(key)
+    if planner is None:
+        if len(_PLANNERS) >= 64:  # (a sweep over many topologies keeps the memory bounded)
+            _PLANNERS.clear()
+        planner = _PLANNERS[key] = StepPlanner(topology, cost)
+    return planner
 
 
 def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
@@ -287,11 +314,10 @@ class Network:
         s = run.stage
         planner = self._planners.get(s.itemsize)
         if planner is None:
-            planner = self._planners[s.itemsize] = StepPlanner(self.topology, self.cost(s.itemsize))
+            planner = self._planners[s.itemsize] = step_planner(self.topology, self.cost(s.itemsize))
         if not self._moving and not self._timers:  # idle: a new run's engine may start from 0
             self.now_ns = run.start_ns
-        steps = planner.stage_steps(s.dim, s.op, s.full_elems)
-        uniform = all(step.usage == steps[0].usage for step in steps)
+        steps, uniform = planner.stage_plan(s.dim, s.op, s.full_elems)
         self._begin_step(_Flow(run, steps, uniform=uniform))
 
     def next(self, horizon_ns: float) -> tuple[float, list]:
@@ -333,7 +359,7 @@ class Network:
 
     def _fire(self, t_ns: float) -> None:
         """Everything due at t_ns: transfers that are done, delays that are over, links that free."""
-        done = [f for f in self._moving if f.end_ns <= t_ns]
+        done = [f for f in self._moving if f.end_ns <= t_ns] if self._moving else None
         if done:
             self._moving = [f for f in self._moving if f.end_ns > t_ns]
             for f in done:
@@ -363,7 +389,7 @@ class Network:
         if self.rule == FAIR:
             flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf  # (set by `_join`)
             self._moving.append(flow)
-            self._join(flow, step.usage)
+            self._join(flow, step)
         else:
             flow.hop = 0
             self._enter_hop(flow)
@@ -377,13 +403,18 @@ class Network:
             flow.k += 1
             self._begin_step(flow)
 
-    def _join(self, flow: _Flow, usage: Usage) -> None:
+    def _join(self, flow: _Flow, step: Step) -> None:
         """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
-        users = self._users
-        if any(users[link] for link, _ in usage):
-            mine = {link for link, _ in usage}
+        users, usage = self._users, step.usage
+        for link, _ in usage:
+            if users[link]:
+                break
+        else:
+            link = -1
+        if link >= 0:  # a link is in use: solo stages on any of mine share from now on
+            mine = step.links
             for other in [f for f in self._moving if f.solo_ns >= 0 and f is not flow]:
-                if any(link in mine for link, _ in other.steps[other.k].usage):
+                if not mine.isdisjoint(other.steps[other.k].links):
                     self._unsolo(other)
         alone = True
         for link, _ in usage:
@@ -393,7 +424,7 @@ class Network:
         if not alone or self._rates_stale:
             self._rates_stale = True
             return
-        flow.rate = rate = min(self.capacity[link] / share for link, share in usage)
+        flow.rate = rate = step.solo_rate
         t = self.now_ns + flow.left / rate
         if (
             flow.uniform and self.solo

@@ -18,7 +18,7 @@ import numpy as np
 
 from .cost import CostModel, ideal_time_us
 from .engine import CollectiveRun, MessageRun, StageRun
-from .network import IDEAL, StepPlanner, physical_links
+from .network import IDEAL, StepPlanner, physical_links, step_planner
 from .topology import Topology
 from .units import BYTES_PER_GB
 
@@ -189,7 +189,7 @@ def link_results(
     """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us."""
     links = physical_links(topology)
     carried = [0.0] * len(links)
-    planners: dict[int, StepPlanner] = {}
+    planners: dict[int, StepPlanner] = {}  # by element size
     shapes = Counter(
         (r.stage.itemsize, r.stage.dim, r.stage.op, r.stage.full_elems)
         for r in records
@@ -197,7 +197,7 @@ def link_results(
     )
     for (itemsize, dim, op, elems), n in shapes.items():
         planner = planners.get(itemsize) or planners.setdefault(
-            itemsize, StepPlanner(topology, cost(itemsize))
+            itemsize, step_planner(topology, cost(itemsize))
         )
         for step in planner.stage_steps(dim, op, elems):
             for link, share in step.usage:
