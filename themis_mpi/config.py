@@ -37,6 +37,8 @@ class RunConfig:
             ``hwres_multi_comm`` build); by default one runs at a time per NPU, as its workload layer.
         compat_fifo: under ``astra-sim-2``, its ``scheduling-policy: FIFO`` (the earlier collective
             first) instead of LIFO.
+        npu_delay_ns: late NPUs, ``(rank, ns)`` pairs: each starts its work that much later. The
+            model then runs every NPU (`npus`), and each dim starts its stages in one agreed order.
     """
 
     intra: str = "fifo"
@@ -50,6 +52,7 @@ class RunConfig:
     network: str = IDEAL
     compat_concurrent: bool = False
     compat_fifo: bool = False
+    npu_delay_ns: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_compat(self.compat)
@@ -75,3 +78,15 @@ class RunConfig:
             raise UsageError(f"unknown clock {self.clock!r}; use virtual or wall")
         in_range("time scale", self.time_scale, 1e-9, MAX_TIME_SCALE, "wall s per emulated s")
         in_range("timeout", self.timeout_s, 0.1, MAX_TIMEOUT_S, "s")
+        ranks = [rank for rank, _ in self.npu_delay_ns]
+        if len(set(ranks)) != len(ranks):
+            raise UsageError(f"--npu-delay-us names a rank twice: {sorted(ranks)}")
+        for rank, delay_ns in self.npu_delay_ns:
+            in_range("--npu-delay-us rank", rank, 0, 1 << 20)
+            in_range(f"--npu-delay-us of rank {rank}", delay_ns / 1e3, 0, MAX_TIME_NS / 1e3, "us")
+        if self.npu_delay_ns and self.compat:
+            raise UsageError(f"--compat {self.compat} has no late NPU: drop --npu-delay-us")
+        if self.npu_delay_ns and (self.network != IDEAL or self.active_per_dim != 1):
+            raise UsageError(
+                "a late NPU (--npu-delay-us) runs under --network ideal with one active chunk per dim"
+            )

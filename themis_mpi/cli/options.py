@@ -107,7 +107,22 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         network=args.network or (STORE_FORWARD if args.compat == ASTRA_SIM_2 else IDEAL),
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
+        npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
     )
+
+
+def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``RANK=US[,RANK=US...]`` as ``(rank, ns)`` pairs (`RunConfig.npu_delay_ns` checks the ranges)."""
+    pairs = []
+    for item in split_list(text) if text else []:
+        rank, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(rank), float(value) * 1e3))
+        except ValueError:
+            raise UsageError(f"--npu-delay-us takes RANK=US[,RANK=US...], not {item!r}") from None
+    return tuple(pairs)
 
 
 def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:

@@ -713,12 +713,13 @@ class MpiTransport:
         ]
         return min(dues, default=math.inf)
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """Progress until the earliest completion (or the horizon) is certain; see `Engine.run`.
 
         A completion at virtual time t is certain once no running stage can still end before t
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step (and each timer) until its deadline.
+        Without `certain` (an agreed order, `Engine.agree`) the earliest known completion will do.
         """
         if self.network is not None:
             return self._wait_network(horizon_ns)
@@ -735,7 +736,7 @@ class MpiTransport:
                             bound = ex.bound_ns
                     elif end < first_end:
                         first_end = end
-            if first_end <= horizon_ns and first_end < bound:
+            if first_end <= horizon_ns and (first_end < bound or not certain and first_end < math.inf):
                 done: list[_StageExec | _MessageExec] = []
                 running: list[_StageExec | _MessageExec] = []
                 for ex in self._active:
