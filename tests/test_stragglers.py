@@ -1,4 +1,4 @@
-"""Late NPUs (``--npu-delay-us``): the per-NPU model, the agreed stage order and the emulator agree."""
+"""Stragglers (``--npu-delay-us``, ``--link-scale``): the per-NPU model, the agreed order and the emulator agree."""
 
 from __future__ import annotations
 
@@ -78,14 +78,46 @@ def test_every_npu_on_time_gives_the_one_npu_models_time(topo_spec, policy, intr
     assert [d.busy_us for d in every.dims] == [d.busy_us for d in one.dims]
 
 
+@pytest.mark.parametrize("chunks", [1, 4])
+@pytest.mark.parametrize("size", [1 << 16, 1 << 22])
+def test_one_slow_link_on_a_ring_is_as_slow_as_halving_the_dim(chunks, size):
+    """Every ring step waits for its slowest link, so NPU 3's links at 0.5x cost what half the dim's bandwidth does."""
+    slow, _ = model_collective(
+        parse_topology(RING),
+        collective(parse_topology(RING), count=size, chunks=chunks),
+        "baseline",
+        RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)),
+    )
+    half = parse_topology("Ring(8,50,500)")
+    halved, _ = model_collective(
+        half, collective(half, count=size, chunks=chunks), "baseline", RunConfig(intra="fifo")
+    )
+    assert slow.time_us == pytest.approx(halved.time_us, rel=1e-12)
+
+
+def test_rings_without_the_slow_link_keep_their_time():
+    """On 4x2 over dim 0, NPU 3's ring (NPUs 0-3) runs at the slow link's rate and NPUs 4-7 on time."""
+    topo = parse_topology("4x2")
+    coll = collective(topo, chunks=4, dims=(0,))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    half = topo.with_overrides(bandwidth_gbps=[topo.dims[0].bandwidth_gbps / 2, None])
+    halved, _ = model_collective(half, coll, "baseline", RunConfig(intra="fifo"))
+    ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)))
+    assert max(ends[:4]) == pytest.approx(halved.time_us * 1e3, rel=1e-12)
+    assert ends[4:] == pytest.approx([on_time.time_us * 1e3] * 4, rel=1e-12)
+
+
 @pytest.mark.parametrize(
     "config,message",
     [
         (dict(npu_delay_ns=((1, 1.0), (1, 2.0))), "names a rank twice"),
         (dict(npu_delay_ns=((1, -1.0),)), "between 0 and"),
-        (dict(npu_delay_ns=((1, 1.0),), compat="astra-sim-1.0"), "has no late NPU"),
+        (dict(npu_delay_ns=((1, 1.0),), compat="astra-sim-1.0"), "has identical NPUs"),
         (dict(npu_delay_ns=((1, 1.0),), network="fair"), "--network ideal"),
         (dict(npu_delay_ns=((1, 1.0),), active_per_dim=2), "one active chunk"),
+        (dict(link_scale=((0, 1, 0.5), (0, 1, 0.7))), "names a link twice"),
+        (dict(link_scale=((0, 1, 0.0),)), "between"),
+        (dict(link_scale=((0, 1, 0.5),), network="fair"), "--network ideal"),
     ],
 )
 def test_bad_late_npu_settings_are_refused(config, message):
@@ -102,11 +134,22 @@ def test_a_late_rank_outside_the_topology_is_refused():
         run_collective(transport, collective(topo), "baseline")
 
 
-def test_the_cli_refuses_a_malformed_delay_in_one_line():
-    """``--npu-delay-us 5`` (no value) exits 2 with one line naming the flag."""
-    proc = local(["model", "-t", "4x2", "--npu-delay-us", "5", "-b", "1M"])
+def test_a_scaled_link_outside_the_topology_is_refused():
+    """``--link-scale 2:0=0.5`` on a 2-dim topology names no link: an error, not a no-op."""
+    topo = parse_topology("4x2")
+    transport = ModelTransport(topo, RunConfig(link_scale=((2, 0, 0.5),)))
+    with pytest.raises(UsageError, match="names dim 2 of rank 0"):
+        run_collective(transport, collective(topo), "baseline")
+
+
+@pytest.mark.parametrize(
+    "flag,value", [("--npu-delay-us", "5"), ("--link-scale", "3=0.5"), ("--link-scale", "0:3")]
+)
+def test_the_cli_refuses_a_malformed_straggler_in_one_line(flag, value):
+    """A malformed ``--npu-delay-us`` or ``--link-scale`` exits 2 with one line naming the flag."""
+    proc = local(["model", "-t", "4x2", flag, value, "-b", "1M"])
     assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and "--npu-delay-us" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and flag in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -114,10 +157,12 @@ def test_the_cli_refuses_a_malformed_delay_in_one_line():
     [
         ["-t", "2x2x2", "--npu-delay-us", "5=50", "-p", "themis", "--intra", "scf", "-c", "64"],
         ["-t", "4x2", "--npu-delay-us", "5=20,2=3.5", "-p", "baseline", "--dims", "0", "-c", "4"],
+        ["-t", "2x2x2", "--link-scale", "0:3=0.5,2:6=0.25", "-p", "themis", "--intra", "scf", "-c", "16"],
+        ["-t", "SW(8,100,700)", "--link-scale", "0:1=0.3", "--npu-delay-us", "4=7", "-p", "baseline"],
     ],
 )
-def test_the_emulator_with_a_late_npu_moves_exact_data_in_the_models_time(tmp_path, args):
-    """On 8 ranks a late NPU's run ends, reduces exactly (#wrong 0) and takes the per-NPU model's time."""
+def test_the_emulator_with_stragglers_moves_exact_data_in_the_models_time(tmp_path, args):
+    """On 8 ranks a run with a late NPU or a slow link ends, reduces exactly (#wrong 0) in the per-NPU model's time."""
     common = [*args, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
     emu = cli(8, ["run", *common, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr[-2000:]

@@ -26,7 +26,7 @@ import numpy as np
 from .algorithms import plan, plan_all_to_all
 from .collectives import owned_region, rs_dims
 from .config import RunConfig
-from .cost import A2A, AG, RS, CostModels
+from .cost import A2A, AG, RS, CostModels, LinkScales
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .network import IDEAL
@@ -43,10 +43,12 @@ class Stalled(RuntimeError):
 class _Stage:
     """One running stage on one NPU: its step peers and times, and where it stands."""
 
-    __slots__ = ("run", "dim", "tag", "steps", "costs", "k", "t_ns", "end_ns")
+    __slots__ = ("run", "dim", "tag", "steps", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
 
-    def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...]):
+    def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...], links):
         self.run, self.dim, self.tag, self.steps, self.costs = run, dim, tag, steps, costs
+        # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
+        self.send_ns, self.extras = links
         self.k, self.t_ns = 0, run.start_ns
         self.end_ns: float | None = None
 
@@ -201,9 +203,9 @@ class NpuTransport:
         self.world, self.rank = world, rank
         self.topology, self.config = world.topology, world.config
         self.clock = VirtualClock()
-        self.cost = CostModels(
-            self.topology, self.config.endpoint_delay_ns, self.config.compat, self.config.endpoint
-        )
+        config = self.config
+        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.links = LinkScales(self.cost, config.link_scale)
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
@@ -273,7 +275,10 @@ class NpuTransport:
         costs = tuple(self.cost(coll.itemsize).run_steps_ns(run))
         if len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, as the emulator)
             costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
-        stage = _Stage(run, s.dim, run.dim_seq, steps, costs)
+        recv_peers = [[self._peer(s.dim, p) for p, _, _ in st.recvs] for st in steps]
+        send_peers = [[self._peer(s.dim, p) for p, _, _ in st.sends] for st in steps]
+        links = self.links.step_times(run, coll.itemsize, self.rank, recv_peers, send_peers, costs)
+        stage = _Stage(run, s.dim, run.dim_seq, steps, costs, links)
         self._active.append(stage)
         if steps:
             self._post(stage)
@@ -299,11 +304,13 @@ class NpuTransport:
                     if any(len(world.mail.get(key, ())) < keys.count(key) for key in set(keys)):
                         break
                     sent_ns = -math.inf
-                    for key in keys:
+                    extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
+                    for key, extra_ns in zip(keys, extras):
                         t = world.take(key)
-                        if t is not None and t > sent_ns:
-                            sent_ns = t
-                    stage.t_ns = max(stage.t_ns, sent_ns + stage.costs[stage.k])
+                        if t is not None and t + extra_ns > sent_ns:
+                            sent_ns = t + extra_ns
+                    t = stage.t_ns
+                    stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
                     stage.k += 1
                     moved = True
                     if stage.k == len(stage.costs):

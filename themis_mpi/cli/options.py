@@ -108,6 +108,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
         npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
+        link_scale=link_scales(getattr(args, "link_scale", None)),
     )
 
 
@@ -222,3 +223,18 @@ class Lines:
         """Remove the bar."""
         if self.bar is not None:
             self.bar.close()
+
+
+def link_scales(text: str | None) -> tuple[tuple[int, int, float], ...]:
+    """``DIM:RANK=F[,...]`` as ``(dim, rank, factor)`` triples (`RunConfig.link_scale` checks the ranges)."""
+    triples = []
+    for item in split_list(text) if text else []:
+        link, sep, value = item.partition("=")
+        dim, colon, rank = link.partition(":")
+        try:
+            if not sep or not colon:
+                raise ValueError
+            triples.append((int(dim), int(rank), float(value)))
+        except ValueError:
+            raise UsageError(f"--link-scale takes DIM:RANK=F[,DIM:RANK=F...], not {item!r}") from None
+    return tuple(triples)

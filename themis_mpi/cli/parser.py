@@ -168,6 +168,13 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
         "every NPU, and each dim starts its stages in the order a run without them agrees on",
     )
     p.add_argument(
+        "--link-scale",
+        metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        default=None,
+        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
+        "link); a message runs at the smaller factor of its two ends",
+    )
+    p.add_argument(
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
     )
     p.add_argument(

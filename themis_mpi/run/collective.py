@@ -82,14 +82,14 @@ def run_collective(
             f"--npu-delay-us names rank {max(late)}, but {transport.topology.label()} has "
             f"{transport.topology.npus} NPUs"
         )
-    if late and isinstance(transport, ModelTransport):  # symmetry is broken: run every NPU
+    if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
         world = NpuWorld(transport.topology, config)
         return world.run(lambda npu: run_collective(npu, collective, policy, schedule, check))[0]
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
     engine = Engine(transport.topology, transport, config)
-    if late:
+    if config.asymmetric:
         engine.agree(symmetric_order(transport.topology, config, collective, schedule))
 
     def begin():
@@ -97,7 +97,7 @@ def run_collective(
         return engine.issue(collective, schedule, check)
 
     run, wall_s = execute(transport, engine, "the collective", begin)
-    if late:  # the collective spans every NPU: from the first issue to the last end
+    if config.asymmetric:  # the collective spans every NPU: from the first issue to the last end
         run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
         run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])
     wall = transport.clock.name == "wall"
@@ -122,8 +122,8 @@ def run_collective(
 def symmetric_order(
     topology: Topology, config: RunConfig, collective: Collective, schedule: Schedule
 ) -> list[list[tuple[int, int, int]]]:
-    """Each dim's stage start order when no NPU is late: the order every NPU agrees on (`Engine.agree`)."""
-    model = ModelTransport(topology, replace(config, npu_delay_ns=()))
+    """Each dim's stage start order when all NPUs are alike: the order they agree on (`Engine.agree`)."""
+    model = ModelTransport(topology, replace(config, npu_delay_ns=(), link_scale=()))
     engine = Engine(topology, model, model.config)
     engine.issue(collective, schedule, False)
     engine.run()
