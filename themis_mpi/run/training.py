@@ -146,6 +146,10 @@ def run_graph(
             "which is not built yet; use --network ideal"
         )
     linked = None
+    if transport.name == "model" and not graph.symmetric and plan.messages and spec.partition_mib:
+        raise UsageError(
+            "--partition-mib is not supported for per-rank Chakra traces with messages on the model"
+        )
     if transport.name == "model" and not graph.symmetric and plan.messages:
         plans = {0: plan}
         ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
@@ -160,7 +164,7 @@ def run_graph(
         total_ns = max(e.now_ns for e in linked.values())
     else:
         engine = Engine(topo, transport, config)
-        replay = GraphReplay(plan, schedules)
+        replay = GraphReplay(plan, schedules, spec, topo)
         _, wall_s = execute(
             transport, engine, "the graph replay", lambda: engine.process(replay.process(engine))
         )
