@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -485,6 +486,30 @@ class Resource:
             self.busy = False
 
 
+def graph_needs(plan: Plan) -> dict[int, Need]:
+    """Each collective's `Need`: its first compute consumer, through nodes that compute nothing.
+
+    The first GPU compute node (in topological order) that depends on the collective, directly
+    or through nodes that are no compute (a weight update, a CPU op, another collective), and the
+    compute time before it in that order. Collectives nothing computes after are left out.
+    """
+    n = len(plan.ops)
+    users: list[list[int]] = [[] for _ in range(n)]
+    for op in plan.ops:
+        for d in op.deps:
+            users[d].append(op.index)
+    first = [math.inf] * n  # the first compute node at or after each op, through non-compute ones
+    for k in reversed(range(n)):
+        for u in users[k]:
+            first[k] = min(first[k], u if plan.ops[u].compute else first[u])
+    compute_before = np.cumsum([0.0] + [op.delay_ns if op.compute else 0.0 for op in plan.ops])
+    return {
+        k: Need(int(first[k]), float(compute_before[int(first[k])]))
+        for k, op in enumerate(plan.ops)
+        if op.kind == COLL and first[k] < math.inf
+    }
+
+
 class GraphReplay:
     """One NPU's graph as engine processes: one per node, started in topological order.
 
@@ -507,14 +532,7 @@ class GraphReplay:
         self.collectives_issued = 0
         self.messages: list = []
         self.resources = {"cpu": Resource(), "gpu": Resource()}
-        first_user: dict[int, int] = {}
-        for op in plan.ops:
-            for d in op.deps:
-                first_user.setdefault(d, op.index)
-        compute_before = np.cumsum([0.0] + [op.delay_ns if op.compute else 0.0 for op in plan.ops])
-        self.needs = {
-            k: Need(u, float(compute_before[u])) for k, u in first_user.items() if plan.ops[k].kind == COLL
-        }
+        self.needs = graph_needs(plan)
 
     def process(self, engine: Engine) -> ProcessGenerator:
         """Start every node's process; end when the last node has finished."""

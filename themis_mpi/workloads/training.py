@@ -325,6 +325,7 @@ class TrainingLoop:
         self.listener = listener
         self.iteration_starts: list[float] = []
         self.forward_starts: list[list[float]] = []  # per iteration, when each layer's forward compute began
+        self.wg_runs: dict[tuple[int, int], list[CollectiveRun]] = {}  # (iteration, layer): its partitions
         self.compute_ns = 0.0
         self.collectives_issued = 0
         n = len(workload.layers)
@@ -364,6 +365,8 @@ class TrainingLoop:
         if self.listener is not None:
             self.listener.issuing(layer, phase)
         runs = self._issue_parts(engine, coll, self.needs[layer.index] if phase == "wg" else BLOCKING)
+        if phase == "wg":
+            self.wg_runs[len(self.iteration_starts) - 1, layer.index] = runs
         return engine.process(self._finished(engine, layer, runs))
 
     def _issue_parts(self, engine: Engine, coll: Collective, need: Need) -> list[CollectiveRun]:
@@ -386,6 +389,7 @@ class TrainingLoop:
             self.listener.issuing(layer, "wg")
         runs = self._issue_parts(engine, coll, self.needs[min(bucket.layers)])
         for i in bucket.layers:
+            self.wg_runs[len(self.iteration_starts) - 1, i] = runs
             self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], runs))
         return self.wg_done[layer.index]
 

@@ -1,0 +1,202 @@
+"""Rules of the communication scheduler between collectives (`policies.scheduler`), on the model and MPI."""
+
+import json
+import math
+
+import pytest
+from harness import DATA, ROOT, cli, local
+
+from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
+from themis_mpi.engine import Engine
+from themis_mpi.errors import UsageError
+from themis_mpi.model import ModelTransport
+from themis_mpi.policies import CommScheduler, make_inter, policy_context, scheduler_names
+from themis_mpi.policies import registry as policy_registry
+from themis_mpi.topology import parse_topology
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingLoop, TrainingSpec, distinct_collectives, partitions
+
+RESNET50 = DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"
+GNMT = ROOT / "traces" / "gnmt.txt"
+VGG19 = ROOT / "traces" / "vgg19.txt"
+MIB = 1 << 20
+
+
+def run_loop(path, topology: str, spec: TrainingSpec, config: RunConfig, policy: str = "baseline"):
+    """One training run on the model, the way `run_training` runs it; returns the loop and the engine."""
+    wl = parse_workload(str(path))
+    topo = wl.fit_topology(parse_topology(topology))
+    collectives = distinct_collectives(wl, topo, spec)
+    schedules = make_inter(policy).schedule_all(policy_context(topo, config), collectives)
+    engine = Engine(topo, ModelTransport(topo, config), config)
+    loop = TrainingLoop(wl, topo, spec, dict(zip(collectives, schedules)))
+    engine.process(loop.process(engine))
+    engine.run()
+    return loop, engine
+
+
+def stage_rows(engine: Engine) -> list[tuple]:
+    """Every stage's identity and times, in completion order."""
+    return [
+        (r.stage.coll, r.stage.chunk, r.stage.index, r.stage.dim, r.start_ns, r.end_ns)
+        for r in engine.records
+    ]
+
+
+class Neutral(CommScheduler):
+    """Ranks every collective alike: the queue order must stay the intra-dim policy's."""
+
+    name = "neutral"
+
+
+def test_fifo_is_the_default_and_ranks_nothing_bit_identical():
+    """fifo, the default, and a scheduler that ranks every collective alike give the same stages to the bit."""
+    spec = TrainingSpec(chunks=4, iterations=2, compute_scale=0.3)
+    policy_registry._BUILTIN_SCHEDULERS["neutral"] = Neutral
+    try:
+        runs = {
+            name: run_loop(RESNET50, "4x2", spec, RunConfig(intra="scf", comm_scheduler=name), "themis")[1]
+            for name in ("", "fifo", "neutral")
+        }
+    finally:
+        del policy_registry._BUILTIN_SCHEDULERS["neutral"]
+    assert stage_rows(runs[""]) == stage_rows(runs["fifo"]) == stage_rows(runs["neutral"])
+    assert runs[""].now_ns == runs["fifo"].now_ns == runs["neutral"].now_ns
+
+
+def later_collective_passed_over(engine: Engine) -> int:
+    """Stage starts while a stage of a later collective was waiting on the same dim."""
+    count = 0
+    for a in engine.records:
+        for b in engine.records:
+            waiting = b.queued_ns < a.start_ns < b.start_ns
+            if b.stage.dim == a.stage.dim and b.stage.coll > a.stage.coll and waiting:
+                count += 1
+    return count
+
+
+def test_lifo_never_starts_an_earlier_collective_while_a_later_one_waits():
+    """lifo: no stage starts while a later collective's stage waits on its dim; fifo does so."""
+    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.05)
+    _, lifo = run_loop(RESNET50, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="lifo"))
+    _, fifo = run_loop(RESNET50, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="fifo"))
+    assert later_collective_passed_over(lifo) == 0 < later_collective_passed_over(fifo)
+
+
+def test_under_p3_the_next_iteration_starts_its_first_layer_earlier():
+    """Where communication overlaps compute, p3 lets layer 0 of iteration 2 start before fifo does."""
+    spec = TrainingSpec(chunks=4, iterations=2, compute_scale=0.3, partition_mib=1)
+    fifo, _ = run_loop(RESNET50, "4x2", spec, RunConfig(comm_scheduler="fifo"))
+    p3, _ = run_loop(RESNET50, "4x2", spec, RunConfig(comm_scheduler="p3"))
+    assert p3.forward_starts[1][0] < fifo.forward_starts[1][0]
+
+
+@pytest.mark.parametrize("scheduler", ["fifo", "lifo", "p3", "bytescheduler", "tictac"])
+def test_the_next_forward_of_a_layer_waits_for_its_gradients_under_every_scheduler(scheduler):
+    """Layer i's forward in iteration 2 starts after every partition of its iteration-1 weight gradient (and update)."""
+    spec = TrainingSpec(chunks=2, iterations=2, compute_scale=0.3, partition_mib=0.5)
+    config = RunConfig(comm_scheduler=scheduler, active_per_dim=2, credit_bytes=MIB)
+    loop, _ = run_loop(RESNET50, "4x2", spec, config)
+    checked = 0
+    for (iteration, layer), runs in loop.wg_runs.items():
+        if iteration == 0:
+            update_ns = loop.wl.layers[layer].update_ns * spec.compute_scale
+            assert loop.forward_starts[1][layer] >= max(r.end_ns for r in runs) + update_ns
+            checked += 1
+    assert checked > 10
+
+
+def _vgg_like(tmp_path) -> str:
+    """A small DATA workload whose late layers carry the large gradients (VGG's shape)."""
+    sizes = [64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    lines = [f"l{i} -1 20000 NONE 0 20000 NONE 0 20000 ALLREDUCE {b} 0" for i, b in enumerate(sizes)]
+    path = tmp_path / "vgg_like.txt"
+    path.write_text(f"DATA\n{len(sizes)}\n" + "\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("workload", ["resnet50", "vgg-like", "gnmt"])
+@pytest.mark.parametrize("compute_scale", [0.05, 0.5])
+def test_p3_is_never_slower_than_fifo_on_one_dim_at_latency_0(tmp_path, workload, compute_scale):
+    """One Ring dim, latency 0, one-chunk partitions: p3's iterations end no later than fifo's."""
+    path = {"resnet50": RESNET50, "vgg-like": _vgg_like(tmp_path), "gnmt": GNMT}[workload]
+    spec = TrainingSpec(chunks=1, iterations=2, compute_scale=compute_scale, partition_mib=2)
+    _, fifo = run_loop(path, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="fifo"))
+    _, p3 = run_loop(path, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="p3"))
+    assert p3.now_ns <= fifo.now_ns * (1 + 1e-12)
+
+
+def in_flight_bytes(engine: Engine, dim: int) -> float:
+    """The most bytes (`Stage.key_bytes`) of stages running at once on a dim, from the stage records."""
+    events = []
+    for r in engine.records:
+        if r.stage.dim == dim:
+            events += [(r.start_ns, 1, r.stage.key_bytes), (r.end_ns, 0, -r.stage.key_bytes)]
+    most = now = 0
+    for _, _, delta in sorted(events):  # (ends before starts at one instant)
+        now += delta
+        most = max(most, now)
+    return most
+
+
+def test_bytescheduler_never_has_more_than_its_credit_in_flight_per_dim():
+    """With 4 slots per dim, bytescheduler keeps each dim's running bytes within the credit; p3 does not."""
+    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.1, partition_mib=2)
+    credit = MIB
+    config = RunConfig(comm_scheduler="bytescheduler", active_per_dim=4, credit_bytes=credit)
+    _, engine = run_loop(RESNET50, "4x2", spec, config)
+    largest = max(r.stage.key_bytes for r in engine.records)
+    assert largest <= credit  # (a larger stage starts alone on an idle dim)
+    for d in range(2):
+        assert in_flight_bytes(engine, d) <= credit
+    _, free = run_loop(RESNET50, "4x2", spec, RunConfig(comm_scheduler="p3", active_per_dim=4))
+    assert max(in_flight_bytes(free, d) for d in range(2)) > credit  # the credit is what held them
+
+
+def test_partitions_cover_the_tensor_in_whole_group_shares():
+    """A tensor's partitions hold its elements in order, each at most the partition size, in multiples of the group."""
+    spec = TrainingSpec(partition_mib=1)
+    for op, group in (("all_reduce", 8), ("all_gather", 8), ("reduce_scatter", 6)):
+        coll = Collective(op, 3 * MIB // 4 * 3 + 5 * group, "float32", 4, (0,))
+        parts = partitions(coll, spec, group)
+        assert sum(p.count for p in parts) == coll.count and len(parts) > 1
+        assert all(p.op == op and p.chunks == 4 and p.dims == (0,) for p in parts)
+        assert all(p.size_bytes <= MIB for p in parts[:-1])
+        if op != "all_reduce":
+            assert all(p.count % group == 0 for p in parts)
+    small = Collective("all_reduce", 100, "float32", 4, (0,))
+    assert partitions(small, spec, 8) == [small] == partitions(small, TrainingSpec(), 8)
+
+
+def test_every_scheduler_is_listed_and_an_unknown_one_is_refused():
+    """`themis-mpi policies` lists the five built-in schedulers; an unknown name is one line."""
+    assert scheduler_names()[:5] == ["fifo", "lifo", "p3", "bytescheduler", "tictac"]
+    with pytest.raises(UsageError, match="unknown communication scheduler 'nope'"):
+        run_loop(RESNET50, "4x2", TrainingSpec(chunks=1, iterations=1), RunConfig(comm_scheduler="nope"))
+
+
+def test_a_scheduler_composes_with_every_inter_and_intra_policy():
+    """p3 runs under every built-in inter-dim and intra-dim policy and the whole iteration still ends."""
+    spec = TrainingSpec(chunks=2, iterations=1, compute_scale=0.3, partition_mib=1)
+    for policy in ("baseline", "themis", "themisFlex", "roundRobin", "themis-lat"):
+        for intra in ("fifo", "scf", "rg", "lrpf"):
+            loop, engine = run_loop(
+                RESNET50, "4x2", spec, RunConfig(intra=intra, comm_scheduler="p3"), policy
+            )
+            assert all(math.isfinite(c.end_ns) for c in engine.collectives)
+            assert len(engine.collectives) == loop.collectives_issued
+
+
+def test_the_emulator_equals_the_model_under_p3(tmp_path):
+    """`mpiexec -n 8 train --comm-scheduler p3`: the model's iteration time, and every element right."""
+    args = ["train", str(RESNET50), "-t", "2x2x2", "-c", "4", "-n", "2", "--comm-scale", "0.01"]
+    args += ["--compute-scale", "0.02", "-p", "themis", "--comm-scheduler", "p3", "--partition-mib", "0.02"]
+    model = local([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr
+    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr
+    (m,) = json.loads((tmp_path / "model.json").read_text())
+    (e,) = json.loads((tmp_path / "emu.json").read_text())
+    assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
+    assert m["collectives"] > 54 * 2  # the tensors were sliced
