@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 from harness import DATA, ROOT, cli, local
@@ -200,3 +201,51 @@ def test_the_emulator_equals_the_model_under_p3(tmp_path):
     (e,) = json.loads((tmp_path / "emu.json").read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
     assert m["collectives"] > 54 * 2  # the tensors were sliced
+
+
+def docs_example() -> tuple[str, str, str]:
+    """(module name, module source, entry-point line) of docs/scheduling.md's example scheduler."""
+    text = (ROOT / "docs" / "scheduling.md").read_text()
+    block = text.split("<!-- scheduler-plugin-example -->")[1]
+    source = re.search(r"```python\n# (\w+)\.py\n(.*?)```", block, re.S)
+    entry = re.search(r'\[project\.entry-points\."themis_mpi\.schedulers"\]\n(.*?)\n', block)
+    assert source and entry, "docs/scheduling.md lost its example scheduler"
+    return source.group(1), source.group(2), entry.group(1)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The docs' example scheduler, installed as pip lays a distribution out, on PYTHONPATH."""
+    path = tmp_path_factory.mktemp("site")
+    module, source, entry = docs_example()
+    (path / f"{module}.py").write_text(source)
+    info = path / "smallest_first_scheduler-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: smallest-first-scheduler\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[themis_mpi.schedulers]\n{entry.replace(chr(34), '')}\n")
+    (info / "RECORD").write_text("")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", str(path))
+    yield path
+    mp.undo()
+
+
+def test_the_docs_scheduler_plugin_is_listed_and_runs_on_both_transports(site, tmp_path):
+    """The example of docs/scheduling.md is listed, and `train` under it gives the model's time in the emulator, wrong 0."""
+    listed = local(["policies"])
+    assert listed.returncode == 0, listed.stderr
+    line = next(ln for ln in listed.stdout.splitlines() if ln.strip().startswith("smallest-first"))
+    assert "plugin smallest_first:SmallestFirst" in line
+    args = ["train", str(RESNET50), "-t", "2x2", "-c", "2", "-n", "2", "--comm-scale", "0.01"]
+    args += ["--compute-scale", "0.02", "--comm-scheduler", "smallest-first", "-p", "baseline"]
+    model = local([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr
+    emu = cli(4, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr
+    (m,) = json.loads((tmp_path / "model.json").read_text())
+    (e,) = json.loads((tmp_path / "emu.json").read_text())
+    assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
+    fifo = local([*args[:-4], "-p", "baseline", "--json", str(tmp_path / "fifo.json")])
+    assert fifo.returncode == 0, fifo.stderr
+    (f,) = json.loads((tmp_path / "fifo.json").read_text())
+    assert f["iteration_us"] != m["iteration_us"]  # the plugin's order is what ran

@@ -428,7 +428,7 @@ class Engine:
             fuse_last,
         )
         if self._ranked:
-            run.priority = self._priority(coll_id, need)
+            run.priority = self._priority(coll_id, need, collective)
         self.collectives.append(run)
         if self.one_at_a_time and self._in_flight:
             self._deferred.append(run)
@@ -482,11 +482,11 @@ class Engine:
 
     # --- queues --------------------------------------------------------------------------------
 
-    def _priority(self, coll_id: int, need: Need) -> float:
+    def _priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The scheduler's priority of a collective, checked (a plugin's error names it)."""
         name = self.scheduler.name
         try:
-            value = self.scheduler.priority(coll_id, need)
+            value = self.scheduler.priority(coll_id, need, collective)
         except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
             raise PolicyError(
                 f"communication scheduler {name!r} failed: {type(exc).__name__}: {exc}"

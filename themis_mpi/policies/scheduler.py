@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..collectives import Stage
+from ..collectives import Collective, Stage
 from ..config import RunConfig
 from ..cost import is_astra
 
@@ -71,12 +71,13 @@ class CommScheduler:
     def setup(self, config: RunConfig) -> None:
         """The run's settings, before the first collective (the default keeps nothing)."""
 
-    def priority(self, coll_id: int, need: Need) -> float:
+    def priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The collective's priority: lower goes first; equal ones in the intra-dim policy's order.
 
         Args:
             coll_id: its issue order on this NPU (0 first).
             need: when the workload needs its result.
+            collective: what it is (op, size, dims; a partition is a collective of its own).
         """
         return 0.0
 
@@ -111,7 +112,7 @@ class Lifo(CommScheduler):
         """Under an ASTRA-sim compat the intra-dim policies already rank by collective."""
         self.ranked = not is_astra(config.compat)
 
-    def priority(self, coll_id: int, need: Need) -> float:
+    def priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The issue order, reversed."""
         return -float(coll_id)
 
@@ -120,10 +121,10 @@ class P3(CommScheduler):
     """P3 (Jayarajan et al., SysML 2019): the layer needed first in the next forward pass first."""
 
     name = "p3"
-    description = "priority by the layer's place in the next forward pass (layer 0 first); sliced tensors"
+    description = "priority by the layer's place in the next forward pass (layer 0 first)"
     slices = True
 
-    def priority(self, coll_id: int, need: Need) -> float:
+    def priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The consumer's place in the next forward pass."""
         return float(need.order)
 
@@ -156,9 +157,9 @@ class TicTac(CommScheduler):
     """
 
     name = "tictac"
-    description = "the parameter the next iteration needs soonest first (by compute time); whole tensors"
+    description = "the parameter the next iteration needs soonest first (by compute time)"
 
-    def priority(self, coll_id: int, need: Need) -> float:
+    def priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The compute time until the consumer starts."""
         return float(need.need_ns) if need.order >= 0 else -1.0
 
