@@ -249,3 +249,29 @@ def test_the_docs_scheduler_plugin_is_listed_and_runs_on_both_transports(site, t
     assert fifo.returncode == 0, fifo.stderr
     (f,) = json.loads((tmp_path / "fifo.json").read_text())
     assert f["iteration_us"] != m["iteration_us"]  # the plugin's order is what ran
+
+
+@pytest.mark.parametrize("scheduler", ["p3", "bytescheduler", "tictac", "lifo"])
+def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loop(tmp_path, scheduler):
+    """The same iteration time from the text loop and from its Chakra graph under each scheduler (needs agree)."""
+    et = tmp_path / "r50.et"
+    assert local(["convert", "-t", "4x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
+    rows = {}
+    for name, source in (("text", RESNET50), ("et", et)):
+        out = tmp_path / f"{name}.json"
+        args = [
+            "train",
+            str(source),
+            "-t",
+            "4x2",
+            "-c",
+            "2",
+            "-p",
+            "baseline,themis",
+            "--compute-scale",
+            "0.5",
+        ]
+        proc = local([*args, "--comm-scheduler", scheduler, "--partition-mib", "1", "--json", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        rows[name] = [(r["policy"], r["iteration_us"], r["collectives"]) for r in json.loads(out.read_text())]
+    assert rows["text"] == rows["et"]

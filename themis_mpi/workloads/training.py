@@ -35,7 +35,8 @@ into collectives of at most that many MiB (`partitions`), as P3 and ByteSchedule
 a layer's collective finishes when its last partition has. Every collective is issued with the
 `policies.Need` of its result, which the communication scheduler ranks by (`policies.scheduler`):
 a weight gradient is needed by its layer's forward in the next iteration (its place, and the
-forward compute before it); any other collective by the running pass at once.
+forward compute before it; in the last iteration by nothing, as a Chakra graph of the run has it);
+any other collective by the running pass at once.
 
 Several collectives are in flight at once and share the dims' queues. Every distinct collective's
 schedule (chunk bounds, orders, queue policy) is chosen up front by the coordinator (the Themis
@@ -70,7 +71,7 @@ from ..limits import (
     MIN_BUCKET_MIB,
     in_range,
 )
-from ..policies import BLOCKING, Need, Schedule
+from ..policies import BLOCKING, UNKNOWN, Need, Schedule
 from ..topology import Topology
 from .text import PHASES, Layer, Workload
 
@@ -364,10 +365,15 @@ class TrainingLoop:
             return None
         if self.listener is not None:
             self.listener.issuing(layer, phase)
-        runs = self._issue_parts(engine, coll, self.needs[layer.index] if phase == "wg" else BLOCKING)
+        runs = self._issue_parts(engine, coll, self._wg_need(layer.index) if phase == "wg" else BLOCKING)
         if phase == "wg":
             self.wg_runs[len(self.iteration_starts) - 1, layer.index] = runs
         return engine.process(self._finished(engine, layer, runs))
+
+    def _wg_need(self, layer: int) -> Need:
+        """When a weight gradient is needed: by the layer's next forward; never in the last iteration."""
+        last = len(self.iteration_starts) >= self.spec.iterations and self.wl.parallelism != "MICRO"
+        return UNKNOWN if last else self.needs[layer]
 
     def _issue_parts(self, engine: Engine, coll: Collective, need: Need) -> list[CollectiveRun]:
         """Issue a collective's partitions (`partitions`), each under its schedule."""
@@ -387,7 +393,7 @@ class TrainingLoop:
         coll = bucket.collective
         if self.listener is not None:
             self.listener.issuing(layer, "wg")
-        runs = self._issue_parts(engine, coll, self.needs[min(bucket.layers)])
+        runs = self._issue_parts(engine, coll, self._wg_need(min(bucket.layers)))
         for i in bucket.layers:
             self.wg_runs[len(self.iteration_starts) - 1, i] = runs
             self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], runs))
