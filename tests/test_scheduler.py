@@ -143,8 +143,8 @@ def in_flight_bytes(engine: Engine, dim: int) -> float:
 
 def test_bytescheduler_never_has_more_than_its_credit_in_flight_per_dim():
     """With 4 slots per dim, bytescheduler keeps each dim's running bytes within the credit; p3 does not."""
-    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.1, partition_mib=2)
-    credit = MIB
+    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.1, partition_mib=1)
+    credit = 2 * MIB
     config = RunConfig(comm_scheduler="bytescheduler", active_per_dim=4, credit_bytes=credit)
     _, engine = run_loop(RESNET50, "4x2", spec, config)
     largest = max(r.stage.key_bytes for r in engine.records)
@@ -156,13 +156,16 @@ def test_bytescheduler_never_has_more_than_its_credit_in_flight_per_dim():
 
 
 def test_partitions_cover_the_tensor_in_whole_group_shares():
-    """A tensor's partitions hold its elements in order, each at most the partition size, in multiples of the group."""
+    """A tensor's partitions hold its elements, each at most the partition size, in group multiples, at its chunk size."""
     spec = TrainingSpec(partition_mib=1)
     for op, group in (("all_reduce", 8), ("all_gather", 8), ("reduce_scatter", 6)):
         coll = Collective(op, 3 * MIB // 4 * 3 + 5 * group, "float32", 4, (0,))
         parts = partitions(coll, spec, group)
         assert sum(p.count for p in parts) == coll.count and len(parts) > 1
-        assert all(p.op == op and p.chunks == 4 and p.dims == (0,) for p in parts)
+        assert all(p.op == op and p.dims == (0,) for p in parts)
+        assert all(
+            p.chunks == max(1, math.ceil(4 * p.count / coll.count)) for p in parts
+        )  # the chunk size kept
         assert all(p.size_bytes <= MIB for p in parts[:-1])
         if op != "all_reduce":
             assert all(p.count % group == 0 for p in parts)

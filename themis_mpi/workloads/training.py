@@ -174,11 +174,13 @@ def collective_of(
 def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> list[Collective]:
     """A collective sliced into partitions of at most ``spec.partition_mib`` MiB, in buffer order.
 
-    Each partition is a collective of its own, with the collective's op, dtype, chunks and dims,
-    so that a scheduler can put another tensor's partitions between them. A partition holds a
-    multiple of the group's NPUs in elements (every NPU's share of an all-gather, reduce-scatter
-    or all-to-all stays whole), at least one such multiple; the last partition takes the rest.
-    The collective itself when it fits in one partition (or `partition_mib` is 0).
+    Each partition is a collective of its own, with the collective's op, dtype and dims, so that
+    a scheduler can put another tensor's partitions between them. It keeps the tensor's chunk
+    size: ``ceil(chunks x its elements / the tensor's)`` chunks, at least one (slicing a tensor
+    of 16 chunks into 4 partitions gives 4 chunks each, not 64 chunks in all). A partition holds
+    a multiple of the group's NPUs in elements (every NPU's share of an all-gather,
+    reduce-scatter or all-to-all stays whole), at least one such multiple; the last partition
+    takes the rest. The collective itself when it fits in one partition (or `partition_mib` is 0).
     """
     if not spec.partition_mib:
         return [collective]
@@ -189,10 +191,12 @@ def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> l
     full, rest = divmod(collective.count, per)
     if rest and rest % grain:  # (a count that is no multiple of the group: the last one takes it)
         full, rest = full - 1, rest + per
-    parts = [Collective(collective.op, per, collective.dtype, collective.chunks, collective.dims)] * full
-    if rest:
-        parts.append(Collective(collective.op, rest, collective.dtype, collective.chunks, collective.dims))
-    return parts
+
+    def part(count: int) -> Collective:
+        chunks = max(1, -(-collective.chunks * count // collective.count))
+        return Collective(collective.op, count, collective.dtype, chunks, collective.dims)
+
+    return [part(per)] * full + ([part(rest)] if rest else [])
 
 
 @dataclass(frozen=True)
