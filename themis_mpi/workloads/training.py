@@ -176,8 +176,8 @@ def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> l
 
     Each partition is a collective of its own, with the collective's op, dtype and dims, so that
     a scheduler can put another tensor's partitions between them. It keeps the tensor's chunk
-    size: ``ceil(chunks x its elements / the tensor's)`` chunks, at least one (slicing a tensor
-    of 16 chunks into 4 partitions gives 4 chunks each, not 64 chunks in all). A partition holds
+    size: ``chunks x its elements / the tensor's`` chunks, rounded, at least one (slicing a
+    tensor of 16 chunks into 4 partitions gives 4 chunks each, not 64 chunks in all). A partition holds
     a multiple of the group's NPUs in elements (every NPU's share of an all-gather,
     reduce-scatter or all-to-all stays whole), at least one such multiple; the last partition
     takes the rest. The collective itself when it fits in one partition (or `partition_mib` is 0).
@@ -193,7 +193,7 @@ def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> l
         full, rest = full - 1, rest + per
 
     def part(count: int) -> Collective:
-        chunks = max(1, -(-collective.chunks * count // collective.count))
+        chunks = max(1, (2 * collective.chunks * count + collective.count) // (2 * collective.count))
         return Collective(collective.op, count, collective.dtype, chunks, collective.dims)
 
     return [part(per)] * full + ([part(rest)] if rest else [])
