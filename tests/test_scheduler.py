@@ -277,3 +277,19 @@ def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loo
         assert proc.returncode == 0, proc.stderr
         rows[name] = [(r["policy"], r["iteration_us"], r["collectives"]) for r in json.loads(out.read_text())]
     assert rows["text"] == rows["et"]
+
+
+def test_the_emulator_equals_the_model_on_a_chakra_graph_under_bytescheduler(tmp_path):
+    """A Chakra graph under bytescheduler with two slots per dim: the emulator's time is the model's, wrong 0."""
+    et = tmp_path / "r50.et"
+    assert local(["convert", "-t", "2x2x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
+    args = ["train", str(et), "-t", "2x2x2", "-c", "4", "--comm-scale", "0.01", "--compute-scale", "0.02"]
+    args += ["-p", "themis", "--comm-scheduler", "bytescheduler", "--partition-mib", "0.02"]
+    args += ["--credit-mib", "0.05", "--active-chunks-per-dim", "2"]
+    model = local([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr
+    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr
+    (m,) = json.loads((tmp_path / "model.json").read_text())
+    (e,) = json.loads((tmp_path / "emu.json").read_text())
+    assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
