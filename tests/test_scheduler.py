@@ -179,6 +179,41 @@ def test_every_scheduler_is_listed_and_an_unknown_one_is_refused():
         run_loop(RESNET50, "4x2", TrainingSpec(chunks=1, iterations=1), RunConfig(comm_scheduler="nope"))
 
 
+class Wordy(CommScheduler):
+    """Returns a priority that is no number."""
+
+    name = "wordy"
+
+    def priority(self, coll_id, need, collective):
+        """A word."""
+        return "first"
+
+
+class Raising(CommScheduler):
+    """Its gate raises."""
+
+    name = "raising"
+    gated = True
+
+    def may_start(self, stage, running):
+        """Raises."""
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(
+    ("cls", "why"), [(Wordy, "returned priority 'first'"), (Raising, "RuntimeError: boom")]
+)
+def test_a_broken_scheduler_is_refused_with_one_line_naming_it(cls, why):
+    """A scheduler whose priority is no number, or whose gate raises, ends the run with a PolicyError naming it."""
+    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.1)
+    policy_registry._BUILTIN_SCHEDULERS[cls.name] = cls
+    try:
+        with pytest.raises(UsageError, match=f"communication scheduler '{cls.name}'.*{why}"):
+            run_loop(RESNET50, "4x2", spec, RunConfig(comm_scheduler=cls.name, active_per_dim=2))
+    finally:
+        del policy_registry._BUILTIN_SCHEDULERS[cls.name]
+
+
 def test_a_scheduler_composes_with_every_inter_and_intra_policy():
     """p3 runs under every built-in inter-dim and intra-dim policy and the whole iteration still ends."""
     spec = TrainingSpec(chunks=2, iterations=1, compute_scale=0.3, partition_mib=1)
