@@ -238,6 +238,7 @@ def test_the_emulator_equals_the_model_under_p3(tmp_path):
     (e,) = json.loads((tmp_path / "emu.json").read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
     assert m["collectives"] > 54 * 2  # the tensors were sliced
+    assert (e["scheduler"], e["partition_mib"]) == (m["scheduler"], m["partition_mib"]) == ("p3", 0.02)
 
 
 def docs_example() -> tuple[str, str, str]:

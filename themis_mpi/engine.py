@@ -59,6 +59,7 @@ from .policies import (
     make_intra,
     make_scheduler,
     origin,
+    scheduler_origin,
 )
 from .topology import Topology
 from .watchdog import watch
@@ -362,10 +363,14 @@ class Engine:
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
         # that queueing costs no copy) and the count of running ones
         # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
-        self.scheduler = make_scheduler(default_scheduler(config))
-        self.scheduler.setup(config)
+        scheduler = default_scheduler(config)
+        self.scheduler = make_scheduler(scheduler)
+        # a plugin scheduler on the model: nobody else watches it (MPI ranks have their watchdog)
+        plugin = transport.name == "model" and scheduler_origin(scheduler) != "builtin"
+        self._scheduler_watch_s = config.timeout_s if plugin else None
+        self._scheduler_call(self.scheduler.setup, config)
         self._ranked, self._gated = bool(self.scheduler.ranked), bool(self.scheduler.gated)
-        view_compat = config.compat if default_scheduler(config) == "lifo" else ""
+        view_compat = config.compat if scheduler == "lifo" else ""
         self.views = [QueueView([], 0, view_compat) for _ in range(n)]
         # ASTRA-sim 2.x's workload layer: one collective in flight per NPU, the next issued after
         self.one_at_a_time = config.compat == ASTRA_SIM_2 and not config.compat_concurrent
@@ -482,22 +487,26 @@ class Engine:
 
     # --- queues --------------------------------------------------------------------------------
 
+    def _scheduler_call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """Call the scheduler; an error (and a plugin's hang, on the model) ends the run in one line."""
+        what = f"communication scheduler {self.scheduler.name!r}"
+        try:
+            if self._scheduler_watch_s is None:
+                return method(*args)
+            timeout_s = self._scheduler_watch_s
+            with watch(timeout_s, f"{what} did not answer within {timeout_s:g} s (--timeout-s)"):
+                return method(*args)
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+            raise PolicyError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+
     def _priority(self, coll_id: int, need: Need, collective: Collective) -> float:
         """The scheduler's priority of a collective, checked (a plugin's error names it)."""
-        name = self.scheduler.name
-        try:
-            value = self.scheduler.priority(coll_id, need, collective)
-        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+        value = self._scheduler_call(self.scheduler.priority, coll_id, need, collective)
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if not number or value != value:
             raise PolicyError(
-                f"communication scheduler {name!r} failed: {type(exc).__name__}: {exc}"
-            ) from None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float, np.integer, np.floating))
-            or value != value
-        ):
-            raise PolicyError(
-                f"communication scheduler {name!r} returned priority {value!r}; it must be a number"
+                f"communication scheduler {self.scheduler.name!r} returned priority {value!r}; "
+                "it must be a number"
             )
         return float(value)
 
@@ -517,14 +526,7 @@ class Engine:
     def _may_start(self, d: int, run: StageRun) -> bool:
         """Whether a gated scheduler lets the head of dim d's queue start now (always, on an idle dim)."""
         running = [r.stage for r in self.slots[d] if r is not None]
-        if not running:
-            return True
-        try:
-            return bool(self.scheduler.may_start(run.stage, running))
-        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
-            raise PolicyError(
-                f"communication scheduler {self.scheduler.name!r} failed: {type(exc).__name__}: {exc}"
-            ) from None
+        return not running or bool(self._scheduler_call(self.scheduler.may_start, run.stage, running))
 
     def intra_policy(self, name: str) -> IntraPolicy:
         """The engine's instance of an intra-dim policy, made on first use."""

@@ -16,7 +16,7 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..policies import Schedule
+from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
 from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
@@ -84,6 +84,8 @@ def _training_result(
         decision_s=decision_s,
         network=network,
         links=links,
+        scheduler=default_scheduler(transport.config),
+        partition_mib=spec.partition_mib,
     )
 
 
