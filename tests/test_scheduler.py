@@ -20,6 +20,7 @@ from themis_mpi.workloads.training import TrainingLoop, TrainingSpec, distinct_c
 
 RESNET50 = DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"
 GNMT = ROOT / "traces" / "gnmt.txt"
+RESNET152 = ROOT / "traces" / "per-layer" / "resnet152.txt"
 VGG19 = ROOT / "traces" / "vgg19.txt"
 MIB = 1 << 20
 
@@ -117,12 +118,15 @@ def _vgg_like(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("workload", ["resnet50", "vgg-like", "gnmt"])
-@pytest.mark.parametrize("compute_scale", [0.05, 0.5])
-def test_p3_is_never_slower_than_fifo_on_one_dim_at_latency_0(tmp_path, workload, compute_scale):
+@pytest.mark.parametrize("workload", ["resnet50", "vgg-like", "gnmt", "vgg19", "resnet152"])
+@pytest.mark.parametrize(("compute_scale", "partition_mib"), [(0.05, 2), (0.5, 2), (0.2, 0.5), (1, 8)])
+def test_p3_is_never_slower_than_fifo_on_one_dim_at_latency_0(
+    tmp_path, workload, compute_scale, partition_mib
+):
     """One Ring dim, latency 0, one-chunk partitions: p3's iterations end no later than fifo's."""
-    path = {"resnet50": RESNET50, "vgg-like": _vgg_like(tmp_path), "gnmt": GNMT}[workload]
-    spec = TrainingSpec(chunks=1, iterations=2, compute_scale=compute_scale, partition_mib=2)
+    paths = {"resnet50": RESNET50, "gnmt": GNMT, "vgg19": VGG19, "resnet152": RESNET152}
+    path = _vgg_like(tmp_path) if workload == "vgg-like" else paths[workload]
+    spec = TrainingSpec(chunks=1, iterations=2, compute_scale=compute_scale, partition_mib=partition_mib)
     _, fifo = run_loop(path, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="fifo"))
     _, p3 = run_loop(path, "Ring(8,50,0)", spec, RunConfig(comm_scheduler="p3"))
     assert p3.now_ns <= fifo.now_ns * (1 + 1e-12)
