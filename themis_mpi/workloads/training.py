@@ -445,7 +445,7 @@ class TrainingLoop:
         for i in range(first, stop):
             layer = self.wl.layers[i]
             yield from self._wait(self.wg_done[i])
-            if first == 0 and self.forward_starts:  # (not a recompute under checkpointing)
+            if stop == len(self.wl.layers) and first == 0:  # (not a recompute under checkpointing)
                 self.forward_starts[-1].append(engine.now_ns)
             yield from self._compute(engine, layer.fwd.compute_ns)
             if kind in DLRM_LOOPS:
