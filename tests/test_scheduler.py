@@ -333,3 +333,19 @@ def test_the_emulator_equals_the_model_on_a_chakra_graph_under_bytescheduler(tmp
     (m,) = json.loads((tmp_path / "model.json").read_text())
     (e,) = json.loads((tmp_path / "emu.json").read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
+
+
+def test_tictac_ties_layers_needed_at_the_same_time_where_p3_ranks_by_place(tmp_path):
+    """Layers 1 and 2 without forward compute between them: tictac keeps issue order, p3 puts layer 1 first."""
+    layers = ["l0 -1 5000 NONE 0 10 NONE 0 10 ALLREDUCE 4194304 0"]
+    layers += [f"l{i} -1 0 NONE 0 10 NONE 0 10 ALLREDUCE 4194304 0" for i in (1, 2)]
+    path = tmp_path / "tie.txt"
+    path.write_text("DATA\n3\n" + "\n".join(layers) + "\n")
+    spec = TrainingSpec(chunks=4, iterations=2)
+    ends = {}
+    for name in ("tictac", "p3"):
+        loop, _ = run_loop(path, "Ring(8,50,0)", spec, RunConfig(comm_scheduler=name))
+        ends[name] = {layer: max(r.end_ns for r in loop.wg_runs[0, layer]) for layer in (1, 2)}
+    assert loop.needs[1].need_ns == loop.needs[2].need_ns  # the tie
+    assert ends["tictac"][2] < ends["tictac"][1]  # issue order: layer 2's gradient came first
+    assert ends["p3"][1] < ends["p3"][2]  # place: layer 1 is needed first
