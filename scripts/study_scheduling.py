@@ -20,7 +20,8 @@ with 4 stages per dim at once (``@4``, where the credit binds) under ``--network
 those stages share the dim's links; the ``@4`` speedups are over ``fifo@4``. It records the
 steady iteration (the second to last, which has a next iteration to start early), the last
 iteration (nothing to start early: ordering can only cost there), the mean, and when the next
-iteration's layer 0 starts. Writes scheduling.json and scheduling.md into --out, prints the table.
+iteration's layer 0 starts. Writes scheduling.json, scheduling.md and speedup.png into --out and
+prints the tables.
 """
 
 import argparse
@@ -31,6 +32,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import generate_workloads as gen  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.engine import Engine  # noqa: E402
@@ -224,6 +229,33 @@ def markdown(rows: list[dict], chunks: int, iterations: int, elapsed: float) -> 
     return "\n".join(md)
 
 
+def plot(rows: list[dict], path: str) -> None:
+    """Steady-iteration speedup over fifo of p3, bytescheduler and tictac, per workload and ratio."""
+    labels = ("p3", "bytescheduler", "tictac")
+    policies = [p for p, _ in POLICIES]
+    fig, axes = plt.subplots(len(policies), 1, figsize=(12, 7.5), sharey=True)
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    ratios = sorted({r["ratio"] for r in rows})
+    groups = [(n, q) for n in names for q in ratios]
+    width = 0.8 / len(labels)
+    for ax, policy in zip(axes, policies):
+        for j, label in enumerate(labels):
+            values = []
+            for n, q in groups:
+                r = next(r for r in rows if (r["workload"], r["ratio"], r["policy"]) == (n, q, policy))
+                values.append(r["fifo"]["steady_us"] / r[label]["steady_us"])
+            ax.bar([i + (j - 1) * width for i in range(len(groups))], values, width, label=label)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xticks(range(len(groups)), [f"{n}\n{q:g}x" for n, q in groups], fontsize=8)
+        ax.set_title(f"{policy}: steady iteration speedup over fifo (comm/compute below)", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylim(0.8, 1.4)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -261,6 +293,7 @@ def main():
     with atomic_path(os.path.join(args.out, "scheduling.md")) as tmp, open(tmp, "w") as f:
         f.write(text)
     write_json(os.path.join(args.out, "scheduling.json"), rows)
+    plot(rows, os.path.join(args.out, "speedup.png"))
     print(text)
 
 
