@@ -20,6 +20,11 @@ frees (``notify_stream_removed``, then ``notify_stream_added``) before the next 
 an AR stage queues as in a FIFO queue, which puts a later collective's stages ahead of the waiting
 stages of earlier ones (``insert_stream`` with the ``LIFO`` priority of ``get_priority``).
 
+Between collectives, the communication scheduler (`policies.scheduler`, ``--comm-scheduler``)
+ranks each collective when it is issued: a dim's queue is kept in that order (the intra-dim policy
+places a stage among those of equal priority), and a gated scheduler (bytescheduler's credit) may
+hold the head while its slots are free. The default, fifo, ranks nothing.
+
 Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
 and ``yield engine.issue(collective, schedule)`` to wait for a collective (or keep the returned
 `CollectiveRun` and yield it later, to overlap).
@@ -27,6 +32,7 @@ and ``yield engine.issue(collective, schedule)`` to wait for a collective (or ke
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
@@ -42,7 +48,19 @@ from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError
-from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra, origin
+from .policies import (
+    UNKNOWN,
+    IntraPolicy,
+    Need,
+    PolicyError,
+    QueueView,
+    Schedule,
+    default_scheduler,
+    make_intra,
+    make_scheduler,
+    origin,
+    scheduler_origin,
+)
 from .topology import Topology
 from .watchdog import watch
 
@@ -221,6 +239,7 @@ class CollectiveRun(Event):
         end_ns: virtual end time.
         wrong: wrong elements on this NPU (None when not checked).
         runs: the stage runs, in completion order.
+        priority: its communication scheduler's priority (lower goes first; `policies.scheduler`).
     """
 
     coll_id: int
@@ -236,6 +255,7 @@ class CollectiveRun(Event):
     end_ns: float = math.nan
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
+    priority: float = 0.0
 
     def __post_init__(self) -> None:
         Event.__init__(self)
@@ -347,7 +367,14 @@ class Engine:
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
         # that queueing costs no copy) and the count of running ones
         # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
-        view_compat = "" if config.compat_fifo else config.compat
+        scheduler = default_scheduler(config)
+        self.scheduler = make_scheduler(scheduler)
+        # a plugin scheduler on the model: nobody else watches it (MPI ranks have their watchdog)
+        plugin = transport.name == "model" and scheduler_origin(scheduler) != "builtin"
+        self._scheduler_watch_s = config.timeout_s if plugin else None
+        self._scheduler_call(self.scheduler.setup, config)
+        self._ranked, self._gated = bool(self.scheduler.ranked), bool(self.scheduler.gated)
+        view_compat = config.compat if scheduler == "lifo" else ""
         self.views = [QueueView([], 0, view_compat) for _ in range(n)]
         # ASTRA-sim 2.x's workload layer: one collective in flight per NPU, the next issued after
         self.one_at_a_time = config.compat == ASTRA_SIM_2 and not config.compat_concurrent
@@ -374,7 +401,9 @@ class Engine:
 
     # --- the process API -----------------------------------------------------------------------
 
-    def issue(self, collective: Collective, schedule: Schedule, check: bool = True) -> CollectiveRun:
+    def issue(
+        self, collective: Collective, schedule: Schedule, check: bool = True, need: Need = UNKNOWN
+    ) -> CollectiveRun:
         """Issue a collective now under its schedule, chunk by chunk (a chunk whose first dim is free starts).
 
         Args:
@@ -382,6 +411,7 @@ class Engine:
             schedule: its chunk bounds, every chunk's dim order, the baseline's fused last dim and
                 its intra-dim policy ("" = the engine's).
             check: let the transport check the result against the closed form.
+            need: when the workload needs its result (the communication scheduler ranks by it).
         """
         coll_id = len(self.collectives)
         bounds = np.asarray(schedule.bounds, dtype=np.int64)
@@ -409,6 +439,8 @@ class Engine:
             check,
             fuse_last,
         )
+        if self._ranked:
+            run.priority = self._priority(coll_id, need, collective)
         self.collectives.append(run)
         if self.one_at_a_time and self._in_flight:
             self._deferred.append(run)
@@ -482,6 +514,47 @@ class Engine:
 
     # --- queues --------------------------------------------------------------------------------
 
+    def _scheduler_call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """Call the scheduler; an error (and a plugin's hang, on the model) ends the run in one line."""
+        what = f"communication scheduler {self.scheduler.name!r}"
+        try:
+            if self._scheduler_watch_s is None:
+                return method(*args)
+            timeout_s = self._scheduler_watch_s
+            with watch(timeout_s, f"{what} did not answer within {timeout_s:g} s (--timeout-s)"):
+                return method(*args)
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+            raise PolicyError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+
+    def _priority(self, coll_id: int, need: Need, collective: Collective) -> float:
+        """The scheduler's priority of a collective, checked (a plugin's error names it)."""
+        value = self._scheduler_call(self.scheduler.priority, coll_id, need, collective)
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if not number or value != value:
+            raise PolicyError(
+                f"communication scheduler {self.scheduler.name!r} returned priority {value!r}; "
+                "it must be a number"
+            )
+        return float(value)
+
+    def _in_band(self, stage: Stage, pos: int) -> int:
+        """The intra-dim policy's position, kept among the waiting stages of the same priority."""
+        collectives = self.collectives
+        priority = collectives[stage.coll].priority
+        queue = self.queues[stage.dim]
+
+        def key(r: StageRun) -> float:
+            return collectives[r.stage.coll].priority
+
+        lo = bisect.bisect_left(queue, priority, key=key)
+        hi = bisect.bisect_right(queue, priority, lo, key=key)
+        return min(max(pos, lo), hi)
+
+    def _may_start(self, d: int, run: StageRun) -> bool:
+        """Whether a gated scheduler lets the head of dim d's queue start now (always, on an idle dim)."""
+        running = [r.stage for r in self.slots[d] if r is not None]
+        return not running or bool(self._scheduler_call(self.scheduler.may_start, run.stage, running))
+
     def intra_policy(self, name: str) -> IntraPolicy:
         """The engine's instance of an intra-dim policy, made on first use."""
         if name not in self._intra:
@@ -515,6 +588,8 @@ class Engine:
             )
         if type(pos) is not int:
             pos = int(pos) if isinstance(pos, np.integer) else -1
+        if self._ranked and 0 <= pos <= n:
+            pos = self._in_band(stage, pos)
         if pos == n:
             self.queues[stage.dim].append(run)
             waiting.append(stage)  # type: ignore[attr-defined]
@@ -537,7 +612,7 @@ class Engine:
             queue, view = self.queues[d], self.views[d]
             while queue and view.running < self.active_per_dim:
                 i = 0 if self.agreed is None else self._agreed_index(d)
-                if i < 0:
+                if i < 0 or (self._gated and not self._may_start(d, queue[i])):
                     break
                 run = queue.pop(i)
                 view.waiting.pop(i)  # type: ignore[attr-defined]

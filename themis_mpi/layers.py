@@ -44,12 +44,13 @@ LAYERS: tuple[Layer, ...] = (
     Layer("config", "how a run is carried out (`RunConfig`)", ("config",)),
     Layer(
         "policies",
-        "inter-dim and intra-dim policies, the registry and its plugins",
+        "inter-dim and intra-dim policies, the communication scheduler, the registry and its plugins",
         (
             "policies.base",
             "policies.inter",
             "policies.intra",
             "policies.predictive",
+            "policies.scheduler",
             "policies.registry",
             "policies",
         ),

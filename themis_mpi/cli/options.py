@@ -16,10 +16,10 @@ from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
 from ..launch import env_rank
-from ..limits import MAX_CHUNKS, in_range
+from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
 from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
-from ..policies import InterPolicy
+from ..policies import InterPolicy, scheduler_class
 from ..run.sweep import policy_configs
 from ..topology import Topology, from_link_bandwidths, parse_topology
 from ..units import parse_size, size_sweep
@@ -109,6 +109,8 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         compat_fifo=args.compat_scheduling == "FIFO",
         npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
         link_scale=link_scales(getattr(args, "link_scale", None)),
+        comm_scheduler=getattr(args, "comm_scheduler", ""),
+        credit_bytes=credit_bytes(args),
     )
 
 
@@ -124,6 +126,24 @@ def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
         except ValueError:
             raise UsageError(f"--npu-delay-us takes RANK=US[,RANK=US...], not {item!r}") from None
     return tuple(pairs)
+
+
+def credit_bytes(args: argparse.Namespace) -> int:
+    """``--credit-mib`` in bytes (0: the scheduler's default); only bytescheduler takes it."""
+    credit_mib = getattr(args, "credit_mib", None)
+    if credit_mib is None:
+        return 0
+    in_range("--credit-mib", credit_mib, 2.0**-20, MAX_SIZE_BYTES / 2**20, "MiB")
+    return max(1, int(credit_mib * 2**20))
+
+
+def partition_mib(args: argparse.Namespace) -> float:
+    """``--partition-mib``, or the scheduler's default (4 MiB for one that slices, else 0)."""
+    name = getattr(args, "comm_scheduler", "")
+    cls = scheduler_class(name) if name else None
+    if args.partition_mib is not None:
+        return float(args.partition_mib)
+    return 4.0 if cls is not None and cls.slices else 0.0
 
 
 def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:

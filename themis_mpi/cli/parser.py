@@ -293,6 +293,26 @@ def _train_parser(sub: Any) -> None:
         help="cap of the first bucket (the last layers' gradients; DDP: 1; default: --bucket-mib)",
     )
     p.add_argument(
+        "--comm-scheduler",
+        metavar="NAME",
+        default="",
+        help="communication scheduler between collectives: fifo, lifo, p3, bytescheduler, tictac or a "
+        "plugin (themis-mpi policies; docs/scheduling.md); default fifo, lifo under --compat",
+    )
+    p.add_argument(
+        "--partition-mib",
+        type=float,
+        default=None,
+        help="slice every collective into partitions of this many MiB; 0 = whole tensors "
+        "(default 4 under p3 and bytescheduler, else 0)",
+    )
+    p.add_argument(
+        "--credit-mib",
+        type=float,
+        default=None,
+        help="bytescheduler: MiB of stages running at once per dim (default 16)",
+    )
+    p.add_argument(
         "--comm-group",
         metavar="JSON",
         default=None,

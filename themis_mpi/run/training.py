@@ -16,7 +16,7 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..policies import Schedule
+from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
 from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
@@ -84,6 +84,8 @@ def _training_result(
         decision_s=decision_s,
         network=network,
         links=links,
+        scheduler=default_scheduler(transport.config),
+        partition_mib=spec.partition_mib,
     )
 
 
@@ -146,6 +148,10 @@ def run_graph(
             "which is not built yet; use --network ideal"
         )
     linked = None
+    if transport.name == "model" and not graph.symmetric and plan.messages and spec.partition_mib:
+        raise UsageError(
+            "--partition-mib is not supported for per-rank Chakra traces with messages on the model"
+        )
     if transport.name == "model" and not graph.symmetric and plan.messages:
         plans = {0: plan}
         ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
@@ -160,7 +166,7 @@ def run_graph(
         total_ns = max(e.now_ns for e in linked.values())
     else:
         engine = Engine(topo, transport, config)
-        replay = GraphReplay(plan, schedules)
+        replay = GraphReplay(plan, schedules, spec, topo)
         _, wall_s = execute(
             transport, engine, "the graph replay", lambda: engine.process(replay.process(engine))
         )
