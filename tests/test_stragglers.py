@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import cli, local
+from harness import DATA, cli, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -13,7 +13,10 @@ from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
 from themis_mpi.npus import NpuWorld
 from themis_mpi.run.collective import model_collective, run_collective
+from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec
 
 RING = "Ring(8,100,500)"
 
@@ -174,3 +177,116 @@ def test_the_emulator_with_stragglers_moves_exact_data_in_the_models_time(tmp_pa
     for e, m in zip(emu_rows, model_rows):
         assert e["wrong"] == 0
         assert e["time_us"] == m["time_us"]
+
+
+# --- training --------------------------------------------------------------------------------
+
+TEXT = DATA / "astra-sim-1.0-text"
+
+
+def train(workload, topo_spec, policy="themis", config=None, **spec):
+    """One training run on the model (every NPU when the settings make NPUs differ)."""
+    spec.setdefault("chunks", 4)
+    return model_training(
+        parse_workload(str(TEXT / workload)),
+        parse_topology(topo_spec),
+        policy,
+        TrainingSpec(**spec),
+        config or RunConfig(),
+    )
+
+
+@pytest.mark.parametrize(
+    "workload,topo_spec,scheduler",
+    [
+        ("Resnet50_DataParallel.txt", "2x2x2", ""),
+        ("Resnet50_DataParallel.txt", "4x2", "p3"),
+        ("Transformer_HybridParallel.txt", "2x2x2", ""),
+        ("DLRM_HybridParallel.txt", "2x2x2", "tictac"),
+    ],
+)
+def test_every_npu_on_time_trains_in_the_one_npu_models_time(workload, topo_spec, scheduler):
+    """Training on the per-NPU model with nobody late gives the one-NPU model's iteration exactly."""
+    one = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler))
+    every = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler, npu_delay_ns=((0, 0.0),)))
+    assert every.iteration_us == one.iteration_us
+    assert [d.busy_us for d in every.dims] == [d.busy_us for d in one.dims]
+
+
+def test_every_npu_slowed_alike_is_the_compute_scale_what_if():
+    """``--npu-compute-scale`` naming every NPU with F equals ``--compute-scale F`` on the one-NPU model."""
+    slowed = train("Resnet50_DataParallel.txt", "2x2x2", npu_compute_scale=tuple((r, 1.5) for r in range(8)))
+    scaled = train("Resnet50_DataParallel.txt", "2x2x2", compute_scale=1.5)
+    assert slowed.iteration_us == pytest.approx(scaled.iteration_us, rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "themis"])
+def test_a_slower_straggler_never_ends_training_sooner(policy):
+    """With the stage order agreed, times only grow with one NPU's compute factor (1, 1.1, 1.5, 2)."""
+    times = [train("Resnet50_DataParallel.txt", "2x2x2", policy).iteration_us]
+    for factor in (1.1, 1.5, 2.0):
+        one = train("Resnet50_DataParallel.txt", "2x2x2", policy, npu_compute_scale=((3, factor),))
+        assert one.iteration_us >= times[-1]
+        times.append(one.iteration_us)
+    assert times[-1] > times[0]
+
+
+def test_compute_jitter_is_seeded_and_has_mean_one():
+    """The same seed gives the same run and another seed another; the factors average 1."""
+    a = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=1)
+    b = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=1)
+    c = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=2)
+    assert a.iteration_us == b.iteration_us != c.iteration_us
+    draws = TrainingSpec(compute_jitter=0.2, seed=1).jitter(3)
+    factors = [next(draws) for _ in range(100_000)]
+    assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.005)
+    assert min(factors) > 0
+
+
+def test_stragglers_are_refused_on_chakra_graphs():
+    """A Chakra graph replay refuses stragglers with one line instead of ignoring them."""
+    proc = local(
+        [
+            "train",
+            str(DATA / "astra-sim-chakra-et/all_reduce/8npus_1MB/all_reduce"),
+            "-t",
+            "2x2x2",
+            "--npu-compute-scale",
+            "1=2",
+        ]
+    )
+    assert proc.returncode == 2 and "Chakra graphs do not take them" in proc.stderr
+
+
+def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tmp_path):
+    """On 8 ranks a straggler, jitter, a late NPU and p3 train with #wrong 0 in the per-NPU model's time."""
+    args = [
+        "train",
+        str(TEXT / "Resnet50_DataParallel.txt"),
+        "-t",
+        "2x2x2",
+        "-p",
+        "themis",
+        "-c",
+        "8",
+        "--comm-scheduler",
+        "p3",
+        "--npu-compute-scale",
+        "3=1.5",
+        "--compute-jitter",
+        "lognormal:0.1",
+        "--seed",
+        "1",
+        "--npu-delay-us",
+        "5=50",
+        "--link-scale",
+        "1:2=0.5",
+    ]
+    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr[-2000:]
+    model = local([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr[-2000:]
+    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
+    assert e["wrong"] == 0
+    assert e["iteration_us"] == m["iteration_us"]
+    assert e["iteration_us"] > train("Resnet50_DataParallel.txt", "2x2x2", chunks=8).iteration_us

@@ -134,11 +134,12 @@ class Event:
     def __init__(self) -> None:
         self.triggered = False
         self.value: Any = None
+        self.time_ns = -math.inf  # when it triggered, where the engine says (`Engine.agree`)
         self._callbacks: list[Callable[[Event], None]] = []
 
-    def succeed(self, value: Any = None) -> None:
+    def succeed(self, value: Any = None, time_ns: float = -math.inf) -> None:
         """Trigger now and run the waiters, in the order they came."""
-        self.triggered, self.value = True, value
+        self.triggered, self.value, self.time_ns = True, value, time_ns
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)
@@ -155,24 +156,38 @@ ProcessGenerator = Generator[Event, Any, Any]
 
 
 class Process(Event):
-    """Drives a generator: each yielded event resumes it when triggered; it triggers on return."""
+    """Drives a generator: each yielded event resumes it when triggered; it triggers on return.
 
-    def __init__(self, generator: ProcessGenerator):
+    Under an agreed order (`Engine.agree`) events come as they are known, not in time order, so
+    a process keeps its own clock: it resumes at the later of its own time and its event's, and
+    the engine's `now_ns` is that time while the process runs.
+    """
+
+    def __init__(self, generator: ProcessGenerator, engine: Engine | None = None):
         super().__init__()
         self._generator = generator
+        self._engine = engine
+        self._now_ns = -math.inf if engine is None else engine.now_ns
         self._resume(None)
 
     def _resume(self, event: Event | None) -> None:
         value = None if event is None else event.value
+        engine = self._engine if self._engine is not None and self._engine.agreed is not None else None
+        if engine is not None and event is not None:
+            engine.now_ns = self._now_ns = max(self._now_ns, event.time_ns)
         while True:  # a loop, not recursion: chains of triggered events can be long
             try:
                 target = self._generator.send(value)
             except StopIteration as stop:
-                self.succeed(stop.value)
+                self.succeed(stop.value, self._now_ns)
                 return
             if not target.triggered:
+                if engine is not None:
+                    self._now_ns = engine.now_ns
                 target.add_callback(self._resume)
                 return
+            if engine is not None:
+                engine.now_ns = self._now_ns = max(engine.now_ns, target.time_ns)
             value = target.value
 
 
@@ -490,7 +505,7 @@ class Engine:
 
     def process(self, generator: ProcessGenerator) -> Process:
         """Start a process now; it runs until its first wait before this returns."""
-        return Process(generator)
+        return Process(generator, self)
 
     def agree(self, order: list[list[tuple[int, int, int]]]) -> None:
         """Start each dim's stages in this order only, whatever the queue policy put first.
@@ -651,7 +666,7 @@ class Engine:
         """Free the stage's slot and queue its chunk's next stage; returns that stage's dim."""
         if isinstance(run, MessageRun):
             self._running -= 1
-            run.done.succeed()
+            run.done.succeed(None, self.now_ns)
             return None
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
@@ -671,13 +686,12 @@ class Engine:
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
-        # (under an agreed order completions come as known, not in time order)
-        coll.end_ns = (
-            self.now_ns if self.agreed is None else max((r.end_ns for r in coll.runs), default=self.now_ns)
-        )
+        if self.agreed is not None:  # completions come as known, not in time order: resume at the end
+            self.now_ns = max((r.end_ns for r in coll.runs), default=self.now_ns)
+        coll.end_ns = self.now_ns
         self._in_flight -= 1
         self.transport.close(coll)
-        coll.succeed()
+        coll.succeed(None, self.now_ns)
         if self._deferred and not self._in_flight:
             self._launch(self._deferred.pop(0))
 
@@ -740,5 +754,5 @@ class Engine:
                 self._claim_free(sorted(dims))
                 continue
             while self._timers and self._timers[0][0] <= t_ns:
-                _, _, event = heapq.heappop(self._timers)
-                event.succeed()
+                t_event, _, event = heapq.heappop(self._timers)
+                event.succeed(None, t_event)

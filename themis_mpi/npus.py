@@ -350,8 +350,8 @@ class NpuTransport:
                 done = [st for st in self._active if st.end_ns == first_end]
                 self._active = [st for st in self._active if st.end_ns != first_end]
                 return first_end, [st.run for st in done]
-            if horizon_ns < first_end and horizon_ns < bound:
-                return horizon_ns, []
+            if horizon_ns < first_end and (horizon_ns < bound or not certain):
+                return horizon_ns, []  # (an agreed order times its processes apart: `engine.Process`)
             seen = self.world.version
             if not self._progress():
                 self.world.block(seen, self._waiting_for)

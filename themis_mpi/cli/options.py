@@ -114,17 +114,17 @@ def base_config(args: argparse.Namespace) -> RunConfig:
     )
 
 
-def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
-    """``RANK=US[,RANK=US...]`` as ``(rank, ns)`` pairs (`RunConfig.npu_delay_ns` checks the ranges)."""
+def rank_values(text: str | None, flag: str, unit: str) -> tuple[tuple[int, float], ...]:
+    """``RANK=VALUE[,...]`` as ``(rank, value)`` pairs (the settings check the ranges)."""
     pairs = []
     for item in split_list(text) if text else []:
         rank, sep, value = item.partition("=")
         try:
             if not sep:
                 raise ValueError
-            pairs.append((int(rank), float(value) * 1e3))
+            pairs.append((int(rank), float(value)))
         except ValueError:
-            raise UsageError(f"--npu-delay-us takes RANK=US[,RANK=US...], not {item!r}") from None
+            raise UsageError(f"{flag} takes RANK={unit}[,RANK={unit}...], not {item!r}") from None
     return tuple(pairs)
 
 
@@ -144,6 +144,24 @@ def partition_mib(args: argparse.Namespace) -> float:
     if args.partition_mib is not None:
         return float(args.partition_mib)
     return 4.0 if cls is not None and cls.slices else 0.0
+
+
+def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``--npu-delay-us RANK=US[,...]`` as ``(rank, ns)`` pairs."""
+    return tuple((rank, us * 1e3) for rank, us in rank_values(text, "--npu-delay-us", "US"))
+
+
+def compute_jitter(text: str | None) -> float:
+    """``--compute-jitter lognormal:SIGMA`` as its sigma (0 without)."""
+    if not text:
+        return 0.0
+    kind, sep, value = text.partition(":")
+    try:
+        if kind != "lognormal" or not sep:
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--compute-jitter takes lognormal:SIGMA, not {text!r}") from None
 
 
 def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:

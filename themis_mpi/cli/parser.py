@@ -107,6 +107,20 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         help="with --compat astra-sim-2: its scheduling-policy between collectives (default LIFO)",
     )
     _add_network(p, "ideal; store-forward with --compat astra-sim-2")
+    p.add_argument(
+        "--npu-delay-us",
+        metavar="RANK=US[,RANK=US...]",
+        default=None,
+        help="late NPUs: each starts its work this many us late (a straggler); the model then runs "
+        "every NPU, and each dim starts its stages in the order a run without them agrees on",
+    )
+    p.add_argument(
+        "--link-scale",
+        metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        default=None,
+        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
+        "link); a message runs at the smaller factor of its two ends",
+    )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
     p.add_argument(
         "--hbm-gbps",
@@ -160,20 +174,6 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
     _add_schedule(p, "float64")
     p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
-    p.add_argument(
-        "--npu-delay-us",
-        metavar="RANK=US[,RANK=US...]",
-        default=None,
-        help="late NPUs: each starts the collective this many us late (a straggler); the model then runs "
-        "every NPU, and each dim starts its stages in the order a run without them agrees on",
-    )
-    p.add_argument(
-        "--link-scale",
-        metavar="DIM:RANK=F[,DIM:RANK=F...]",
-        default=None,
-        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
-        "link); a message runs at the smaller factor of its two ends",
-    )
     p.add_argument(
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
     )
@@ -272,6 +272,19 @@ def _train_parser(sub: Any) -> None:
         help="what-if accelerator speed: factor on compute and update times (ns in the file); "
         "0.25 = an accelerator 4x faster (default 1)",
     )
+    p.add_argument(
+        "--npu-compute-scale",
+        metavar="RANK=F[,RANK=F...]",
+        default=None,
+        help="stragglers: that NPU's compute and update times times F (1.5 = half as fast again)",
+    )
+    p.add_argument(
+        "--compute-jitter",
+        metavar="lognormal:SIGMA",
+        default=None,
+        help="every compute phase of every NPU times a lognormal factor of mean 1 (seeded by --seed)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --compute-jitter (default 0)")
     p.add_argument(
         "--comm-scale",
         type=float,

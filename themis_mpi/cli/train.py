@@ -17,7 +17,7 @@ from ..model import ModelTransport
 from ..network import check_rule
 from ..output import write_json
 from ..policies import default_scheduler, make_scheduler
-from ..report import training_table, with_speedups
+from ..report import stragglers_line, training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
 from ..run.pool import MPI, ordered_map, parse_workers
@@ -28,11 +28,13 @@ from ..workloads.text import Workload, parse_workload
 from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
 from .options import (
     check_outputs,
+    compute_jitter,
     input_files,
     one_chunk_count,
     one_topology,
     partition_mib,
     policy_settings,
+    rank_values,
     wrong_exit,
 )
 
@@ -55,6 +57,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.bucket_mib,
         args.first_bucket_mib,
         partition_mib(args),
+        rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        compute_jitter(args.compute_jitter),
+        args.seed,
     )
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
@@ -82,6 +87,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(_buckets_line(wl, topo, spec))
             if settings[0][1].comm_scheduler or spec.partition_mib:
                 print(_scheduler_line(settings[0][1], spec))
+            if settings[0][1].asymmetric or spec.heterogeneous:
+                print(stragglers_line(settings[0][1], spec))
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
 
@@ -152,6 +159,9 @@ def _train_graph(args: argparse.Namespace) -> int:
         args.compute_scale,
         args.comm_scale,
         partition_mib=partition_mib(args),
+        npu_compute_scale=rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        compute_jitter=compute_jitter(args.compute_jitter),
+        seed=args.seed,
     )
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)

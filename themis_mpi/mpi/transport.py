@@ -759,7 +759,11 @@ class MpiTransport:
                     if isinstance(ex, _StageExec):
                         self._release(ex)
                 return first_end, [ex.run for ex in done]
-            if horizon_ns < first_end and horizon_ns < bound and self.clock.now_ns() >= horizon_ns:
+            if (
+                horizon_ns < first_end
+                and (horizon_ns < bound or not certain)
+                and self.clock.now_ns() >= horizon_ns
+            ):
                 return horizon_ns, []
             progressed = self._progress()
             if progressed:

@@ -10,7 +10,7 @@ every rank returns the same, whole result.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -77,11 +77,7 @@ def run_collective(
     """
     config = transport.config
     late = dict(config.npu_delay_ns)
-    if any(rank >= transport.topology.npus for rank in late):
-        raise UsageError(
-            f"--npu-delay-us names rank {max(late)}, but {transport.topology.label()} has "
-            f"{transport.topology.npus} NPUs"
-        )
+    check_ranks(transport.topology, config)
     if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
         world = NpuWorld(transport.topology, config)
         return world.run(lambda npu: run_collective(npu, collective, policy, schedule, check))[0]
@@ -117,6 +113,15 @@ def run_collective(
         network=config.network,
     )
     return result, engine
+
+
+def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:
+    """Every straggler names an NPU of the topology (known only once a workload has fitted it)."""
+    named = [r for r, _ in config.npu_delay_ns] + [r for _, r, _ in config.link_scale] + list(compute_ranks)
+    if named and max(named) >= topology.npus:
+        raise UsageError(
+            f"a straggler names rank {max(named)}, but {topology.label()} has {topology.npus} NPUs"
+        )
 
 
 def symmetric_order(

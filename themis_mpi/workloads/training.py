@@ -66,6 +66,7 @@ from ..limits import (
     MAX_BUCKET_MIB,
     MAX_CHUNKS,
     MAX_ITERS,
+    MAX_JITTER_SIGMA,
     MAX_SCALE,
     MAX_SIZE_BYTES,
     MIN_BUCKET_MIB,
@@ -97,6 +98,11 @@ class TrainingSpec:
         first_bucket_mib: the first bucket's cap (None: `bucket_mib`; DDP uses 1 MiB).
         partition_mib: slice every collective into partitions of at most this many MiB (0:
             whole tensors); see `partitions`.
+        npu_compute_scale: ``(rank, factor)``: that NPU's compute and update times times factor
+            (a straggler: 1.5 = half as fast again).
+        compute_jitter: sigma of a lognormal factor of mean 1 drawn for every compute phase of
+            every NPU (0: none), from a generator seeded with ``(seed, rank)``.
+        seed: the jitter's seed.
     """
 
     chunks: int = 64
@@ -107,6 +113,9 @@ class TrainingSpec:
     bucket_mib: float = 0.0
     first_bucket_mib: float | None = None
     partition_mib: float = 0.0
+    npu_compute_scale: tuple[tuple[int, float], ...] = ()
+    compute_jitter: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         in_range("chunks", self.chunks, 1, MAX_CHUNKS)
@@ -123,6 +132,34 @@ class TrainingSpec:
             in_range("first bucket size", self.first_bucket_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB")
         if self.partition_mib != 0:
             in_range("partition size", self.partition_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB (or 0)")
+        ranks = [rank for rank, _ in self.npu_compute_scale]
+        if len(set(ranks)) != len(ranks):
+            raise UsageError(f"--npu-compute-scale names a rank twice: {sorted(ranks)}")
+        for rank, factor in self.npu_compute_scale:
+            in_range("--npu-compute-scale rank", rank, 0, 1 << 20)
+            in_range(f"--npu-compute-scale of rank {rank}", factor, 1 / MAX_SCALE, MAX_SCALE)
+        in_range("--compute-jitter", self.compute_jitter, 0, MAX_JITTER_SIGMA, "(lognormal sigma)")
+        in_range("--seed", self.seed, 0, 2**63 - 1)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether NPUs compute at different paces (the model must then run every NPU)."""
+        return bool(self.npu_compute_scale or self.compute_jitter)
+
+    def npu_factor(self, rank: int) -> float:
+        """The factor on one NPU's compute and update times (`npu_compute_scale`)."""
+        return dict(self.npu_compute_scale).get(rank, 1.0)
+
+    def jitter(self, rank: int):
+        """One NPU's jitter factors, one per compute phase in its program order (always 1 without).
+
+        Update times are not jittered: they run in processes of their own, whose order between
+        compute phases depends on when collectives end, and the draws must not.
+        """
+        rng = np.random.default_rng([self.seed, rank])
+        sigma = self.compute_jitter
+        while True:  # mean 1: exp(N(-sigma^2/2, sigma))
+            yield float(rng.lognormal(-sigma * sigma / 2, sigma)) if sigma else 1.0
 
 
 def shares_memory(engine: Engine) -> bool:
@@ -324,8 +361,11 @@ class TrainingLoop:
         schedules: dict[Collective, Schedule],
         tick_ns: float = 0.0,
         listener: TrainingListener | None = None,
+        rank: int = 0,
     ):
         self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
+        self.npu_factor = spec.npu_factor(rank)  # a straggler's compute pace
+        self.jitter = spec.jitter(rank)
         self.tick_ns = tick_ns
         self.listener = listener
         self.iteration_starts: list[float] = []
@@ -347,6 +387,7 @@ class TrainingLoop:
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = compute_ns * self.spec.compute_scale
         if delay_ns > 0:
+            delay_ns *= self.npu_factor * next(self.jitter)
             shared = shares_memory(engine)
             if shared:
                 delay_ns /= compute_rate(engine)
@@ -407,6 +448,7 @@ class TrainingLoop:
         yield from runs
         update_ns = layer.update_ns * self.spec.compute_scale
         if update_ns > 0:
+            update_ns *= self.npu_factor
             if self.listener is not None:
                 self.listener.updating(layer)
             yield engine.timeout(update_ns)
