@@ -15,12 +15,12 @@ result does not depend on how they interleave.
 from __future__ import annotations
 
 import math
-import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+import greenlet
 import numpy as np
 
 from .algorithms import plan, plan_all_to_all
@@ -43,10 +43,11 @@ class Stalled(RuntimeError):
 class _Stage:
     """One running stage on one NPU: its step peers and times, and where it stands."""
 
-    __slots__ = ("run", "dim", "tag", "steps", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
+    __slots__ = ("run", "dim", "tag", "steps", "keys", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
 
     def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...], links):
         self.run, self.dim, self.tag, self.steps, self.costs = run, dim, tag, steps, costs
+        self.keys: list[list[tuple]] = []  # per step, the mailbox keys of its receives
         # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
         self.send_ns, self.extras = links
         self.k, self.t_ns = 0, run.start_ns
@@ -61,7 +62,12 @@ class _Stage:
 
 
 class NpuWorld:
-    """What the NPUs' threads share: the mailbox, the control meeting point and the first failure.
+    """What the NPUs share: the mailbox, the meeting point, and a scheduler that runs them in turn.
+
+    Each NPU runs in a greenlet: one at a time, until it must wait for a message or a meeting;
+    then the next ready NPU runs, in the order they became ready. Nothing depends on wall time,
+    so a run is deterministic, and when no NPU is ready while some have not finished, they wait
+    for each other: a deadlock, an error that says what they wait for.
 
     Args:
         topology: the network.
@@ -80,40 +86,26 @@ class NpuWorld:
                 f"the per-NPU model (a late NPU) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
             )
         self.topology, self.config, self.n = topology, config, topology.npus
-        self.cond = threading.Condition()
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
-        self.version = 0  # bumps at every send: a blocked NPU waits for it to change
-        self.stuck = 0  # NPUs blocked on the mailbox since its last change
-        self.finished = 0  # NPUs whose driver returned
-        self.failure: BaseException | None = None
-        self.meet = threading.Barrier(self.n)
+        self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
+        self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
+        self.ready: deque[int] = deque()
+        self.arrived: list[int] = []  # NPUs at the current meeting
+        self.met: list[Any] = []  # the last meeting's values
         self.slots: list[Any] = [None] * self.n
+        self.hub: greenlet.greenlet | None = None
+        self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.links = LinkScales(self.cost, config.link_scale)
+        self.plans: dict[tuple, list] = {}  # stage plans by their inputs: NPUs at one coordinate share them
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
 
-    def fail(self, exc: BaseException) -> None:
-        """The first failure ends every NPU: waits and meetings are broken."""
-        with self.cond:
-            if self.failure is None:
-                self.failure = exc
-            self.cond.notify_all()
-        self.meet.abort()
-
-    def check(self) -> None:
-        """Leave if another NPU failed."""
-        if self.failure is not None:
-            raise Stalled("another NPU failed")
-
-    def send(self, key: tuple, t_ns: float) -> None:
-        """Post a send time under its matching key."""
-        with self.cond:
-            self.mail[key].append(t_ns)
-            self.changed()
-
-    def changed(self) -> None:
-        """The mailbox changed (the lock is held): every blocked NPU looks again."""
-        self.version += 1
-        self.stuck = 0
-        self.cond.notify_all()
+    def post(self, key: tuple, t_ns: float) -> None:
+        """Post a send time under its matching key, ``(receiver, dim, tag, sender)``."""
+        self.mail[key].append(t_ns)
+        dst = key[0]
+        self.version[dst] += 1
+        if self.waiting.pop(dst, None) is not None:
+            self.ready.append(dst)
 
     def take(self, key: tuple) -> float | None:
         """The oldest send time under the key, or None if nothing came yet."""
@@ -125,65 +117,57 @@ class NpuWorld:
             del self.mail[key]
         return t_ns
 
-    def block(self, seen: int, what: Callable[[], str]) -> None:
-        """Wait until some NPU sends (the mailbox's version is past `seen`); a deadlock is an error."""
-        with self.cond:
-            if self.version != seen:
-                return
-            self.stuck += 1
-            while self.version == seen:
-                self.check()
-                if self.stuck + self.finished >= self.n:
-                    self.fail(Stalled(f"every NPU waits and none can move: {what()}"))
-                    self.check()
-                if not self.cond.wait(self.config.timeout_s):
-                    self.fail(
-                        Stalled(f"no NPU moved for {self.config.timeout_s:g} s (--timeout-s): {what()}")
-                    )
-                    self.check()
+    def block(self, rank: int, seen: int, what: Callable[[], str]) -> None:
+        """Wait until some NPU sends to `rank` (its version is past `seen`)."""
+        if self.version[rank] == seen:
+            self.waiting[rank] = what
+            self._yield()
 
     def gather(self, rank: int, value: Any, what: str) -> list[Any]:
         """Every NPU's value, on every NPU."""
         self.slots[rank] = value
-        self._meet(what)
-        values = list(self.slots)
-        self._meet(what)
-        return values
+        self.arrived.append(rank)
+        if len(self.arrived) < self.n:
+            self._yield()
+            return self.met
+        self.met = list(self.slots)
+        self.ready.extend(self.arrived[:-1])
+        self.arrived = []
+        return self.met
 
-    def _meet(self, what: str) -> None:
-        try:
-            self.meet.wait(self.config.timeout_s)
-        except threading.BrokenBarrierError:
-            self.check()
-            self.fail(Stalled(f"the NPUs did not all reach {what} within {self.config.timeout_s:g} s"))
-            self.check()
+    def _yield(self) -> None:
+        assert self.hub is not None
+        self.hub.switch()
 
     def run(self, body: Callable[[NpuTransport], T]) -> list[T]:
-        """Run `body(transport)` on every NPU's thread; every NPU's return, by rank.
-
-        The first failure (in rank order of when it happened) is raised here once all threads ended.
-        """
+        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
         results: list[Any] = [None] * self.n
+        failures: list[BaseException] = []
 
         def npu(rank: int) -> None:
             try:
                 results[rank] = body(NpuTransport(self, rank))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                self.fail(exc)
-            finally:
-                with self.cond:
-                    self.finished += 1
-                    self.cond.notify_all()
+            except greenlet.GreenletExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - raised by run
+                failures.append(exc)
 
-        threads = [
-            threading.Thread(target=npu, args=(r,), name=f"npu-{r}", daemon=True) for r in range(self.n)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if self.failure is not None:
-            raise self.failure
+        self.hub = greenlet.getcurrent()
+        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
+        self.ready.extend(range(self.n))
+        try:
+            while self.ready and not failures:
+                npus[self.ready.popleft()].switch()
+        finally:
+            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
+                if g and not g.dead:
+                    g.throw(greenlet.GreenletExit)
+        if failures:
+            raise failures[0]
+        stuck = sorted(self.waiting)
+        if stuck or self.arrived:
+            what = self.waiting[stuck[0]]() if stuck else f"NPUs {self.arrived[:4]} wait at a meeting"
+            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}")
         return results
 
 
@@ -203,9 +187,7 @@ class NpuTransport:
         self.world, self.rank = world, rank
         self.topology, self.config = world.topology, world.config
         self.clock = VirtualClock()
-        config = self.config
-        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
-        self.links = LinkScales(self.cost, config.link_scale)
+        self.cost, self.links = world.cost, world.links
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
@@ -264,11 +246,15 @@ class NpuTransport:
             stack.pop()
         lo, hi = stack[-1]
         n = hi - lo
-        if s.op == A2A:
-            stride = topo.group_strides(coll.dims)[s.dim]
-            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(coll.dims), 0, n)
-        else:
-            steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+        key = (s.dim, s.op, c, n, coll.dims if s.op == A2A else None)
+        steps = self.world.plans.get(key)
+        if steps is None:
+            if s.op == A2A:
+                stride = topo.group_strides(coll.dims)[s.dim]
+                steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(coll.dims), 0, n)
+            else:
+                steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+            self.world.plans[key] = steps
         if s.op == RS:
             own = owned_region(dim.npus, c, 0, n)
             stack.append((lo + own[0], lo + own[1]))
@@ -279,6 +265,7 @@ class NpuTransport:
         send_peers = [[self._peer(s.dim, p) for p, _, _ in st.sends] for st in steps]
         links = self.links.step_times(run, coll.itemsize, self.rank, recv_peers, send_peers, costs)
         stage = _Stage(run, s.dim, run.dim_seq, steps, costs, links)
+        stage.keys = [[(self.rank, s.dim, stage.tag, p) for p in peers] for peers in recv_peers]
         self._active.append(stage)
         if steps:
             self._post(stage)
@@ -289,42 +276,38 @@ class NpuTransport:
         return self.rank + (coord - self.coords[dim]) * self.world.strides[dim]
 
     def _post(self, stage: _Stage) -> None:
+        """Send the times of the stage's current step (the mailbox's lock held)."""
+        world, dim = self.world, stage.dim
         for peer, _, _ in stage.steps[stage.k].sends:
-            self.world.send((self._peer(stage.dim, peer), stage.dim, stage.tag, self.rank), stage.t_ns)
+            world.post((self._peer(dim, peer), dim, stage.tag, self.rank), stage.t_ns)
 
     def _progress(self) -> bool:
         """Apply every step whose send times have all come; whether any did."""
         moved = False
         world = self.world
-        with world.cond:
-            for stage in self._active:
-                while stage.end_ns is None:
-                    recvs = stage.steps[stage.k].recvs
-                    keys = [(self.rank, stage.dim, stage.tag, self._peer(stage.dim, p)) for p, _, _ in recvs]
-                    if any(len(world.mail.get(key, ())) < keys.count(key) for key in set(keys)):
-                        break
-                    sent_ns = -math.inf
-                    extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
-                    for key, extra_ns in zip(keys, extras):
-                        t = world.take(key)
-                        if t is not None and t + extra_ns > sent_ns:
-                            sent_ns = t + extra_ns
-                    t = stage.t_ns
-                    stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
-                    stage.k += 1
-                    moved = True
-                    if stage.k == len(stage.costs):
-                        stage.end_ns = stage.t_ns
-                    else:
-                        self._post_locked(stage)
+        for stage in self._active:
+            while stage.end_ns is None:
+                keys = stage.keys[stage.k]
+                mail = world.mail
+                if not all(key in mail for key in keys) or (
+                    len(set(keys)) < len(keys) and any(len(mail[key]) < keys.count(key) for key in set(keys))
+                ):
+                    break
+                sent_ns = -math.inf
+                extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
+                for key, extra_ns in zip(keys, extras):
+                    t = world.take(key)
+                    if t is not None and t + extra_ns > sent_ns:
+                        sent_ns = t + extra_ns
+                t = stage.t_ns
+                stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
+                stage.k += 1
+                moved = True
+                if stage.k == len(stage.costs):
+                    stage.end_ns = stage.t_ns
+                else:
+                    self._post(stage)
         return moved
-
-    def _post_locked(self, stage: _Stage) -> None:
-        """`_post` with the mailbox's lock already held."""
-        world = self.world
-        for peer, _, _ in stage.steps[stage.k].sends:
-            world.mail[(self._peer(stage.dim, peer), stage.dim, stage.tag, self.rank)].append(stage.t_ns)
-        world.changed()
 
     def _waiting_for(self) -> str:
         waiting = [st for st in self._active if st.end_ns is None]
@@ -339,7 +322,6 @@ class NpuTransport:
         Without `certain` (an agreed order) the earliest known completions will do.
         """
         while True:
-            self.world.check()
             first_end, bound = math.inf, math.inf
             for stage in self._active:
                 if stage.end_ns is None:
@@ -352,6 +334,6 @@ class NpuTransport:
                 return first_end, [st.run for st in done]
             if horizon_ns < first_end and (horizon_ns < bound or not certain):
                 return horizon_ns, []  # (an agreed order times its processes apart: `engine.Process`)
-            seen = self.world.version
+            seen = self.world.version[self.rank]
             if not self._progress():
-                self.world.block(seen, self._waiting_for)
+                self.world.block(self.rank, seen, self._waiting_for)
