@@ -1,15 +1,16 @@
 """The per-NPU model: every NPU's engine in one process, timed exactly as the emulator times it.
 
-The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time. A
-late NPU (``--npu-delay-us``) breaks it. Here each NPU is a thread running the same driver
-code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`: control calls meet at
-a barrier, and a stage's steps exchange their send times (no data) through one mailbox. A step
-ends at ``max(own step start, latest peer send time + step time)``, and a completion is certain
-once no running stage can still end earlier: the emulator's rules, so the two agree exactly.
+The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time.
+Stragglers (late NPUs, scaled links, slow compute) break it. Here each NPU is a greenlet
+running the same driver code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`:
+control calls meet, and a stage's steps exchange their send times (no data) through one
+mailbox. A step ends once its own sends are done and every message it receives has arrived
+(send time plus step time): the emulator's rules, so the two agree exactly. NPUs that differ
+start each dim's stages in one agreed order (`engine.Engine.agree`).
 
 Messages match as MPI matches them: by dim, receiver, sender and tag (the stage's start number
-on its dim), first sent first received. Threads never decide anything by wall time, so the
-result does not depend on how they interleave.
+on its dim), first sent first received. One NPU runs at a time, until it waits; nothing is
+decided by wall time, so a run is deterministic.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .network import IDEAL
 from .topology import Topology
 
 T = TypeVar("T")
-MAX_NPUS = 4096  # threads one process runs at once (the per-NPU model is for what breaks symmetry)
+MAX_NPUS = 4096  # NPUs one process runs at once (the per-NPU model is for what breaks symmetry)
 
 
 class Stalled(RuntimeError):
