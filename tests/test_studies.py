@@ -84,3 +84,13 @@ def test_hardware_study_regenerates(tmp_path):
         json.loads((shipped / "hardware.json").read_text())
     )
     assert (tmp_path / "hardware.md").read_text() == (shipped / "hardware.md").read_text()
+
+
+def test_nccl_fits_regenerate(tmp_path):
+    """study_hardware.py --nccl (the fits of the shipped nccl-tests logs) rewrites docs/hardware's nccl.json and nccl.md."""
+    run_study("study_hardware.py", tmp_path, "--nccl")
+    shipped = ROOT / "docs" / "hardware"
+    assert untimed(json.loads((tmp_path / "nccl.json").read_text())) == untimed(
+        json.loads((shipped / "nccl.json").read_text())
+    )
+    assert (tmp_path / "nccl.md").read_text() == (shipped / "nccl.md").read_text()
