@@ -59,6 +59,11 @@ QUICK_SKIPS_WORKLOADS = ("transformer_1t.txt",)  # its decision takes most of th
 SEARCH_EVALS = 16  # about the mean count the former 0.02 s budget per cell made (17 in 2026-11-22's run)
 
 
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
+
+
 def gmean(values) -> float:
     """Geometric mean (nan for none)."""
     values = list(values)
@@ -279,7 +284,7 @@ def summary_markdown(rows, wrows, topos, decision: list[dict]) -> str:
         f"{1e3 * statistics.median(d['cpu_s'] for d in decision):.1f} ms, max "
         f"{1e3 * max(d['cpu_s'] for d in decision):.1f} ms; wall median "
         f"{1e3 * statistics.median(d['wall_s'] for d in decision):.1f} ms, max "
-        f"{1e3 * max(d['wall_s'] for d in decision):.1f} ms.",
+        f"{1e3 * max(d['wall_s'] for d in decision):.1f} ms ({measured_on()}).",
         "",
         "## Distance to the bounds (paper topologies, paper latencies, 64 chunks)",
         "",
@@ -369,7 +374,8 @@ def main():
     decision = decision_times(topos, sizes)
     text = summary_markdown(rows, wrows, topos, decision)
     text += (
-        f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s.\n"
+        f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s "
+        f"({measured_on()}).\n"
     )
     with open(os.path.join(args.out, "study.md"), "w") as f:
         f.write(text)

@@ -42,6 +42,11 @@ QUICK_WORKLOADS = ["resnet152", "dlrm"]
 QUICK_TOPOLOGIES = ["3D-SW_SW_SW_hetero", "4D-Ring_FC_Ring_SW"]
 
 
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
+
+
 def _point(point) -> dict:
     """One (workload, topology, latency) point: baseline and Themis, and the speedup."""
     traces, spec, w, name, lat = point
@@ -106,7 +111,10 @@ def main():
             ]
             mean = sum(sel[t]["speedup"] for t in topologies) / len(topologies)
             md.append(f"| {label} | " + " | ".join(cells) + f" | **{mean:.2f}x** | {paper:.2f}x |")
-    md.append(f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s.\n")
+    md.append(
+        f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s "
+        f"({measured_on()}).\n"
+    )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
     with atomic_path(os.path.join(args.out, "training.md")) as tmp, open(tmp, "w") as f:
