@@ -306,8 +306,12 @@ class Transport(Protocol):
     def start(self, run: StageRun) -> None:
         """A stage started at ``run.start_ns``."""
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
-        """The earliest completions at or before the horizon, or ``(horizon_ns, [])``."""
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
+        """The earliest completions at or before the horizon, or ``(horizon_ns, [])``.
+
+        `certain`: no running stage may still end earlier. Without it (an agreed order, where
+        start times follow from the data alone) any known completions will do.
+        """
         ...
 
     def close(self, run: CollectiveRun) -> None:
@@ -364,6 +368,9 @@ class Engine:
         self._n_started = 0
         self.computing = 0  # compute phases running now (training replay; `cost.Endpoint`)
         self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
+        # per dim, the (collective, chunk, stage index) every NPU starts there, in that order (`agree`)
+        self.agreed: list[list[tuple[int, int, int]]] | None = None
+        self.dim_free_ns = [0.0] * n  # under an agreed order: when each dim's last stage ended
 
     # --- the process API -----------------------------------------------------------------------
 
@@ -453,6 +460,26 @@ class Engine:
         """Start a process now; it runs until its first wait before this returns."""
         return Process(generator)
 
+    def agree(self, order: list[list[tuple[int, int, int]]]) -> None:
+        """Start each dim's stages in this order only, whatever the queue policy put first.
+
+        NPUs that run at different paces (a late NPU) fill their queues in different orders,
+        while a dim group's members must run the same stage under the same start number (its
+        messages' tag). The order every NPU agrees on is the one a run without the late NPU
+        gives (`start_order`): a stage waits, with its slot free, until the stages before it
+        in that order have started here.
+        """
+        self.agreed = order
+
+    def start_order(self) -> list[list[tuple[int, int, int]]]:
+        """Per dim, the (collective, chunk, stage index) of every stage started so far, in start order."""
+        order: list[list[tuple[int, int, int]]] = [[] for _ in self.topology.dims]
+        runs = self.records + [run for run in self.running_stages()]
+        for run in sorted(runs, key=lambda r: r.dim_seq):
+            s = run.stage
+            order[s.dim].append((s.coll, s.chunk, s.index))
+        return order
+
     # --- queues --------------------------------------------------------------------------------
 
     def intra_policy(self, name: str) -> IntraPolicy:
@@ -509,8 +536,11 @@ class Engine:
         for d in dims:
             queue, view = self.queues[d], self.views[d]
             while queue and view.running < self.active_per_dim:
-                run = queue.pop(0)
-                view.waiting.pop(0)  # type: ignore[attr-defined]
+                i = 0 if self.agreed is None else self._agreed_index(d)
+                if i < 0:
+                    break
+                run = queue.pop(i)
+                view.waiting.pop(i)  # type: ignore[attr-defined]
                 view.running += 1
                 slots = self.slots[d]
                 run.slot = slot = slots.index(None)
@@ -519,10 +549,23 @@ class Engine:
                 self.started[d] += 1
                 run.start_seq = self._n_started
                 self._n_started += 1
-                run.start_ns = self.now_ns
+                run.start_ns = self.now_ns if self.agreed is None else max(run.queued_ns, self.dim_free_ns[d])
                 run.mem_shared = self.computing > 0
                 self._running += 1
                 self._claimed.append(run)
+
+    def _agreed_index(self, d: int) -> int:
+        """Where the next stage of the agreed order waits in dim d's queue; -1 if not yet queued."""
+        order = self.agreed[d]  # type: ignore[index]
+        seq = self.started[d]
+        if seq >= len(order):
+            raise UsageError(f"dim {d} starts more stages than the agreed order holds ({len(order)})")
+        want = order[seq]
+        for i, run in enumerate(self.queues[d]):
+            s = run.stage
+            if (s.coll, s.chunk, s.index) == want:
+                return i
+        return -1
 
     def _start_claimed(self) -> None:
         claimed, self._claimed = self._claimed, []
@@ -537,6 +580,7 @@ class Engine:
             return None
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
+        self.dim_free_ns[stage.dim] = run.end_ns
         self.views[stage.dim].running -= 1
         self._running -= 1
         self.records.append(run)
@@ -552,7 +596,10 @@ class Engine:
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
-        coll.end_ns = self.now_ns
+        # (under an agreed order completions come as known, not in time order)
+        coll.end_ns = (
+            self.now_ns if self.agreed is None else max((r.end_ns for r in coll.runs), default=self.now_ns)
+        )
         self._in_flight -= 1
         self.transport.close(coll)
         coll.succeed()
@@ -591,7 +638,7 @@ class Engine:
             if not self._running and not self._timers:
                 return
             horizon = self._timers[0][0] if self._timers else math.inf
-            t_ns, done = self.transport.wait_next(horizon)
+            t_ns, done = self.transport.wait_next(horizon, self.agreed is None)
             self.now_ns = t_ns
             if done and self.astra:  # one at a time, each starting what it frees
                 for run in sorted(done, key=lambda r: (self._finish_order_key(r, t_ns), r.start_seq)):

@@ -57,8 +57,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("engine", "queues, slots, clocks and processes of one NPU; the `Transport` protocol", ("engine",)),
     Layer(
         "transports",
-        "who moves the data and says when stages end: the model, or MPI",
-        ("model", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
+        "who moves the data and says when stages end: the model (one NPU, or every NPU), or MPI",
+        ("model", "npus", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
     ),
     Layer(
         "workloads",

@@ -24,6 +24,7 @@ MAX_COMPUTE_SHARE = 0.95  # --compute-share: share of HBM kept for compute while
 MAX_TIME_NS = 86_400e9  # compute, update and endpoint delays
 MAX_CHUNKS = 65_536
 MAX_SCALE = 1e6  # --compute-scale, --comm-scale
+MIN_LINK_SCALE, MAX_LINK_SCALE = 1e-3, 1e3  # --link-scale: one NPU's links, times their dim's bandwidth
 MIN_BUCKET_MIB, MAX_BUCKET_MIB = 2.0**-20, MAX_SIZE_BYTES / 2**20  # --bucket-mib, --first-bucket-mib (1 B..)
 MAX_ITERS = 1_000_000
 MAX_FACTOR = 1024.0  # -f

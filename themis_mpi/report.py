@@ -36,6 +36,13 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
             "#   network ideal: stages that run at once share nothing, so a link or port may carry more "
             "than its rate (--network fair shares them)"
         )
+    if config.asymmetric:
+        late = [f"NPU {rank} late by {ns / 1e3:g} us" for rank, ns in config.npu_delay_ns]
+        late += [f"NPU {rank}'s dim-{d} links at {f:g}x" for d, rank, f in config.link_scale]
+        lines.append(
+            f"#   stragglers: {', '.join(late)}; times span every NPU, each dim starts its stages in "
+            "one agreed order"
+        )
     if config.endpoint.on:
         e = config.endpoint
         lines.append(

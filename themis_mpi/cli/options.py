@@ -107,7 +107,23 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         network=args.network or (STORE_FORWARD if args.compat == ASTRA_SIM_2 else IDEAL),
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
+        npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
+        link_scale=link_scales(getattr(args, "link_scale", None)),
     )
+
+
+def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``RANK=US[,RANK=US...]`` as ``(rank, ns)`` pairs (`RunConfig.npu_delay_ns` checks the ranges)."""
+    pairs = []
+    for item in split_list(text) if text else []:
+        rank, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(rank), float(value) * 1e3))
+        except ValueError:
+            raise UsageError(f"--npu-delay-us takes RANK=US[,RANK=US...], not {item!r}") from None
+    return tuple(pairs)
 
 
 def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:
@@ -207,3 +223,18 @@ class Lines:
         """Remove the bar."""
         if self.bar is not None:
             self.bar.close()
+
+
+def link_scales(text: str | None) -> tuple[tuple[int, int, float], ...]:
+    """``DIM:RANK=F[,...]`` as ``(dim, rank, factor)`` triples (`RunConfig.link_scale` checks the ranges)."""
+    triples = []
+    for item in split_list(text) if text else []:
+        link, sep, value = item.partition("=")
+        dim, colon, rank = link.partition(":")
+        try:
+            if not sep or not colon:
+                raise ValueError
+            triples.append((int(dim), int(rank), float(value)))
+        except ValueError:
+            raise UsageError(f"--link-scale takes DIM:RANK=F[,DIM:RANK=F...], not {item!r}") from None
+    return tuple(triples)

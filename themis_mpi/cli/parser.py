@@ -161,6 +161,20 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     _add_schedule(p, "float64")
     p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
     p.add_argument(
+        "--npu-delay-us",
+        metavar="RANK=US[,RANK=US...]",
+        default=None,
+        help="late NPUs: each starts the collective this many us late (a straggler); the model then runs "
+        "every NPU, and each dim starts its stages in the order a run without them agrees on",
+    )
+    p.add_argument(
+        "--link-scale",
+        metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        default=None,
+        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
+        "link); a message runs at the smaller factor of its two ends",
+    )
+    p.add_argument(
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
     )
     p.add_argument(
