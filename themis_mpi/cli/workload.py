@@ -25,6 +25,7 @@ from ..workloads.llm import (
     LlmConfig,
     fit_groups,
     in_flight,
+    parse_order,
     parse_schedule,
     place_groups,
     stage_order,
@@ -65,11 +66,21 @@ def llm_config(args: argparse.Namespace) -> LlmConfig:
         peak_tflops=args.peak_tflops,
         efficiency=args.efficiency,
         bytes_per_element=args.bytes_per_element,
+        order="-".join(parse_order(args.order)),
     )
 
 
 def _dims(dims: tuple[int, ...]) -> str:
     return ",".join(map(str, dims)) or "-"
+
+
+def rank_formula(order: str) -> str:
+    """How a rank is numbered from its group coordinates, e.g. ``tp + TP*(dp + DP*pp)``."""
+    first, *rest = parse_order(order)
+    text = rest[-1]
+    for g in reversed(rest[:-1]):
+        text = f"{g} + {g.upper()}*{text}" if text == rest[-1] else f"{g} + {g.upper()}*({text})"
+    return f"{first} + {first.upper()}*({text})"
 
 
 def summary(c: LlmConfig, layout: Layout) -> list[str]:
@@ -84,7 +95,8 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
         f"# gpt: {c.layers} layers, hidden {c.hidden}, {c.heads} heads, seq {c.seq}, vocab {c.vocab}, "
         f"ffn {c.ffn_hidden}{moe}; {c.params / 1e9:.2f}e9 parameters, {c.flops:.4g} FLOPs per iteration",
         f"# TP {c.tp} x PP {c.pp} x DP {c.dp} = {c.npus} NPUs on {topo.spec()}: TP dims {_dims(layout.tp)}, "
-        f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} (rank = tp + TP*(dp + DP*pp))",
+        f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} "
+        f"(--order {c.order}: rank = {rank_formula(c.order)})",
         f"# {schedule}: {c.micro_batches} micro-batches of {c.micro_batch} per pipeline, ZeRO-{c.zero}"
         f"{', recompute' if c.recompute else ''}; in flight per stage {' '.join(map(str, flight))}; "
         f"ideal bubble (p-1)/(m*V) = {(c.pp - 1) / (c.micro_batches * c.chunks):.3f}",
