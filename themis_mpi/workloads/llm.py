@@ -220,7 +220,7 @@ def check_config(c: LlmConfig) -> None:
 
 
 def parse_order(text: str) -> tuple[str, ...]:
-    """ "tp-dp-pp" (or another order of tp, dp and pp) -> ("tp", "dp", "pp"): the groups inner to outer."""
+    """An order such as tp-dp-pp -> ("tp", "dp", "pp"): the groups inner to outer (tp, dp, pp once each)."""
     order = tuple(text.lower().split("-"))
     if sorted(order) != sorted(GROUPS):
         raise UsageError(
