@@ -116,3 +116,14 @@ def test_best_is_the_fastest_policy_and_speedups_are_time_ratios(shipped):
         assert times[row["best"]] == min(times.values())
         assert row["themis_speedup"] == pytest.approx(base / times["themis"], rel=1e-12)
         assert row["best_speedup"] == pytest.approx(base / min(times.values()), rel=1e-12)
+
+
+def test_the_bubble_is_the_fill_and_drain_plus_the_last_stages_output_layer(shipped):
+    """Bubble = (p - 1) * (t_f + t_b) + m * 3 * t_head: the last stage, slowest by its output layer, paces rank 0."""
+    module = load_script()
+    for row in fitted(shipped):
+        c = module.config_of(row["model"], row["order"])
+        stage_ns = 3 * c.layer_forward_ns * c.layers_per_stage
+        want_us = ((c.pp - 1) * stage_ns + c.micro_batches * 3 * c.head_forward_ns) / 1e3
+        for r in row["policies"].values():
+            assert r["bubble_us"] == pytest.approx(want_us, rel=1e-4), row["model"]  # "free": 1 PB/s
