@@ -18,8 +18,8 @@ and its PP peers, linked): the ranks of a stage run the same graph on symmetric 
 stands for all of them. A cell whose groups do not fit the topology's dims is kept, with why.
 
 Writes study.json (every cell) and study.md (the tables) into --out, atomically, and prints the
-tables. ``--quick``: the `QUICK` cell only (the MoE model on 4D-Ring_SW_SW_SW, < 30 s), whose row
-equals the same cell of a full run (tests/test_study_llm.py checks them against docs/llm).
+tables. ``--quick``: the `QUICK` cell only (the MoE on 4D-Ring_SW_SW_SW, about 20 s of CPU),
+whose row equals the same cell of a full run (tests/test_study_llm.py checks it against docs/llm).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def markdown(rows: list[dict], chunks: int) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/llm", help="output folder (docs/llm is the shipped copy)")
-    ap.add_argument("--quick", action="store_true", help="the QUICK cells only (< 30 s)")
+    ap.add_argument("--quick", action="store_true", help="the QUICK cell only (about 20 s of CPU)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (gpt3-175b,mixtral-8x7b)")
     ap.add_argument("--topologies", default=",".join(TOPOLOGIES), help="comma-separated topologies")
     ap.add_argument("--orders", default=",".join(ORDERS), help="comma-separated --order values")
