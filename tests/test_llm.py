@@ -317,12 +317,13 @@ LAYOUTS = {
     "tp2-pp2-dp2-1f1b": dict(tp=2, pp=2, dp=2),
     "pp4-dp2-interleaved2": dict(pp=4, dp=2, schedule="interleaved", chunks=2),
     "pp2-dp4-ep2-zero3-gpipe": dict(pp=2, dp=4, ep=2, experts=4, topk=2, zero=3, schedule="gpipe"),
+    "tp2-pp2-dp2-order-pp-dp-tp": dict(tp=2, pp=2, dp=2, order="pp-dp-tp"),
 }
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_time(tmp_path, layout):
-    """TP2 x PP2 x DP2 (and interleaved, and MoE under ZeRO-3) under mpiexec -n 8: #wrong 0, the model's times."""
+    """TP2 x PP2 x DP2 (interleaved, MoE under ZeRO-3, PP innermost) under mpiexec -n 8: #wrong 0, the model's times."""
     prefix = str(tmp_path / "g")
     c = LlmConfig(**SMALL, **LAYOUTS[layout])
     topo = parse_topology("2x2x2")
