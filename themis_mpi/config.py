@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from .cost import ASTRA_SIM_1_0, ASTRA_SIM_2, NO_ENDPOINT, Endpoint, check_compat
 from .errors import UsageError
-from .limits import MAX_TIME_NS, MAX_TIME_SCALE, MAX_TIMEOUT_S, in_range
+from .limits import (
+    MAX_LINK_SCALE,
+    MAX_SIZE_BYTES,
+    MAX_TIME_NS,
+    MAX_TIME_SCALE,
+    MAX_TIMEOUT_S,
+    MIN_LINK_SCALE,
+    in_range,
+)
 from .network import IDEAL, RULES, STORE_FORWARD
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
@@ -37,6 +45,14 @@ class RunConfig:
             ``hwres_multi_comm`` build); by default one runs at a time per NPU, as its workload layer.
         compat_fifo: under ``astra-sim-2``, its ``scheduling-policy: FIFO`` (the earlier collective
             first) instead of LIFO.
+        comm_scheduler: the communication scheduler between collectives, a name of the registry
+            (fifo, lifo, p3, bytescheduler, tictac or a plugin; `policies.scheduler`); "" = fifo,
+            or lifo under an ASTRA-sim compat (`policies.scheduler.default_scheduler`).
+        credit_bytes: bytescheduler's credit, bytes of stages running per dim (0: its default).
+        npu_delay_ns: late NPUs, ``(rank, ns)`` pairs: each starts its work that much later.
+        link_scale: ``(dim, rank, factor)``: that NPU's links in that dim run at factor times
+            their bandwidth (`cost.LinkScales`). With either, the model runs every NPU (`npus`),
+            and each dim starts its stages in one agreed order (`engine.Engine.agree`).
     """
 
     intra: str = "fifo"
@@ -50,6 +66,10 @@ class RunConfig:
     network: str = IDEAL
     compat_concurrent: bool = False
     compat_fifo: bool = False
+    comm_scheduler: str = ""
+    credit_bytes: int = 0
+    npu_delay_ns: tuple[tuple[int, float], ...] = ()
+    link_scale: tuple[tuple[int, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_compat(self.compat)
@@ -70,8 +90,39 @@ class RunConfig:
         if not isinstance(self.intra, str) or not self.intra:
             raise UsageError(f"intra-dim policy must be a name, got {self.intra!r}")
         in_range("active chunks per dim", self.active_per_dim, 1, 1024)
+        if not isinstance(self.comm_scheduler, str):
+            raise UsageError(f"communication scheduler must be a name, got {self.comm_scheduler!r}")
+        if self.comm_scheduler and self.compat_fifo:
+            raise UsageError("--compat-scheduling and --comm-scheduler both choose the scheduler; give one")
+        if self.credit_bytes:
+            in_range("credit", self.credit_bytes, 1, MAX_SIZE_BYTES, "B")
         in_range("endpoint delay", self.endpoint_delay_ns, 0, MAX_TIME_NS, "ns")
         if self.clock not in ("virtual", "wall"):
             raise UsageError(f"unknown clock {self.clock!r}; use virtual or wall")
         in_range("time scale", self.time_scale, 1e-9, MAX_TIME_SCALE, "wall s per emulated s")
         in_range("timeout", self.timeout_s, 0.1, MAX_TIMEOUT_S, "s")
+        ranks = [rank for rank, _ in self.npu_delay_ns]
+        if len(set(ranks)) != len(ranks):
+            raise UsageError(f"--npu-delay-us names a rank twice: {sorted(ranks)}")
+        for rank, delay_ns in self.npu_delay_ns:
+            in_range("--npu-delay-us rank", rank, 0, 1 << 20)
+            in_range(f"--npu-delay-us of rank {rank}", delay_ns / 1e3, 0, MAX_TIME_NS / 1e3, "us")
+        links = [(d, rank) for d, rank, _ in self.link_scale]
+        if len(set(links)) != len(links):
+            raise UsageError(f"--link-scale names a link twice: {sorted(links)}")
+        for d, rank, factor in self.link_scale:
+            in_range("--link-scale dim", d, 0, 63)
+            in_range("--link-scale rank", rank, 0, 1 << 20)
+            in_range(f"--link-scale of dim {d}, rank {rank}", factor, MIN_LINK_SCALE, MAX_LINK_SCALE)
+        if self.asymmetric and self.compat:
+            raise UsageError(f"--compat {self.compat} has identical NPUs: drop --npu-delay-us, --link-scale")
+        if self.asymmetric and (self.network != IDEAL or self.active_per_dim != 1):
+            raise UsageError(
+                "a late NPU or a scaled link (--npu-delay-us, --link-scale) runs under --network ideal "
+                "with one active chunk per dim"
+            )
+
+    @property
+    def asymmetric(self) -> bool:
+        """Whether NPUs differ (late NPUs, scaled links): the model must then run every NPU."""
+        return bool(self.npu_delay_ns or self.link_scale)

@@ -20,6 +20,11 @@ frees (``notify_stream_removed``, then ``notify_stream_added``) before the next 
 an AR stage queues as in a FIFO queue, which puts a later collective's stages ahead of the waiting
 stages of earlier ones (``insert_stream`` with the ``LIFO`` priority of ``get_priority``).
 
+Between collectives, the communication scheduler (`policies.scheduler`, ``--comm-scheduler``)
+ranks each collective when it is issued: a dim's queue is kept in that order (the intra-dim policy
+places a stage among those of equal priority), and a gated scheduler (bytescheduler's credit) may
+hold the head while its slots are free. The default, fifo, ranks nothing.
+
 Workloads are processes, as in SimPy: generators that ``yield engine.timeout(ns)`` for compute
 and ``yield engine.issue(collective, schedule)`` to wait for a collective (or keep the returned
 `CollectiveRun` and yield it later, to overlap).
@@ -27,6 +32,7 @@ and ``yield engine.issue(collective, schedule)`` to wait for a collective (or ke
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
@@ -42,7 +48,19 @@ from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError
-from .policies import IntraPolicy, PolicyError, QueueView, Schedule, make_intra, origin
+from .policies import (
+    UNKNOWN,
+    IntraPolicy,
+    Need,
+    PolicyError,
+    QueueView,
+    Schedule,
+    default_scheduler,
+    make_intra,
+    make_scheduler,
+    origin,
+    scheduler_origin,
+)
 from .topology import Topology
 from .watchdog import watch
 
@@ -116,11 +134,12 @@ class Event:
     def __init__(self) -> None:
         self.triggered = False
         self.value: Any = None
+        self.time_ns = -math.inf  # when it triggered, where the engine says (`Engine.agree`)
         self._callbacks: list[Callable[[Event], None]] = []
 
-    def succeed(self, value: Any = None) -> None:
+    def succeed(self, value: Any = None, time_ns: float = -math.inf) -> None:
         """Trigger now and run the waiters, in the order they came."""
-        self.triggered, self.value = True, value
+        self.triggered, self.value, self.time_ns = True, value, time_ns
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback(self)
@@ -137,24 +156,38 @@ ProcessGenerator = Generator[Event, Any, Any]
 
 
 class Process(Event):
-    """Drives a generator: each yielded event resumes it when triggered; it triggers on return."""
+    """Drives a generator: each yielded event resumes it when triggered; it triggers on return.
 
-    def __init__(self, generator: ProcessGenerator):
+    Under an agreed order (`Engine.agree`) events come as they are known, not in time order, so
+    a process keeps its own clock: it resumes at the later of its own time and its event's, and
+    the engine's `now_ns` is that time while the process runs.
+    """
+
+    def __init__(self, generator: ProcessGenerator, engine: Engine | None = None):
         super().__init__()
         self._generator = generator
+        self._engine = engine
+        self._now_ns = -math.inf if engine is None else engine.now_ns
         self._resume(None)
 
     def _resume(self, event: Event | None) -> None:
         value = None if event is None else event.value
+        engine = self._engine if self._engine is not None and self._engine.agreed is not None else None
+        if engine is not None and event is not None:
+            engine.now_ns = self._now_ns = max(self._now_ns, event.time_ns)
         while True:  # a loop, not recursion: chains of triggered events can be long
             try:
                 target = self._generator.send(value)
             except StopIteration as stop:
-                self.succeed(stop.value)
+                self.succeed(stop.value, self._now_ns)
                 return
             if not target.triggered:
+                if engine is not None:
+                    self._now_ns = engine.now_ns
                 target.add_callback(self._resume)
                 return
+            if engine is not None:
+                engine.now_ns = self._now_ns = max(engine.now_ns, target.time_ns)
             value = target.value
 
 
@@ -221,6 +254,7 @@ class CollectiveRun(Event):
         end_ns: virtual end time.
         wrong: wrong elements on this NPU (None when not checked).
         runs: the stage runs, in completion order.
+        priority: its communication scheduler's priority (lower goes first; `policies.scheduler`).
     """
 
     coll_id: int
@@ -236,6 +270,7 @@ class CollectiveRun(Event):
     end_ns: float = math.nan
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
+    priority: float = 0.0
 
     def __post_init__(self) -> None:
         Event.__init__(self)
@@ -306,8 +341,12 @@ class Transport(Protocol):
     def start(self, run: StageRun) -> None:
         """A stage started at ``run.start_ns``."""
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
-        """The earliest completions at or before the horizon, or ``(horizon_ns, [])``."""
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
+        """The earliest completions at or before the horizon, or ``(horizon_ns, [])``.
+
+        `certain`: no running stage may still end earlier. Without it (an agreed order, where
+        start times follow from the data alone) any known completions will do.
+        """
         ...
 
     def close(self, run: CollectiveRun) -> None:
@@ -343,7 +382,14 @@ class Engine:
         # what an intra-dim policy sees of each dim: the waiting stages (kept beside `queues`, so
         # that queueing costs no copy) and the count of running ones
         # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
-        view_compat = "" if config.compat_fifo else config.compat
+        scheduler = default_scheduler(config)
+        self.scheduler = make_scheduler(scheduler)
+        # a plugin scheduler on the model: nobody else watches it (MPI ranks have their watchdog)
+        plugin = transport.name == "model" and scheduler_origin(scheduler) != "builtin"
+        self._scheduler_watch_s = config.timeout_s if plugin else None
+        self._scheduler_call(self.scheduler.setup, config)
+        self._ranked, self._gated = bool(self.scheduler.ranked), bool(self.scheduler.gated)
+        view_compat = config.compat if scheduler == "lifo" else ""
         self.views = [QueueView([], 0, view_compat) for _ in range(n)]
         # ASTRA-sim 2.x's workload layer: one collective in flight per NPU, the next issued after
         self.one_at_a_time = config.compat == ASTRA_SIM_2 and not config.compat_concurrent
@@ -364,10 +410,15 @@ class Engine:
         self._n_started = 0
         self.computing = 0  # compute phases running now (training replay; `cost.Endpoint`)
         self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
+        # per dim, the (collective, chunk, stage index) every NPU starts there, in that order (`agree`)
+        self.agreed: list[list[tuple[int, int, int]]] | None = None
+        self.dim_free_ns = [0.0] * n  # under an agreed order: when each dim's last stage ended
 
     # --- the process API -----------------------------------------------------------------------
 
-    def issue(self, collective: Collective, schedule: Schedule, check: bool = True) -> CollectiveRun:
+    def issue(
+        self, collective: Collective, schedule: Schedule, check: bool = True, need: Need = UNKNOWN
+    ) -> CollectiveRun:
         """Issue a collective now under its schedule, chunk by chunk (a chunk whose first dim is free starts).
 
         Args:
@@ -375,6 +426,7 @@ class Engine:
             schedule: its chunk bounds, every chunk's dim order, the baseline's fused last dim and
                 its intra-dim policy ("" = the engine's).
             check: let the transport check the result against the closed form.
+            need: when the workload needs its result (the communication scheduler ranks by it).
         """
         coll_id = len(self.collectives)
         bounds = np.asarray(schedule.bounds, dtype=np.int64)
@@ -402,6 +454,8 @@ class Engine:
             check,
             fuse_last,
         )
+        if self._ranked:
+            run.priority = self._priority(coll_id, need, collective)
         self.collectives.append(run)
         if self.one_at_a_time and self._in_flight:
             self._deferred.append(run)
@@ -451,9 +505,70 @@ class Engine:
 
     def process(self, generator: ProcessGenerator) -> Process:
         """Start a process now; it runs until its first wait before this returns."""
-        return Process(generator)
+        return Process(generator, self)
+
+    def agree(self, order: list[list[tuple[int, int, int]]]) -> None:
+        """Start each dim's stages in this order only, whatever the queue policy put first.
+
+        NPUs that run at different paces (a late NPU) fill their queues in different orders,
+        while a dim group's members must run the same stage under the same start number (its
+        messages' tag). The order every NPU agrees on is the one a run without the late NPU
+        gives (`start_order`): a stage waits, with its slot free, until the stages before it
+        in that order have started here.
+        """
+        self.agreed = order
+
+    def start_order(self) -> list[list[tuple[int, int, int]]]:
+        """Per dim, the (collective, chunk, stage index) of every stage started so far, in start order."""
+        order: list[list[tuple[int, int, int]]] = [[] for _ in self.topology.dims]
+        runs = self.records + [run for run in self.running_stages()]
+        for run in sorted(runs, key=lambda r: r.dim_seq):
+            s = run.stage
+            order[s.dim].append((s.coll, s.chunk, s.index))
+        return order
 
     # --- queues --------------------------------------------------------------------------------
+
+    def _scheduler_call(self, method: Callable[..., Any], *args: Any) -> Any:
+        """Call the scheduler; an error (and a plugin's hang, on the model) ends the run in one line."""
+        what = f"communication scheduler {self.scheduler.name!r}"
+        try:
+            if self._scheduler_watch_s is None:
+                return method(*args)
+            timeout_s = self._scheduler_watch_s
+            with watch(timeout_s, f"{what} did not answer within {timeout_s:g} s (--timeout-s)"):
+                return method(*args)
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+            raise PolicyError(f"{what} failed: {type(exc).__name__}: {exc}") from None
+
+    def _priority(self, coll_id: int, need: Need, collective: Collective) -> float:
+        """The scheduler's priority of a collective, checked (a plugin's error names it)."""
+        value = self._scheduler_call(self.scheduler.priority, coll_id, need, collective)
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+        if not number or value != value:
+            raise PolicyError(
+                f"communication scheduler {self.scheduler.name!r} returned priority {value!r}; "
+                "it must be a number"
+            )
+        return float(value)
+
+    def _in_band(self, stage: Stage, pos: int) -> int:
+        """The intra-dim policy's position, kept among the waiting stages of the same priority."""
+        collectives = self.collectives
+        priority = collectives[stage.coll].priority
+        queue = self.queues[stage.dim]
+
+        def key(r: StageRun) -> float:
+            return collectives[r.stage.coll].priority
+
+        lo = bisect.bisect_left(queue, priority, key=key)
+        hi = bisect.bisect_right(queue, priority, lo, key=key)
+        return min(max(pos, lo), hi)
+
+    def _may_start(self, d: int, run: StageRun) -> bool:
+        """Whether a gated scheduler lets the head of dim d's queue start now (always, on an idle dim)."""
+        running = [r.stage for r in self.slots[d] if r is not None]
+        return not running or bool(self._scheduler_call(self.scheduler.may_start, run.stage, running))
 
     def intra_policy(self, name: str) -> IntraPolicy:
         """The engine's instance of an intra-dim policy, made on first use."""
@@ -488,6 +603,8 @@ class Engine:
             )
         if type(pos) is not int:
             pos = int(pos) if isinstance(pos, np.integer) else -1
+        if self._ranked and 0 <= pos <= n:
+            pos = self._in_band(stage, pos)
         if pos == n:
             self.queues[stage.dim].append(run)
             waiting.append(stage)  # type: ignore[attr-defined]
@@ -509,8 +626,11 @@ class Engine:
         for d in dims:
             queue, view = self.queues[d], self.views[d]
             while queue and view.running < self.active_per_dim:
-                run = queue.pop(0)
-                view.waiting.pop(0)  # type: ignore[attr-defined]
+                i = 0 if self.agreed is None else self._agreed_index(d)
+                if i < 0 or (self._gated and not self._may_start(d, queue[i])):
+                    break
+                run = queue.pop(i)
+                view.waiting.pop(i)  # type: ignore[attr-defined]
                 view.running += 1
                 slots = self.slots[d]
                 run.slot = slot = slots.index(None)
@@ -519,10 +639,23 @@ class Engine:
                 self.started[d] += 1
                 run.start_seq = self._n_started
                 self._n_started += 1
-                run.start_ns = self.now_ns
+                run.start_ns = self.now_ns if self.agreed is None else max(run.queued_ns, self.dim_free_ns[d])
                 run.mem_shared = self.computing > 0
                 self._running += 1
                 self._claimed.append(run)
+
+    def _agreed_index(self, d: int) -> int:
+        """Where the next stage of the agreed order waits in dim d's queue; -1 if not yet queued."""
+        order = self.agreed[d]  # type: ignore[index]
+        seq = self.started[d]
+        if seq >= len(order):
+            raise UsageError(f"dim {d} starts more stages than the agreed order holds ({len(order)})")
+        want = order[seq]
+        for i, run in enumerate(self.queues[d]):
+            s = run.stage
+            if (s.coll, s.chunk, s.index) == want:
+                return i
+        return -1
 
     def _start_claimed(self) -> None:
         claimed, self._claimed = self._claimed, []
@@ -533,10 +666,11 @@ class Engine:
         """Free the stage's slot and queue its chunk's next stage; returns that stage's dim."""
         if isinstance(run, MessageRun):
             self._running -= 1
-            run.done.succeed()
+            run.done.succeed(None, self.now_ns)
             return None
         stage = run.stage
         self.slots[stage.dim][run.slot] = None
+        self.dim_free_ns[stage.dim] = run.end_ns
         self.views[stage.dim].running -= 1
         self._running -= 1
         self.records.append(run)
@@ -552,10 +686,12 @@ class Engine:
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
+        if self.agreed is not None:  # completions come as known, not in time order: resume at the end
+            self.now_ns = max((r.end_ns for r in coll.runs), default=self.now_ns)
         coll.end_ns = self.now_ns
         self._in_flight -= 1
         self.transport.close(coll)
-        coll.succeed()
+        coll.succeed(None, self.now_ns)
         if self._deferred and not self._in_flight:
             self._launch(self._deferred.pop(0))
 
@@ -591,7 +727,7 @@ class Engine:
             if not self._running and not self._timers:
                 return
             horizon = self._timers[0][0] if self._timers else math.inf
-            t_ns, done = self.transport.wait_next(horizon)
+            t_ns, done = self.transport.wait_next(horizon, self.agreed is None)
             self.now_ns = t_ns
             if done and self.astra:  # one at a time, each starting what it frees
                 for run in sorted(done, key=lambda r: (self._finish_order_key(r, t_ns), r.start_seq)):
@@ -618,5 +754,5 @@ class Engine:
                 self._claim_free(sorted(dims))
                 continue
             while self._timers and self._timers[0][0] <= t_ns:
-                _, _, event = heapq.heappop(self._timers)
-                event.succeed()
+                t_event, _, event = heapq.heappop(self._timers)
+                event.succeed(None, t_event)

@@ -44,12 +44,13 @@ LAYERS: tuple[Layer, ...] = (
     Layer("config", "how a run is carried out (`RunConfig`)", ("config",)),
     Layer(
         "policies",
-        "inter-dim and intra-dim policies, the registry and its plugins",
+        "inter-dim and intra-dim policies, the communication scheduler, the registry and its plugins",
         (
             "policies.base",
             "policies.inter",
             "policies.intra",
             "policies.predictive",
+            "policies.scheduler",
             "policies.registry",
             "policies",
         ),
@@ -57,8 +58,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("engine", "queues, slots, clocks and processes of one NPU; the `Transport` protocol", ("engine",)),
     Layer(
         "transports",
-        "who moves the data and says when stages end: the model, or MPI",
-        ("model", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
+        "who moves the data and says when stages end: the model (one NPU, or every NPU), or MPI",
+        ("model", "npus", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
     ),
     Layer(
         "workloads",

@@ -101,7 +101,7 @@ class ModelTransport:
         heapq.heappush(self._heap, (end_ns, self._seq, run))
         self._seq += 1
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """The earliest batch of completions, or (horizon, []) if the horizon comes first."""
         if self.network is not None:
             return self.network.next(horizon_ns)

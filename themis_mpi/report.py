@@ -9,6 +9,7 @@ from .config import RunConfig
 from .results import CollectiveResult, TrainingResult, busbw_factor
 from .topology import Topology
 from .units import format_size
+from .workloads.training import TrainingSpec
 
 
 def run_header(topo: Topology, command: str, config: RunConfig) -> str:
@@ -36,6 +37,8 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
             "#   network ideal: stages that run at once share nothing, so a link or port may carry more "
             "than its rate (--network fair shares them)"
         )
+    if config.asymmetric:
+        lines.append(stragglers_line(config))
     if config.endpoint.on:
         e = config.endpoint
         lines.append(
@@ -43,6 +46,20 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
             + ("ACE (one read and one write per chunk)" if e.ace else "reductions and copies on the NPU")
         )
     return "\n".join(lines)
+
+
+def stragglers_line(config: RunConfig, spec: TrainingSpec | None = None) -> str:
+    """What makes NPUs differ (late NPUs, scaled links, compute paces), in one header line."""
+    items = [f"NPU {rank} late by {ns / 1e3:g} us" for rank, ns in config.npu_delay_ns]
+    items += [f"NPU {rank}'s dim-{d} links at {f:g}x" for d, rank, f in config.link_scale]
+    if spec is not None:
+        items += [f"NPU {rank} computes at {f:g}x the time" for rank, f in spec.npu_compute_scale]
+        if spec.compute_jitter:
+            items.append(f"compute jitter lognormal sigma {spec.compute_jitter:g} (seed {spec.seed})")
+    return (
+        f"#   stragglers: {', '.join(items)}; times span every NPU, each dim starts its stages in one "
+        "agreed order"
+    )
 
 
 def table_header(n_dims: int, clock: str) -> str:

@@ -146,6 +146,8 @@ class TrainingResult:
     decision_s: float = 0.0
     network: str = IDEAL
     links: list[LinkResult] = field(default_factory=list)
+    scheduler: str = "fifo"  # the communication scheduler between collectives (`policies.scheduler`)
+    partition_mib: float = 0.0  # its partitions (0: whole tensors)
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""

@@ -16,10 +16,10 @@ from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
 from ..launch import env_rank
-from ..limits import MAX_CHUNKS, in_range
+from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
 from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
-from ..policies import InterPolicy
+from ..policies import InterPolicy, scheduler_class
 from ..run.sweep import policy_configs
 from ..topology import Topology, from_link_bandwidths, parse_topology
 from ..units import parse_size, size_sweep
@@ -107,7 +107,61 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         network=args.network or (STORE_FORWARD if args.compat == ASTRA_SIM_2 else IDEAL),
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
+        npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
+        link_scale=link_scales(getattr(args, "link_scale", None)),
+        comm_scheduler=getattr(args, "comm_scheduler", ""),
+        credit_bytes=credit_bytes(args),
     )
+
+
+def rank_values(text: str | None, flag: str, unit: str) -> tuple[tuple[int, float], ...]:
+    """``RANK=VALUE[,...]`` as ``(rank, value)`` pairs (the settings check the ranges)."""
+    pairs = []
+    for item in split_list(text) if text else []:
+        rank, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs.append((int(rank), float(value)))
+        except ValueError:
+            raise UsageError(f"{flag} takes RANK={unit}[,RANK={unit}...], not {item!r}") from None
+    return tuple(pairs)
+
+
+def credit_bytes(args: argparse.Namespace) -> int:
+    """``--credit-mib`` in bytes (0: the scheduler's default); only bytescheduler takes it."""
+    credit_mib = getattr(args, "credit_mib", None)
+    if credit_mib is None:
+        return 0
+    in_range("--credit-mib", credit_mib, 2.0**-20, MAX_SIZE_BYTES / 2**20, "MiB")
+    return max(1, int(credit_mib * 2**20))
+
+
+def partition_mib(args: argparse.Namespace) -> float:
+    """``--partition-mib``, or the scheduler's default (4 MiB for one that slices, else 0)."""
+    name = getattr(args, "comm_scheduler", "")
+    cls = scheduler_class(name) if name else None
+    if args.partition_mib is not None:
+        return float(args.partition_mib)
+    return 4.0 if cls is not None and cls.slices else 0.0
+
+
+def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``--npu-delay-us RANK=US[,...]`` as ``(rank, ns)`` pairs."""
+    return tuple((rank, us * 1e3) for rank, us in rank_values(text, "--npu-delay-us", "US"))
+
+
+def compute_jitter(text: str | None) -> float:
+    """``--compute-jitter lognormal:SIGMA`` as its sigma (0 without)."""
+    if not text:
+        return 0.0
+    kind, sep, value = text.partition(":")
+    try:
+        if kind != "lognormal" or not sep:
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--compute-jitter takes lognormal:SIGMA, not {text!r}") from None
 
 
 def policy_settings(args: argparse.Namespace) -> list[tuple[InterPolicy, RunConfig]]:
@@ -207,3 +261,18 @@ class Lines:
         """Remove the bar."""
         if self.bar is not None:
             self.bar.close()
+
+
+def link_scales(text: str | None) -> tuple[tuple[int, int, float], ...]:
+    """``DIM:RANK=F[,...]`` as ``(dim, rank, factor)`` triples (`RunConfig.link_scale` checks the ranges)."""
+    triples = []
+    for item in split_list(text) if text else []:
+        link, sep, value = item.partition("=")
+        dim, colon, rank = link.partition(":")
+        try:
+            if not sep or not colon:
+                raise ValueError
+            triples.append((int(dim), int(rank), float(value)))
+        except ValueError:
+            raise UsageError(f"--link-scale takes DIM:RANK=F[,DIM:RANK=F...], not {item!r}") from None
+    return tuple(triples)

@@ -107,6 +107,20 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         help="with --compat astra-sim-2: its scheduling-policy between collectives (default LIFO)",
     )
     _add_network(p, "ideal; store-forward with --compat astra-sim-2")
+    p.add_argument(
+        "--npu-delay-us",
+        metavar="RANK=US[,RANK=US...]",
+        default=None,
+        help="late NPUs: each starts its work this many us late (a straggler); the model then runs "
+        "every NPU, and each dim starts its stages in the order a run without them agrees on",
+    )
+    p.add_argument(
+        "--link-scale",
+        metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        default=None,
+        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
+        "link); a message runs at the smaller factor of its two ends",
+    )
     p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
     p.add_argument(
         "--hbm-gbps",
@@ -259,6 +273,19 @@ def _train_parser(sub: Any) -> None:
         "0.25 = an accelerator 4x faster (default 1)",
     )
     p.add_argument(
+        "--npu-compute-scale",
+        metavar="RANK=F[,RANK=F...]",
+        default=None,
+        help="stragglers: that NPU's compute and update times times F (1.5 = half as fast again)",
+    )
+    p.add_argument(
+        "--compute-jitter",
+        metavar="lognormal:SIGMA",
+        default=None,
+        help="every compute phase of every NPU times a lognormal factor of mean 1 (seeded by --seed)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --compute-jitter (default 0)")
+    p.add_argument(
         "--comm-scale",
         type=float,
         default=1.0,
@@ -277,6 +304,26 @@ def _train_parser(sub: Any) -> None:
         type=float,
         default=None,
         help="cap of the first bucket (the last layers' gradients; DDP: 1; default: --bucket-mib)",
+    )
+    p.add_argument(
+        "--comm-scheduler",
+        metavar="NAME",
+        default="",
+        help="communication scheduler between collectives: fifo, lifo, p3, bytescheduler, tictac or a "
+        "plugin (themis-mpi policies; docs/scheduling.md); default fifo, lifo under --compat",
+    )
+    p.add_argument(
+        "--partition-mib",
+        type=float,
+        default=None,
+        help="slice every collective into partitions of this many MiB; 0 = whole tensors "
+        "(default 4 under p3 and bytescheduler, else 0)",
+    )
+    p.add_argument(
+        "--credit-mib",
+        type=float,
+        default=None,
+        help="bytescheduler: MiB of stages running at once per dim (default 16)",
     )
     p.add_argument(
         "--comm-group",

@@ -1,16 +1,25 @@
-"""`themis-mpi policies`: every inter-dim and intra-dim policy, built in or a plugin."""
+"""`themis-mpi policies`: every policy and communication scheduler, built in or a plugin."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..policies import inter_class, inter_names, intra_class, intra_names, origin
+from ..policies import (
+    inter_class,
+    inter_names,
+    intra_class,
+    intra_names,
+    origin,
+    scheduler_class,
+    scheduler_names,
+    scheduler_origin,
+)
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    """`themis-mpi policies`: every inter-dim and intra-dim policy, with where it comes from."""
-    inter, intra = inter_names(), intra_names()
-    width = max(map(len, inter + intra))
+    """`themis-mpi policies`: every policy and scheduler, with where it comes from."""
+    inter, intra, schedulers = inter_names(), intra_names(), scheduler_names()
+    width = max(map(len, inter + intra + schedulers))
     print(f"# inter-dim policies (--policy); {len(inter)}")
     for name in inter:
         cls = inter_class(name)
@@ -20,4 +29,9 @@ def cmd_policies(args: argparse.Namespace) -> int:
     print(f"# intra-dim policies (--intra); {len(intra)}")
     for name in intra:
         print(f"  {name:<{width}}  {intra_class(name).description}  [{origin(name)}]")
+    print(f"# communication schedulers between collectives (--comm-scheduler); {len(schedulers)}")
+    for name in schedulers:
+        scheduler = scheduler_class(name)
+        tags = ("slices tensors, " if scheduler.slices else "") + scheduler_origin(name)
+        print(f"  {name:<{width}}  {scheduler.description}  [{tags}]")
     return 0

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import argparse
 
+from ..config import RunConfig
 from ..errors import UsageError
 from ..launch import under_mpiexec
 from ..limits import check_memory
 from ..model import ModelTransport
 from ..network import check_rule
 from ..output import write_json
-from ..report import training_table, with_speedups
+from ..policies import default_scheduler, make_scheduler
+from ..report import stragglers_line, training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
 from ..run.pool import MPI, ordered_map, parse_workers
@@ -24,7 +26,17 @@ from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
 from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
-from .options import check_outputs, input_files, one_chunk_count, one_topology, policy_settings, wrong_exit
+from .options import (
+    check_outputs,
+    compute_jitter,
+    input_files,
+    one_chunk_count,
+    one_topology,
+    partition_mib,
+    policy_settings,
+    rank_values,
+    wrong_exit,
+)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -44,6 +56,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.comm_scale,
         args.bucket_mib,
         args.first_bucket_mib,
+        partition_mib(args),
+        rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        compute_jitter(args.compute_jitter),
+        args.seed,
     )
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
@@ -69,8 +85,23 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
             if spec.bucket_mib:
                 print(_buckets_line(wl, topo, spec))
+            if settings[0][1].comm_scheduler or spec.partition_mib:
+                print(_scheduler_line(settings[0][1], spec))
+            if settings[0][1].asymmetric or spec.heterogeneous:
+                print(stragglers_line(settings[0][1], spec))
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
+
+
+def _scheduler_line(config: RunConfig, spec: TrainingSpec) -> str:
+    """Which communication scheduler runs, with its partitions and credit."""
+    name = default_scheduler(config)
+    parts = f"partitions of {spec.partition_mib:g} MiB" if spec.partition_mib else "whole tensors"
+    scheduler = make_scheduler(name)
+    scheduler.setup(config)
+    credit_bytes = getattr(scheduler, "credit_bytes", None) if scheduler.gated else None
+    credit = f", credit {credit_bytes / 2**20:g} MiB per dim" if credit_bytes else ""
+    return f"# communication scheduler {name}: {parts}{credit}"
 
 
 def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
@@ -121,7 +152,17 @@ def _train_graph(args: argparse.Namespace) -> int:
     graph = load_graph(args.workload, args.comm_group)
     given = one_topology(args)
     topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
-    spec = TrainingSpec(one_chunk_count(args), args.dtype, 1, args.compute_scale, args.comm_scale)
+    spec = TrainingSpec(
+        one_chunk_count(args),
+        args.dtype,
+        1,
+        args.compute_scale,
+        args.comm_scale,
+        partition_mib=partition_mib(args),
+        npu_compute_scale=rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        compute_jitter=compute_jitter(args.compute_jitter),
+        seed=args.seed,
+    )
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
     use_mpi, workers = _where(args)
@@ -146,6 +187,8 @@ def _train_graph(args: argparse.Namespace) -> int:
             rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
         if backend.rank == 0:
             print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi))
+            if settings[0][1].comm_scheduler or spec.partition_mib:
+                print(_scheduler_line(settings[0][1], spec))
             if topo != given:
                 print(
                     f"# model-parallel group {graph.model_parallel_group} splits a dim: "

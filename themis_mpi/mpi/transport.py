@@ -45,7 +45,7 @@ from ..algorithms import SWAP as STEP_SWAP
 from ..algorithms import Step, plan, plan_all_to_all
 from ..collectives import Collective, owned_region, rs_dims
 from ..config import RunConfig
-from ..cost import A2A, AG, RS, CostModels
+from ..cost import A2A, AG, RS, CostModels, LinkScales
 from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
 from ..errors import UsageError
 from ..network import IDEAL, make_network
@@ -134,6 +134,8 @@ class _Shape:
         "send_bases",
         "own",
         "costs",
+        "send_ns",
+        "extras",
         "area_bytes",
         "pooled",
         "retired",
@@ -149,6 +151,7 @@ class _Shape:
         costs: tuple[float, ...],
         itemsize: int,
         world: list[int],
+        links: tuple = ((), None),
     ):
         self.dim, self.comm = dim, comm
         self.steps = [_StepPlan(st, itemsize, world) for st in steps]
@@ -160,6 +163,8 @@ class _Shape:
         self.area_bytes = at
         self.own = own  # the block an RS stage leaves, relative to its region
         self.costs = costs
+        # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
+        self.send_ns, self.extras = links
         self.pooled = self.area_bytes <= POOL_AREA_MAX_BYTES
         self.retired = False  # dropped from the cache: its states are not kept
         self.free: list[_StageExec] = []
@@ -314,6 +319,7 @@ class MpiTransport:
         self.rank = grid.rank
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
         self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.links = LinkScales(self.cost, config.link_scale)
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec | _MessageExec] = []
         # every pending request, with its stage (or message) and its peer's world rank
@@ -471,6 +477,10 @@ class MpiTransport:
             costs = (0.0,) * len(steps)
         elif len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, moved direct)
             costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
+        world = self.grid.world_ranks[s.dim]
+        recv_peers = [[world[p] for p, _, _ in st.recvs] for st in steps]
+        send_peers = [[world[p] for p, _, _ in st.sends] for st in steps]
+        links = self.links.step_times(run, collective.itemsize, self.rank, recv_peers, send_peers, costs)
         if len(self._shapes) >= MAX_SHAPES:
             for old in self._shapes.values():
                 old.retired = True
@@ -482,7 +492,8 @@ class MpiTransport:
             own,
             costs,
             collective.itemsize,
-            self.grid.world_ranks[s.dim],
+            world,
+            links,
         )
         self._shapes[key] = shape
         return shape
@@ -605,12 +616,14 @@ class MpiTransport:
             return self._finish_message(ex)
         recvs, _, hdrs, _ = ex.views[ex.k]
         sent_ns = -math.inf
-        for hdr in hdrs:
-            t = float(hdr[0])
+        extras = ex.shape.extras
+        for i, hdr in enumerate(hdrs):
+            t = float(hdr[0]) if extras is None else float(hdr[0]) + extras[ex.k][i]
             if t > sent_ns:
                 sent_ns = t
         costs = ex.shape.costs
-        t_next = max(ex.t_ns, sent_ns + costs[ex.k])
+        t = ex.t_ns
+        t_next = max(t, t + ex.shape.send_ns[ex.k], sent_ns + costs[ex.k])
         if self._wall and self.clock.now_ns() < t_next:
             return False
         mode = ex.shape.steps[ex.k].mode
@@ -713,12 +726,13 @@ class MpiTransport:
         ]
         return min(dues, default=math.inf)
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """Progress until the earliest completion (or the horizon) is certain; see `Engine.run`.
 
         A completion at virtual time t is certain once no running stage can still end before t
         (its remaining step costs say so). Both clocks decide alike, so every rank takes the
         same decisions; the wall clock only holds each step (and each timer) until its deadline.
+        Without `certain` (an agreed order, `Engine.agree`) the earliest known completion will do.
         """
         if self.network is not None:
             return self._wait_network(horizon_ns)
@@ -735,7 +749,7 @@ class MpiTransport:
                             bound = ex.bound_ns
                     elif end < first_end:
                         first_end = end
-            if first_end <= horizon_ns and first_end < bound:
+            if first_end <= horizon_ns and (first_end < bound or not certain and first_end < math.inf):
                 done: list[_StageExec | _MessageExec] = []
                 running: list[_StageExec | _MessageExec] = []
                 for ex in self._active:
@@ -745,7 +759,11 @@ class MpiTransport:
                     if isinstance(ex, _StageExec):
                         self._release(ex)
                 return first_end, [ex.run for ex in done]
-            if horizon_ns < first_end and horizon_ns < bound and self.clock.now_ns() >= horizon_ns:
+            if (
+                horizon_ns < first_end
+                and (horizon_ns < bound or not certain)
+                and self.clock.now_ns() >= horizon_ns
+            ):
                 return horizon_ns, []
             progressed = self._progress()
             if progressed:

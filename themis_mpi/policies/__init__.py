@@ -5,7 +5,10 @@
   themis-lat.
 - `intra`: ASTRA-sim 1.0's intra-dim policies (fifo, scf, rg, lrpf).
 - `predictive`: the model-predictive policy and the best-found search.
-- `registry`: names to classes, plugins through the ``themis_mpi.policies`` entry-point group.
+- `scheduler`: the communication scheduler between collectives (fifo, lifo, p3, bytescheduler,
+  tictac).
+- `registry`: names to classes, plugins through the ``themis_mpi.policies`` and
+  ``themis_mpi.schedulers`` entry-point groups.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .base import (
 from .inter import ThemisTracker
 from .registry import (
     ENTRY_POINT_GROUP,
+    SCHEDULER_GROUP,
     inter_class,
     inter_names,
     intra_class,
@@ -38,11 +42,20 @@ from .registry import (
     is_intra,
     make_inter,
     make_intra,
+    make_scheduler,
     origin,
+    scheduler_class,
+    scheduler_names,
+    scheduler_origin,
 )
+from .scheduler import BLOCKING, UNKNOWN, CommScheduler, Need, default_scheduler
 
 __all__ = [
+    "BLOCKING",
     "ENTRY_POINT_GROUP",
+    "SCHEDULER_GROUP",
+    "UNKNOWN",
+    "CommScheduler",
     "Chunk",
     "InterPolicy",
     "IntraPolicy",
@@ -53,6 +66,7 @@ __all__ = [
     "ThemisTracker",
     "baseline_order",
     "chunk_orders",
+    "default_scheduler",
     "fixed_schedule",
     "inter_class",
     "inter_names",
@@ -62,8 +76,13 @@ __all__ = [
     "is_intra",
     "make_inter",
     "make_intra",
+    "make_scheduler",
+    "Need",
     "origin",
     "policy_context",
+    "scheduler_class",
+    "scheduler_names",
+    "scheduler_origin",
 ]
 
 

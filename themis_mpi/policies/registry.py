@@ -5,12 +5,13 @@ A plugin is a distribution that declares, in its packaging metadata::
     [project.entry-points."themis_mpi.policies"]
     my-policy = "my_policy:MyPolicy"
 
-where ``MyPolicy`` subclasses `InterPolicy` or `IntraPolicy`. Entry points are read once, when
-a name that is not built in is looked up or the policies are listed: a built-in name resolves
-without them, since reading every installed distribution's metadata (and importing
-``importlib.metadata``) cost each MPI rank about a third of the package's import time. A plugin
-that fails to load, is not a policy class, or takes a built-in's name is refused with one line
-naming it whenever they are read.
+where ``MyPolicy`` subclasses `InterPolicy` or `IntraPolicy`. Communication schedulers
+(`scheduler.CommScheduler`) come the same way from their own group, ``themis_mpi.schedulers``.
+Entry points are read once, when a name that is not built in is looked up or the policies are
+listed: a built-in name resolves without them, since reading every installed distribution's
+metadata (and importing ``importlib.metadata``) cost each MPI rank about a third of the package's
+import time. A plugin that fails to load, is not a policy class, or takes a built-in's name is
+refused with one line naming it whenever they are read.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from .base import InterPolicy, IntraPolicy
 from .inter import AllReducePerDim, Baseline, RoundRobin, Themis, ThemisFlex, ThemisLat
 from .intra import Fifo, Lrpf, Rg, Scf
 from .predictive import Predictive
+from .scheduler import BUILTIN_SCHEDULERS, CommScheduler
 
 ENTRY_POINT_GROUP = "themis_mpi.policies"
+SCHEDULER_GROUP = "themis_mpi.schedulers"
 BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
     Baseline,
     Themis,
@@ -137,4 +140,65 @@ def make_intra(name: str) -> IntraPolicy:
     except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
         raise UsageError(
             f"intra-dim policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+# --- communication schedulers (their own group and names) --------------------------------------
+
+_BUILTIN_SCHEDULERS: dict[str, type[CommScheduler]] = {s.name: s for s in BUILTIN_SCHEDULERS}
+
+
+def _scheduler_registry() -> tuple[dict[str, type[CommScheduler]], dict[str, str]]:
+    """Name -> class of every scheduler, and name -> where it comes from."""
+    if "schedulers" in _loaded:
+        return _loaded["schedulers"]
+    from importlib import metadata
+
+    classes: dict[str, type[CommScheduler]] = dict(_BUILTIN_SCHEDULERS)
+    where: dict[str, str] = dict.fromkeys(_BUILTIN_SCHEDULERS, "builtin")
+    for ep in sorted(metadata.entry_points(group=SCHEDULER_GROUP), key=lambda e: e.name):
+        try:
+            cls = ep.load()
+        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+            raise _plugin_error(ep, f"failed to load: {type(exc).__name__}: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, CommScheduler)):
+            raise _plugin_error(ep, "is not a subclass of CommScheduler")
+        name = getattr(cls, "name", "") or ep.name
+        if name in classes and classes[name] is not cls:
+            raise _plugin_error(ep, f"takes the name {name!r}, which {where[name]} scheduler already has")
+        classes[name], where[name] = cls, f"plugin {ep.value}"
+    _loaded["schedulers"] = (classes, where)
+    return classes, where
+
+
+def scheduler_names() -> list[str]:
+    """Names of the communication schedulers: the built-in ones first, then plugins."""
+    return list(_scheduler_registry()[0])
+
+
+def scheduler_origin(name: str) -> str:
+    """Where a scheduler comes from: "builtin" or "plugin module:Class"."""
+    return "builtin" if name in _BUILTIN_SCHEDULERS else _scheduler_registry()[1][name]
+
+
+def scheduler_class(name: str) -> type[CommScheduler]:
+    """The scheduler class of a name; one line naming the choices when unknown."""
+    cls = _BUILTIN_SCHEDULERS.get(name) or _scheduler_registry()[0].get(name)
+    if cls is None:
+        raise UsageError(
+            f"unknown communication scheduler {name!r}; use one of {', '.join(scheduler_names())} "
+            "(themis-mpi policies)"
+        )
+    return cls
+
+
+def make_scheduler(name: str) -> CommScheduler:
+    """A fresh instance of a communication scheduler (a plugin that fails to construct is named)."""
+    cls = scheduler_class(name)
+    try:
+        return cls()
+    except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+        raise UsageError(
+            f"communication scheduler {name!r} ({scheduler_origin(name)}) failed to start: "
+            f"{type(exc).__name__}: {exc}"
         ) from None

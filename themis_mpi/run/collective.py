@@ -10,7 +10,8 @@ every rank returns the same, whole result.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -18,7 +19,9 @@ import numpy as np
 from ..collectives import Collective
 from ..config import RunConfig
 from ..engine import Engine, Transport
+from ..errors import UsageError
 from ..model import ModelTransport
+from ..npus import NpuWorld
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
 from ..topology import Topology
@@ -73,13 +76,26 @@ def run_collective(
         wall time divided by the time scale.
     """
     config = transport.config
+    late = dict(config.npu_delay_ns)
+    check_ranks(transport.topology, config)
+    if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
+        world = NpuWorld(transport.topology, config)
+        return world.run(lambda npu: run_collective(npu, collective, policy, schedule, check))[0]
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
     engine = Engine(transport.topology, transport, config)
-    run, wall_s = execute(
-        transport, engine, "the collective", lambda: engine.issue(collective, schedule, check)
-    )
+    if config.asymmetric:
+        engine.agree(symmetric_order(transport.topology, config, collective, schedule))
+
+    def begin():
+        engine.now_ns = late.get(transport.rank, 0.0)  # a late NPU starts its work then
+        return engine.issue(collective, schedule, check)
+
+    run, wall_s = execute(transport, engine, "the collective", begin)
+    if config.asymmetric:  # the collective spans every NPU: from the first issue to the last end
+        run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
+        run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])
     wall = transport.clock.name == "wall"
     result = summarize(
         run,
@@ -97,6 +113,26 @@ def run_collective(
         network=config.network,
     )
     return result, engine
+
+
+def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:
+    """Every straggler names an NPU of the topology (known only once a workload has fitted it)."""
+    named = [r for r, _ in config.npu_delay_ns] + [r for _, r, _ in config.link_scale] + list(compute_ranks)
+    if named and max(named) >= topology.npus:
+        raise UsageError(
+            f"a straggler names rank {max(named)}, but {topology.label()} has {topology.npus} NPUs"
+        )
+
+
+def symmetric_order(
+    topology: Topology, config: RunConfig, collective: Collective, schedule: Schedule
+) -> list[list[tuple[int, int, int]]]:
+    """Each dim's stage start order when all NPUs are alike: the order they agree on (`Engine.agree`)."""
+    model = ModelTransport(topology, replace(config, npu_delay_ns=(), link_scale=()))
+    engine = Engine(topology, model, model.config)
+    engine.issue(collective, schedule, False)
+    engine.run()
+    return engine.start_order()
 
 
 def model_collective(

@@ -98,7 +98,7 @@ class LinkedTransport(ModelTransport):
         self._pending = keep
         return bound
 
-    def wait_next(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """The earliest certain batch of ends (stages and messages, in start order), or the horizon."""
         ex = self.exchange
         with ex.cond:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..config import RunConfig
 from ..cost import loop_tick_ns
@@ -16,13 +17,14 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..policies import Schedule
+from ..npus import NpuWorld
+from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
 from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
 from ..workloads.text import Workload
 from ..workloads.training import TrainingLoop, TrainingSpec, distinct_collectives
-from .collective import execute, wrong_elements
+from .collective import check_ranks, execute, wrong_elements
 from .coordinator import PolicyLike, policy_name, share_orders, share_schedules
 from .linked import linked_ranks, run_linked
 
@@ -84,6 +86,8 @@ def _training_result(
         decision_s=decision_s,
         network=network,
         links=links,
+        scheduler=default_scheduler(transport.config),
+        partition_mib=spec.partition_mib,
     )
 
 
@@ -95,12 +99,40 @@ def run_training(
     The transport's topology must fit the workload (see `workloads.text.Workload.fit_topology`).
     """
     topo, config = transport.topology, transport.config
+    uneven = config.asymmetric or spec.heterogeneous  # stragglers
+    if uneven and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
+        check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
+        return NpuWorld(topo, config).run(lambda npu: run_training(npu, workload, policy, spec))[0]
     collectives = distinct_collectives(workload, topo, spec)
     oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
     schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
     engine = Engine(topo, transport, config)
-    loop = TrainingLoop(workload, topo, spec, dict(zip(collectives, schedules)), loop_tick_ns(config.compat))
-    _, wall_s = execute(transport, engine, "training", lambda: engine.process(loop.process(engine)))
+    by_collective = dict(zip(collectives, schedules))
+    tick_ns = loop_tick_ns(config.compat)
+    loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=transport.rank)
+    if uneven:
+        check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
+        even = replace(config, npu_delay_ns=(), link_scale=())
+        model = Engine(topo, ModelTransport(topo, even), even)
+        # the fastest NPUs' pace (every NPU slowed alike is the compute-scale what-if)
+        factors = [f for _, f in spec.npu_compute_scale]
+        fastest = min(factors + [1.0] * (len(factors) < topo.npus))
+        even_spec = replace(
+            spec, compute_scale=spec.compute_scale * fastest, npu_compute_scale=(), compute_jitter=0.0
+        )
+        model.process(TrainingLoop(workload, topo, even_spec, by_collective, tick_ns).process(model))
+        model.run()
+        engine.agree(model.start_order())
+
+    def begin():
+        engine.now_ns = dict(config.npu_delay_ns).get(transport.rank, 0.0)  # a late NPU starts then
+        return engine.process(loop.process(engine))
+
+    _, wall_s = execute(transport, engine, "training", begin)
+    total_ns = engine.now_ns
+    if uneven:  # the run ends with the last NPU (under an agreed order, its latest event)
+        total_ns = max([total_ns] + [r.end_ns for r in engine.records])
+        total_ns = float(transport.reduce([total_ns], "max", "the training's last end")[0])
     return _training_result(
         transport,
         engine,
@@ -108,7 +140,8 @@ def run_training(
         spec,
         wall_s,
         iterations=spec.iterations,
-        last_iteration_ns=engine.now_ns - loop.iteration_starts[-1],
+        total_ns=total_ns,
+        last_iteration_ns=total_ns - loop.iteration_starts[-1],
         compute_ns=loop.compute_ns,
         collectives=loop.collectives_issued,
         workload=workload.path,
@@ -130,6 +163,8 @@ def run_graph(
     ``themis_iterations`` metadata (1 unless it was converted from a text workload).
     """
     topo, config = transport.topology, transport.config
+    if config.asymmetric or spec.heterogeneous:
+        raise UsageError("stragglers run text workloads in train; Chakra graphs do not take them yet")
     if ranks is None:
         ranks = range(topo.npus) if transport.name == "mpi" else [0]
     plan = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
@@ -146,6 +181,10 @@ def run_graph(
             "which is not built yet; use --network ideal"
         )
     linked = None
+    if transport.name == "model" and not graph.symmetric and plan.messages and spec.partition_mib:
+        raise UsageError(
+            "--partition-mib is not supported for per-rank Chakra traces with messages on the model"
+        )
     if transport.name == "model" and not graph.symmetric and plan.messages:
         plans = {0: plan}
         ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
@@ -160,7 +199,7 @@ def run_graph(
         total_ns = max(e.now_ns for e in linked.values())
     else:
         engine = Engine(topo, transport, config)
-        replay = GraphReplay(plan, schedules)
+        replay = GraphReplay(plan, schedules, spec, topo)
         _, wall_s = execute(
             transport, engine, "the graph replay", lambda: engine.process(replay.process(engine))
         )

@@ -24,6 +24,11 @@ Rules (docs/workloads.md#chakra-execution-traces):
   ``comm_src`` to ``comm_dst`` (this NPU by default) of ``comm_size`` bytes, tag ``comm_tag``.
 - METADATA, MEM_LOAD, MEM_STORE and INVALID nodes take no time.
 
+A collective's `policies.Need` (what a communication scheduler ranks by) is its first consumer:
+that node's place in the topological order and the compute (non-CPU COMP) time before it there;
+with ``TrainingSpec.partition_mib`` every collective is sliced into partitions
+(`training.partitions`).
+
 Every rank knows every collective it will issue before the first one (`graph_collectives`), so
 rank 0 chooses all chunk orders up front and a graph that does not fit is refused on every rank
 before MPI starts. A symmetric graph (one file) runs the same nodes on every rank; per-rank
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,7 +50,7 @@ from ..collectives import Collective
 from ..engine import Engine, Event, ProcessGenerator
 from ..errors import UsageError
 from ..limits import MAX_TIME_NS
-from ..policies import Schedule
+from ..policies import UNKNOWN, Need, Schedule
 from ..topology import Topology
 from .et import (
     COMM_COLL_NODE,
@@ -57,7 +63,7 @@ from .et import (
     Node,
     read_et,
 )
-from .training import TrainingSpec
+from .training import TrainingSpec, partitions
 
 COLLECTIVE_OPS = {0: "all_reduce", 2: "all_gather", 6: "all_to_all", 7: "reduce_scatter"}
 BROADCAST = 5
@@ -447,7 +453,8 @@ def graph_collectives(
             )
         for op in plan_graph(graph.trace(rank), topology, rank, spec, graph.groups).ops:
             if op.collective is not None:
-                out.setdefault(op.collective)
+                for part in partitions(op.collective, spec, topology.group_npus(op.collective.dims)):
+                    out.setdefault(part)
     return list(out)
 
 
@@ -479,19 +486,53 @@ class Resource:
             self.busy = False
 
 
+def graph_needs(plan: Plan) -> dict[int, Need]:
+    """Each collective's `Need`: its first compute consumer, through nodes that compute nothing.
+
+    The first GPU compute node (in topological order) that depends on the collective, directly
+    or through nodes that are no compute (a weight update, a CPU op, another collective), and the
+    compute time before it in that order. Collectives nothing computes after are left out.
+    """
+    n = len(plan.ops)
+    users: list[list[int]] = [[] for _ in range(n)]
+    for op in plan.ops:
+        for d in op.deps:
+            users[d].append(op.index)
+    first = [math.inf] * n  # the first compute node at or after each op, through non-compute ones
+    for k in reversed(range(n)):
+        for u in users[k]:
+            first[k] = min(first[k], u if plan.ops[u].compute else first[u])
+    compute_before = np.cumsum([0.0] + [op.delay_ns if op.compute else 0.0 for op in plan.ops])
+    return {
+        k: Need(int(first[k]), float(compute_before[int(first[k])]))
+        for k, op in enumerate(plan.ops)
+        if op.kind == COLL and first[k] < math.inf
+    }
+
+
 class GraphReplay:
     """One NPU's graph as engine processes: one per node, started in topological order.
 
     Args:
         plan: the NPU's ops (`plan_graph`).
         schedules: the schedule (chunk bounds, orders, queue policy) of every distinct collective.
+        spec: with `topology`, slices collectives into partitions (``spec.partition_mib``).
+        topology: the network (the group sizes of the partitions).
     """
 
-    def __init__(self, plan: Plan, schedules: dict[Collective, Schedule]):
+    def __init__(
+        self,
+        plan: Plan,
+        schedules: dict[Collective, Schedule],
+        spec: TrainingSpec | None = None,
+        topology: Topology | None = None,
+    ):
         self.plan, self.schedules = plan, schedules
+        self.spec, self.topology = spec, topology
         self.collectives_issued = 0
         self.messages: list = []
         self.resources = {"cpu": Resource(), "gpu": Resource()}
+        self.needs = graph_needs(plan)
 
     def process(self, engine: Engine) -> ProcessGenerator:
         """Start every node's process; end when the last node has finished."""
@@ -511,8 +552,12 @@ class GraphReplay:
             if unit is not None:
                 unit.release()
         elif op.kind == COLL and op.collective is not None:
-            self.collectives_issued += 1
-            yield engine.issue(op.collective, self.schedules[op.collective])
+            coll, need = op.collective, self.needs.get(op.index, UNKNOWN)
+            parts = [coll]
+            if self.spec is not None and self.topology is not None:
+                parts = partitions(coll, self.spec, self.topology.group_npus(coll.dims))
+            self.collectives_issued += len(parts)
+            yield from [engine.issue(part, self.schedules[part], need=need) for part in parts]
         elif op.kind in (SEND, RECV):
             run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)

@@ -77,7 +77,7 @@ class _Recorder:
         """The next timeout is this layer's weight update."""
         self.update = f"{layer.name}.update"
 
-    def issue(self, collective: Any, schedule: Any, check: bool = True) -> _Recorded:
+    def issue(self, collective: Any, schedule: Any, check: bool = True, need: Any = None) -> _Recorded:
         involved = [d in collective.dims for d in range(len(self.topology.dims))]
         attrs = [
             Attr("is_cpu_op", "bool", False),

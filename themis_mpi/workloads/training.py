@@ -30,6 +30,14 @@ issued where its last gradient (its lowest layer) would have issued its own. Eve
 counts as finished its own update time after the bucket's collective, so the next iteration's
 forward of a layer waits for its bucket.
 
+Partitions (``TrainingSpec.partition_mib``, 0 by default: whole tensors) slice every collective
+into collectives of at most that many MiB (`partitions`), as P3 and ByteScheduler slice tensors;
+a layer's collective finishes when its last partition has. Every collective is issued with the
+`policies.Need` of its result, which the communication scheduler ranks by (`policies.scheduler`):
+a weight gradient is needed by its layer's forward in the next iteration (its place, and the
+forward compute before it; in the last iteration by nothing, as a Chakra graph of the run has it);
+any other collective by the running pass at once.
+
 Several collectives are in flight at once and share the dims' queues. Every distinct collective's
 schedule (chunk bounds, orders, queue policy) is chosen up front by the coordinator (the Themis
 loads reset per collective, so this is what choosing them at issue gives) and broadcast once.
@@ -58,12 +66,13 @@ from ..limits import (
     MAX_BUCKET_MIB,
     MAX_CHUNKS,
     MAX_ITERS,
+    MAX_JITTER_SIGMA,
     MAX_SCALE,
     MAX_SIZE_BYTES,
     MIN_BUCKET_MIB,
     in_range,
 )
-from ..policies import Schedule
+from ..policies import BLOCKING, UNKNOWN, Need, Schedule
 from ..topology import Topology
 from .text import PHASES, Layer, Workload
 
@@ -87,6 +96,13 @@ class TrainingSpec:
         bucket_mib: gradient bucket cap in MiB (0: one weight-gradient collective per layer);
             see `bucket_plan`.
         first_bucket_mib: the first bucket's cap (None: `bucket_mib`; DDP uses 1 MiB).
+        partition_mib: slice every collective into partitions of at most this many MiB (0:
+            whole tensors); see `partitions`.
+        npu_compute_scale: ``(rank, factor)``: that NPU's compute and update times times factor
+            (a straggler: 1.5 = half as fast again).
+        compute_jitter: sigma of a lognormal factor of mean 1 drawn for every compute phase of
+            every NPU (0: none), from a generator seeded with ``(seed, rank)``.
+        seed: the jitter's seed.
     """
 
     chunks: int = 64
@@ -96,6 +112,10 @@ class TrainingSpec:
     comm_scale: float = 1.0
     bucket_mib: float = 0.0
     first_bucket_mib: float | None = None
+    partition_mib: float = 0.0
+    npu_compute_scale: tuple[tuple[int, float], ...] = ()
+    compute_jitter: float = 0.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
         in_range("chunks", self.chunks, 1, MAX_CHUNKS)
@@ -110,6 +130,36 @@ class TrainingSpec:
             if self.bucket_mib == 0:
                 raise UsageError("a first bucket size needs a bucket size (--bucket-mib)")
             in_range("first bucket size", self.first_bucket_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB")
+        if self.partition_mib != 0:
+            in_range("partition size", self.partition_mib, MIN_BUCKET_MIB, MAX_BUCKET_MIB, "MiB (or 0)")
+        ranks = [rank for rank, _ in self.npu_compute_scale]
+        if len(set(ranks)) != len(ranks):
+            raise UsageError(f"--npu-compute-scale names a rank twice: {sorted(ranks)}")
+        for rank, factor in self.npu_compute_scale:
+            in_range("--npu-compute-scale rank", rank, 0, 1 << 20)
+            in_range(f"--npu-compute-scale of rank {rank}", factor, 1 / MAX_SCALE, MAX_SCALE)
+        in_range("--compute-jitter", self.compute_jitter, 0, MAX_JITTER_SIGMA, "(lognormal sigma)")
+        in_range("--seed", self.seed, 0, 2**63 - 1)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether NPUs compute at different paces (the model must then run every NPU)."""
+        return bool(self.npu_compute_scale or self.compute_jitter)
+
+    def npu_factor(self, rank: int) -> float:
+        """The factor on one NPU's compute and update times (`npu_compute_scale`)."""
+        return dict(self.npu_compute_scale).get(rank, 1.0)
+
+    def jitter(self, rank: int):
+        """One NPU's jitter factors, one per compute phase in its program order (always 1 without).
+
+        Update times are not jittered: they run in processes of their own, whose order between
+        compute phases depends on when collectives end, and the draws must not.
+        """
+        rng = np.random.default_rng([self.seed, rank])
+        sigma = self.compute_jitter
+        while True:  # mean 1: exp(N(-sigma^2/2, sigma))
+            yield float(rng.lognormal(-sigma * sigma / 2, sigma)) if sigma else 1.0
 
 
 def shares_memory(engine: Engine) -> bool:
@@ -156,6 +206,34 @@ def collective_of(
         )
     count = max(1, int(size_bytes) // itemsize)
     return Collective(p.op, count, spec.dtype, spec.chunks, dims)
+
+
+def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> list[Collective]:
+    """A collective sliced into partitions of at most ``spec.partition_mib`` MiB, in buffer order.
+
+    Each partition is a collective of its own, with the collective's op, dtype and dims, so that
+    a scheduler can put another tensor's partitions between them. It keeps the tensor's chunk
+    size: ``chunks x its elements / the tensor's`` chunks, rounded, at least one (slicing a
+    tensor of 16 chunks into 4 partitions gives 4 chunks each, not 64 chunks in all). A partition holds
+    a multiple of the group's NPUs in elements (every NPU's share of an all-gather,
+    reduce-scatter or all-to-all stays whole), at least one such multiple; the last partition
+    takes the rest. The collective itself when it fits in one partition (or `partition_mib` is 0).
+    """
+    if not spec.partition_mib:
+        return [collective]
+    grain = 1 if collective.op == "all_reduce" else group_npus
+    per = max(grain, int(spec.partition_mib * 2**20) // collective.itemsize // grain * grain)
+    if collective.count <= per:
+        return [collective]
+    full, rest = divmod(collective.count, per)
+    if rest and rest % grain:  # (a count that is no multiple of the group: the last one takes it)
+        full, rest = full - 1, rest + per
+
+    def part(count: int) -> Collective:
+        chunks = max(1, (2 * collective.chunks * count + collective.count) // (2 * collective.count))
+        return Collective(collective.op, count, collective.dtype, chunks, collective.dims)
+
+    return [part(per)] * full + ([part(rest)] if rest else [])
 
 
 @dataclass(frozen=True)
@@ -236,7 +314,8 @@ def distinct_collectives(workload: Workload, topology: Topology, spec: TrainingS
             else:
                 coll = collective_of(workload, layer, phase, topology, spec)
             if coll is not None:
-                out.setdefault(coll)
+                for part in partitions(coll, spec, topology.group_npus(coll.dims)):
+                    out.setdefault(part)
     return list(out)
 
 
@@ -282,11 +361,16 @@ class TrainingLoop:
         schedules: dict[Collective, Schedule],
         tick_ns: float = 0.0,
         listener: TrainingListener | None = None,
+        rank: int = 0,
     ):
         self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
+        self.npu_factor = spec.npu_factor(rank)  # a straggler's compute pace
+        self.jitter = spec.jitter(rank)
         self.tick_ns = tick_ns
         self.listener = listener
         self.iteration_starts: list[float] = []
+        self.forward_starts: list[list[float]] = []  # per iteration, when each layer's forward compute began
+        self.wg_runs: dict[tuple[int, int], list[CollectiveRun]] = {}  # (iteration, layer): its partitions
         self.compute_ns = 0.0
         self.collectives_issued = 0
         n = len(workload.layers)
@@ -294,12 +378,16 @@ class TrainingLoop:
         self.wg_done: list[Event | None] = [None] * n  # weight-gradient collective finished (after update)
         self.ig_done: list[Event | None] = [None] * n
         self.fwd_done: list[Event | None] = [None] * n
+        # when the next forward pass needs each layer's weight gradient (its place, compute before it)
+        fwd_ns = [layer.fwd.compute_ns * spec.compute_scale for layer in workload.layers]
+        self.needs = [Need(i, float(sum(fwd_ns[:i]))) for i in range(n)]
 
     # --- steps ---------------------------------------------------------------------------------
 
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = compute_ns * self.spec.compute_scale
         if delay_ns > 0:
+            delay_ns *= self.npu_factor * next(self.jitter)
             shared = shares_memory(engine)
             if shared:
                 delay_ns /= compute_rate(engine)
@@ -320,11 +408,23 @@ class TrainingLoop:
         coll = collective_of(self.wl, layer, phase, self.topology, self.spec)
         if coll is None:
             return None
-        self.collectives_issued += 1
         if self.listener is not None:
             self.listener.issuing(layer, phase)
-        run = engine.issue(coll, self.schedules[coll])
-        return engine.process(self._finished(engine, layer, run))
+        runs = self._issue_parts(engine, coll, self._wg_need(layer.index) if phase == "wg" else BLOCKING)
+        if phase == "wg":
+            self.wg_runs[len(self.iteration_starts) - 1, layer.index] = runs
+        return engine.process(self._finished(engine, layer, runs))
+
+    def _wg_need(self, layer: int) -> Need:
+        """When a weight gradient is needed: by the layer's next forward; never in the last iteration."""
+        last = len(self.iteration_starts) >= self.spec.iterations and self.wl.parallelism != "MICRO"
+        return UNKNOWN if last else self.needs[layer]
+
+    def _issue_parts(self, engine: Engine, coll: Collective, need: Need) -> list[CollectiveRun]:
+        """Issue a collective's partitions (`partitions`), each under its schedule."""
+        parts = partitions(coll, self.spec, self.topology.group_npus(coll.dims))
+        self.collectives_issued += len(parts)
+        return [engine.issue(part, self.schedules[part], need=need) for part in parts]
 
     def _issue_bucket(self, engine: Engine, layer: Layer) -> Event | None:
         """A bucket's issuer issues the fused collective and sets every member's finish event.
@@ -335,19 +435,20 @@ class TrainingLoop:
         bucket = self.buckets.get(layer.index)
         if bucket is None or layer.index != bucket.issuer:
             return None
-        self.collectives_issued += 1
         coll = bucket.collective
         if self.listener is not None:
             self.listener.issuing(layer, "wg")
-        run = engine.issue(coll, self.schedules[coll])
+        runs = self._issue_parts(engine, coll, self._wg_need(min(bucket.layers)))
         for i in bucket.layers:
-            self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], run))
+            self.wg_runs[len(self.iteration_starts) - 1, i] = runs
+            self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], runs))
         return self.wg_done[layer.index]
 
-    def _finished(self, engine: Engine, layer: Layer, run: CollectiveRun) -> ProcessGenerator:
-        yield run
+    def _finished(self, engine: Engine, layer: Layer, runs: list[CollectiveRun]) -> ProcessGenerator:
+        yield from runs
         update_ns = layer.update_ns * self.spec.compute_scale
         if update_ns > 0:
+            update_ns *= self.npu_factor
             if self.listener is not None:
                 self.listener.updating(layer)
             yield engine.timeout(update_ns)
@@ -371,6 +472,7 @@ class TrainingLoop:
             return
         for _ in range(self.spec.iterations):
             self.iteration_starts.append(engine.now_ns)
+            self.forward_starts.append([])
             yield from self._forward(engine, 0, len(layers))
             if kind == "DISTRIBUTED_INFERENCE":
                 continue
@@ -385,6 +487,8 @@ class TrainingLoop:
         for i in range(first, stop):
             layer = self.wl.layers[i]
             yield from self._wait(self.wg_done[i])
+            if stop == len(self.wl.layers) and first == 0:  # (not a recompute under checkpointing)
+                self.forward_starts[-1].append(engine.now_ns)
             yield from self._compute(engine, layer.fwd.compute_ns)
             if kind in DLRM_LOOPS:
                 if layer.fwd.op == "all_to_all":

@@ -1,0 +1,292 @@
+"""Stragglers (``--npu-delay-us``, ``--link-scale``): the per-NPU model, the agreed order and the emulator agree."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import DATA, cli, local
+
+from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
+from themis_mpi.errors import UsageError
+from themis_mpi.model import ModelTransport
+from themis_mpi.npus import NpuWorld
+from themis_mpi.run.collective import model_collective, run_collective
+from themis_mpi.run.training import model_training
+from themis_mpi.topology import parse_topology
+from themis_mpi.workloads.text import parse_workload
+from themis_mpi.workloads.training import TrainingSpec
+
+RING = "Ring(8,100,500)"
+
+
+def collective(topo, op="all_reduce", count=1 << 20, chunks=8, dims=None):
+    """A float32 collective over the given dims (all by default)."""
+    return Collective(op, count, "float32", chunks, tuple(range(len(topo.dims))) if dims is None else dims)
+
+
+def per_npu_end_ns(topo, coll, policy, config) -> list[float]:
+    """Each NPU's own last stage end under the per-NPU model."""
+    world = NpuWorld(topo, config)
+    runs = world.run(lambda npu: run_collective(npu, coll, policy))
+    return [max(r.end_ns for r in engine.records) for _, engine in runs]
+
+
+@pytest.mark.parametrize("rank", [0, 5])
+@pytest.mark.parametrize("delay_us", [0.5, 50.0, 2000.0])
+def test_a_late_npu_ends_a_ring_all_reduce_that_much_later(rank, delay_us):
+    """On one ring every step waits for its neighbour, so one NPU late by d ends the all-reduce d later."""
+    topo = parse_topology(RING)
+    coll = collective(topo, chunks=4)
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    late, _ = model_collective(
+        topo, coll, "baseline", RunConfig(intra="fifo", npu_delay_ns=((rank, delay_us * 1e3),))
+    )
+    assert late.time_us == pytest.approx(on_time.time_us + delay_us, rel=0, abs=1e-6)
+
+
+def test_groups_without_the_late_npu_finish_on_time():
+    """On 4x2 over dim 0 only, NPU 5's ring (NPUs 4-7) ends d later and the other ring on time."""
+    topo = parse_topology("4x2")
+    coll = collective(topo, chunks=4, dims=(0,))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", npu_delay_ns=((5, 30_000.0),)))
+    solo_ns = on_time.time_us * 1e3
+    assert ends[:4] == pytest.approx([solo_ns] * 4, rel=0, abs=1e-3)
+    assert max(ends[4:]) == pytest.approx(solo_ns + 30_000.0, rel=0, abs=1e-3)
+    assert min(ends[4:]) > solo_ns  # every member of the late ring waits for it
+
+
+@pytest.mark.parametrize(
+    "topo_spec,policy,intra,op",
+    [
+        ("4x2", "baseline", "fifo", "all_reduce"),
+        ("2x2x2", "themis", "scf", "all_reduce"),
+        ("2x4x2", "themis", "fifo", "all_reduce"),
+        ("2x2x2", "themisFlex", "rg", "reduce_scatter"),
+        ("2x2x2", "themis", "lrpf", "all_gather"),
+        ("2x2x2", "baseline", "fifo", "all_to_all"),
+        (RING, "baseline", "fifo", "all_reduce"),
+        ("SW(8,100,700)", "baseline", "fifo", "all_reduce"),
+    ],
+)
+def test_every_npu_on_time_gives_the_one_npu_models_time(topo_spec, policy, intra, op):
+    """A delay of 0 runs every NPU (the per-NPU model) and must give the symmetric model's time exactly."""
+    topo = parse_topology(topo_spec)
+    coll = collective(topo, op=op, chunks=16)
+    one, _ = model_collective(topo, coll, policy, RunConfig(intra=intra))
+    every, _ = model_collective(topo, coll, policy, RunConfig(intra=intra, npu_delay_ns=((0, 0.0),)))
+    assert every.time_us == one.time_us
+    assert [d.busy_us for d in every.dims] == [d.busy_us for d in one.dims]
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+@pytest.mark.parametrize("size", [1 << 16, 1 << 22])
+def test_one_slow_link_on_a_ring_is_as_slow_as_halving_the_dim(chunks, size):
+    """Every ring step waits for its slowest link, so NPU 3's links at 0.5x cost what half the dim's bandwidth does."""
+    slow, _ = model_collective(
+        parse_topology(RING),
+        collective(parse_topology(RING), count=size, chunks=chunks),
+        "baseline",
+        RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)),
+    )
+    half = parse_topology("Ring(8,50,500)")
+    halved, _ = model_collective(
+        half, collective(half, count=size, chunks=chunks), "baseline", RunConfig(intra="fifo")
+    )
+    assert slow.time_us == pytest.approx(halved.time_us, rel=1e-12)
+
+
+def test_rings_without_the_slow_link_keep_their_time():
+    """On 4x2 over dim 0, NPU 3's ring (NPUs 0-3) runs at the slow link's rate and NPUs 4-7 on time."""
+    topo = parse_topology("4x2")
+    coll = collective(topo, chunks=4, dims=(0,))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    half = topo.with_overrides(bandwidth_gbps=[topo.dims[0].bandwidth_gbps / 2, None])
+    halved, _ = model_collective(half, coll, "baseline", RunConfig(intra="fifo"))
+    ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)))
+    assert max(ends[:4]) == pytest.approx(halved.time_us * 1e3, rel=1e-12)
+    assert ends[4:] == pytest.approx([on_time.time_us * 1e3] * 4, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (dict(npu_delay_ns=((1, 1.0), (1, 2.0))), "names a rank twice"),
+        (dict(npu_delay_ns=((1, -1.0),)), "between 0 and"),
+        (dict(npu_delay_ns=((1, 1.0),), compat="astra-sim-1.0"), "has identical NPUs"),
+        (dict(npu_delay_ns=((1, 1.0),), network="fair"), "--network ideal"),
+        (dict(npu_delay_ns=((1, 1.0),), active_per_dim=2), "one active chunk"),
+        (dict(link_scale=((0, 1, 0.5), (0, 1, 0.7))), "names a link twice"),
+        (dict(link_scale=((0, 1, 0.0),)), "between"),
+        (dict(link_scale=((0, 1, 0.5),), network="fair"), "--network ideal"),
+    ],
+)
+def test_bad_late_npu_settings_are_refused(config, message):
+    """Settings a late NPU cannot run under are refused with one clear message."""
+    with pytest.raises(UsageError, match=message):
+        RunConfig(**config)
+
+
+def test_a_late_rank_outside_the_topology_is_refused():
+    """A late NPU must exist: rank 8 on an 8-NPU topology is an error, not a silent no-op."""
+    topo = parse_topology("4x2")
+    transport = ModelTransport(topo, RunConfig(npu_delay_ns=((8, 1.0),)))
+    with pytest.raises(UsageError, match="names rank 8"):
+        run_collective(transport, collective(topo), "baseline")
+
+
+def test_a_scaled_link_outside_the_topology_is_refused():
+    """``--link-scale 2:0=0.5`` on a 2-dim topology names no link: an error, not a no-op."""
+    topo = parse_topology("4x2")
+    transport = ModelTransport(topo, RunConfig(link_scale=((2, 0, 0.5),)))
+    with pytest.raises(UsageError, match="names dim 2 of rank 0"):
+        run_collective(transport, collective(topo), "baseline")
+
+
+@pytest.mark.parametrize(
+    "flag,value", [("--npu-delay-us", "5"), ("--link-scale", "3=0.5"), ("--link-scale", "0:3")]
+)
+def test_the_cli_refuses_a_malformed_straggler_in_one_line(flag, value):
+    """A malformed ``--npu-delay-us`` or ``--link-scale`` exits 2 with one line naming the flag."""
+    proc = local(["model", "-t", "4x2", flag, value, "-b", "1M"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and flag in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-t", "2x2x2", "--npu-delay-us", "5=50", "-p", "themis", "--intra", "scf", "-c", "64"],
+        ["-t", "4x2", "--npu-delay-us", "5=20,2=3.5", "-p", "baseline", "--dims", "0", "-c", "4"],
+        ["-t", "2x2x2", "--link-scale", "0:3=0.5,2:6=0.25", "-p", "themis", "--intra", "scf", "-c", "16"],
+        ["-t", "SW(8,100,700)", "--link-scale", "0:1=0.3", "--npu-delay-us", "4=7", "-p", "baseline"],
+    ],
+)
+def test_the_emulator_with_stragglers_moves_exact_data_in_the_models_time(tmp_path, args):
+    """On 8 ranks a run with a late NPU or a slow link ends, reduces exactly (#wrong 0) in the per-NPU model's time."""
+    common = [*args, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
+    emu = cli(8, ["run", *common, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr[-2000:]
+    model = local(["model", *common, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr[-2000:]
+    emu_rows = json.loads((tmp_path / "emu.json").read_text())
+    model_rows = json.loads((tmp_path / "model.json").read_text())
+    assert len(emu_rows) == len(model_rows) == 2
+    for e, m in zip(emu_rows, model_rows):
+        assert e["wrong"] == 0
+        assert e["time_us"] == m["time_us"]
+
+
+# --- training --------------------------------------------------------------------------------
+
+TEXT = DATA / "astra-sim-1.0-text"
+
+
+def train(workload, topo_spec, policy="themis", config=None, **spec):
+    """One training run on the model (every NPU when the settings make NPUs differ)."""
+    spec.setdefault("chunks", 4)
+    return model_training(
+        parse_workload(str(TEXT / workload)),
+        parse_topology(topo_spec),
+        policy,
+        TrainingSpec(**spec),
+        config or RunConfig(),
+    )
+
+
+@pytest.mark.parametrize(
+    "workload,topo_spec,scheduler",
+    [
+        ("Resnet50_DataParallel.txt", "2x2x2", ""),
+        ("Resnet50_DataParallel.txt", "4x2", "p3"),
+        ("Transformer_HybridParallel.txt", "2x2x2", ""),
+        ("DLRM_HybridParallel.txt", "2x2x2", "tictac"),
+    ],
+)
+def test_every_npu_on_time_trains_in_the_one_npu_models_time(workload, topo_spec, scheduler):
+    """Training on the per-NPU model with nobody late gives the one-NPU model's iteration exactly."""
+    one = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler))
+    every = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler, npu_delay_ns=((0, 0.0),)))
+    assert every.iteration_us == one.iteration_us
+    assert [d.busy_us for d in every.dims] == [d.busy_us for d in one.dims]
+
+
+def test_every_npu_slowed_alike_is_the_compute_scale_what_if():
+    """``--npu-compute-scale`` naming every NPU with F equals ``--compute-scale F`` on the one-NPU model."""
+    slowed = train("Resnet50_DataParallel.txt", "2x2x2", npu_compute_scale=tuple((r, 1.5) for r in range(8)))
+    scaled = train("Resnet50_DataParallel.txt", "2x2x2", compute_scale=1.5)
+    assert slowed.iteration_us == pytest.approx(scaled.iteration_us, rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "themis"])
+def test_a_slower_straggler_never_ends_training_sooner(policy):
+    """With the stage order agreed, times only grow with one NPU's compute factor (1, 1.1, 1.5, 2)."""
+    times = [train("Resnet50_DataParallel.txt", "2x2x2", policy).iteration_us]
+    for factor in (1.1, 1.5, 2.0):
+        one = train("Resnet50_DataParallel.txt", "2x2x2", policy, npu_compute_scale=((3, factor),))
+        assert one.iteration_us >= times[-1]
+        times.append(one.iteration_us)
+    assert times[-1] > times[0]
+
+
+def test_compute_jitter_is_seeded_and_has_mean_one():
+    """The same seed gives the same run and another seed another; the factors average 1."""
+    a = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=1)
+    b = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=1)
+    c = train("Resnet50_DataParallel.txt", "2x2x2", compute_jitter=0.2, seed=2)
+    assert a.iteration_us == b.iteration_us != c.iteration_us
+    draws = TrainingSpec(compute_jitter=0.2, seed=1).jitter(3)
+    factors = [next(draws) for _ in range(100_000)]
+    assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.005)
+    assert min(factors) > 0
+
+
+def test_stragglers_are_refused_on_chakra_graphs():
+    """A Chakra graph replay refuses stragglers with one line instead of ignoring them."""
+    proc = local(
+        [
+            "train",
+            str(DATA / "astra-sim-chakra-et/all_reduce/8npus_1MB/all_reduce"),
+            "-t",
+            "2x2x2",
+            "--npu-compute-scale",
+            "1=2",
+        ]
+    )
+    assert proc.returncode == 2 and "Chakra graphs do not take them" in proc.stderr
+
+
+def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tmp_path):
+    """On 8 ranks a straggler, jitter, a late NPU and p3 train with #wrong 0 in the per-NPU model's time."""
+    args = [
+        "train",
+        str(TEXT / "Resnet50_DataParallel.txt"),
+        "-t",
+        "2x2x2",
+        "-p",
+        "themis",
+        "-c",
+        "8",
+        "--comm-scheduler",
+        "p3",
+        "--npu-compute-scale",
+        "3=1.5",
+        "--compute-jitter",
+        "lognormal:0.1",
+        "--seed",
+        "1",
+        "--npu-delay-us",
+        "5=50",
+        "--link-scale",
+        "1:2=0.5",
+    ]
+    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr[-2000:]
+    model = local([*args, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr[-2000:]
+    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
+    assert e["wrong"] == 0
+    assert e["iteration_us"] == m["iteration_us"]
+    assert e["iteration_us"] > train("Resnet50_DataParallel.txt", "2x2x2", chunks=8).iteration_us

@@ -1,0 +1,339 @@
+"""The per-NPU model: every NPU's engine in one process, timed exactly as the emulator times it.
+
+The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time. A
+late NPU (``--npu-delay-us``) breaks it. Here each NPU is a thread running the same driver
+code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`: control calls meet at
+a barrier, and a stage's steps exchange their send times (no data) through one mailbox. A step
+ends at ``max(own step start, latest peer send time + step time)``, and a completion is certain
+once no running stage can still end earlier: the emulator's rules, so the two agree exactly.
+
+Messages match as MPI matches them: by dim, receiver, sender and tag (the stage's start number
+on its dim), first sent first received. Threads never decide anything by wall time, so the
+result does not depend on how they interleave.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeVar
+
+import greenlet
+import numpy as np
+
+from .algorithms import plan, plan_all_to_all
+from .collectives import owned_region, rs_dims
+from .config import RunConfig
+from .cost import A2A, AG, RS, CostModels, LinkScales
+from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
+from .errors import UsageError
+from .network import IDEAL
+from .topology import Topology
+
+T = TypeVar("T")
+MAX_NPUS = 4096  # threads one process runs at once (the per-NPU model is for what breaks symmetry)
+
+
+class Stalled(RuntimeError):
+    """No NPU can move: a wait that nothing will end (a deadlock), or the job was abandoned."""
+
+
+class _Stage:
+    """One running stage on one NPU: its step peers and times, and where it stands."""
+
+    __slots__ = ("run", "dim", "tag", "steps", "keys", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
+
+    def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...], links):
+        self.run, self.dim, self.tag, self.steps, self.costs = run, dim, tag, steps, costs
+        self.keys: list[list[tuple]] = []  # per step, the mailbox keys of its receives
+        # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
+        self.send_ns, self.extras = links
+        self.k, self.t_ns = 0, run.start_ns
+        self.end_ns: float | None = None
+
+    def bound_ns(self) -> float:
+        """The earliest end it can still have: the cost of its remaining steps."""
+        t = self.t_ns
+        for c in self.costs[self.k :]:
+            t = t + c
+        return t
+
+
+class NpuWorld:
+    """What the NPUs share: the mailbox, the meeting point, and a scheduler that runs them in turn.
+
+    Each NPU runs in a greenlet: one at a time, until it must wait for a message or a meeting;
+    then the next ready NPU runs, in the order they became ready. Nothing depends on wall time,
+    so a run is deterministic, and when no NPU is ready while some have not finished, they wait
+    for each other: a deadlock, an error that says what they wait for.
+
+    Args:
+        topology: the network.
+        config: the run settings (ideal network, virtual clock).
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig):
+        if config.network != IDEAL:
+            raise UsageError(
+                f"the per-NPU model (a late NPU) runs under --network ideal only, not {config.network}"
+            )
+        if topology.flat:
+            raise UsageError("the per-NPU model (a late NPU) does not run nccl dims")
+        if topology.npus > MAX_NPUS:
+            raise UsageError(
+                f"the per-NPU model (a late NPU) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
+            )
+        self.topology, self.config, self.n = topology, config, topology.npus
+        self.mail: dict[tuple, deque[float]] = defaultdict(deque)
+        self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
+        self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
+        self.ready: deque[int] = deque()
+        self.arrived: list[int] = []  # NPUs at the current meeting
+        self.met: list[Any] = []  # the last meeting's values
+        self.slots: list[Any] = [None] * self.n
+        self.hub: greenlet.greenlet | None = None
+        self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.links = LinkScales(self.cost, config.link_scale)
+        self.plans: dict[tuple, list] = {}  # stage plans by their inputs: NPUs at one coordinate share them
+        self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
+
+    def post(self, key: tuple, t_ns: float) -> None:
+        """Post a send time under its matching key, ``(receiver, dim, tag, sender)``."""
+        self.mail[key].append(t_ns)
+        dst = key[0]
+        self.version[dst] += 1
+        if self.waiting.pop(dst, None) is not None:
+            self.ready.append(dst)
+
+    def take(self, key: tuple) -> float | None:
+        """The oldest send time under the key, or None if nothing came yet."""
+        box = self.mail.get(key)
+        if not box:
+            return None
+        t_ns = box.popleft()
+        if not box:
+            del self.mail[key]
+        return t_ns
+
+    def block(self, rank: int, seen: int, what: Callable[[], str]) -> None:
+        """Wait until some NPU sends to `rank` (its version is past `seen`)."""
+        if self.version[rank] == seen:
+            self.waiting[rank] = what
+            self._yield()
+
+    def gather(self, rank: int, value: Any, what: str) -> list[Any]:
+        """Every NPU's value, on every NPU."""
+        self.slots[rank] = value
+        self.arrived.append(rank)
+        if len(self.arrived) < self.n:
+            self._yield()
+            return self.met
+        self.met = list(self.slots)
+        self.ready.extend(self.arrived[:-1])
+        self.arrived = []
+        return self.met
+
+    def _yield(self) -> None:
+        assert self.hub is not None
+        self.hub.switch()
+
+    def run(self, body: Callable[[NpuTransport], T]) -> list[T]:
+        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
+        results: list[Any] = [None] * self.n
+        failures: list[BaseException] = []
+
+        def npu(rank: int) -> None:
+            try:
+                results[rank] = body(NpuTransport(self, rank))
+            except greenlet.GreenletExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - raised by run
+                failures.append(exc)
+
+        self.hub = greenlet.getcurrent()
+        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
+        self.ready.extend(range(self.n))
+        try:
+            while self.ready and not failures:
+                npus[self.ready.popleft()].switch()
+        finally:
+            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
+                if g and not g.dead:
+                    g.throw(greenlet.GreenletExit)
+        if failures:
+            raise failures[0]
+        stuck = sorted(self.waiting)
+        if stuck or self.arrived:
+            what = self.waiting[stuck[0]]() if stuck else f"NPUs {self.arrived[:4]} wait at a meeting"
+            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}")
+        return results
+
+
+class NpuTransport:
+    """One NPU of the per-NPU model: the emulator's timing without data (`engine.Transport`).
+
+    Args:
+        world: what the NPUs share.
+        rank: this NPU's rank (dim 0 varies fastest, as on the emulator's grid).
+    """
+
+    name = "npus"
+    checks_data = False
+    check_s = 0.0
+
+    def __init__(self, world: NpuWorld, rank: int):
+        self.world, self.rank = world, rank
+        self.topology, self.config = world.topology, world.config
+        self.clock = VirtualClock()
+        self.cost, self.links = world.cost, world.links
+        self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
+        self._regions: dict[int, list[list[tuple[int, int]]]] = {}
+        self._collectives: dict[int, CollectiveRun] = {}
+        self._active: list[_Stage] = []
+
+    # --- control ---------------------------------------------------------------------------------
+
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
+        """Rank 0's array on every NPU, in place."""
+        array[...] = self.world.gather(self.rank, array.copy(), what)[0]
+        return array
+
+    def serving(self) -> AbstractContextManager[None]:
+        """Nobody needs an answer while rank 0 decides."""
+        return nullcontext()
+
+    def barrier(self, what: str) -> None:
+        """Every NPU has arrived."""
+        self.world.gather(self.rank, None, what)
+
+    def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
+        """Element-wise sum, max or min over NPUs, on every NPU."""
+        stacked = np.stack([np.asarray(v) for v in self.world.gather(self.rank, np.asarray(values), what)])
+        if op == "sum":
+            return stacked.sum(axis=0)
+        return stacked.max(axis=0) if op == "max" else stacked.min(axis=0)
+
+    # --- engine interface ------------------------------------------------------------------------
+
+    def open(self, run: CollectiveRun) -> None:
+        """Each chunk's region stack, as the emulator keeps it (an AG starts from its owned block)."""
+        coll, bounds = run.collective, run.bounds.tolist()
+        regions = []
+        for k in range(len(bounds) - 1):
+            stack = [(bounds[k], bounds[k + 1])]
+            if coll.op == "all_gather":
+                for d in rs_dims(self.topology, coll, run.orders[k]):
+                    stack.append(owned_region(self.topology.dims[d].npus, self.coords[d], *stack[-1]))
+            regions.append(stack)
+        self._regions[run.coll_id] = regions
+        self._collectives[run.coll_id] = run
+
+    def close(self, run: CollectiveRun) -> None:
+        """No data to check."""
+        del self._regions[run.coll_id], self._collectives[run.coll_id]
+
+    def start(self, run: StageRun) -> None:
+        """Plan the stage's steps at this NPU's coordinate and send step 0's times."""
+        if isinstance(run, MessageRun):
+            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
+        s = run.stage
+        topo, coll = self.topology, self._collectives[s.coll].collective
+        dim, c = topo.dims[s.dim], self.coords[s.dim]
+        stack = self._regions[s.coll][s.chunk]
+        if s.op == AG:
+            stack.pop()
+        lo, hi = stack[-1]
+        n = hi - lo
+        key = (s.dim, s.op, c, n, coll.dims if s.op == A2A else None)
+        steps = self.world.plans.get(key)
+        if steps is None:
+            if s.op == A2A:
+                stride = topo.group_strides(coll.dims)[s.dim]
+                steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(coll.dims), 0, n)
+            else:
+                steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+            self.world.plans[key] = steps
+        if s.op == RS:
+            own = owned_region(dim.npus, c, 0, n)
+            stack.append((lo + own[0], lo + own[1]))
+        costs = tuple(self.cost(coll.itemsize).run_steps_ns(run))
+        if len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, as the emulator)
+            costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
+        recv_peers = [[self._peer(s.dim, p) for p, _, _ in st.recvs] for st in steps]
+        send_peers = [[self._peer(s.dim, p) for p, _, _ in st.sends] for st in steps]
+        links = self.links.step_times(run, coll.itemsize, self.rank, recv_peers, send_peers, costs)
+        stage = _Stage(run, s.dim, run.dim_seq, steps, costs, links)
+        stage.keys = [[(self.rank, s.dim, stage.tag, p) for p in peers] for peers in recv_peers]
+        self._active.append(stage)
+        if steps:
+            self._post(stage)
+        else:
+            stage.end_ns = stage.bound_ns()
+
+    def _peer(self, dim: int, coord: int) -> int:
+        return self.rank + (coord - self.coords[dim]) * self.world.strides[dim]
+
+    def _post(self, stage: _Stage) -> None:
+        """Send the times of the stage's current step (the mailbox's lock held)."""
+        world, dim = self.world, stage.dim
+        for peer, _, _ in stage.steps[stage.k].sends:
+            world.post((self._peer(dim, peer), dim, stage.tag, self.rank), stage.t_ns)
+
+    def _progress(self) -> bool:
+        """Apply every step whose send times have all come; whether any did."""
+        moved = False
+        world = self.world
+        for stage in self._active:
+            while stage.end_ns is None:
+                keys = stage.keys[stage.k]
+                mail = world.mail
+                if not all(key in mail for key in keys) or (
+                    len(set(keys)) < len(keys) and any(len(mail[key]) < keys.count(key) for key in set(keys))
+                ):
+                    break
+                sent_ns = -math.inf
+                extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
+                for key, extra_ns in zip(keys, extras):
+                    t = world.take(key)
+                    if t is not None and t + extra_ns > sent_ns:
+                        sent_ns = t + extra_ns
+                t = stage.t_ns
+                stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
+                stage.k += 1
+                moved = True
+                if stage.k == len(stage.costs):
+                    stage.end_ns = stage.t_ns
+                else:
+                    self._post(stage)
+        return moved
+
+    def _waiting_for(self) -> str:
+        waiting = [st for st in self._active if st.end_ns is None]
+        if not waiting:
+            return f"NPU {self.rank} waits for nothing"
+        s = waiting[0].run.stage
+        return f"NPU {self.rank} waits in collective {s.coll}, chunk {s.chunk}, {s.op} on dim {s.dim}"
+
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
+        """The earliest completions once certain (no running stage can still end before), or the horizon.
+
+        Without `certain` (an agreed order) the earliest known completions will do.
+        """
+        while True:
+            first_end, bound = math.inf, math.inf
+            for stage in self._active:
+                if stage.end_ns is None:
+                    bound = min(bound, stage.bound_ns())
+                elif stage.end_ns < first_end:
+                    first_end = stage.end_ns
+            if first_end <= horizon_ns and (first_end < bound or not certain and first_end < math.inf):
+                done = [st for st in self._active if st.end_ns == first_end]
+                self._active = [st for st in self._active if st.end_ns != first_end]
+                return first_end, [st.run for st in done]
+            if horizon_ns < first_end and (horizon_ns < bound or not certain):
+                return horizon_ns, []  # (an agreed order times its processes apart: `engine.Process`)
+            seen = self.world.version[self.rank]
+            if not self._progress():
+                self.world.block(self.rank, seen, self._waiting_for)
