@@ -8,6 +8,7 @@ the other, or on a pool (``--workers``, the model only).
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..config import RunConfig
 from ..errors import UsageError
@@ -115,7 +116,8 @@ def _train_jobs(args: argparse.Namespace) -> int:
         path = path if at else text
         if is_et_source(path):
             raise UsageError(f"--job {text}: jobs are text workloads; Chakra traces run alone")
-        jobs.append(Job(parse_workload(path), parse_placement(placement), text))
+        name = os.path.basename(path) + (f"@{placement}" if placement else "")
+        jobs.append(Job(parse_workload(path), parse_placement(placement), name))
     topo = one_topology(args)
     spec = _text_spec(args)
     settings = policy_settings(args)

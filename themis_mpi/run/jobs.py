@@ -176,7 +176,10 @@ def check_jobs(jobs: Sequence[Job], topology: Topology, spec: TrainingSpec) -> N
                 f"job {job.label}: its model-parallel group {job.workload.model_parallel_group} does not "
                 f"fit its dims {list(dims)}; give it dims whose sizes multiply to it"
             )
-        distinct_collectives(job.workload, sub, spec)  # (refuses a workload that does not fit)
+        try:
+            distinct_collectives(job.workload, sub, spec)  # (refuses a workload that does not fit)
+        except UsageError as exc:
+            raise UsageError(f"job {job.label} on its dims {list(dims)}: {exc}") from None
 
 
 class JobLoop(TrainingLoop):
