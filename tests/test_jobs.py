@@ -96,6 +96,14 @@ def test_interleaved_jobs_get_their_solo_time_and_jobs_issued_together_pay_the_n
     assert apart == pytest.approx([compute_us + t] * 2, rel=1e-12)
 
 
+def test_a_jobs_compute_scale_scales_its_compute_alone(tmp_path):
+    """compute_scale=2 on one job doubles its compute C (2C + T) and leaves the other at C + T (ideal)."""
+    t = solo_all_reduce_us(NIC)
+    path = one_collective(tmp_path, 10000)
+    times = jobs_times(NIC, ["dims=0:compute_scale=2", "dims=1"], path, "ideal", iterations=2)
+    assert times == pytest.approx([20 + t, 10 + t], rel=1e-12)
+
+
 def test_two_jobs_on_one_dim_queue_there_as_two_collectives_do(tmp_path):
     """Two jobs on the same dim of the same NPUs are allowed: their collectives share its queue, 2T under both rules."""
     t = solo_all_reduce_us(NIC)
@@ -111,10 +119,11 @@ def test_two_jobs_on_one_dim_queue_there_as_two_collectives_do(tmp_path):
         (["A@dims=0:at=0/1"], "which the job also uses"),
         (["A@dims=0:at=2/5"], "is no slice"),
         (["A@dims=0:at=2/0", "A@dims=1"], "all jobs take at= on one dim"),
-        (["A@dims=0:dim=1"], "is not dims=D,D.., at=D/I or delay_us=US"),
+        (["A@dims=0:dim=1"], "is not dims=D,D.., at=D/I, delay_us=US or compute_scale=F"),
         (["A@dims=x"], "bad value"),
         (["A@delay_us=-1"], "delay_us"),
         (["A@dims=0:dims=1"], "names a key twice"),
+        (["A@compute_scale=-2"], "compute_scale"),
     ],
 )
 def test_bad_placements_are_refused_in_one_line(tmp_path, capsys, jobs, fragment):

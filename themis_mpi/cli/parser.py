@@ -270,7 +270,8 @@ def _train_parser(sub: Any) -> None:
         default=None,
         help="a text workload as one of several jobs on the network (repeat it); PLACEMENT is "
         "dims=D,D.. (the dims its collectives use; default all), at=D/I (only the NPUs whose "
-        "coordinate on dim D is I) and delay_us=US (a late start), joined by ':', e.g. "
+        "coordinate on dim D is I), delay_us=US (a late start) and compute_scale=F (this job's compute "
+        "times F), joined by ':', e.g. "
         "A.txt@dims=0,1:at=2/0; see docs/jobs.md",
     )
     _add_topology(p)

@@ -136,8 +136,8 @@ def _train_jobs(args: argparse.Namespace) -> int:
             solo = [solo_times_us(topo, config, jobs, policy, spec) for policy, config in settings]
             print(
                 f"# {len(jobs)} jobs on topology {topo.label()}, {topo.npus} NPUs; {spec.iterations} "
-                f"iterations, {spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}; "
-                f"solo_us: each job alone on the model"
+                f"iterations, {spec.chunks} chunks per collective, --network {settings[0][1].network}, "
+                f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model"
             )
             print(jobs_table(results, solo))
             if args.json:

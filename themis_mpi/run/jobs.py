@@ -22,7 +22,8 @@ Model and emulator:
   results) are made by every rank for every job, in job order.
 
 A job's iteration time runs from its start (``delay_us=``, a late start that interleaves jobs)
-to the end of its last collective and update, over its iterations.
+to the end of its last collective and update, over its iterations. ``compute_scale=F`` scales
+one job's compute and update times (on top of ``--compute-scale``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from .collective import execute
 from .coordinator import PolicyLike, policy_name, share_schedules
 
 MAX_JOBS = 16
+KEYS = ("dims", "at", "delay_us", "compute_scale")
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,14 @@ class Placement:
         dims: the dims its collectives use, ascending (None: every dim).
         at: ``(dim, index)``: only the NPUs whose coordinate on that dim is index (None: all).
         delay_ns: the job starts this late (virtual ns).
+        compute_scale: a factor on the job's compute and update times, on top of the run's
+            (``--compute-scale``): jobs of different speeds on one network.
     """
 
     dims: tuple[int, ...] | None = None
     at: tuple[int, int] | None = None
     delay_ns: float = 0.0
+    compute_scale: float = 1.0
 
     def text(self) -> str:
         """The placement as ``--job`` takes it (empty when it is the default)."""
@@ -74,19 +79,22 @@ class Placement:
             parts.append(f"at={self.at[0]}/{self.at[1]}")
         if self.delay_ns:
             parts.append(f"delay_us={self.delay_ns / 1e3:g}")
+        if self.compute_scale != 1.0:
+            parts.append(f"compute_scale={self.compute_scale:g}")
         return ":".join(parts)
 
 
 def parse_placement(text: str) -> Placement:
-    """``dims=0,1:at=2/0:delay_us=50`` (every key optional, "" = every dim and NPU)."""
+    """``dims=0,1:at=2/0:delay_us=50:compute_scale=2`` (every key optional, "" = every dim and NPU)."""
     dims: tuple[int, ...] | None = None
     at: tuple[int, int] | None = None
-    delay_ns = 0.0
+    delay_ns, scale = 0.0, 1.0
     seen: set[str] = set()
     for item in filter(None, text.split(":")):
         key, eq, value = item.partition("=")
-        if not eq or key not in ("dims", "at", "delay_us") or key in seen:
-            why = "names a key twice" if key in seen else "is not dims=D,D.., at=D/I or delay_us=US"
+        if not eq or key not in KEYS or key in seen:
+            why = "is not dims=D,D.., at=D/I, delay_us=US or compute_scale=F"
+            why = "names a key twice" if key in seen else why
             raise UsageError(f"placement {text!r}: {item!r} {why}")
         seen.add(key)
         try:
@@ -99,13 +107,17 @@ def parse_placement(text: str) -> Placement:
                 if not slash or int(d) < 0 or int(i) < 0:
                     raise ValueError
                 at = (int(d), int(i))
-            else:
+            elif key == "delay_us":
                 delay_ns = float(value) * 1e3
+            else:
+                scale = float(value)
         except ValueError:
             raise UsageError(f"placement {text!r}: bad value in {item!r}") from None
         if key == "delay_us":
             in_range("a job's delay_us", delay_ns / 1e3, 0, MAX_SCALE * 1e6)
-    return Placement(dims, at, delay_ns)
+        if key == "compute_scale":
+            in_range("a job's compute_scale", scale, 0, MAX_SCALE)
+    return Placement(dims, at, delay_ns, scale)
 
 
 @dataclass(frozen=True)
@@ -191,6 +203,8 @@ class JobLoop(TrainingLoop):
     def __init__(
         self, job: Job, topology: Topology, spec: TrainingSpec, schedules, tick_ns: float, rank: int
     ):
+        scale = job.placement.compute_scale
+        spec = replace(spec, compute_scale=spec.compute_scale * scale) if scale != 1.0 else spec
         super().__init__(job.workload, job.sub_topology(topology), spec, schedules, tick_ns, rank=rank)
         self.job, self.whole = job, topology
         self.start_ns = self.end_ns = 0.0
@@ -431,8 +445,9 @@ def solo_times_us(
 
 def jobs_table(results: Sequence[JobsResult], solo_us: Sequence[Sequence[float]] | None = None) -> str:
     """One line per policy and job: iteration, exposed communication, and the slowdown over solo."""
+    width = max([3] + [len(r.workload) for res in results for r in res.jobs])
     lines = [
-        f"#{'policy':>9} {'job':<40} {'start_us':>9} {'iteration_us':>13} {'compute_us':>11} "
+        f"#{'policy':>9} {'job':<{width}} {'start_us':>9} {'iteration_us':>13} {'compute_us':>11} "
         f"{'exposed_us':>11} {'#wrong':>7} {'solo_us':>10} {'slowdown':>9}"
     ]
     for k, res in enumerate(results):
@@ -442,7 +457,7 @@ def jobs_table(results: Sequence[JobsResult], solo_us: Sequence[Sequence[float]]
             slow = f"{r.iteration_us / solo:.3f}x" if solo else "-"
             solo_text = f"{solo:.2f}" if solo else "-"
             lines.append(
-                f" {r.policy:>9} {r.workload:<40} {s:>9.2f} {r.iteration_us:>13.2f} {r.compute_us:>11.2f} "
-                f"{r.exposed_comm_us:>11.2f} {wrong:>7} {solo_text:>10} {slow:>9}"
+                f" {r.policy:>9} {r.workload:<{width}} {s:>9.2f} {r.iteration_us:>13.2f} "
+                f"{r.compute_us:>11.2f} {r.exposed_comm_us:>11.2f} {wrong:>7} {solo_text:>10} {slow:>9}"
             )
     return "\n".join(lines)
