@@ -14,8 +14,8 @@ Topology: the HGX-H100-SW_SW_SW preset (dims 1 and 2 leave each GPU through one 
 Each pair runs VGG-19 twice (A and B alike) and, outside ``--quick``, GNMT twice and ASTRA-sim's
 ResNet-50 beside VGG-19 (ResNet-50's many small all-reduces are latency-bound on this machine's
 1.7 us scale-out hops, so the NIC's bandwidth matters little to it).
-The compute is scaled (one ``--compute-scale`` for both jobs) so that job A's communication alone
-(an iteration without compute, baseline) is RATIO times its compute. "Together" starts both jobs
+Each job's compute is scaled (its placement's ``compute_scale``) so that its communication alone
+on its dims (an iteration without compute, baseline) is RATIO times its compute. "Together" starts both jobs
 at 0; "interleaved" starts B half of its solo iteration late, so that one job's communication
 falls in the other's compute. A job's iteration time runs from its own start; the slowdown is
 over the job alone on the network (same policy). Writes jobs.json and jobs.md into --out (atomic
@@ -43,15 +43,15 @@ VGG = "traces/vgg19.txt"
 PAIRS = {"VGG-19 + VGG-19": (VGG, VGG), "GNMT + GNMT": (GNMT, GNMT), "ResNet-50 + VGG-19": (RESNET, VGG)}
 PLACEMENTS = {"nic": ((1,), (2,)), "dim0+nic": ((0, 1), (0, 2)), "all": (None, None)}
 POLICIES = (("baseline", "fifo"), ("themis", "scf"))
-RATIOS = (0.5, 1.0, 2.0)  # job A's communication / compute
+RATIOS = (0.5, 1.0, 2.0)  # each job's communication / compute
 
 
-def jobs_of(paths, dims, delay_ns: float = 0.0) -> list[Job]:
-    """The pair as jobs, B started `delay_ns` late."""
-    (a, b), (da, db) = paths, dims
+def jobs_of(paths, dims, scales=(1.0, 1.0), delay_ns: float = 0.0) -> list[Job]:
+    """The pair as jobs, each with its compute scale, B started `delay_ns` late."""
+    (a, b), (da, db), (sa, sb) = paths, dims, scales
     return [
-        Job(parse_workload(os.path.join(ROOT, a)), Placement(da), "A"),
-        Job(parse_workload(os.path.join(ROOT, b)), Placement(db, delay_ns=delay_ns), "B"),
+        Job(parse_workload(os.path.join(ROOT, a)), Placement(da, compute_scale=sa), "A"),
+        Job(parse_workload(os.path.join(ROOT, b)), Placement(db, delay_ns=delay_ns, compute_scale=sb), "B"),
     ]
 
 
@@ -64,12 +64,13 @@ def iterations_us(jobs, spec, policy: str, intra: str) -> list[float]:
 
 
 def compute_scale(path: str, dims, ratio: float, chunks: int) -> float:
-    """The compute scale at which job A's communication alone is `ratio` times its compute."""
-    job = jobs_of((path, path), (dims, dims))[:1]
-    comm_us = iterations_us(job, TrainingSpec(chunks, iterations=1, compute_scale=0.0), "baseline", "fifo")[0]
+    """The compute scale at which a job's communication alone is `ratio` times its compute."""
+    (job,) = jobs_of((path, path), (dims, dims))[:1]
+    no_compute = TrainingSpec(chunks, iterations=1, compute_scale=0.0)
+    comm_us = iterations_us([job], no_compute, "baseline", "fifo")[0]
     topo = parse_topology(TOPOLOGY)
     spec = TrainingSpec(chunks, iterations=1)
-    row = run_jobs(ModelTransport(topo, RunConfig(network="fair")), job, "baseline", spec).jobs[0]
+    row = run_jobs(ModelTransport(topo, RunConfig(network="fair")), [job], "baseline", spec).jobs[0]
     return comm_us / (ratio * row.compute_us)
 
 
@@ -78,18 +79,18 @@ def cell(
 ) -> dict:
     """One (pair, placement, ratio, policy): solo, together and interleaved iteration times."""
     paths, dims = PAIRS[pair], PLACEMENTS[placement]
-    scale = compute_scale(paths[0], dims[0], ratio, chunks)
-    spec = TrainingSpec(chunks, iterations=iterations, compute_scale=scale)
-    pair_jobs = jobs_of(paths, dims)
+    scales = tuple(compute_scale(p, d, ratio, chunks) for p, d in zip(paths, dims))
+    spec = TrainingSpec(chunks, iterations=iterations)
+    pair_jobs = jobs_of(paths, dims, scales)
     solo = [iterations_us([job], spec, policy, intra)[0] for job in pair_jobs]
     together = iterations_us(pair_jobs, spec, policy, intra)
     delay_ns = solo[1] / 2 * 1e3
-    interleaved = iterations_us(jobs_of(paths, dims, delay_ns), spec, policy, intra)
+    interleaved = iterations_us(jobs_of(paths, dims, scales, delay_ns), spec, policy, intra)
     return {
         "pair": pair,
         "placement": placement,
         "ratio": ratio,
-        "compute_scale": scale,
+        "compute_scale": list(scales),
         "policy": policy,
         "intra": intra,
         "solo_us": solo,
