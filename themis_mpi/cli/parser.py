@@ -259,8 +259,20 @@ def _train_parser(sub: Any) -> None:
     p.add_argument(
         "workload",
         metavar="WORKLOAD",
+        nargs="?",
         help="ASTRA-sim 1.0 text workload, Chakra .et file (every rank runs it) "
-        "or the prefix of prefix.<rank>.et files",
+        "or the prefix of prefix.<rank>.et files (or give --job)",
+    )
+    p.add_argument(
+        "--job",
+        metavar="PATH@PLACEMENT",
+        action="append",
+        default=None,
+        help="a text workload as one of several jobs on the network (repeat it); PLACEMENT is "
+        "dims=D,D.. (the dims its collectives use; default all), at=D/I (only the NPUs whose "
+        "coordinate on dim D is I), delay_us=US (a late start) and compute_scale=F (this job's compute "
+        "times F), joined by ':', e.g. "
+        "A.txt@dims=0,1:at=2/0; see docs/jobs.md",
     )
     _add_topology(p)
     _add_schedule(p, "float32")
