@@ -309,14 +309,15 @@ def tables(rows: list[dict]) -> str:
     return "\n".join(md) + "\n"
 
 
-def main():
+def main(argv=None) -> list[dict]:
+    """Run the grid, write study.md and study.json into --out, print the tables; the rows."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--out", default="results/stragglers", help="output folder (docs/stragglers is the shipped copy)"
     )
     ap.add_argument("--quick", action="store_true", help="the 8-NPU subset (under a minute)")
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     workers = parse_workers(args.workers)
     grid = points(args.quick)
     rows, started = [], time.perf_counter()
@@ -332,6 +333,7 @@ def main():
         f.write(text)
     write_json(os.path.join(args.out, "study.json"), rows)
     print(text)
+    return rows
 
 
 if __name__ == "__main__":
