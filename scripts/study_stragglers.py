@@ -294,6 +294,20 @@ def tables(rows: list[dict]) -> str:
                     if p != "baseline":
                         speed.append(f"{r['speedup_over_baseline']:.3f}x")
                 md.append(f"| {s} | {case} | " + " | ".join(cells + speed) + " |")
+        big = list(dict.fromkeys(r["size"] for r in sel))[-1]
+        healthy = [r for r in sel if r["size"] == big and r["case"] == "healthy"]
+        ndims = len(healthy[0]["dim_bytes"])
+        md.append(
+            f"\n**Per-dim load on {t}, healthy {big} all-reduce** (one NPU's bytes sent per dim in MiB, "
+            "and its busy time per dim as % of the run): where each policy leaves slack\n"
+        )
+        heads = " | ".join(f"dim{d} MiB | dim{d} busy" for d in range(ndims))
+        md.append(f"| policy | time us | {heads} |")
+        md.append("|---" * (2 + 2 * ndims) + "|")
+        for r in healthy:
+            loads = zip(r["dim_bytes"], r["dim_busy_us"])
+            cells = [f"{b / 2**20:.1f} | {100 * u / r['time_us']:.1f}%" for b, u in loads]
+            md.append(f"| {r['policy']} | {r['time_us']:.1f} | " + " | ".join(cells) + " |")
     late = [r for r in rows if r["part"] == "late"]
     md.append(
         f"\n**Late NPU**: NPU {LATE_NPU} starts {LATE_US:g} us late; all-reduce, {COLL_CHUNKS} chunks "
