@@ -15,6 +15,7 @@ decided by wall time, so a run is deterministic.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -28,8 +29,9 @@ from .algorithms import plan, plan_all_to_all
 from .collectives import owned_region, rs_dims
 from .config import RunConfig
 from .cost import A2A, AG, RS, CostModels, LinkScales
-from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
+from .engine import CollectiveRun, Engine, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
+from .model import ModelTransport
 from .network import IDEAL
 from .topology import Topology
 
@@ -338,3 +340,122 @@ class NpuTransport:
             seen = self.world.version[self.rank]
             if not self._progress():
                 self.world.block(self.rank, seen, self._waiting_for)
+
+
+def stage_times(
+    topology: Topology, config: RunConfig, even: Engine, coll: CollectiveRun
+) -> dict[tuple[int, int, int], np.ndarray]:
+    """Every NPU's end of every stage of one collective, vectorised over NPUs (`TimedTransport`).
+
+    `even` ran the same collective (`coll`) on the one-NPU model with every NPU alike: its start
+    order is the agreed order of each dim, and a topological order of the stages (a stage starts
+    after the previous stage of its chunk and of its dim). The rules are `NpuTransport`'s, step by
+    step for all NPUs at once, with NPUs grouped by coordinate and region; the two agree exactly
+    (a test). Keys are ``(collective, chunk, stage index)``; values hold one end per rank.
+    """
+    n, topo = topology.npus, topology
+    ranks = np.arange(n)
+    strides = [int(np.prod(topo.shape[:d], dtype=np.int64)) for d in range(len(topo.dims))]
+    cost = CostModels(topo, config.endpoint_delay_ns, config.compat, config.endpoint)
+    links = LinkScales(cost, config.link_scale)
+    factors = [np.ones(n) for _ in topo.dims]
+    for d, rank, f in config.link_scale:
+        factors[d][rank] = f
+    issue = np.zeros(n)
+    for rank, delay_ns in config.npu_delay_ns:
+        issue[rank] = delay_ns
+    collective, itemsize = coll.collective, coll.collective.itemsize
+    bounds = coll.bounds.tolist()
+    coords = [(ranks // strides[d]) % dim.npus for d, dim in enumerate(topo.dims)]
+    stacks: dict[int, list[list[tuple[int, int]]]] = {}  # per chunk, each NPU's region stack
+    for k in range(len(bounds) - 1):
+        stacks[k] = []
+        for r in range(n):
+            stack = [(bounds[k], bounds[k + 1])]
+            if collective.op == "all_gather":
+                for d in rs_dims(topo, collective, coll.orders[k]):
+                    stack.append(owned_region(topo.dims[d].npus, int(coords[d][r]), *stack[-1]))
+            stacks[k].append(stack)
+    ready = {k: issue for k in stacks}
+    free = [np.zeros(n) for _ in topo.dims]
+    plans: dict[tuple, list] = {}
+    ends: dict[tuple[int, int, int], np.ndarray] = {}
+    for run in sorted(even.records, key=lambda r: r.start_seq):
+        s = run.stage
+        d, dim, stride = s.dim, topo.dims[s.dim], strides[s.dim]
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for r, stack in enumerate(stacks[s.chunk]):
+            if s.op == AG:
+                stack.pop()
+            lo, hi = stack[-1]
+            c = int(coords[d][r])
+            groups[(c, hi - lo)].append(r)
+            if s.op == RS:
+                own = owned_region(dim.npus, c, 0, hi - lo)
+                stack.append((lo + own[0], lo + own[1]))
+        costs = cost(itemsize).run_steps_ns(run)
+        shapes = []
+        for (c, m), members in groups.items():
+            key = (d, s.op, c, m, collective.dims if s.op == A2A else None)
+            if key not in plans:
+                if s.op == A2A:
+                    a2a_stride = topo.group_strides(collective.dims)[d]
+                    plans[key] = plan_all_to_all(
+                        dim.npus, c, a2a_stride, topo.group_npus(collective.dims), 0, m
+                    )
+                else:
+                    plans[key] = plan(dim.algorithm, s.op, dim.npus, c, 0, m)
+            shapes.append((c, np.array(members), plans[key]))
+        extras = {f: links.factor_extra_ns(run, itemsize, f) for f in np.unique(factors[d]).tolist()}
+        f_d = factors[d]
+        t = np.maximum(ready[s.chunk], free[d])
+        for k, step_ns in enumerate(costs):
+            nxt = np.empty(n)
+            for c, idx, steps in shapes:
+                st, own = steps[k], t[idx]
+                arrival = np.full(len(idx), -math.inf)
+                for p, _, _ in st.recvs:
+                    peer = idx + (p - c) * stride
+                    arrival = np.maximum(arrival, t[peer] + _extra(extras, f_d, k, idx, peer))
+                sending = np.full(len(idx), -math.inf)
+                for p, _, _ in st.sends:
+                    sending = np.maximum(sending, _extra(extras, f_d, k, idx, idx + (p - c) * stride))
+                nxt[idx] = np.maximum(np.maximum(own, own + (step_ns + sending)), arrival + step_ns)
+            t = nxt
+        ready[s.chunk] = free[d] = ends[(s.coll, s.chunk, s.index)] = t
+    return ends
+
+
+def _extra(
+    extras: dict, factors: np.ndarray, k: int, idx: np.ndarray, peer: np.ndarray
+) -> np.ndarray | float:
+    """What step k's messages between NPUs idx and peer gain from scaled links (`cost.LinkScales`)."""
+    if len(extras) == 1:
+        return extras[next(iter(extras))][k]
+    f = np.minimum(factors[idx], factors[peer])
+    return np.array([extras[x][k] for x in f.tolist()])
+
+
+class TimedTransport(ModelTransport):
+    """NPU 0 of a run whose stage ends are known (`stage_times`): the model's control, those times.
+
+    Args:
+        topology: the network.
+        config: the run settings.
+        ends: per ``(collective, chunk, stage index)``, every NPU's end.
+        issue_ns: when the first NPU issued the collective.
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig, ends: dict, issue_ns: float):
+        super().__init__(topology, config)
+        self.ends = ends
+        self.first_issue_ns = issue_ns
+        self.last_end_ns = max(float(t.max()) for t in ends.values())
+
+    def start(self, run: StageRun) -> None:
+        """The stage ends when `stage_times` says it does on NPU 0."""
+        if isinstance(run, MessageRun):
+            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
+        s = run.stage
+        heapq.heappush(self._heap, (float(self.ends[(s.coll, s.chunk, s.index)][0]), self._seq, run))
+        self._seq += 1
