@@ -328,3 +328,31 @@ def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tm
     assert e["wrong"] == 0
     assert e["iteration_us"] == m["iteration_us"]
     assert e["iteration_us"] > train("Resnet50_DataParallel.txt", "2x2x2", chunks=8).iteration_us
+
+
+def test_a_late_npu_really_waits_under_the_wall_clock(tmp_path):
+    """Under ``--clock wall`` the late rank holds its steps until their deadlines: the run takes at least its delay."""
+    out = tmp_path / "wall.json"
+    proc = cli(
+        8,
+        [
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "64K",
+            "-c",
+            "4",
+            "-p",
+            "baseline",
+            "--clock",
+            "wall",
+            "--time-scale",
+            "10",
+        ]
+        + ["--npu-delay-us", "5=2000", "-n", "1", "-w", "0", "-q", "--json", str(out)],
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["wrong"] == 0
+    assert row["time_us"] >= 2000.0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -134,7 +133,7 @@ def symmetric_run(
     topology: Topology, config: RunConfig, collective: Collective, schedule: Schedule
 ) -> tuple[Engine, CollectiveRun]:
     """The collective on the one-NPU model with all NPUs alike: its start order is the agreed one."""
-    model = ModelTransport(topology, replace(config, npu_delay_ns=(), link_scale=()))
+    model = ModelTransport(topology, config.alike())
     engine = Engine(topology, model, model.config)
     run = engine.issue(collective, schedule, False)
     engine.run()
