@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from collections import deque
 
 import numpy as np
 import pytest
@@ -356,3 +358,36 @@ def test_a_late_npu_really_waits_under_the_wall_clock(tmp_path):
     (row,) = json.loads(out.read_text())
     assert row["wrong"] == 0
     assert row["time_us"] >= 2000.0
+
+
+class _AnyOrder(deque):
+    """A ready queue that hands out a random NPU: another legal order of running them."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def popleft(self):
+        i = self.rng.randrange(len(self))
+        self.rotate(-i)
+        value = super().popleft()
+        self.rotate(i)
+        return value
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monkeypatch, seed):
+    """Times follow from the data alone: running the NPUs in a random order gives the same iteration."""
+    settings = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4, chunks=8)
+    config = RunConfig(npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
+    in_order = train("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
+    init = NpuWorld.__init__
+
+    def any_order(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.ready = _AnyOrder(seed)
+
+    monkeypatch.setattr(NpuWorld, "__init__", any_order)
+    shuffled = train("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
+    assert shuffled.iteration_us == in_order.iteration_us
+    assert [d.busy_us for d in shuffled.dims] == [d.busy_us for d in in_order.dims]
