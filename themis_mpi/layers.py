@@ -78,13 +78,14 @@ LAYERS: tuple[Layer, ...] = (
     Layer("results", "result dataclasses and the figures of a finished run", ("results",)),
     Layer(
         "run",
-        "the one run driver: rank 0's schedules, a collective, training, backends, sweeps and their pools",
+        "the one run driver: rank 0's schedules, a collective, training, jobs, backends, sweeps, pools",
         (
             "run",
             "run.coordinator",
             "run.collective",
             "run.linked",
             "run.training",
+            "run.jobs",
             "run.backend",
             "run.sweep",
             "run.pool",

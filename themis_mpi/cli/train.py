@@ -8,6 +8,7 @@ the other, or on a pool (``--workers``, the model only).
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..config import RunConfig
 from ..errors import UsageError
@@ -20,6 +21,7 @@ from ..policies import default_scheduler, make_scheduler
 from ..report import stragglers_line, training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
+from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, solo_times_us
 from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
 from ..topology import Topology
@@ -41,6 +43,12 @@ from .options import (
 
 def cmd_train(args: argparse.Namespace) -> int:
     """`themis-mpi train`: a text workload's iterations, or a Chakra graph, under each policy."""
+    if args.job:
+        if args.workload is not None:
+            raise UsageError("give either WORKLOAD or --job (one or more), not both")
+        return _train_jobs(args)
+    if args.workload is None:
+        raise UsageError("give a WORKLOAD, or --job PATH@PLACEMENT one or more times")
     if is_et_source(args.workload):
         return _train_graph(args)
     if args.comm_group:
@@ -48,19 +56,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     wl = parse_workload(args.workload)
     given = one_topology(args)
     topo = wl.fit_topology(given)
-    spec = TrainingSpec(
-        one_chunk_count(args),
-        args.dtype,
-        args.iters,
-        args.compute_scale,
-        args.comm_scale,
-        args.bucket_mib,
-        args.first_bucket_mib,
-        partition_mib(args),
-        rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
-        compute_jitter(args.compute_jitter),
-        args.seed,
-    )
+    spec = _text_spec(args)
     settings = policy_settings(args)
     check_rule(topo, settings[0][1].network)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
@@ -91,6 +87,62 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(stragglers_line(settings[0][1], spec))
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
+
+
+def _text_spec(args: argparse.Namespace) -> TrainingSpec:
+    """How a text workload (or every job) runs, from the flags."""
+    return TrainingSpec(
+        one_chunk_count(args),
+        args.dtype,
+        args.iters,
+        args.compute_scale,
+        args.comm_scale,
+        args.bucket_mib,
+        args.first_bucket_mib,
+        partition_mib(args),
+        rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        compute_jitter(args.compute_jitter),
+        args.seed,
+    )
+
+
+def _train_jobs(args: argparse.Namespace) -> int:
+    """`themis-mpi train --job ...`: several text workloads at once on one network, under each policy."""
+    if args.comm_group:
+        raise UsageError("--comm-group applies to Chakra traces only")
+    jobs = []
+    for text in args.job:
+        path, at, placement = text.rpartition("@") if "@" in text else ("", "", "")
+        path = path if at else text
+        if is_et_source(path):
+            raise UsageError(f"--job {text}: jobs are text workloads; Chakra traces run alone")
+        name = os.path.basename(path) + (f"@{placement}" if placement else "")
+        jobs.append(Job(parse_workload(path), parse_placement(placement), name))
+    topo = one_topology(args)
+    spec = _text_spec(args)
+    settings = policy_settings(args)
+    check_rule(topo, settings[0][1].network)
+    check_jobs(jobs, topo, spec)  # refused on every rank before MPI starts
+    if settings[0][1].asymmetric or spec.heterogeneous:
+        raise UsageError("stragglers do not run with several jobs (--job) yet")
+    use_mpi, workers = _where(args)
+    if workers != 1:
+        raise UsageError("--job runs one policy at a time: --workers is not taken")
+    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+        if backend.rank == 0:
+            check_outputs(args.json, inputs=input_files(*[j.workload.path for j in jobs], args.topology))
+        results = [run_jobs(backend.transport(config), jobs, policy, spec) for policy, config in settings]
+        if backend.rank == 0:
+            solo = [solo_times_us(topo, config, jobs, policy, spec) for policy, config in settings]
+            print(
+                f"# {len(jobs)} jobs on topology {topo.label()}, {topo.npus} NPUs; {spec.iterations} "
+                f"iterations, {spec.chunks} chunks per collective, --network {settings[0][1].network}, "
+                f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model"
+            )
+            print(jobs_table(results, solo))
+            if args.json:
+                write_json(args.json, [r.to_dict() for r in results])
+    return wrong_exit(sum(row.wrong or 0 for r in results for row in r.jobs))
 
 
 def _scheduler_line(config: RunConfig, spec: TrainingSpec) -> str:
