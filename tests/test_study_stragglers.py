@@ -45,11 +45,6 @@ def quick(tmp_path_factory) -> list[dict]:
     return json.loads((out / "study.json").read_text())
 
 
-def unsteady(row: dict) -> bool:
-    """Rows the per-NPU model may not repeat to the last bit: training with a straggler (seen under Themis)."""
-    return row["part"] == "training" and row["case"] not in ("healthy", "every NPU")
-
-
 def test_quick_rows_equal_the_shipped_rows(quick, shipped):
     """Every --quick row equals the shipped row of the same cell, wall-clock keys aside."""
     by_key = {key(r): r for r in shipped}
@@ -58,12 +53,7 @@ def test_quick_rows_equal_the_shipped_rows(quick, shipped):
     for row in quick:
         want = {k: v for k, v in by_key[key(row)].items() if k not in WALL_KEYS}
         got = {k: v for k, v in row.items() if k not in WALL_KEYS}
-        if unsteady(row):  # see docs/stragglers.md, "A caveat": a 0.5 us wobble
-            assert got.keys() == want.keys()
-            for k, v in want.items():
-                assert got[k] == (pytest.approx(v, rel=1e-3) if isinstance(v, float) else v), k
-        else:
-            assert got == want
+        assert got == want
 
 
 def test_late_npu_on_a_ring_ends_exactly_that_late(quick, shipped):
