@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from .config import RunConfig
 from .results import CollectiveResult, TrainingResult, busbw_factor
 from .topology import Topology
 from .units import format_size
-from .workloads.training import TrainingSpec
+
+if TYPE_CHECKING:  # `run` loads no workload code
+    from .workloads.training import TrainingSpec
 
 
 def run_header(topo: Topology, command: str, config: RunConfig) -> str:
