@@ -229,6 +229,11 @@ def derive(rows: list[dict]) -> None:
         r["speedup_over_baseline"] = coll[(t, s, "baseline", case, d, f)]["time_us"] / r["time_us"]
 
 
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
+
+
 def _find(rows: list[dict], **keys) -> dict:
     """The one row with these values."""
     return next(r for r in rows if all(r[k] == v for k, v in keys.items()))
@@ -341,7 +346,8 @@ def main(argv=None) -> list[dict]:
     sys.stderr.write("\n")
     derive(rows)
     text = tables(rows)
-    text += f"\n{len(grid)} runs on the per-NPU model in {time.perf_counter() - started:.1f} s.\n"
+    elapsed = time.perf_counter() - started
+    text += f"\n{len(grid)} runs on the per-NPU model in {elapsed:.1f} s ({measured_on()}).\n"
     os.makedirs(args.out, exist_ok=True)
     with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
         f.write(text)
