@@ -1,9 +1,11 @@
 """Several jobs on one network (`train --job`): solo times, the sharing rule's closed forms, the emulator."""
 
 import json
+import subprocess
+import sys
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, ROOT, cli, local, mpi_env
 
 from themis_mpi.cli.app import main
 from themis_mpi.config import RunConfig
@@ -173,3 +175,22 @@ def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tm
     (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
     assert [j["wrong"] for j in e["jobs"]] == [0] * len(jobs)
     assert [j["iteration_us"] for j in e["jobs"]] == [j["iteration_us"] for j in m["jobs"]]
+
+
+def test_the_quick_study_rewrites_the_shipped_cells(tmp_path):
+    """scripts/study_jobs.py --quick gives, for its cells, exactly the times shipped in docs/jobs/jobs.json."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "study_jobs.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    new = json.loads((tmp_path / "jobs.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "jobs" / "jobs.json").read_text())
+    key = ("pair", "placement", "ratio", "policy")
+    by_key = {tuple(r[k] for k in key): r for r in shipped}
+    assert new and all(tuple(r[k] for k in key) in by_key for r in new)
+    for r in new:
+        old = by_key[tuple(r[k] for k in key)]
+        assert [r[k] for k in ("solo_us", "together_us", "interleaved_us")] == [
+            old[k] for k in ("solo_us", "together_us", "interleaved_us")
+        ]
