@@ -155,17 +155,18 @@ def test_workload_and_job_together_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "jobs,network",
+    "jobs,network,extra",
     [
-        (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair"),
-        (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward"),
+        (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair", []),
+        (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward", []),
+        (["C@dims=0,1:compute_scale=0.5", "R@dims=1,2:delay_us=3"], "fair", ["--comm-scheduler", "p3"]),
     ],
 )
-def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tmp_path, jobs, network):
+def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tmp_path, jobs, network, extra):
     """On 8 ranks every rank runs its jobs: #wrong 0 and each job's iteration equals the model's."""
     c = one_collective(tmp_path, 20000)
     args = ["train", "-t", "SW(2,100,500)_SW(2,50,700)_SW(2,50,700)_NIC(1+2,50)", "-c", "4", "-n", "2"]
-    args += ["-p", "themis", "--network", network]
+    args += ["-p", "themis", "--network", network, *extra]
     for job in jobs:
         args += ["--job", job.replace("C", c, 1).replace("R", str(RESNET), 1)]
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
