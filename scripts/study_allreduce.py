@@ -39,6 +39,11 @@ PAPER = {"baseline": 56.31, "Themis+SCF": 95.14, "Themis+FIFO": 87.67}
 LATENCY = {"paper latency": None, "zero latency": 0.0}
 
 
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
+
+
 def progress(done: int, total: int, started: float) -> None:
     """A one-line progress bar on stderr, redrawn at each 2 % step."""
     width = 50
@@ -244,7 +249,7 @@ def main():
     rows, elapsed = run_all(sizes, chunk_counts, args.chunk_sweep_size, parse_workers(args.workers))
     os.makedirs(args.out, exist_ok=True)
     md = tables(rows, sizes, chunk_counts, args.chunk_sweep_size)
-    md += f"\n{len(rows)} model runs in {elapsed:.1f} s.\n"
+    md += f"\n{len(rows)} model runs in {elapsed:.1f} s ({measured_on()}).\n"
     with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
         f.write(md)
     write_json(os.path.join(args.out, "study.json"), rows)

@@ -2,14 +2,16 @@
 
 Usage::
 
-    python scripts/study_policies.py [--out results/policies] [--quick] [--workers N|mpi]
+    python scripts/study_policies.py [--out results/policies] [--quick] [--search-evals N]
+                                     [--workers N|mpi]
 
 Collectives (model): all-reduce, sizes 1 MiB to 16 GiB (x4), chunks 1 to 256 (x2), with the
 topologies' latencies and with zero latency, on the four paper topologies and 2x2x2, 4x4x4,
 2x2x2-hetero. Each cell runs every built-in inter-dim policy with its own queue policy (predictive
 chooses its own) and reports three yardsticks beside it: the bandwidth-only ideal, the per-dim
 bound of the schedule (``max_d bytes_d / B_d``) and a best-found schedule (a local search over
-chunk orders on the model, bounded by --search-s per cell).
+chunk orders on the model, seeded and bounded by --search-evals model evaluations per cell, so
+that re-running the study gives the same rows on any machine).
 
 Workloads (model, 64 chunks, 2 iterations): ASTRA-sim's ResNet-50 data-parallel workload
 (tests/data) and traces/*.txt, on the four paper topologies with their latencies.
@@ -53,6 +55,13 @@ SMALL = ["2x2x2", "4x4x4", "2x2x2-hetero"]
 POLICIES = ["baseline", "themis", "themisFlex", "roundRobin", "themis-lat", "predictive"]
 MIB, GIB = 2**20, 2**30
 LATENCY_BOUND_BYTES = 256 * MIB
+QUICK_SKIPS_WORKLOADS = ("transformer_1t.txt",)  # its decision takes most of the workloads' time
+SEARCH_EVALS = 16  # about the mean count the former 0.02 s budget per cell made (17 in 2026-11-22's run)
+
+
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def gmean(values) -> float:
@@ -69,7 +78,7 @@ def topology(name: str, latency: bool):
 
 def _cell_rows(point) -> list[dict]:
     """The rows of one (topology, latency, size, chunks) cell: every policy and the best found."""
-    name, latency, size, chunks, search_s = point
+    name, latency, size, chunks, search_evals = point
     topo = topology(name, latency)
     dims = tuple(range(len(topo.dims)))
     rows = []
@@ -99,7 +108,7 @@ def _cell_rows(point) -> list[dict]:
     ctx = policy_context(topo, config)
     ctx.evaluate_collective = model_oracle(topo, config)
     start = share_schedules(ModelTransport(topo, config), "predictive", [coll])[0][0]
-    found, found_us, evals = best_found(ctx, coll, search_s, start=(start, pred_us))
+    found, found_us, evals = best_found(ctx, coll, search_evals, start=(start, pred_us))
     for row in rows:
         row["speedup"] = times["baseline"] / row["time_us"]
         row["best_found_us"] = found_us
@@ -107,10 +116,10 @@ def _cell_rows(point) -> list[dict]:
     return rows
 
 
-def collective_rows(topos, sizes, chunk_counts, search_s: float, workers: int | str = 1) -> list[dict]:
+def collective_rows(topos, sizes, chunk_counts, search_evals: int, workers: int | str = 1) -> list[dict]:
     """One row per (topology, latency, size, chunks, policy); the cells on `workers` processes."""
     points = [
-        (name, latency, size, chunks, search_s)
+        (name, latency, size, chunks, search_evals)
         for name in topos
         for latency in (True, False)
         for size in sizes
@@ -275,7 +284,7 @@ def summary_markdown(rows, wrows, topos, decision: list[dict]) -> str:
         f"{1e3 * statistics.median(d['cpu_s'] for d in decision):.1f} ms, max "
         f"{1e3 * max(d['cpu_s'] for d in decision):.1f} ms; wall median "
         f"{1e3 * statistics.median(d['wall_s'] for d in decision):.1f} ms, max "
-        f"{1e3 * max(d['wall_s'] for d in decision):.1f} ms.",
+        f"{1e3 * max(d['wall_s'] for d in decision):.1f} ms ({measured_on()}).",
         "",
         "## Distance to the bounds (paper topologies, paper latencies, 64 chunks)",
         "",
@@ -324,12 +333,23 @@ def summary_markdown(rows, wrows, topos, decision: list[dict]) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/policies", help="output directory (never the repo root)")
-    ap.add_argument("--search-s", type=float, default=0.02, help="best-found search budget per cell (s)")
+    ap.add_argument(
+        "--search-evals",
+        type=int,
+        default=SEARCH_EVALS,
+        help=f"model evaluations of the best-found search per cell (default {SEARCH_EVALS})",
+    )
     ap.add_argument("--iterations", type=int, default=2, help="training iterations per workload run")
-    ap.add_argument("--quick", action="store_true", help="two topologies, three sizes, three chunk counts")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="two topologies, three sizes, three chunk counts; the workloads but Transformer-1T",
+    )
     ap.add_argument("--no-workloads", action="store_true", help="skip the workloads")
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = ap.parse_args()
+    if args.search_evals < 0:
+        sys.exit(f"study_policies.py: --search-evals must be >= 0, got {args.search_evals}")
     if os.path.abspath(args.out) == os.path.abspath(os.path.join(os.path.dirname(__file__), "..")):
         sys.exit("study_policies.py: --out must not be the repository root")
     os.makedirs(args.out, exist_ok=True)
@@ -339,11 +359,13 @@ def main():
     if args.quick:
         topos, sizes, chunk_counts = ["3D-SW_SW_SW_hetero", "2x2x2"], [MIB, 64 * MIB, GIB], [2, 8, 64]
     t0 = time.perf_counter()
-    rows = collective_rows(topos, sizes, chunk_counts, args.search_s, parse_workers(args.workers))
+    rows = collective_rows(topos, sizes, chunk_counts, args.search_evals, parse_workers(args.workers))
     t_coll = time.perf_counter() - t0
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     paths = [os.path.join(here, "tests", "data", "astra-sim-1.0-text", "Resnet50_DataParallel.txt")]
     paths += sorted(glob.glob(os.path.join(here, "traces", "*.txt")))
+    if args.quick:  # its rows are the full study's: a test compares them with docs/policies
+        paths = [p for p in paths if os.path.basename(p) not in QUICK_SKIPS_WORKLOADS]
     t1 = time.perf_counter()
     wrows = (
         [] if args.no_workloads else workload_rows(paths, [t for t in PAPER if t in topos], args.iterations)
@@ -352,7 +374,8 @@ def main():
     decision = decision_times(topos, sizes)
     text = summary_markdown(rows, wrows, topos, decision)
     text += (
-        f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s.\n"
+        f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s "
+        f"({measured_on()}).\n"
     )
     with open(os.path.join(args.out, "study.md"), "w") as f:
         f.write(text)

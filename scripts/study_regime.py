@@ -74,6 +74,11 @@ TOLERANCE = 0.10
 FIELDS = (("themis_speedup", "Themis+SCF"), ("best64_speedup", "best at 64 chunks"), ("best_speedup", "best"))
 
 
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
+
+
 def pair_name(pair: tuple[str, str]) -> str:
     return "/".join(pair)
 
@@ -321,7 +326,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     md.append(
         f"\n{all_runs} runs ({len(tasks)} distinct, {args.iterations} iterations, {args.chunks} chunks "
         f"per collective, {latency}): {run_s:.0f} CPU s of runs; {elapsed:.0f} s of wall time on "
-        f"{args.workers} worker(s){' in the last invocation' if args.resume else ''}.\n"
+        f"{args.workers} worker(s){' in the last invocation' if args.resume else ''} ({measured_on()}).\n"
     )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)

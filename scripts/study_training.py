@@ -2,12 +2,14 @@
 
 Usage::
 
-    python scripts/study_training.py [--traces traces] [--out docs/training] [--workers N|mpi]
+    python scripts/study_training.py [--traces traces] [--out docs/training] [--quick] [--workers N|mpi]
 
 Runs traces/{resnet152,gnmt,dlrm,transformer_1t}.txt (see scripts/generate_workloads.py) for two
 iterations on each paper topology, with the paper's latencies and with zero latency, baseline
 (FIFO) against Themis (SCF), 64 chunks per collective, on the model. Writes training.json,
-training.md and speedup.png into --out and prints the table.
+training.md and speedup.png into --out and prints the table. ``--quick`` runs the
+`QUICK_WORKLOADS` on the `QUICK_TOPOLOGIES` only; its rows are those of the full study (a test
+compares them with docs/training).
 """
 
 import argparse
@@ -36,6 +38,13 @@ WORKLOADS = {
 }
 TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 LATENCY = {"paper latency": None, "zero latency": 0.0}
+QUICK_WORKLOADS = ["resnet152", "dlrm"]
+QUICK_TOPOLOGIES = ["3D-SW_SW_SW_hetero", "4D-Ring_FC_Ring_SW"]
+
+
+def measured_on() -> str:
+    """Where and when this run's timings were measured (they are never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def _point(point) -> dict:
@@ -71,10 +80,15 @@ def main():
     ap.add_argument("--iterations", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=64)
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
+    ap.add_argument(
+        "--quick", action="store_true", help=f"{', '.join(QUICK_WORKLOADS)} on {', '.join(QUICK_TOPOLOGIES)}"
+    )
     args = ap.parse_args()
+    workloads = {w: WORKLOADS[w] for w in QUICK_WORKLOADS} if args.quick else WORKLOADS
+    topologies = QUICK_TOPOLOGIES if args.quick else TOPOLOGIES
     spec = TrainingSpec(chunks=args.chunks, iterations=args.iterations)
     rows, started = [], time.perf_counter()
-    points = [(args.traces, spec, w, t, lat) for w in WORKLOADS for t in TOPOLOGIES for lat in LATENCY]
+    points = [(args.traces, spec, w, t, lat) for w in workloads for t in topologies for lat in LATENCY]
     for i, row in enumerate(ordered_map(_point, points, parse_workers(args.workers))):
         rows.append(row)
         sys.stderr.write(f"\r{i + 1}/{len(points)} runs, {time.perf_counter() - started:5.1f} s")
@@ -86,39 +100,43 @@ def main():
             f"\n**Training iteration speedup of Themis+SCF over baseline, {lat}** "
             "(iteration time in ms: baseline / Themis; compute per iteration in brackets)\n"
         )
-        md.append("| workload | " + " | ".join(TOPOLOGIES) + " | mean | paper |")
-        md.append("|---" * (len(TOPOLOGIES) + 3) + "|")
-        for w, (label, paper) in WORKLOADS.items():
+        md.append("| workload | " + " | ".join(topologies) + " | mean | paper |")
+        md.append("|---" * (len(topologies) + 3) + "|")
+        for w, (label, paper) in workloads.items():
             sel = {r["topology"]: r for r in rows if r["workload"] == w and r["latency"] == lat}
             cells = [
                 f"{sel[t]['speedup']:.2f}x ({sel[t]['baseline_us'] / 1e3:.2f} / "
                 f"{sel[t]['themis_us'] / 1e3:.2f}) [{sel[t]['compute_us'] / 1e3:.2f}]"
-                for t in TOPOLOGIES
+                for t in topologies
             ]
-            mean = sum(sel[t]["speedup"] for t in TOPOLOGIES) / len(TOPOLOGIES)
+            mean = sum(sel[t]["speedup"] for t in topologies) / len(topologies)
             md.append(f"| {label} | " + " | ".join(cells) + f" | **{mean:.2f}x** | {paper:.2f}x |")
-    md.append(f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s.\n")
+    md.append(
+        f"\n{len(rows) * 2} training runs ({args.iterations} iterations each) in {elapsed:.1f} s "
+        f"({measured_on()}).\n"
+    )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
     with atomic_path(os.path.join(args.out, "training.md")) as tmp, open(tmp, "w") as f:
         f.write(text)
     write_json(os.path.join(args.out, "training.json"), rows)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
-    width = 0.8 / len(TOPOLOGIES)
+    width = 0.8 / len(topologies)
     for ax, lat in zip(axes, LATENCY):
-        for j, t in enumerate(TOPOLOGIES):
+        for j, t in enumerate(topologies):
             vals = [
                 next(
                     r["speedup"]
                     for r in rows
                     if r["workload"] == w and r["topology"] == t and r["latency"] == lat
                 )
-                for w in WORKLOADS
+                for w in workloads
             ]
-            ax.bar([i + (j - 1.5) * width for i in range(len(WORKLOADS))], vals, width, label=t)
+            offset = (j - (len(topologies) - 1) / 2) * width
+            ax.bar([i + offset for i in range(len(workloads))], vals, width, label=t)
         ax.scatter(
-            range(len(WORKLOADS)),
-            [p for _, p in WORKLOADS.values()],
+            range(len(workloads)),
+            [p for _, p in workloads.values()],
             marker="_",
             s=900,
             color="black",
@@ -126,7 +144,7 @@ def main():
             label="paper (ISCA 2022)",
         )
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set_xticks(range(len(WORKLOADS)), [label for label, _ in WORKLOADS.values()])
+        ax.set_xticks(range(len(workloads)), [label for label, _ in workloads.values()])
         ax.set_title(f"{lat}, {args.chunks} chunks per collective")
         ax.grid(alpha=0.3, axis="y")
     axes[0].set_ylabel("iteration-time speedup, Themis+SCF over baseline")

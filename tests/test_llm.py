@@ -162,8 +162,86 @@ def test_groups_split_a_dim_where_they_end_inside_it_and_refuse_where_they_canno
     assert layout.topology.shape == (8, 16, 2, 4)
     assert (layout.tp, layout.dp, layout.pp) == ((0,), (1,), (2, 3))
     bad = LlmConfig(**{**SMALL, "heads": 3, "hidden": 48, "global_batch": 12}, tp=3, pp=1, dp=2)
-    with pytest.raises(UsageError, match="a group of 3 NPUs ends inside dim 1"):
+    with pytest.raises(UsageError, match=r"a group of 3 NPUs \(TP\) ends inside dim 1"):
         fit_groups(bad, parse_topology("SW(2,100,500)_SW(3,100,5)"))
+
+
+ORDERS = ["tp-dp-pp", "tp-pp-dp", "dp-tp-pp", "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"]
+
+
+def members(topo, dims, rank):
+    """The ranks of `topo` that share every coordinate of `rank` outside `dims` (dim 0 fastest)."""
+
+    def coords(r):
+        out = []
+        for n in topo.shape:
+            out.append(r % n)
+            r //= n
+        return out
+
+    mine = coords(rank)
+    return {
+        r
+        for r in range(topo.npus)
+        if all(a == b for d, (a, b) in enumerate(zip(coords(r), mine, strict=True)) if d not in dims)
+    }
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_each_group_holds_the_ranks_its_place_in_order_says(order):
+    """TP2 x DP4 x PP2 on 2x2x2x2: a group's ranks are base + k * (product of the sizes inner to it)."""
+    c = LlmConfig(**SMALL, tp=2, dp=4, pp=2, order=order)
+    layout = fit_groups(c, parse_topology("SW(2,100,5)_SW(2,100,5)_SW(2,100,5)_SW(2,100,5)"))
+    sizes = {"tp": 2, "dp": 4, "pp": 2}
+    groups = order.split("-")
+    for g in groups:
+        stride = 1
+        for inner in groups[: groups.index(g)]:
+            stride *= sizes[inner]
+        for rank in range(16):
+            base = rank - (rank // stride % sizes[g]) * stride
+            want = {base + k * stride for k in range(sizes[g])}
+            assert members(layout.topology, getattr(layout, g), rank) == want, (g, rank)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_pipeline_messages_stay_in_the_pp_group_and_collectives_on_their_groups_dims(order):
+    """Every send and receive of a rank names a peer of its PP group; TP and DP collectives name their dims."""
+    c = LlmConfig(**SMALL, tp=2, dp=4, pp=2, order=order)
+    layout = fit_groups(c, parse_topology("SW(2,100,5)_SW(2,100,5)_SW(2,100,5)_SW(2,100,5)"))
+    for rank in range(16):
+        nodes = rank_graph(c, layout, rank)
+        pp_group = members(layout.topology, layout.pp, rank) - {rank}
+        peers = {
+            int(n.attr("comm_dst" if n.type == COMM_SEND_NODE else "comm_src"))
+            for n in nodes
+            if n.type in (COMM_SEND_NODE, COMM_RECV_NODE)
+        }
+        assert peers == pp_group
+        for n in nodes:
+            if n.type == COMM_COLL_NODE:
+                group = {"TP": layout.tp, "DP": layout.dp}[n.attr("themis_parallelism")]
+                dims = [d for d, on in enumerate(n.attr("involved_dim")) if on]
+                assert tuple(dims) == group
+
+
+def test_an_order_whose_group_does_not_fit_the_dims_is_refused():
+    """TP2 x DP3 x PP2 on 2 x 3 x 2: tp-dp-pp fits, tp-pp-dp puts a group of 4 inside the dim of 3."""
+    c = dict(**{**SMALL, "global_batch": 12}, tp=2, dp=3, pp=2)
+    topo = parse_topology("SW(2,100,5)_SW(3,100,5)_SW(2,100,5)")
+    assert fit_groups(LlmConfig(**c), topo).topology.shape == (2, 3, 2)
+    with pytest.raises(UsageError, match=r"a group of 4 NPUs \(TP x PP\) ends inside dim 1"):
+        fit_groups(LlmConfig(**c, order="tp-pp-dp"), topo)
+
+
+@pytest.mark.parametrize("order", ["tp-dp", "tp-dp-pp-ep", "tp-tp-pp", "x"])
+def test_a_malformed_order_is_refused_at_the_cli_with_one_line(order):
+    """`workload gpt --order` must list tp, dp and pp once each: one line, exit 2."""
+    base = ["--layers", "8", "--hidden", "48", "--heads", "12", "--seq", "16", "--vocab", "10"]
+    proc = local(["workload", "gpt", *base, "--tp", "2", "--pp", "2", "--order", order, "-t", "2x2"])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--order must list tp, dp and pp" in lines[0]
 
 
 # --- pipeline schedules ----------------------------------------------------------------------------
@@ -239,12 +317,13 @@ LAYOUTS = {
     "tp2-pp2-dp2-1f1b": dict(tp=2, pp=2, dp=2),
     "pp4-dp2-interleaved2": dict(pp=4, dp=2, schedule="interleaved", chunks=2),
     "pp2-dp4-ep2-zero3-gpipe": dict(pp=2, dp=4, ep=2, experts=4, topk=2, zero=3, schedule="gpipe"),
+    "tp2-pp2-dp2-order-pp-dp-tp": dict(tp=2, pp=2, dp=2, order="pp-dp-tp"),
 }
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_time(tmp_path, layout):
-    """TP2 x PP2 x DP2 (and interleaved, and MoE under ZeRO-3) under mpiexec -n 8: #wrong 0, the model's times."""
+    """TP2 x PP2 x DP2 (interleaved, MoE under ZeRO-3, PP innermost) under mpiexec -n 8: #wrong 0, the model's times."""
     prefix = str(tmp_path / "g")
     c = LlmConfig(**SMALL, **LAYOUTS[layout])
     topo = parse_topology("2x2x2")

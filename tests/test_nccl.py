@@ -4,6 +4,7 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 from harness import DATA, run_cases
 
@@ -361,3 +362,14 @@ def test_a_multi_node_log_needs_a_whole_number_of_base_nodes(tmp_path, capsys):
     assert main(["calibrate", str(TWO_NODE), "--npus", "12", "--base", "SW(8,400,600,nccl)"]) == 2
     assert "multiple" in error_line(capsys)
     assert math.isfinite(PARAMS.nvls_base_ns)
+
+
+def test_the_fit_solves_its_normal_equations_without_lapack():
+    """The fit's own elimination solves a x = b as LAPACK does, and reports a singular a as None."""
+    from themis_mpi.calibrate import _solve
+
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=(9, 9)) + 9 * np.eye(9)
+    b = rng.normal(size=9)
+    assert np.allclose(_solve(a, b), np.linalg.solve(a, b), rtol=1e-12, atol=1e-12)
+    assert _solve(np.ones((3, 3)), np.ones(3)) is None

@@ -254,8 +254,23 @@ def test_best_found_is_at_least_as_good_as_predictive():
     ctx.evaluate_collective = model_oracle(HETERO, config)
     coll = Collective("all_reduce", 2**24 // 8, "float64", 8, (0, 1, 2))
     _, pred_us, _ = fastest(ctx, coll)
-    _, found_us, evaluations = best_found(ctx, coll, budget_s=0.3)
-    assert found_us <= pred_us and evaluations > 1
+    _, found_us, evaluations = best_found(ctx, coll, max_evals=40)
+    assert found_us <= pred_us and evaluations > 40
+
+
+def test_best_found_is_bounded_by_evaluations_and_seeded():
+    """The search makes exactly max_evals evaluations after its start and gives the same result twice."""
+    from themis_mpi.policies.predictive import best_found, fastest
+    from themis_mpi.run.coordinator import model_oracle
+
+    config = RunConfig(intra="scf")
+    ctx = policy_context(HETERO, config)
+    ctx.evaluate_collective = model_oracle(HETERO, config)
+    coll = Collective("all_reduce", 2**24 // 8, "float64", 8, (0, 1, 2))
+    start, start_us, _ = fastest(ctx, coll)
+    runs = [best_found(ctx, coll, max_evals=12, seed=3, start=(start, start_us)) for _ in range(2)]
+    assert [r[2] for r in runs] == [12, 12]
+    assert runs[0][1] == runs[1][1] and (runs[0][0].orders == runs[1][0].orders).all()
 
 
 class _NotAPermutation(InterPolicy):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from harness import DATA, cli, local
 
@@ -11,8 +12,9 @@ from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npus import NpuWorld
-from themis_mpi.run.collective import model_collective, run_collective
+from themis_mpi.npus import NpuWorld, stage_times
+from themis_mpi.run.collective import model_collective, run_collective, symmetric_run
+from themis_mpi.run.coordinator import share_schedules
 from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
@@ -108,6 +110,42 @@ def test_rings_without_the_slow_link_keep_their_time():
     ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)))
     assert max(ends[:4]) == pytest.approx(halved.time_us * 1e3, rel=1e-12)
     assert ends[4:] == pytest.approx([on_time.time_us * 1e3] * 4, rel=1e-12)
+
+
+def every_npu(topo, coll, policy, config):
+    """The plain per-NPU path: every NPU's driver and engine (`NpuWorld`), NPU 0's result."""
+    return NpuWorld(topo, config).run(lambda npu: run_collective(npu, coll, policy))[0][0]
+
+
+@pytest.mark.parametrize(
+    "topo_spec,policy,intra,op,count,chunks,late,links",
+    [
+        ("4x2", "baseline", "fifo", "all_reduce", 1 << 16, 4, ((5, 30_000.0),), ()),
+        ("2x2x2", "themis", "scf", "all_reduce", 100_003, 7, ((5, 50_000.0), (2, 1_000.0)), ((1, 3, 0.5),)),
+        ("2x4x2", "themisFlex", "rg", "all_reduce", 1 << 18, 16, ((0, 5_000.0),), ((0, 6, 0.25),)),
+        ("2x2x2", "themis", "lrpf", "all_gather", 100_003, 8, ((7, 20_000.0),), ()),
+        ("2x2x2", "baseline", "fifo", "reduce_scatter", 1 << 16, 8, (), ((2, 4, 0.5), (0, 4, 2.0))),
+        ("2x2x2", "baseline", "fifo", "all_to_all", 1 << 16, 4, ((3, 10_000.0),), ()),
+        ("SW(8,100,700)", "baseline", "fifo", "all_reduce", 7, 3, ((4, 7_000.0),), ((0, 1, 0.3),)),
+        (RING, "baseline", "fifo", "all_reduce", 1 << 20, 2, (), ((0, 3, 0.5),)),
+    ],
+)
+def test_the_vectorised_model_equals_running_every_npu(
+    topo_spec, policy, intra, op, count, chunks, late, links
+):
+    """`model` times stragglers for all NPUs at once (`npus.stage_times`); it must equal running every NPU exactly."""
+    topo = parse_topology(topo_spec)
+    coll = collective(topo, op=op, count=count, chunks=chunks)
+    config = RunConfig(intra=intra, npu_delay_ns=late, link_scale=links)
+    fast, _ = model_collective(topo, coll, policy, config)
+    plain = every_npu(topo, coll, policy, config)
+    assert fast.time_us == plain.time_us
+    assert [d.busy_us for d in fast.dims] == [d.busy_us for d in plain.dims]
+    (schedule,), _ = share_schedules(ModelTransport(topo, config), policy, [coll])
+    ends = stage_times(topo, config, *symmetric_run(topo, config, coll, schedule))
+    assert np.max(np.stack(list(ends.values())), axis=0).tolist() == per_npu_end_ns(
+        topo, coll, policy, config
+    )
 
 
 @pytest.mark.parametrize(
@@ -290,3 +328,31 @@ def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tm
     assert e["wrong"] == 0
     assert e["iteration_us"] == m["iteration_us"]
     assert e["iteration_us"] > train("Resnet50_DataParallel.txt", "2x2x2", chunks=8).iteration_us
+
+
+def test_a_late_npu_really_waits_under_the_wall_clock(tmp_path):
+    """Under ``--clock wall`` the late rank holds its steps until their deadlines: the run takes at least its delay."""
+    out = tmp_path / "wall.json"
+    proc = cli(
+        8,
+        [
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "64K",
+            "-c",
+            "4",
+            "-p",
+            "baseline",
+            "--clock",
+            "wall",
+            "--time-scale",
+            "10",
+        ]
+        + ["--npu-delay-us", "5=2000", "-n", "1", "-w", "0", "-q", "--json", str(out)],
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["wrong"] == 0
+    assert row["time_us"] >= 2000.0

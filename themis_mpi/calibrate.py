@@ -542,6 +542,28 @@ def _times_ns(topo: Topology, op: str, sizes) -> list[tuple[float, str, str]]:
     return [best(params, lv, op, s) for s in sizes]
 
 
+def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """The x with a x = b, by Gaussian elimination with partial pivoting (None if a is singular).
+
+    Plain Python arithmetic on a few unknowns, so the result is the same on every CPU (LAPACK's
+    depends on the BLAS kernel the machine picks).
+    """
+    n = len(b)
+    m = [[float(a[i, j]) for j in range(n)] + [float(b[i])] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
+        if m[pivot][col] == 0.0 or not math.isfinite(m[pivot][col]):
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(col + 1, n):
+            f = m[i][col] / m[col][col]
+            m[i] = [x - f * y for x, y in zip(m[i], m[col])]
+    x = [0.0] * n
+    for i in reversed(range(n)):
+        x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
+    return np.array(x)
+
+
 def _lm(residual, u0: np.ndarray, delta: float, iters: int = 200) -> tuple[np.ndarray, float]:
     """Levenberg-Marquardt on soft-L1-weighted residuals (IRLS, scale delta), numeric Jacobian."""
 
@@ -558,13 +580,14 @@ def _lm(residual, u0: np.ndarray, delta: float, iters: int = 200) -> tuple[np.nd
             du[j] += h
             jac[:, j] = (residual(du) - r) / h
         w = 1 / np.sqrt(1 + (r / delta) ** 2)
-        a = jac.T @ (w[:, None] * jac)
-        g = jac.T @ (w * r)
+        # sums in a fixed order, not BLAS: its kernels differ per CPU in their last bits, and this
+        # fit's valleys are flat enough for that to move the fitted values (issue 26)
+        a = (jac[:, :, None] * (w[:, None] * jac)[:, None, :]).sum(axis=0)
+        g = (jac * (w * r)[:, None]).sum(axis=0)
         improved = False
         for _ in range(8):
-            try:
-                step = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(u))), -g)
-            except np.linalg.LinAlgError:
+            step = _solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(u))), -g)
+            if step is None:
                 lam *= 10
                 continue
             trial = u + step

@@ -7,7 +7,7 @@ layer): the sweep that resolves them (`run.sweep`) and the engine that makes the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cost import ASTRA_SIM_1_0, ASTRA_SIM_2, NO_ENDPOINT, Endpoint, check_compat
 from .errors import UsageError
@@ -121,6 +121,10 @@ class RunConfig:
                 "a late NPU or a scaled link (--npu-delay-us, --link-scale) runs under --network ideal "
                 "with one active chunk per dim"
             )
+
+    def alike(self) -> RunConfig:
+        """These settings with every NPU alike, on the virtual clock: the run NPUs agree with."""
+        return replace(self, npu_delay_ns=(), link_scale=(), clock="virtual", time_scale=1.0)
 
     @property
     def asymmetric(self) -> bool:

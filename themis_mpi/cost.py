@@ -585,22 +585,26 @@ class LinkScales:
         """The rate factor of the link between NPUs a and b in the dim."""
         return min(self.factors.get((dim, a), 1.0), self.factors.get((dim, b), 1.0))
 
+    def factor_extra_ns(self, run, itemsize: int, f: float) -> tuple[float, ...]:
+        """Per step of a started stage, what a message over a link at factor f adds to it."""
+        base = self.costs(itemsize).run_steps_ns(run)
+        if f == 1.0:
+            return (0.0,) * len(base)
+        scaled = self._model(run.stage.dim, f)(itemsize).run_steps_ns(run)
+        return tuple(s - b for s, b in zip(scaled, base))
+
     def extra_ns(self, run, itemsize: int, rank: int, peers) -> tuple[tuple[float, ...], ...]:
         """Per step of a started stage, per message received from ``peers[k][i]`` (ranks): its added time."""
         d = run.stage.dim
-        base = self.costs(itemsize).run_steps_ns(run)
-        scaled: dict[float, tuple[float, ...]] = {}
+        extras: dict[float, tuple[float, ...]] = {}
         rows = []
         for k, step_peers in enumerate(peers):
             row = []
             for peer in step_peers:
                 f = self.factor(d, rank, peer)
-                if f == 1.0:
-                    row.append(0.0)
-                    continue
-                if f not in scaled:
-                    scaled[f] = self._model(d, f)(itemsize).run_steps_ns(run)
-                row.append(scaled[f][k] - base[k])
+                if f not in extras:
+                    extras[f] = self.factor_extra_ns(run, itemsize, f)
+                row.append(extras[f][k])
             rows.append(tuple(row))
         return tuple(rows)
 

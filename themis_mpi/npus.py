@@ -1,39 +1,42 @@
 """The per-NPU model: every NPU's engine in one process, timed exactly as the emulator times it.
 
-The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time. A
-late NPU (``--npu-delay-us``) breaks it. Here each NPU is a thread running the same driver
-code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`: control calls meet at
-a barrier, and a stage's steps exchange their send times (no data) through one mailbox. A step
-ends at ``max(own step start, latest peer send time + step time)``, and a completion is certain
-once no running stage can still end earlier: the emulator's rules, so the two agree exactly.
+The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time.
+Stragglers (late NPUs, scaled links, slow compute) break it. Here each NPU is a greenlet
+running the same driver code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`:
+control calls meet, and a stage's steps exchange their send times (no data) through one
+mailbox. A step ends once its own sends are done and every message it receives has arrived
+(send time plus step time): the emulator's rules, so the two agree exactly. NPUs that differ
+start each dim's stages in one agreed order (`engine.Engine.agree`).
 
 Messages match as MPI matches them: by dim, receiver, sender and tag (the stage's start number
-on its dim), first sent first received. Threads never decide anything by wall time, so the
-result does not depend on how they interleave.
+on its dim), first sent first received. One NPU runs at a time, until it waits; nothing is
+decided by wall time, so a run is deterministic.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-import threading
 from collections import defaultdict, deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
+import greenlet
 import numpy as np
 
 from .algorithms import plan, plan_all_to_all
 from .collectives import owned_region, rs_dims
 from .config import RunConfig
 from .cost import A2A, AG, RS, CostModels, LinkScales
-from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
+from .engine import CollectiveRun, Engine, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
+from .model import ModelTransport
 from .network import IDEAL
 from .topology import Topology
 
 T = TypeVar("T")
-MAX_NPUS = 4096  # threads one process runs at once (the per-NPU model is for what breaks symmetry)
+MAX_NPUS = 4096  # NPUs one process runs at once (the per-NPU model is for what breaks symmetry)
 
 
 class Stalled(RuntimeError):
@@ -43,10 +46,11 @@ class Stalled(RuntimeError):
 class _Stage:
     """One running stage on one NPU: its step peers and times, and where it stands."""
 
-    __slots__ = ("run", "dim", "tag", "steps", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
+    __slots__ = ("run", "dim", "tag", "steps", "keys", "costs", "send_ns", "extras", "k", "t_ns", "end_ns")
 
     def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...], links):
         self.run, self.dim, self.tag, self.steps, self.costs = run, dim, tag, steps, costs
+        self.keys: list[list[tuple]] = []  # per step, the mailbox keys of its receives
         # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
         self.send_ns, self.extras = links
         self.k, self.t_ns = 0, run.start_ns
@@ -61,7 +65,12 @@ class _Stage:
 
 
 class NpuWorld:
-    """What the NPUs' threads share: the mailbox, the control meeting point and the first failure.
+    """What the NPUs share: the mailbox, the meeting point, and a scheduler that runs them in turn.
+
+    Each NPU runs in a greenlet: one at a time, until it must wait for a message or a meeting;
+    then the next ready NPU runs, in the order they became ready. Nothing depends on wall time,
+    so a run is deterministic, and when no NPU is ready while some have not finished, they wait
+    for each other: a deadlock, an error that says what they wait for.
 
     Args:
         topology: the network.
@@ -80,40 +89,26 @@ class NpuWorld:
                 f"the per-NPU model (a late NPU) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
             )
         self.topology, self.config, self.n = topology, config, topology.npus
-        self.cond = threading.Condition()
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
-        self.version = 0  # bumps at every send: a blocked NPU waits for it to change
-        self.stuck = 0  # NPUs blocked on the mailbox since its last change
-        self.finished = 0  # NPUs whose driver returned
-        self.failure: BaseException | None = None
-        self.meet = threading.Barrier(self.n)
+        self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
+        self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
+        self.ready: deque[int] = deque()
+        self.arrived: list[int] = []  # NPUs at the current meeting
+        self.met: list[Any] = []  # the last meeting's values
         self.slots: list[Any] = [None] * self.n
+        self.hub: greenlet.greenlet | None = None
+        self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.links = LinkScales(self.cost, config.link_scale)
+        self.plans: dict[tuple, list] = {}  # stage plans by their inputs: NPUs at one coordinate share them
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
 
-    def fail(self, exc: BaseException) -> None:
-        """The first failure ends every NPU: waits and meetings are broken."""
-        with self.cond:
-            if self.failure is None:
-                self.failure = exc
-            self.cond.notify_all()
-        self.meet.abort()
-
-    def check(self) -> None:
-        """Leave if another NPU failed."""
-        if self.failure is not None:
-            raise Stalled("another NPU failed")
-
-    def send(self, key: tuple, t_ns: float) -> None:
-        """Post a send time under its matching key."""
-        with self.cond:
-            self.mail[key].append(t_ns)
-            self.changed()
-
-    def changed(self) -> None:
-        """The mailbox changed (the lock is held): every blocked NPU looks again."""
-        self.version += 1
-        self.stuck = 0
-        self.cond.notify_all()
+    def post(self, key: tuple, t_ns: float) -> None:
+        """Post a send time under its matching key, ``(receiver, dim, tag, sender)``."""
+        self.mail[key].append(t_ns)
+        dst = key[0]
+        self.version[dst] += 1
+        if self.waiting.pop(dst, None) is not None:
+            self.ready.append(dst)
 
     def take(self, key: tuple) -> float | None:
         """The oldest send time under the key, or None if nothing came yet."""
@@ -125,65 +120,57 @@ class NpuWorld:
             del self.mail[key]
         return t_ns
 
-    def block(self, seen: int, what: Callable[[], str]) -> None:
-        """Wait until some NPU sends (the mailbox's version is past `seen`); a deadlock is an error."""
-        with self.cond:
-            if self.version != seen:
-                return
-            self.stuck += 1
-            while self.version == seen:
-                self.check()
-                if self.stuck + self.finished >= self.n:
-                    self.fail(Stalled(f"every NPU waits and none can move: {what()}"))
-                    self.check()
-                if not self.cond.wait(self.config.timeout_s):
-                    self.fail(
-                        Stalled(f"no NPU moved for {self.config.timeout_s:g} s (--timeout-s): {what()}")
-                    )
-                    self.check()
+    def block(self, rank: int, seen: int, what: Callable[[], str]) -> None:
+        """Wait until some NPU sends to `rank` (its version is past `seen`)."""
+        if self.version[rank] == seen:
+            self.waiting[rank] = what
+            self._yield()
 
     def gather(self, rank: int, value: Any, what: str) -> list[Any]:
         """Every NPU's value, on every NPU."""
         self.slots[rank] = value
-        self._meet(what)
-        values = list(self.slots)
-        self._meet(what)
-        return values
+        self.arrived.append(rank)
+        if len(self.arrived) < self.n:
+            self._yield()
+            return self.met
+        self.met = list(self.slots)
+        self.ready.extend(self.arrived[:-1])
+        self.arrived = []
+        return self.met
 
-    def _meet(self, what: str) -> None:
-        try:
-            self.meet.wait(self.config.timeout_s)
-        except threading.BrokenBarrierError:
-            self.check()
-            self.fail(Stalled(f"the NPUs did not all reach {what} within {self.config.timeout_s:g} s"))
-            self.check()
+    def _yield(self) -> None:
+        assert self.hub is not None
+        self.hub.switch()
 
     def run(self, body: Callable[[NpuTransport], T]) -> list[T]:
-        """Run `body(transport)` on every NPU's thread; every NPU's return, by rank.
-
-        The first failure (in rank order of when it happened) is raised here once all threads ended.
-        """
+        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
         results: list[Any] = [None] * self.n
+        failures: list[BaseException] = []
 
         def npu(rank: int) -> None:
             try:
                 results[rank] = body(NpuTransport(self, rank))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                self.fail(exc)
-            finally:
-                with self.cond:
-                    self.finished += 1
-                    self.cond.notify_all()
+            except greenlet.GreenletExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - raised by run
+                failures.append(exc)
 
-        threads = [
-            threading.Thread(target=npu, args=(r,), name=f"npu-{r}", daemon=True) for r in range(self.n)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if self.failure is not None:
-            raise self.failure
+        self.hub = greenlet.getcurrent()
+        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
+        self.ready.extend(range(self.n))
+        try:
+            while self.ready and not failures:
+                npus[self.ready.popleft()].switch()
+        finally:
+            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
+                if g and not g.dead:
+                    g.throw(greenlet.GreenletExit)
+        if failures:
+            raise failures[0]
+        stuck = sorted(self.waiting)
+        if stuck or self.arrived:
+            what = self.waiting[stuck[0]]() if stuck else f"NPUs {self.arrived[:4]} wait at a meeting"
+            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}")
         return results
 
 
@@ -203,9 +190,7 @@ class NpuTransport:
         self.world, self.rank = world, rank
         self.topology, self.config = world.topology, world.config
         self.clock = VirtualClock()
-        config = self.config
-        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
-        self.links = LinkScales(self.cost, config.link_scale)
+        self.cost, self.links = world.cost, world.links
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
@@ -264,11 +249,15 @@ class NpuTransport:
             stack.pop()
         lo, hi = stack[-1]
         n = hi - lo
-        if s.op == A2A:
-            stride = topo.group_strides(coll.dims)[s.dim]
-            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(coll.dims), 0, n)
-        else:
-            steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+        key = (s.dim, s.op, c, n, coll.dims if s.op == A2A else None)
+        steps = self.world.plans.get(key)
+        if steps is None:
+            if s.op == A2A:
+                stride = topo.group_strides(coll.dims)[s.dim]
+                steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(coll.dims), 0, n)
+            else:
+                steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+            self.world.plans[key] = steps
         if s.op == RS:
             own = owned_region(dim.npus, c, 0, n)
             stack.append((lo + own[0], lo + own[1]))
@@ -279,6 +268,7 @@ class NpuTransport:
         send_peers = [[self._peer(s.dim, p) for p, _, _ in st.sends] for st in steps]
         links = self.links.step_times(run, coll.itemsize, self.rank, recv_peers, send_peers, costs)
         stage = _Stage(run, s.dim, run.dim_seq, steps, costs, links)
+        stage.keys = [[(self.rank, s.dim, stage.tag, p) for p in peers] for peers in recv_peers]
         self._active.append(stage)
         if steps:
             self._post(stage)
@@ -289,42 +279,38 @@ class NpuTransport:
         return self.rank + (coord - self.coords[dim]) * self.world.strides[dim]
 
     def _post(self, stage: _Stage) -> None:
+        """Send the times of the stage's current step (the mailbox's lock held)."""
+        world, dim = self.world, stage.dim
         for peer, _, _ in stage.steps[stage.k].sends:
-            self.world.send((self._peer(stage.dim, peer), stage.dim, stage.tag, self.rank), stage.t_ns)
+            world.post((self._peer(dim, peer), dim, stage.tag, self.rank), stage.t_ns)
 
     def _progress(self) -> bool:
         """Apply every step whose send times have all come; whether any did."""
         moved = False
         world = self.world
-        with world.cond:
-            for stage in self._active:
-                while stage.end_ns is None:
-                    recvs = stage.steps[stage.k].recvs
-                    keys = [(self.rank, stage.dim, stage.tag, self._peer(stage.dim, p)) for p, _, _ in recvs]
-                    if any(len(world.mail.get(key, ())) < keys.count(key) for key in set(keys)):
-                        break
-                    sent_ns = -math.inf
-                    extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
-                    for key, extra_ns in zip(keys, extras):
-                        t = world.take(key)
-                        if t is not None and t + extra_ns > sent_ns:
-                            sent_ns = t + extra_ns
-                    t = stage.t_ns
-                    stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
-                    stage.k += 1
-                    moved = True
-                    if stage.k == len(stage.costs):
-                        stage.end_ns = stage.t_ns
-                    else:
-                        self._post_locked(stage)
+        for stage in self._active:
+            while stage.end_ns is None:
+                keys = stage.keys[stage.k]
+                mail = world.mail
+                if not all(key in mail for key in keys) or (
+                    len(set(keys)) < len(keys) and any(len(mail[key]) < keys.count(key) for key in set(keys))
+                ):
+                    break
+                sent_ns = -math.inf
+                extras = stage.extras[stage.k] if stage.extras else (0.0,) * len(keys)
+                for key, extra_ns in zip(keys, extras):
+                    t = world.take(key)
+                    if t is not None and t + extra_ns > sent_ns:
+                        sent_ns = t + extra_ns
+                t = stage.t_ns
+                stage.t_ns = max(t, t + stage.send_ns[stage.k], sent_ns + stage.costs[stage.k])
+                stage.k += 1
+                moved = True
+                if stage.k == len(stage.costs):
+                    stage.end_ns = stage.t_ns
+                else:
+                    self._post(stage)
         return moved
-
-    def _post_locked(self, stage: _Stage) -> None:
-        """`_post` with the mailbox's lock already held."""
-        world = self.world
-        for peer, _, _ in stage.steps[stage.k].sends:
-            world.mail[(self._peer(stage.dim, peer), stage.dim, stage.tag, self.rank)].append(stage.t_ns)
-        world.changed()
 
     def _waiting_for(self) -> str:
         waiting = [st for st in self._active if st.end_ns is None]
@@ -339,7 +325,6 @@ class NpuTransport:
         Without `certain` (an agreed order) the earliest known completions will do.
         """
         while True:
-            self.world.check()
             first_end, bound = math.inf, math.inf
             for stage in self._active:
                 if stage.end_ns is None:
@@ -352,6 +337,125 @@ class NpuTransport:
                 return first_end, [st.run for st in done]
             if horizon_ns < first_end and (horizon_ns < bound or not certain):
                 return horizon_ns, []  # (an agreed order times its processes apart: `engine.Process`)
-            seen = self.world.version
+            seen = self.world.version[self.rank]
             if not self._progress():
-                self.world.block(seen, self._waiting_for)
+                self.world.block(self.rank, seen, self._waiting_for)
+
+
+def stage_times(
+    topology: Topology, config: RunConfig, even: Engine, coll: CollectiveRun
+) -> dict[tuple[int, int, int], np.ndarray]:
+    """Every NPU's end of every stage of one collective, vectorised over NPUs (`TimedTransport`).
+
+    `even` ran the same collective (`coll`) on the one-NPU model with every NPU alike: its start
+    order is the agreed order of each dim, and a topological order of the stages (a stage starts
+    after the previous stage of its chunk and of its dim). The rules are `NpuTransport`'s, step by
+    step for all NPUs at once, with NPUs grouped by coordinate and region; the two agree exactly
+    (a test). Keys are ``(collective, chunk, stage index)``; values hold one end per rank.
+    """
+    n, topo = topology.npus, topology
+    ranks = np.arange(n)
+    strides = [int(np.prod(topo.shape[:d], dtype=np.int64)) for d in range(len(topo.dims))]
+    cost = CostModels(topo, config.endpoint_delay_ns, config.compat, config.endpoint)
+    links = LinkScales(cost, config.link_scale)
+    factors = [np.ones(n) for _ in topo.dims]
+    for d, rank, f in config.link_scale:
+        factors[d][rank] = f
+    issue = np.zeros(n)
+    for rank, delay_ns in config.npu_delay_ns:
+        issue[rank] = delay_ns
+    collective, itemsize = coll.collective, coll.collective.itemsize
+    bounds = coll.bounds.tolist()
+    coords = [(ranks // strides[d]) % dim.npus for d, dim in enumerate(topo.dims)]
+    stacks: dict[int, list[list[tuple[int, int]]]] = {}  # per chunk, each NPU's region stack
+    for k in range(len(bounds) - 1):
+        stacks[k] = []
+        for r in range(n):
+            stack = [(bounds[k], bounds[k + 1])]
+            if collective.op == "all_gather":
+                for d in rs_dims(topo, collective, coll.orders[k]):
+                    stack.append(owned_region(topo.dims[d].npus, int(coords[d][r]), *stack[-1]))
+            stacks[k].append(stack)
+    ready = {k: issue for k in stacks}
+    free = [np.zeros(n) for _ in topo.dims]
+    plans: dict[tuple, list] = {}
+    ends: dict[tuple[int, int, int], np.ndarray] = {}
+    for run in sorted(even.records, key=lambda r: r.start_seq):
+        s = run.stage
+        d, dim, stride = s.dim, topo.dims[s.dim], strides[s.dim]
+        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for r, stack in enumerate(stacks[s.chunk]):
+            if s.op == AG:
+                stack.pop()
+            lo, hi = stack[-1]
+            c = int(coords[d][r])
+            groups[(c, hi - lo)].append(r)
+            if s.op == RS:
+                own = owned_region(dim.npus, c, 0, hi - lo)
+                stack.append((lo + own[0], lo + own[1]))
+        costs = cost(itemsize).run_steps_ns(run)
+        shapes = []
+        for (c, m), members in groups.items():
+            key = (d, s.op, c, m, collective.dims if s.op == A2A else None)
+            if key not in plans:
+                if s.op == A2A:
+                    a2a_stride = topo.group_strides(collective.dims)[d]
+                    plans[key] = plan_all_to_all(
+                        dim.npus, c, a2a_stride, topo.group_npus(collective.dims), 0, m
+                    )
+                else:
+                    plans[key] = plan(dim.algorithm, s.op, dim.npus, c, 0, m)
+            shapes.append((c, np.array(members), plans[key]))
+        extras = {f: links.factor_extra_ns(run, itemsize, f) for f in np.unique(factors[d]).tolist()}
+        f_d = factors[d]
+        t = np.maximum(ready[s.chunk], free[d])
+        for k, step_ns in enumerate(costs):
+            nxt = np.empty(n)
+            for c, idx, steps in shapes:
+                st, own = steps[k], t[idx]
+                arrival = np.full(len(idx), -math.inf)
+                for p, _, _ in st.recvs:
+                    peer = idx + (p - c) * stride
+                    arrival = np.maximum(arrival, t[peer] + _extra(extras, f_d, k, idx, peer))
+                sending = np.full(len(idx), -math.inf)
+                for p, _, _ in st.sends:
+                    sending = np.maximum(sending, _extra(extras, f_d, k, idx, idx + (p - c) * stride))
+                nxt[idx] = np.maximum(np.maximum(own, own + (step_ns + sending)), arrival + step_ns)
+            t = nxt
+        ready[s.chunk] = free[d] = ends[(s.coll, s.chunk, s.index)] = t
+    return ends
+
+
+def _extra(
+    extras: dict, factors: np.ndarray, k: int, idx: np.ndarray, peer: np.ndarray
+) -> np.ndarray | float:
+    """What step k's messages between NPUs idx and peer gain from scaled links (`cost.LinkScales`)."""
+    if len(extras) == 1:
+        return extras[next(iter(extras))][k]
+    f = np.minimum(factors[idx], factors[peer])
+    return np.array([extras[x][k] for x in f.tolist()])
+
+
+class TimedTransport(ModelTransport):
+    """NPU 0 of a run whose stage ends are known (`stage_times`): the model's control, those times.
+
+    Args:
+        topology: the network.
+        config: the run settings.
+        ends: per ``(collective, chunk, stage index)``, every NPU's end.
+        issue_ns: when the first NPU issued the collective.
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig, ends: dict, issue_ns: float):
+        super().__init__(topology, config)
+        self.ends = ends
+        self.first_issue_ns = issue_ns
+        self.last_end_ns = max(float(t.max()) for t in ends.values())
+
+    def start(self, run: StageRun) -> None:
+        """The stage ends when `stage_times` says it does on NPU 0."""
+        if isinstance(run, MessageRun):
+            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
+        s = run.stage
+        heapq.heappush(self._heap, (float(self.ends[(s.coll, s.chunk, s.index)][0]), self._seq, run))
+        self._seq += 1

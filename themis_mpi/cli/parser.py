@@ -488,7 +488,7 @@ def _workload_parser(sub: Any) -> None:
         help="generate an LLM's training iteration (TP/PP/DP/EP) as per-rank Chakra ET files",
         description="A GPT/Llama-like decoder (optionally MoE) from its shape: compute from FLOPs over the "
         "stated throughput, collective and message sizes by Megatron-LM's accounting, the pipeline schedule "
-        "written into the graphs. Ranks: TP fastest, then DP, then PP; TP on the first dims.",
+        "written into the graphs. Ranks: TP fastest, then DP, then PP (--order); TP on the first dims.",
     )
     p.add_argument(
         "kind", choices=["gpt", "simai"], help="gpt: a decoder from its shape; simai: a SimAI file"
@@ -503,6 +503,12 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--global-batch", type=int, help="global batch B in sequences (default b*DP)")
     for name in ("tp", "pp", "dp", "ep"):
         p.add_argument(f"--{name}", type=int, default=1, help=f"{name.upper()} degree (default 1)")
+    p.add_argument(
+        "--order",
+        default="tp-dp-pp",
+        help="the groups inner to outer: which takes the first dims (default tp-dp-pp, Megatron's; "
+        "any order of tp, dp, pp, e.g. tp-pp-dp spreads DP over the outer dims)",
+    )
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V (default 1f1b)")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation")

@@ -25,6 +25,7 @@ from ..workloads.llm import (
     LlmConfig,
     fit_groups,
     in_flight,
+    parse_order,
     parse_schedule,
     place_groups,
     stage_order,
@@ -65,11 +66,21 @@ def llm_config(args: argparse.Namespace) -> LlmConfig:
         peak_tflops=args.peak_tflops,
         efficiency=args.efficiency,
         bytes_per_element=args.bytes_per_element,
+        order="-".join(parse_order(args.order)),
     )
 
 
 def _dims(dims: tuple[int, ...]) -> str:
     return ",".join(map(str, dims)) or "-"
+
+
+def rank_formula(order: str) -> str:
+    """How a rank is numbered from its group coordinates, e.g. ``tp + TP*(dp + DP*pp)``."""
+    first, *rest = parse_order(order)
+    text = rest[-1]
+    for g in reversed(rest[:-1]):
+        text = f"{g} + {g.upper()}*{text}" if text == rest[-1] else f"{g} + {g.upper()}*({text})"
+    return f"{first} + {first.upper()}*({text})"
 
 
 def summary(c: LlmConfig, layout: Layout) -> list[str]:
@@ -84,7 +95,8 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
         f"# gpt: {c.layers} layers, hidden {c.hidden}, {c.heads} heads, seq {c.seq}, vocab {c.vocab}, "
         f"ffn {c.ffn_hidden}{moe}; {c.params / 1e9:.2f}e9 parameters, {c.flops:.4g} FLOPs per iteration",
         f"# TP {c.tp} x PP {c.pp} x DP {c.dp} = {c.npus} NPUs on {topo.spec()}: TP dims {_dims(layout.tp)}, "
-        f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} (rank = tp + TP*(dp + DP*pp))",
+        f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} "
+        f"(--order {c.order}: rank = {rank_formula(c.order)})",
         f"# {schedule}: {c.micro_batches} micro-batches of {c.micro_batch} per pipeline, ZeRO-{c.zero}"
         f"{', recompute' if c.recompute else ''}; in flight per stage {' '.join(map(str, flight))}; "
         f"ideal bubble (p-1)/(m*V) = {(c.pp - 1) / (c.micro_batches * c.chunks):.3f}",
@@ -96,23 +108,42 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
 
 def price(c: LlmConfig, layout: Layout, policy: str, config: RunConfig, spec: TrainingSpec) -> dict:
     """One iteration on the model, and what each parallelism's communication and the bubble cost it."""
+    return price_all(c, layout, [(policy, config)], spec)[policy]
 
-    def run(drop: frozenset[str], topo: Topology) -> tuple[float, float]:
+
+def price_all(
+    c: LlmConfig, layout: Layout, policies: list[tuple[str, RunConfig]], spec: TrainingSpec
+) -> dict[str, dict]:
+    """`price` under each (policy, config); the runs without collectives are run once for all.
+
+    Per policy: the iteration, and X = iteration - the iteration with X's collectives left out,
+    for TP, DP and EP (0 without run where the model has none of X's collectives). Shared: PP =
+    the iteration with every collective left out - the same on a free network (1 PB/s, no
+    latency), and the bubble = that free iteration - the compute. No policy schedules anything
+    in those two runs (they hold no collective), so they are run once, under the first policy.
+    """
+
+    def run(policy: str, config: RunConfig, drop: frozenset[str], topo: Topology) -> tuple[float, float]:
         graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, drop))  # type: ignore[arg-type]
         row = run_graph(ModelTransport(topo, config), graph, policy, spec)
         return row.iteration_us, row.compute_us
 
     topo = layout.topology
     free = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
-    full, compute = run(frozenset(), topo)
-    out = {"iteration_us": full, "compute_us": compute, "exposed_us": full - compute}
     colls = frozenset(("TP", "DP", "EP"))
-    for k in ("TP", "DP", "EP"):
-        out[k] = full - run(frozenset((k,)), topo)[0]
-    messages, _ = run(colls, topo)
-    idle, _ = run(colls, free)
-    out["PP"] = messages - idle
-    out["bubble_us"] = idle - compute
+    present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
+    first, first_config = policies[0]
+    messages, _ = run(first, first_config, colls, topo)
+    idle, compute = run(first, first_config, colls, free)
+    out = {}
+    for policy, config in policies:
+        full, _ = run(policy, config, frozenset(), topo)
+        row = {"iteration_us": full, "compute_us": compute, "exposed_us": full - compute}
+        for k in ("TP", "DP", "EP"):
+            row[k] = full - run(policy, config, frozenset((k,)), topo)[0] if present[k] else 0.0
+        row["PP"] = messages - idle
+        row["bubble_us"] = idle - compute
+        out[policy] = row
     return out
 
 
@@ -186,8 +217,9 @@ def cmd_workload(args: argparse.Namespace) -> int:
         )
         head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
         print("#" + "".join(f"{h:>14}" for h in head)[1:])
-        for policy, intra in POLICIES:
-            r = price(c, layout, policy, RunConfig(intra=intra), spec)
+        priced = price_all(c, layout, [(p, RunConfig(intra=i)) for p, i in POLICIES], spec)
+        for policy, _ in POLICIES:
+            r = priced[policy]
             cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]
             print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in [*cells, r["bubble_us"]]))
     return 0

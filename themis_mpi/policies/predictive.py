@@ -13,15 +13,14 @@ collective under baseline, under Themis, under themis-lat, and each collective's
 choice; the run's oracle (`PolicyContext.evaluate`) times the training iterations of each, so the
 choice is never slower than the baseline's or Themis's iteration.
 
-`best_found` is the yardstick beside every result: a local search over chunk orders, bounded in
-time, that starts from the best candidate and keeps any change of one chunk's order that the model
-says is faster.
+`best_found` is the yardstick beside every result: a local search over chunk orders, bounded by a
+count of model evaluations and seeded (so its result is the same on any machine), that starts from
+the best candidate and keeps any change of one chunk's order that the model says is faster.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -150,16 +149,18 @@ def _with(schedule: Schedule, intra: str, label: str) -> Schedule:
 def best_found(
     context: PolicyContext,
     collective: Collective,
-    budget_s: float = 0.2,
+    max_evals: int = 16,
     seed: int = 0,
     start: tuple[Schedule, float] | None = None,
 ) -> tuple[Schedule, float, int]:
-    """A local search over chunk orders with the model as the oracle, bounded in time.
+    """A local search over chunk orders with the model as the oracle, bounded by `max_evals`.
 
     Starts from the fastest `predictive` candidate; each move gives one chunk another order of
-    its active dims (every order with up to 4 active dims) and is kept when the model says the
-    collective got faster. `start` (a schedule and its time) replaces the first step. Returns the
-    best schedule, its time in us and the evaluations made.
+    its active dims (every order with up to 4 active dims), drawn from a `random.Random(seed)`,
+    and is kept when the model says the collective got faster. The search makes `max_evals` model
+    evaluations (wall time plays no part, so the result is the same on any machine). `start` (a
+    schedule and its time) replaces the first step, whose evaluations are not counted against
+    `max_evals`. Returns the best schedule, its time in us and the evaluations made in all.
     """
     assert context.evaluate_collective is not None
     if start is None:
@@ -176,13 +177,12 @@ def best_found(
     import random  # rank 0 only, when this policy runs
 
     rng = random.Random(seed)
-    deadline = time.perf_counter() + budget_s
     orders = best.orders.copy()
-    while time.perf_counter() < deadline:
+    for _ in range(max_evals):
         k = rng.randrange(best.n_chunks)
-        order = perms[rng.randrange(len(perms))]
-        if list(orders[k]) == order:
-            continue
+        order = perms[rng.randrange(len(perms) - 1)]
+        if list(orders[k]) == order:  # draw among the others: every move is a change
+            order = perms[-1]
         trial = orders.copy()
         trial[k] = order
         candidate = Schedule(best.bounds, trial, best.fuse_last, best.intra, best.label + "+search")

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
 
 from ..collectives import Collective
 from ..config import RunConfig
-from ..engine import Engine, Transport
+from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
-from ..npus import NpuWorld
+from ..npus import TimedTransport, stage_times
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
 from ..topology import Topology
@@ -78,22 +77,28 @@ def run_collective(
     config = transport.config
     late = dict(config.npu_delay_ns)
     check_ranks(transport.topology, config)
-    if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
-        world = NpuWorld(transport.topology, config)
-        return world.run(lambda npu: run_collective(npu, collective, policy, schedule, check))[0]
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
+    if config.asymmetric:  # each dim starts its stages in the order of a run with NPUs alike
+        even, even_run = symmetric_run(transport.topology, config, collective, schedule)
+        if isinstance(transport, ModelTransport):  # no symmetry: every NPU's times, NPU 0's engine
+            topo = transport.topology
+            issue_ns = min(late.values()) if len(late) == topo.npus else 0.0
+            ends = stage_times(topo, config, even, even_run)
+            transport = TimedTransport(topo, config, ends, issue_ns)
     engine = Engine(transport.topology, transport, config)
     if config.asymmetric:
-        engine.agree(symmetric_order(transport.topology, config, collective, schedule))
+        engine.agree(even.start_order())
 
     def begin():
         engine.now_ns = late.get(transport.rank, 0.0)  # a late NPU starts its work then
         return engine.issue(collective, schedule, check)
 
     run, wall_s = execute(transport, engine, "the collective", begin)
-    if config.asymmetric:  # the collective spans every NPU: from the first issue to the last end
+    if isinstance(transport, TimedTransport):  # the collective spans every NPU
+        run.issued_ns, run.end_ns = transport.first_issue_ns, transport.last_end_ns
+    elif config.asymmetric:
         run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
         run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])
     wall = transport.clock.name == "wall"
@@ -124,15 +129,15 @@ def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[i
         )
 
 
-def symmetric_order(
+def symmetric_run(
     topology: Topology, config: RunConfig, collective: Collective, schedule: Schedule
-) -> list[list[tuple[int, int, int]]]:
-    """Each dim's stage start order when all NPUs are alike: the order they agree on (`Engine.agree`)."""
-    model = ModelTransport(topology, replace(config, npu_delay_ns=(), link_scale=()))
+) -> tuple[Engine, CollectiveRun]:
+    """The collective on the one-NPU model with all NPUs alike: its start order is the agreed one."""
+    model = ModelTransport(topology, config.alike())
     engine = Engine(topology, model, model.config)
-    engine.issue(collective, schedule, False)
+    run = engine.issue(collective, schedule, False)
     engine.run()
-    return engine.start_order()
+    return engine, run
 
 
 def model_collective(

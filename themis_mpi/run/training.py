@@ -112,7 +112,7 @@ def run_training(
     loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=transport.rank)
     if uneven:
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
-        even = replace(config, npu_delay_ns=(), link_scale=())
+        even = config.alike()
         model = Engine(topo, ModelTransport(topo, even), even)
         # the fastest NPUs' pace (every NPU slowed alike is the compute-scale what-if)
         factors = [f for _, f in spec.npu_compute_scale]

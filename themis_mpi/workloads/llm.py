@@ -20,9 +20,10 @@ element (docs/workloads.md#llm-training-generated-from-a-models-shape):
 The pipeline schedule (gpipe, 1f1b, interleaved:V) is written into the files: each rank's graph
 is a chain of steps in its schedule's order, every step waiting for the previous one; the sends
 after a compute and the receives before the next go together in one step (Megatron's batched
-``send_forward_recv_backward``). Ranks are numbered TP fastest, then DP, then PP (Megatron's
-order): TP takes the first dims, DP the next, PP the outermost; a dim is split where a group
-ends inside it (`fit_groups`).
+``send_forward_recv_backward``). Ranks are numbered TP fastest, then DP, then PP by default
+(Megatron's order, ``order="tp-dp-pp"``): TP takes the first dims, DP the next, PP the
+outermost; another order (e.g. ``tp-pp-dp``) places the groups inner to outer as it lists them.
+A dim is split where a group ends inside it (`fit_groups`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from .et import COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE, Attr,
 ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER = 0, 2, 6, 7
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PARALLELISMS = ("TP", "PP", "DP", "EP")
+GROUPS = ("tp", "dp", "pp")
+DEFAULT_ORDER = "tp-dp-pp"  # Megatron-LM: TP fastest, then DP, then PP
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class LlmConfig:
     peak_tflops: float = 989.0
     efficiency: float = 0.5
     bytes_per_element: int = 2
+    order: str = DEFAULT_ORDER  # the groups inner to outer: which takes the first dims
 
     def __post_init__(self) -> None:
         check_config(self)
@@ -83,6 +87,11 @@ class LlmConfig:
     def npus(self) -> int:
         """TP * PP * DP."""
         return self.tp * self.pp * self.dp
+
+    @property
+    def strides(self) -> dict[str, int]:
+        """Rank stride of each group ("tp", "dp", "pp") under `order`: 1 for the innermost."""
+        return group_strides(parse_order(self.order), {"tp": self.tp, "dp": self.dp, "pp": self.pp})
 
     @property
     def micro_batches(self) -> int:
@@ -175,6 +184,7 @@ class LlmConfig:
 
 def check_config(c: LlmConfig) -> None:
     """Refuse a shape that does not divide, with one line."""
+    parse_order(c.order)
     for name in ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp", "ep"):
         if getattr(c, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(c, name)}")
@@ -207,6 +217,25 @@ def check_config(c: LlmConfig) -> None:
         raise UsageError(f"EP {c.ep} must divide DP {c.dp} and the {c.experts} experts")
     if c.moe and not 1 <= c.topk <= c.experts:
         raise UsageError(f"--topk must be in 1..{c.experts}, got {c.topk}")
+
+
+def parse_order(text: str) -> tuple[str, ...]:
+    """An order such as tp-dp-pp -> ("tp", "dp", "pp"): the groups inner to outer (tp, dp, pp once each)."""
+    order = tuple(text.lower().split("-"))
+    if sorted(order) != sorted(GROUPS):
+        raise UsageError(
+            f"--order must list tp, dp and pp once each, inner to outer (e.g. tp-dp-pp), got {text!r}"
+        )
+    return order
+
+
+def group_strides(order: Sequence[str], sizes: dict[str, int]) -> dict[str, int]:
+    """Rank stride of each group: the product of the sizes of the groups inner to it."""
+    strides, stride = {}, 1
+    for g in order:
+        strides[g] = stride
+        stride *= sizes[g]
+    return strides
 
 
 def parse_schedule(text: str) -> tuple[str, int]:
@@ -300,18 +329,26 @@ class Layout:
 
 
 def fit_groups(c: LlmConfig, topology: Topology) -> Layout:
-    """TP on the first dims, then EP within DP, then DP, then PP; a dim splits where a group ends in it."""
-    return place_groups(c.tp, c.ep, c.dp, c.pp, topology)
+    """The groups on the dims in `c.order` (EP within DP); a dim splits where a group ends in it."""
+    return place_groups(c.tp, c.ep, c.dp, c.pp, topology, parse_order(c.order))
 
 
-def place_groups(tp: int, ep: int, dp: int, pp: int, topology: Topology) -> Layout:
-    """`fit_groups` for given degrees (EP within DP)."""
+def place_groups(
+    tp: int, ep: int, dp: int, pp: int, topology: Topology, order: Sequence[str] = GROUPS
+) -> Layout:
+    """`fit_groups` for given degrees (EP the first EP ranks of DP), groups inner to outer in `order`."""
     npus = tp * dp * pp
     if topology.npus != npus:
         raise UsageError(
             f"TP {tp} x PP {pp} x DP {dp} = {npus} NPUs, but {topology.label()} has {topology.npus}"
         )
-    bounds = sorted({tp, tp * ep, tp * dp, npus} - {1})
+    sizes = {"tp": tp, "dp": dp, "pp": pp}
+    stride = group_strides(order, sizes)
+    ends: dict[int, str] = {}  # a boundary in rank space -> the groups inside it, for the error
+    for i in range(1, len(order) + 1):
+        ends.setdefault(stride[order[i - 1]] * sizes[order[i - 1]], " x ".join(g.upper() for g in order[:i]))
+    ends.setdefault(stride["dp"] * ep, " x ".join([*(g.upper() for g in order[: order.index("dp")]), "EP"]))
+    bounds = sorted(set(ends) - {1})
     dims: list[Dim] = []
     product = 1
     for dim in topology.dims:
@@ -320,7 +357,7 @@ def place_groups(tp: int, ep: int, dp: int, pp: int, topology: Topology) -> Layo
             if product < b < product * n:
                 if b % product or n % (b // product):
                     raise UsageError(
-                        f"a group of {b} NPUs ends inside dim {len(dims)} of {topology.label()} "
+                        f"a group of {b} NPUs ({ends[b]}) ends inside dim {len(dims)} of {topology.label()} "
                         f"({n} NPUs after {product}): it cannot be split there"
                     )
                 part = b // product
@@ -339,13 +376,16 @@ def place_groups(tp: int, ep: int, dp: int, pp: int, topology: Topology) -> Layo
         n = len(topo.dims)
         return tuple(d for d in range(n) if edges[d] >= lo and edges[d + 1] <= hi and edges[d] < hi)
 
+    def group(g: str) -> tuple[int, ...]:
+        return span(stride[g], stride[g] * sizes[g])
+
     return Layout(
         topo,
-        span(1, tp),
-        span(tp, tp * dp),
-        span(tp, tp * ep),
-        span(tp * ep, tp * dp),
-        span(tp * dp, npus),
+        group("tp"),
+        group("dp"),
+        span(stride["dp"], stride["dp"] * ep),
+        span(stride["dp"] * ep, stride["dp"] * dp),
+        group("pp"),
         topo is not topology,
     )
 
@@ -419,13 +459,15 @@ class _Builder:
 
 
 def rank_coords(c: LlmConfig, rank: int) -> tuple[int, int, int]:
-    """(tp, dp, pp) of a rank: TP fastest, then DP, then PP."""
-    return rank % c.tp, rank // c.tp % c.dp, rank // (c.tp * c.dp)
+    """(tp, dp, pp) of a rank under `c.order` (by default TP fastest, then DP, then PP)."""
+    st = c.strides
+    return rank // st["tp"] % c.tp, rank // st["dp"] % c.dp, rank // st["pp"] % c.pp
 
 
 def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = frozenset()) -> list[Node]:
     """One rank's nodes: its stage's schedule, then the data-parallel step (`drop`: collectives left out)."""
     _, _, s = rank_coords(c, rank)
+    pp_stride = c.strides["pp"]
     b = _Builder(layout, drop)
     m, p, v_chunks, e = c.micro_batches, c.pp, c.chunks, c.bytes_per_element
     act = c.activation_bytes
@@ -437,7 +479,7 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
     a2a = act * c.topk
 
     def neighbour(stage: int) -> int:
-        return rank + (stage - s) * c.tp * c.dp
+        return rank + (stage - s) * pp_stride
 
     def tag(kind: str, mb: int, vstage: int) -> int:
         return (mb * c.stages + vstage) * 2 + (kind == "B")

@@ -1,0 +1,107 @@
+"""The studies' shipped data is what their documented commands write, timings aside (issue 26).
+
+Each test runs a quick subset of a study's command (`--quick`, or the whole command where it is
+short) into tmp_path and compares its rows with the matching rows of the JSON shipped in docs/,
+wall-clock fields excluded. A difference means the study is not reproducible (a time budget, an
+unseeded draw) or the shipped data is stale: re-run the command of docs/studies.md.
+"""
+
+import json
+import subprocess
+import sys
+
+from harness import ROOT
+
+TIMINGS = {"decision_s", "wall_s", "cpu_s"}  # wall-clock fields: the only ones a re-run may change
+STUDY_TIMEOUT_S = 300
+
+
+def untimed(value):
+    """The value with every timing field removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: untimed(v) for k, v in value.items() if k not in TIMINGS}
+    if isinstance(value, list):
+        return [untimed(v) for v in value]
+    return value
+
+
+def run_study(script: str, out, *args: str) -> None:
+    """Run scripts/<script> with `args` and --out `out`, as docs/studies.md documents it."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / script), *args, "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=STUDY_TIMEOUT_S,
+    )
+
+
+def by_key(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, dict]:
+    """Rows indexed by their `key` fields, timings removed; the key must be unique."""
+    out = {tuple(r[k] for k in key): untimed(r) for r in rows}
+    assert len(out) == len(rows), f"{key} does not identify the rows"
+    return out
+
+
+def assert_subset(new: dict[tuple, dict], shipped: dict[tuple, dict]) -> None:
+    """Every new row is the shipped row of the same key, field for field."""
+    assert new, "the quick run wrote no rows"
+    missing = sorted(set(new) - set(shipped))
+    assert not missing, f"rows not in the shipped data: {missing[:3]}"
+    differ = [k for k in new if new[k] != shipped[k]]
+    assert not differ, (
+        f"{len(differ)} rows differ, e.g. {differ[0]}: {new[differ[0]]} != {shipped[differ[0]]}"
+    )
+
+
+def test_policy_study_quick_rows_are_the_shipped_rows(tmp_path):
+    """study_policies.py --quick gives docs/policies' rows for its cells and workloads, best-found search included."""
+    run_study("study_policies.py", tmp_path, "--quick")
+    new = json.loads((tmp_path / "study.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "policies" / "study.json").read_text())
+    cell = ("topology", "latency", "size_bytes", "chunks", "policy")
+    assert_subset(by_key(new["collectives"], cell), by_key(shipped["collectives"], cell))
+    assert_subset(
+        by_key(new["workloads"], ("workload", "topology", "policy")),
+        by_key(shipped["workloads"], ("workload", "topology", "policy")),
+    )
+
+
+def test_training_study_quick_rows_are_the_shipped_rows(tmp_path):
+    """study_training.py --quick gives docs/training's rows for its workloads and topologies."""
+    run_study("study_training.py", tmp_path, "--quick")
+    key = ("workload", "topology", "latency")
+    new = json.loads((tmp_path / "training.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "training" / "training.json").read_text())
+    assert_subset(by_key(new, key), by_key(shipped, key))
+
+
+def test_hardware_study_regenerates(tmp_path):
+    """study_hardware.py (the ACE and INA study, a few seconds) rewrites docs/hardware's JSON and tables."""
+    run_study("study_hardware.py", tmp_path)
+    shipped = ROOT / "docs" / "hardware"
+    assert untimed(json.loads((tmp_path / "hardware.json").read_text())) == untimed(
+        json.loads((shipped / "hardware.json").read_text())
+    )
+    assert (tmp_path / "hardware.md").read_text() == (shipped / "hardware.md").read_text()
+
+
+def test_nccl_fits_regenerate(tmp_path):
+    """study_hardware.py --nccl (the fits of the shipped nccl-tests logs) rewrites docs/hardware's nccl.json and nccl.md."""
+    run_study("study_hardware.py", tmp_path, "--nccl")
+    shipped = ROOT / "docs" / "hardware"
+    assert untimed(json.loads((tmp_path / "nccl.json").read_text())) == untimed(
+        json.loads((shipped / "nccl.json").read_text())
+    )
+    assert (tmp_path / "nccl.md").read_text() == (shipped / "nccl.md").read_text()
+
+
+def test_network_study_quick_rows_are_the_shipped_rows(tmp_path):
+    """study_network.py --quick gives docs/network's all-reduce and splits parts whole and its training rows."""
+    run_study("study_network.py", tmp_path, "--quick")
+    new = json.loads((tmp_path / "network.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "network" / "network.json").read_text())
+    assert untimed(new["all_reduce"]) == untimed(shipped["all_reduce"])
+    assert untimed(new["splits"]) == untimed(shipped["splits"])
+    key = ("workload", "machine", "latency", "rule")
+    assert_subset(by_key(new["training"], key), by_key(shipped["training"], key))
