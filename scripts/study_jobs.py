@@ -17,9 +17,11 @@ ResNet-50 beside VGG-19 (ResNet-50's many small all-reduces are latency-bound on
 Each job's compute is scaled (its placement's ``compute_scale``) so that its communication alone
 on its dims (an iteration without compute, baseline) is RATIO times its compute. "Together" starts both jobs
 at 0; "interleaved" starts B half of its solo iteration late, so that one job's communication
-falls in the other's compute. A job's iteration time runs from its own start; the slowdown is
-over the job alone on the network (same policy). Writes jobs.json and jobs.md into --out (atomic
-writes) and prints the table.
+falls in the other's compute. "One period" first scales B's compute so that its solo iteration
+equals A's (a secant search), so that the offset cannot drift, and then runs together and
+interleaved (B half of A's solo iteration late). A job's iteration time runs from its own start;
+the slowdown is over the job alone on the network (same policy). Writes jobs.json and jobs.md
+into --out (atomic writes) and prints the table.
 """
 
 import argparse
@@ -86,6 +88,20 @@ def cell(
     together = iterations_us(pair_jobs, spec, policy, intra)
     delay_ns = solo[1] / 2 * 1e3
     interleaved = iterations_us(jobs_of(paths, dims, scales, delay_ns), spec, policy, intra)
+    matched = matched_scale(paths, dims, scales, solo, spec, policy, intra)
+    same = {}
+    if matched is not None:
+        both = (scales[0], matched)
+        half_ns = solo[0] / 2 * 1e3
+        same = {
+            "matched_scale": matched,
+            "matched_solo_us": iterations_us(jobs_of(paths, dims, both)[1:], spec, policy, intra)[0],
+            "matched_together_us": iterations_us(jobs_of(paths, dims, both), spec, policy, intra),
+            "matched_interleaved_us": iterations_us(jobs_of(paths, dims, both, half_ns), spec, policy, intra),
+        }
+        solos = (solo[0], same["matched_solo_us"])
+        for mode in ("together", "interleaved"):
+            same[f"matched_{mode}_slowdown"] = [t / s for t, s in zip(same[f"matched_{mode}_us"], solos)]
     return {
         "pair": pair,
         "placement": placement,
@@ -99,22 +115,53 @@ def cell(
         "delay_us": delay_ns / 1e3,
         "together_slowdown": [t / s for t, s in zip(together, solo)],
         "interleaved_slowdown": [t / s for t, s in zip(interleaved, solo)],
+        **same,
     }
+
+
+def matched_scale(paths, dims, scales, solo, spec, policy: str, intra: str, rel: float = 1e-3):
+    """B's compute scale at which its solo iteration equals A's (secant), or None if none can.
+
+    With one period, an offset of half an iteration stays half an iteration (CASSINI's
+    condition); B's communication is unchanged, only its compute stretches or shrinks.
+    """
+
+    def gap(scale_b: float) -> float:
+        job = jobs_of(paths, dims, (scales[0], scale_b))[1]
+        return iterations_us([job], spec, policy, intra)[0] - solo[0]
+
+    x0, f0 = scales[1], solo[1] - solo[0]
+    if abs(f0) <= rel * solo[0]:
+        return x0
+    if gap(0.0) > 0:  # B's communication alone is longer than A's iteration
+        return None
+    x1 = x0 * solo[0] / solo[1]
+    f1 = gap(x1)
+    for _ in range(12):
+        if abs(f1) <= rel * solo[0] or f1 == f0:
+            break
+        x0, x1, f0 = x1, max(0.0, x1 - f1 * (x1 - x0) / (f1 - f0)), f1
+        f1 = gap(x1)
+    return x1 if abs(f1) <= rel * solo[0] else None
 
 
 def table(rows: list[dict]) -> str:
     """The study as a Markdown table: slowdowns over solo, A / B, together and interleaved."""
     lines = [
         "| pair | placement | comm/compute | policy | A solo (ms) | B solo (ms) | together A / B | "
-        "interleaved A / B |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "interleaved A / B | one period: together A / B | one period: interleaved A / B |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+
+    def pair_of(r: dict, key: str) -> str:
+        return " / ".join(f"{s:.3f}x" for s in r[key]) if key in r else "-"
+
     for r in rows:
-        together = " / ".join(f"{s:.3f}x" for s in r["together_slowdown"])
-        apart = " / ".join(f"{s:.3f}x" for s in r["interleaved_slowdown"])
         lines.append(
             f"| {r['pair']} | {r['placement']} | {r['ratio']:g} | {r['policy']} "
-            f"| {r['solo_us'][0] / 1e3:.3f} | {r['solo_us'][1] / 1e3:.3f} | {together} | {apart} |"
+            f"| {r['solo_us'][0] / 1e3:.3f} | {r['solo_us'][1] / 1e3:.3f} "
+            f"| {pair_of(r, 'together_slowdown')} | {pair_of(r, 'interleaved_slowdown')} "
+            f"| {pair_of(r, 'matched_together_slowdown')} | {pair_of(r, 'matched_interleaved_slowdown')} |"
         )
     return "\n".join(lines)
 
@@ -160,6 +207,7 @@ def main(argv=None) -> int:
     text = (
         f"**Slowdown over solo, two jobs on {TOPOLOGY} under --network fair** ({args.chunks} chunks per "
         f"collective, {args.iterations} iterations; A / B; interleaved: B starts half its solo iteration "
+        "late; one period: B's compute scaled so that its solo iteration is A's, then B half of it "
         "late)\n\n"
         + table(rows)
         + "\n\n**Themis over baseline** (sum of the two jobs' iteration times)\n\n"

@@ -1,9 +1,11 @@
 """Several jobs on one network (`train --job`): solo times, the sharing rule's closed forms, the emulator."""
 
 import json
+import subprocess
+import sys
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, ROOT, cli, local, mpi_env
 
 from themis_mpi.cli.app import main
 from themis_mpi.config import RunConfig
@@ -153,17 +155,18 @@ def test_workload_and_job_together_are_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "jobs,network",
+    "jobs,network,extra",
     [
-        (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair"),
-        (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward"),
+        (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair", []),
+        (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward", []),
+        (["C@dims=0,1:compute_scale=0.5", "R@dims=1,2:delay_us=3"], "fair", ["--comm-scheduler", "p3"]),
     ],
 )
-def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tmp_path, jobs, network):
+def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tmp_path, jobs, network, extra):
     """On 8 ranks every rank runs its jobs: #wrong 0 and each job's iteration equals the model's."""
     c = one_collective(tmp_path, 20000)
     args = ["train", "-t", "SW(2,100,500)_SW(2,50,700)_SW(2,50,700)_NIC(1+2,50)", "-c", "4", "-n", "2"]
-    args += ["-p", "themis", "--network", network]
+    args += ["-p", "themis", "--network", network, *extra]
     for job in jobs:
         args += ["--job", job.replace("C", c, 1).replace("R", str(RESNET), 1)]
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
@@ -173,3 +176,22 @@ def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tm
     (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
     assert [j["wrong"] for j in e["jobs"]] == [0] * len(jobs)
     assert [j["iteration_us"] for j in e["jobs"]] == [j["iteration_us"] for j in m["jobs"]]
+
+
+def test_the_quick_study_rewrites_the_shipped_cells(tmp_path):
+    """scripts/study_jobs.py --quick gives, for its cells, exactly the times shipped in docs/jobs/jobs.json."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "study_jobs.py"), "--quick", "--out", str(tmp_path)],
+        capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    new = json.loads((tmp_path / "jobs.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "jobs" / "jobs.json").read_text())
+    key = ("pair", "placement", "ratio", "policy")
+    by_key = {tuple(r[k] for k in key): r for r in shipped}
+    assert new and all(tuple(r[k] for k in key) in by_key for r in new)
+    for r in new:
+        old = by_key[tuple(r[k] for k in key)]
+        times = [k for k in r if k.endswith("_us") or k.endswith("_scale")]
+        assert "matched_interleaved_us" in times
+        assert {k: r[k] for k in times} == {k: old.get(k) for k in times}

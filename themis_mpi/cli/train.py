@@ -128,6 +128,13 @@ def _train_jobs(args: argparse.Namespace) -> int:
     use_mpi, workers = _where(args)
     if workers != 1:
         raise UsageError("--job runs one policy at a time: --workers is not taken")
+    if use_mpi:
+        sizes = [
+            c.size_bytes
+            for job in jobs
+            for c in distinct_collectives(job.workload, job.sub_topology(topo), spec)
+        ]
+        check_memory(3 * max(sizes, default=0) * len(jobs), "the buffers of the jobs' largest collectives")
     with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(*[j.workload.path for j in jobs], args.topology))

@@ -369,7 +369,6 @@ def _row(
 ) -> tuple[TrainingResult, float]:
     """One job's row and start (us), the same on every rank (the ranks that ran it say)."""
     topo, cost = transport.topology, transport.cost
-    ran = bool(loop.iteration_starts)
     n = len(topo.dims)
     coll_ids = {r.coll_id for r in loop.runs}
     records = [r for r in loop.engine.records if r.stage.coll in coll_ids] if loop.engine else []
@@ -380,13 +379,13 @@ def _row(
             cost(r.stage.itemsize).stage_bytes(r.stage.dim, r.stage.op, r.stage.full_elems),
             1,
         ]
-    last = loop.iteration_starts[-1] if ran else 0.0
+    last = loop.iteration_starts[-1] if loop.iteration_starts else 0.0  # (0 where it does not run)
     values = np.concatenate(
-        [[loop.start_ns, loop.end_ns, last, loop.compute_ns, loop.collectives_issued, ran], per_dim.ravel()]
+        [[loop.start_ns, loop.end_ns, last, loop.compute_ns, loop.collectives_issued], per_dim.ravel()]
     )
     values = np.asarray(transport.reduce(values, "max", f"job {index}'s result"), dtype=float)
-    start_ns, end_ns, last_ns, compute_ns, issued, _ = values[:6]
-    per_dim = values[6:].reshape(n, 3)
+    start_ns, end_ns, last_ns, compute_ns, issued = values[:5]
+    per_dim = values[5:].reshape(n, 3)
     wrongs = [r.wrong for r in loop.runs if r.wrong is not None]
     wrong = None
     if transport.checks_data:
