@@ -337,6 +337,38 @@ def main():
         ("comm scale inf", [*py, "train", files["micro.txt"], "--comm-scale", "inf"]),
         ("comm scale 1e30", [*py, "train", files["micro.txt"], "--comm-scale", "1e30"]),
         ("compute scale inf", [*py, "train", files["micro.txt"], "--compute-scale", "inf"]),
+        (
+            "straggler: a late rank beyond the topology",
+            [*py, "model", "-t", "2x2x2", "--npu-delay-us", "8=10"],
+        ),
+        ("straggler: a negative delay", [*py, "model", "-t", "2x2x2", "--npu-delay-us", "3=-5"]),
+        ("straggler: a delay without its rank", [*py, "model", "-t", "2x2x2", "--npu-delay-us", "50"]),
+        ("straggler: a link scale of 0", [*py, "model", "-t", "2x2x2", "--link-scale", "0:3=0"]),
+        (
+            "straggler: a link scale on a dim not there",
+            [*py, "model", "-t", "2x2x2", "--link-scale", "5:3=0.5"],
+        ),
+        (
+            "straggler: a late NPU under --network fair",
+            [*py, "model", "-t", "2x2x2", "--npu-delay-us", "3=5", "--network", "fair"],
+        ),
+        ("straggler: compute scale nan", [*py, "train", files["micro.txt"], "--npu-compute-scale", "1=nan"]),
+        (
+            "straggler: jitter of another law",
+            [*py, "train", files["micro.txt"], "--compute-jitter", "normal:0.1"],
+        ),
+        (
+            "straggler: on every rank under mpiexec",
+            [*mpi, "4", *py, "run", "-t", "2x2", "-b", "64K", "--npu-delay-us", "9=1"],
+        ),
+        (
+            "jobs: a job on a dim not there",
+            [*py, "train", "--job", files["micro.txt"] + "@dims=7", "-t", "2x2x2"],
+        ),
+        (
+            "jobs: an unknown placement key",
+            [*py, "train", "--job", files["micro.txt"] + "@where=1", "-t", "2x2x2"],
+        ),
         ("trace: one flipped bit in its events", [*py, "analyze", flipped]),
         ("trace: forged, without its topology attribute", [*py, "analyze", forged]),
         ("a model trace replayed under mpiexec", [*mpi, "8", *py, "replay", mpi_trace]),
