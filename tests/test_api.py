@@ -134,6 +134,30 @@ def test_the_python_api_gives_the_same_numbers_as_the_command():
     assert [r["time_us"] for r in rows] == [r.time_us for r in results]
 
 
+def test_the_python_api_takes_stragglers_and_schedulers_as_the_commands_do():
+    """The API's sweep and train take stragglers and schedulers (mapping forms) and give the commands' numbers."""
+    (late,) = themis_mpi.sweep("4x2", "1M", "baseline", 4, npu_delay_us={5: 30}, link_scale={(1, 2): 0.5})
+    proc = themis("model", "-t", "4x2", "-b", "1M", "-c", "4", "-p", "baseline", "--json", "-",
+                  "--npu-delay-us", "5=30", "--link-scale", "1:2=0.5")  # fmt: skip
+    assert json.loads(proc.stdout)[0]["time_us"] == late.time_us
+    workload = str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt")
+    (row,) = themis_mpi.train(
+        workload,
+        "2x2x2",
+        "themis",
+        8,
+        comm_scheduler="p3",
+        npu_compute_scale={3: 1.5},
+        compute_jitter=0.1,
+        seed=1,
+    )
+    proc = themis("train", workload, "-t", "2x2x2", "-p", "themis", "-c", "8", "--comm-scheduler", "p3",
+                  "--npu-compute-scale", "3=1.5", "--compute-jitter", "lognormal:0.1", "--seed", "1",
+                  "--json", "-")  # fmt: skip
+    assert json.loads(proc.stdout)[0]["iteration_us"] == row.iteration_us
+    assert (row.scheduler, row.partition_mib) == ("p3", 4.0)
+
+
 def test_to_dataframe_names_pandas_when_it_is_missing_or_builds_the_frame():
     """to_dataframe gives one row per result with per-dim columns, or says to install pandas."""
     results = themis_mpi.sweep("2x2x2", size="1M", policy="themis", chunks=4)

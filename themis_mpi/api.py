@@ -9,7 +9,7 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .config import RunConfig
@@ -17,6 +17,7 @@ from .cost import default_endpoint_delay_ns
 from .errors import UsageError
 from .model import ModelTransport
 from .network import check_rule
+from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
 from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
@@ -58,6 +59,13 @@ def _size_bytes(size: int | str) -> int:
     return parse_size(size) if isinstance(size, str) else size
 
 
+def _stragglers(npu_delay_us, link_scale) -> dict:
+    """The `RunConfig` fields of the mapping forms ``{rank: us}`` and ``{(dim, rank): factor}``."""
+    delays = tuple((rank, us * 1e3) for rank, us in sorted((npu_delay_us or {}).items()))
+    links = tuple((d, rank, f) for (d, rank), f in sorted((link_scale or {}).items()))
+    return {"npu_delay_ns": delays, "link_scale": links}
+
+
 def sweep(
     topology: str | Sequence[str] = "2x2x2",
     size: int | str | Sequence[int | str] = "64M",
@@ -75,6 +83,8 @@ def sweep(
     latency_ns: Sequence[float | None] | None = None,
     algorithm: Sequence[str | None] | None = None,
     workers: int | str = 1,
+    npu_delay_us: Mapping[int, float] | None = None,
+    link_scale: Mapping[tuple[int, int], float] | None = None,
 ) -> list[CollectiveResult]:
     """Model a collective over every combination of the given values; one result per combination.
 
@@ -98,6 +108,9 @@ def sweep(
         algorithm: per-dim algorithm overrides, as --algorithm.
         workers: local processes to run the cells on (1: this process), or "mpi" (an mpi4py.futures
             pool, under ``mpiexec -n K python -m mpi4py.futures SCRIPT``); the same results.
+        npu_delay_us: late NPUs, ``{rank: us}``, as --npu-delay-us (the model then times every NPU).
+        link_scale: ``{(dim, rank): factor}``: that NPU's links in that dim at factor times the
+            bandwidth, as --link-scale.
 
     Returns:
         `CollectiveResult` objects (``to_dict()`` for plain values), in loop order topology, size,
@@ -112,7 +125,11 @@ def sweep(
         _one(endpoint_delay_ns, "endpoint_delay_ns", (int, float), "a number of ns")
     delay_ns = default_endpoint_delay_ns(compat) if endpoint_delay_ns is None else endpoint_delay_ns
     base = RunConfig(
-        active_per_dim=active_per_dim, endpoint_delay_ns=delay_ns, compat=compat, network=network
+        active_per_dim=active_per_dim,
+        endpoint_delay_ns=delay_ns,
+        compat=compat,
+        network=network,
+        **_stragglers(npu_delay_us, link_scale),
     )
     cells = sweep_cells(
         [
@@ -146,13 +163,24 @@ def train(
     bucket_mib: float = 0.0,
     first_bucket_mib: float | None = None,
     comm_group: str | None = None,
+    comm_scheduler: str = "",
+    partition_mib: float | None = None,
+    credit_mib: float | None = None,
+    npu_delay_us: Mapping[int, float] | None = None,
+    link_scale: Mapping[tuple[int, int], float] | None = None,
+    npu_compute_scale: Mapping[int, float] | None = None,
+    compute_jitter: float = 0.0,
+    seed: int = 0,
 ) -> list[TrainingResult]:
     """Training iterations of a workload on the model, one result per policy, as ``themis-mpi train``.
 
     `workload` is an ASTRA-sim 1.0 text workload, or a Chakra trace (a .et file, or the prefix of
     prefix.<rank>.et files; `comm_group` names its communicator-group JSON). Each policy runs
     with its own intra-dim policy under ``intra="auto"``. Buckets (`bucket_mib`,
-    `first_bucket_mib`) apply to text workloads.
+    `first_bucket_mib`) apply to text workloads. The scheduler between collectives
+    (`comm_scheduler`, `partition_mib`, `credit_mib`) and stragglers (`npu_delay_us`,
+    `link_scale`, `npu_compute_scale`, `compute_jitter` with `seed`) are train's flags of the
+    same names (text workloads; see `sweep` for the mapping forms).
     """
     _one(workload, "workload", (str,), "a path (str)")
     topo = parse_topology(
@@ -166,7 +194,23 @@ def train(
         ("bucket_mib", bucket_mib),
     ):
         _one(scale, what, (int, float), "a number")
-    base = RunConfig(endpoint_delay_ns=default_endpoint_delay_ns(compat), compat=compat, network=network)
+    credit_bytes = (
+        0 if credit_mib is None else max(1, int(_one(credit_mib, "credit_mib", (int, float), "MiB") * 2**20))
+    )
+    base = RunConfig(
+        endpoint_delay_ns=default_endpoint_delay_ns(compat),
+        compat=compat,
+        network=network,
+        comm_scheduler=_one(comm_scheduler, "comm_scheduler", (str,), "a name (str)"),
+        credit_bytes=credit_bytes,
+        **_stragglers(npu_delay_us, link_scale),
+    )
+    pace = dict(
+        partition_mib=default_partition_mib(comm_scheduler, partition_mib),
+        npu_compute_scale=tuple(sorted((npu_compute_scale or {}).items())),
+        compute_jitter=_one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
+        seed=_one(seed, "seed", (int,), "a whole number (int)"),
+    )
     policies = policy_configs(_policies(policy), _names(intra, "intra"), base)
     dtype = _one(dtype, "dtype", (str,), "a name (str)")
     if is_et_source(workload):
@@ -175,10 +219,12 @@ def train(
         graph = load_graph(workload, comm_group)
         fitted = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(topo)
         check_rule(fitted, network)
-        spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale)
+        spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale, **pace)
         return [run_graph(ModelTransport(fitted, config), graph, p, spec) for p, config in policies]
     wl = parse_workload(workload)
-    spec = TrainingSpec(chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib)
+    spec = TrainingSpec(
+        chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib, **pace
+    )
     return [model_training(wl, topo, p, spec, config) for p, config in policies]
 
 

@@ -19,7 +19,7 @@ from ..launch import env_rank
 from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
 from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
-from ..policies import InterPolicy, scheduler_class
+from ..policies import InterPolicy, default_partition_mib
 from ..run.sweep import policy_configs
 from ..topology import Topology, from_link_bandwidths, parse_topology
 from ..units import parse_size, size_sweep
@@ -138,12 +138,8 @@ def credit_bytes(args: argparse.Namespace) -> int:
 
 
 def partition_mib(args: argparse.Namespace) -> float:
-    """``--partition-mib``, or the scheduler's default (4 MiB for one that slices, else 0)."""
-    name = getattr(args, "comm_scheduler", "")
-    cls = scheduler_class(name) if name else None
-    if args.partition_mib is not None:
-        return float(args.partition_mib)
-    return 4.0 if cls is not None and cls.slices else 0.0
+    """``--partition-mib``, or the scheduler's default (`policies.default_partition_mib`)."""
+    return default_partition_mib(getattr(args, "comm_scheduler", ""), args.partition_mib)
 
 
 def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:

@@ -8,7 +8,9 @@ the other, or on a pool (``--workers``, the model only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import sys
 
 from ..config import RunConfig
 from ..errors import UsageError
@@ -16,7 +18,7 @@ from ..launch import under_mpiexec
 from ..limits import check_memory
 from ..model import ModelTransport
 from ..network import check_rule
-from ..output import write_json
+from ..output import STDOUT, write_json
 from ..policies import default_scheduler, make_scheduler
 from ..report import stragglers_line, training_table, with_speedups
 from ..results import TrainingResult
@@ -42,7 +44,28 @@ from .options import (
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """`themis-mpi train`: a text workload's iterations, or a Chakra graph, under each policy."""
+    """`themis-mpi train`: a text workload's iterations, or a Chakra graph, under each policy.
+
+    With ``--json -`` the rows alone go to standard output, as `model`'s do; what the command
+    prints besides (its header and table) goes to standard error.
+    """
+    if args.json != STDOUT:
+        return _train(args)
+    args.rows_stream = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _train(args)
+
+
+def _rows_out(args: argparse.Namespace, doc: list) -> None:
+    """``--json``: the rows to their file, or to the real standard output for ``-``."""
+    if args.json == STDOUT:
+        with contextlib.redirect_stdout(args.rows_stream):
+            write_json(STDOUT, doc)
+    elif args.json:
+        write_json(args.json, doc)
+
+
+def _train(args: argparse.Namespace) -> int:
     if args.job:
         if args.workload is not None:
             raise UsageError("give either WORKLOAD or --job (one or more), not both")
@@ -147,8 +170,7 @@ def _train_jobs(args: argparse.Namespace) -> int:
                 f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model"
             )
             print(jobs_table(results, solo))
-            if args.json:
-                write_json(args.json, [r.to_dict() for r in results])
+            _rows_out(args, [r.to_dict() for r in results])
     return wrong_exit(sum(row.wrong or 0 for r in results for row in r.jobs))
 
 
@@ -279,5 +301,4 @@ def _report(args: argparse.Namespace, rows: list[TrainingResult], topo: Topology
     """The rows with their speedups, printed and (``--json``) saved."""
     rows = with_speedups(rows)
     print(training_table(rows, len(topo.dims)))
-    if args.json:
-        write_json(args.json, [r.to_dict() for r in rows])
+    _rows_out(args, [r.to_dict() for r in rows])

@@ -34,6 +34,7 @@ from .inter import ThemisTracker
 from .registry import (
     ENTRY_POINT_GROUP,
     SCHEDULER_GROUP,
+    default_partition_mib,
     inter_class,
     inter_names,
     intra_class,
@@ -80,6 +81,7 @@ __all__ = [
     "Need",
     "origin",
     "policy_context",
+    "default_partition_mib",
     "scheduler_class",
     "scheduler_names",
     "scheduler_origin",

@@ -192,6 +192,13 @@ def scheduler_class(name: str) -> type[CommScheduler]:
     return cls
 
 
+def default_partition_mib(name: str, partition_mib: float | None = None) -> float:
+    """`partition_mib` if given, else the scheduler's default: 4 MiB for one that slices, else 0."""
+    if partition_mib is not None:
+        return float(partition_mib)
+    return 4.0 if name and scheduler_class(name).slices else 0.0
+
+
 def make_scheduler(name: str) -> CommScheduler:
     """A fresh instance of a communication scheduler (a plugin that fails to construct is named)."""
     cls = scheduler_class(name)
