@@ -19,7 +19,9 @@ HEAD += "all_gpus: {gpus} checkpoints: 0 checkpoint_initiates: 0 pp_comm: {pp_co
 FWD_NS, IG_NS, WG_NS = 3e6, 4e6, 2e6  # one micro-batch's forward and backward on a stage
 
 
-def line(name: str, fwd_ns: float, ig_ns: float, wg_ns: float, fwd: str = "NONE 0", wg: str = "NONE 0") -> str:
+def line(
+    name: str, fwd_ns: float, ig_ns: float, wg_ns: float, fwd: str = "NONE 0", wg: str = "NONE 0"
+) -> str:
     """A layer line: no input-gradient collective."""
     return f"{name}\t-1\t{fwd_ns:g}\t{fwd}\t{ig_ns:g}\tNONE 0\t{wg_ns:g}\t{wg}\t100".replace(" ", "\t")
 
@@ -93,7 +95,7 @@ def test_a_file_splits_into_its_ga_micro_batches_and_step_lines(tmp_path):
 
 
 def test_a_file_that_does_not_cut_into_ga_micro_batches_replays_as_one(tmp_path):
-    """ga 3 in the header but embedding_layer once: one micro-batch, and the CLI says so."""
+    """A header of ga 3 but embedding_layer once: one micro-batch, and the CLI says so."""
     path = write(tmp_path, 2, 1, dp=4)
     path.write_text(path.read_text().replace("ga: 1 ", "ga: 3 "))
     assert len(split_micro_batches(parse_simai(str(path))).micro_batches) == 1
