@@ -41,7 +41,7 @@ def write(tmp_path, pp: int, ga: int, tp: int = 2, dp: int = 2, step: bool = Fal
     return path
 
 
-def iteration_us(path, free: bool) -> float:
+def iteration_us(path, free: bool, schedule: tuple[str, int] = ("1f1b", 1)) -> float:
     """The baseline's iteration on SimAI's network, or on it with communication free."""
     wl = parse_simai(str(path))
     topo = parse_topology("SW(8,360,0)_SW(2,48.5,0)") if wl.all_gpus == 16 else None
@@ -49,7 +49,7 @@ def iteration_us(path, free: bool) -> float:
     if free:
         topo = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
     layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, topo)
-    graph = Graph(str(path), SimaiTraces(wl, layout))  # type: ignore[arg-type]
+    graph = Graph(str(path), SimaiTraces(wl, layout, schedule=schedule))  # type: ignore[arg-type]
     spec = TrainingSpec(1, "float32", 1)
     return run_graph(ModelTransport(layout.topology, RunConfig()), graph, "baseline", spec).iteration_us
 
@@ -60,6 +60,30 @@ def test_free_communication_gives_the_1f1b_closed_form(tmp_path, pp, ga):
     path = write(tmp_path, pp, ga, dp=16 // (2 * pp))
     want_us = (ga + pp - 1) * (FWD_NS + IG_NS + WG_NS) / 1e3
     assert iteration_us(path, free=True) == pytest.approx(want_us, rel=1e-6)
+
+
+@pytest.mark.parametrize(("pp", "ga"), [(2, 4), (4, 4)])
+def test_free_communication_interleaved_gives_the_closed_form_over_v(tmp_path, pp, ga):
+    """Interleaved with V = 2 chunks (one line each), free communication: (m V + p - 1) (t_f + t_b) / V."""
+    path = write(tmp_path, pp, ga, dp=16 // (2 * pp))
+    want_us = (ga * 2 + pp - 1) * (FWD_NS + IG_NS + WG_NS) / 2 / 1e3
+    assert iteration_us(path, free=True, schedule=("interleaved", 2)) == pytest.approx(want_us, rel=1e-6)
+
+
+def test_gpipe_and_1f1b_agree_with_free_communication(tmp_path):
+    """Uniform stages, free communication: GPipe takes the same (m + p - 1) (t_f + t_b) as 1F1B."""
+    path = write(tmp_path, 4, 3, dp=2)
+    assert iteration_us(path, True, ("gpipe", 1)) == pytest.approx(iteration_us(path, True), rel=1e-6)
+
+
+def test_interleaved_that_does_not_divide_is_refused_with_one_line(tmp_path):
+    """Interleaved needs micro-batches divisible by PP: exit 2 and one line."""
+    path = write(tmp_path, 4, 3, dp=2)
+    proc = local(["workload", "simai", str(path), "--run", "--schedule", "interleaved:2"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "themis-mpi: error: interleaved needs micro-batches (3) divisible by PP 4"
+    ]
 
 
 def test_messages_cost_time_on_the_real_network(tmp_path):

@@ -208,9 +208,12 @@ def print_census(wl: SimaiWorkload) -> None:
 
 
 def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
-    """A SimAI file with pp > 1: its PP stages under 1F1B, priced as the GPT replay prices them."""
+    """A SimAI file with pp > 1: its stages under --schedule (1F1B), priced as the GPT replay is."""
     layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, simai_network(wl.all_gpus, args))
     pipe = split_micro_batches(wl)
+    schedule = parse_schedule(args.schedule)
+    SimaiTraces(wl, layout, schedule=schedule)  # refuses a schedule the file cannot run
+    name = args.schedule if schedule[0] == "interleaved" else schedule[0]
     cut = (
         f"{len(pipe.micro_batches)} micro-batches of {len(pipe.micro_batches[0])} lines, "
         f"{len(pipe.head) + len(pipe.tail)} step lines"
@@ -227,7 +230,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
         return 0
     spec = TrainingSpec(args.chunks, "float32", 1)
     print(
-        "# model: 1F1B, every stage the file, one rank per stage; exposed G = time saved, G free "
+        f"# model: {name}, every stage the file, one rank per stage; exposed G = time saved, G free "
         "(PP: the messages, collectives left out); bubble = idle time with free communication"
     )
     head = ["policy", "iteration_us", "compute_us", "exposed_us", *(g + "_us" for g in GROUPS), "PP_us"]
@@ -237,7 +240,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     colls = frozenset(GROUPS)
 
     def run(policy: str, config: RunConfig, drop: frozenset[str], on: Topology) -> tuple[float, float]:
-        graph = Graph(args.file, SimaiTraces(wl, layout, drop))  # type: ignore[arg-type]
+        graph = Graph(args.file, SimaiTraces(wl, layout, drop, schedule))  # type: ignore[arg-type]
         row = run_graph(ModelTransport(on, config), graph, policy, spec)
         return row.iteration_us, row.compute_us
 

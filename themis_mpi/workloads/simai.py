@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
-from .llm import Layout, _Builder, stage_order
+from .llm import Layout, _Builder, in_flight_warmup, stage_order
 
 OPS = {"ALLREDUCE": 0, "ALLGATHER": 2, "ALLTOALL": 6, "REDUCESCATTER": 7}
 GROUPS = ("TP", "EP", "DP", "DP_EP")
@@ -249,12 +249,39 @@ def split_micro_batches(wl: SimaiWorkload) -> Pipeline:
     return Pipeline(wl.layers[: starts[0]], blocks, wl.layers[starts[-1] + size :])
 
 
+def chunk_lines(block: list[SimaiLayer], chunks: int) -> list[list[SimaiLayer]]:
+    """A micro-batch's lines in `chunks` contiguous parts whose lengths differ by at most one line."""
+    n = len(block)
+    return [block[c * n // chunks : (c + 1) * n // chunks] for c in range(chunks)]
+
+
+def check_schedule(wl: SimaiWorkload, pipe: Pipeline, schedule: str, chunks: int) -> None:
+    """Refuse a schedule the file cannot run, with one line."""
+    m, lines = len(pipe.micro_batches), len(pipe.micro_batches[0])
+    if schedule == "interleaved" and m % wl.pp:
+        raise UsageError(f"interleaved needs micro-batches ({m}) divisible by PP {wl.pp}")
+    if chunks > lines:
+        raise UsageError(f"interleaved:{chunks} needs at least {chunks} lines per micro-batch, got {lines}")
+
+
 def stage_graph(
-    wl: SimaiWorkload, pipe: Pipeline, layout: Layout, rank: int, drop: frozenset[str] = frozenset()
+    wl: SimaiWorkload,
+    pipe: Pipeline,
+    layout: Layout,
+    rank: int,
+    drop: frozenset[str] = frozenset(),
+    schedule: tuple[str, int] = ("1f1b", 1),
 ) -> list[Node]:
-    """One rank's nodes: its stage's 1F1B over the micro-batches with their messages, then the step."""
+    """One rank's nodes: its stage's schedule over the micro-batches with their messages, then the step.
+
+    Under ``interleaved:V`` every micro-batch's lines are V chunks (`chunk_lines`), chunk c of
+    stage s being virtual stage c * PP + s, as `llm.rank_graph` runs the generated GPT's.
+    """
     stride = wl.tp * wl.dp  # Megatron's order: TP fastest, then DP, then PP
     s, p, m = rank // stride, wl.pp, len(pipe.micro_batches)
+    name, v_chunks = schedule
+    chunked = [chunk_lines(block, v_chunks) for block in pipe.micro_batches]
+    last = v_chunks * p - 1
     sizes = group_sizes(wl)
     b = _Builder(layout, drop)
 
@@ -282,27 +309,39 @@ def stage_graph(
             coll(f"{where}.l{i}.ig.{layer.ig[0]}", *layer.ig, "ig")
             comp(f"{where}.l{i}.wg", layer.wg_ns)
 
-    def peer(stage: int) -> int:
-        return rank + (stage - s) * stride
+    def peer(vstage: int) -> int:
+        return rank + (vstage % p - s) * stride
 
-    def tag(kind: str, mb: int, stage: int) -> int:
-        return (mb * p + stage) * 2 + (kind == "B")
+    def tag(kind: str, mb: int, vstage: int) -> int:
+        return (mb * (last + 1) + vstage) * 2 + (kind == "B")
 
     act = wl.pp_comm
-    for kind, mb, _ in stage_order("1f1b", p, s, m):
-        if kind == "F" and s > 0:
-            b.message(f"recv.a{mb}", False, rank, peer(s - 1), act, tag("F", mb, s))
-        if kind == "B" and s < p - 1:
-            b.message(f"recv.g{mb}", False, rank, peer(s + 1), act, tag("B", mb, s + 1))
-        if kind == "F":
-            forward(f"F{mb}", pipe.micro_batches[mb])
-        else:
-            backward(f"B{mb}", pipe.micro_batches[mb])
+    order = stage_order(name, p, s, m, v_chunks)
+    units = [order[i : i + 1] for i in range(len(order))]
+    if name == "interleaved":  # Megatron: steady F and B back to back, then one batch of messages
+        w = in_flight_warmup(p, s, m, v_chunks)
+        units = [[op] for op in order[:w]]
+        units += [order[w + 2 * k : w + 2 * k + 2] for k in range(m * v_chunks - w)]
+        units += [[op] for op in order[w + 2 * (m * v_chunks - w) :]]
+    for unit in units:
+        for kind, mb, chunk in unit:  # receives join the batch of the previous unit's sends
+            vs = chunk * p + s
+            if kind == "F" and vs > 0:
+                b.message(f"recv.a{mb}.s{vs}", False, rank, peer(vs - 1), act, tag("F", mb, vs))
+            if kind == "B" and vs < last:
+                b.message(f"recv.g{mb}.s{vs}", False, rank, peer(vs + 1), act, tag("B", mb, vs + 1))
+        for kind, mb, chunk in unit:
+            if kind == "F":
+                forward(f"F{mb}.c{chunk}", chunked[mb][chunk])
+            else:
+                backward(f"B{mb}.c{chunk}", chunked[mb][chunk])
         b.flush()
-        if kind == "F" and s < p - 1:
-            b.message(f"send.a{mb}", True, rank, peer(s + 1), act, tag("F", mb, s + 1))
-        if kind == "B" and s > 0:
-            b.message(f"send.g{mb}", True, rank, peer(s - 1), act, tag("B", mb, s))
+        for kind, mb, chunk in unit:
+            vs = chunk * p + s
+            if kind == "F" and vs < last:
+                b.message(f"send.a{mb}.s{vs}", True, rank, peer(vs + 1), act, tag("F", mb, vs + 1))
+            if kind == "B" and vs > 0:
+                b.message(f"send.g{mb}.s{vs}", True, rank, peer(vs - 1), act, tag("B", mb, vs))
     b.flush()
     step = pipe.head + pipe.tail
     forward("step", step)
@@ -316,9 +355,16 @@ def stage_graph(
 class SimaiTraces(Sequence):
     """Every rank's trace of a pipelined SimAI file, built when first read (the model reads one per stage)."""
 
-    def __init__(self, wl: SimaiWorkload, layout: Layout, drop: frozenset[str] = frozenset()):
-        self.wl, self.layout, self.drop = wl, layout, drop
+    def __init__(
+        self,
+        wl: SimaiWorkload,
+        layout: Layout,
+        drop: frozenset[str] = frozenset(),
+        schedule: tuple[str, int] = ("1f1b", 1),
+    ):
+        self.wl, self.layout, self.drop, self.schedule = wl, layout, drop, schedule
         self.pipe = split_micro_batches(wl)
+        check_schedule(wl, self.pipe, *schedule)
         self._made: dict[int, EtTrace] = {}
 
     def __len__(self) -> int:
@@ -328,7 +374,7 @@ class SimaiTraces(Sequence):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]
         if rank not in self._made:
-            nodes = stage_graph(self.wl, self.pipe, self.layout, rank, self.drop)
+            nodes = stage_graph(self.wl, self.pipe, self.layout, rank, self.drop, self.schedule)
             attrs = [Attr("themis_generator", "string", "simai")]
             self._made[rank] = EtTrace(f"<{self.wl.path} rank {rank}>", "0.0.4", attrs, nodes)
         return self._made[rank]
