@@ -1,4 +1,4 @@
-"""SimAI/AICB's extended ASTRA-sim text workloads: the reader, their groups, and one stage as a graph.
+"""SimAI/AICB's extended ASTRA-sim text workloads: the reader, their groups, their stages as graphs.
 
 The header adds ``ep``, ``pp``, ``vpp``, ``ga``, ``all_gpus`` and ``pp_comm`` to
 ``HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: TP``; each layer line is ``name
