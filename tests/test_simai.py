@@ -92,6 +92,16 @@ def test_messages_cost_time_on_the_real_network(tmp_path):
     assert iteration_us(path, free=False) > iteration_us(path, free=True) + 1.0
 
 
+def test_a_message_crosses_the_nic_in_pp_comm_over_its_bandwidth(tmp_path):
+    """PP 2 x TP 8, one micro-batch: 2 (t_f + t_b), two TP all-reduces on NVLink, two messages on the NIC."""
+    pp_comm = 2**24
+    path = write(tmp_path, 2, 1, tp=8, dp=1, pp_comm=pp_comm)
+    all_reduce_us = 2 * 7 / 8 * 2**20 / (360 * 2**30) * 1e6
+    message_us = pp_comm / (48.5 * 2**30) * 1e6
+    want_us = 2 * (FWD_NS + IG_NS + WG_NS) / 1e3 + 2 * all_reduce_us + 2 * message_us
+    assert iteration_us(path, free=False) == pytest.approx(want_us, rel=1e-6)
+
+
 def test_each_stage_sends_and_receives_one_pp_comm_message_per_micro_batch_and_boundary(tmp_path):
     """Stage s sends m activations forward unless last and m gradients back unless first, each pp_comm bytes."""
     pp, ga, pp_comm = 4, 3, 123456
