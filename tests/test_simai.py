@@ -1,5 +1,7 @@
 """Rules of SimAI's pipelined workloads (`workloads.simai`, pp > 1): micro-batches, messages, 1F1B."""
 
+import argparse
+
 import pytest
 from harness import local
 
@@ -106,7 +108,13 @@ def test_each_stage_sends_and_receives_one_pp_comm_message_per_micro_batch_and_b
     """Stage s sends m activations forward unless last and m gradients back unless first, each pp_comm bytes."""
     pp, ga, pp_comm = 4, 3, 123456
     wl = parse_simai(str(write(tmp_path, pp, ga, dp=2, pp_comm=pp_comm)))
-    layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, simai_network(wl.all_gpus, _Net()))
+    layout = place_groups(
+        wl.tp,
+        wl.ep,
+        wl.dp,
+        wl.pp,
+        simai_network(wl.all_gpus, argparse.Namespace(nvlink_gbps=360.0, nic_gbps=48.5)),
+    )
     traces = SimaiTraces(wl, layout)
     stride = wl.tp * wl.dp
     for s in range(pp):
@@ -149,10 +157,3 @@ def test_the_cli_reports_compute_and_the_1f1b_bubble_of_a_stage(tmp_path):
     assert cells["compute_us"] == pytest.approx((ga * (FWD_NS + IG_NS + WG_NS) + 100) / 1e3, rel=1e-9)
     assert cells["bubble_us"] == pytest.approx((pp - 1) * (FWD_NS + IG_NS + WG_NS) / 1e3, rel=1e-3)
     assert cells["PP_us"] > 0 and cells["TP_us"] > 0 and cells["DP_us"] > 0
-
-
-class _Net:
-    """SimAI's README network as the CLI's flags give it."""
-
-    nvlink_gbps = 360.0
-    nic_gbps = 48.5

@@ -38,6 +38,7 @@ from ..workloads.simai import (
     SimaiTraces,
     SimaiWorkload,
     census,
+    check_schedule,
     group_sizes,
     parse_simai,
     simai_graph,
@@ -212,7 +213,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, simai_network(wl.all_gpus, args))
     pipe = split_micro_batches(wl)
     schedule = parse_schedule(args.schedule)
-    SimaiTraces(wl, layout, schedule=schedule)  # refuses a schedule the file cannot run
+    check_schedule(wl, pipe, *schedule)
     name = args.schedule if schedule[0] == "interleaved" else schedule[0]
     cut = (
         f"{len(pipe.micro_batches)} micro-batches of {len(pipe.micro_batches[0])} lines, "
