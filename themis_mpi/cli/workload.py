@@ -4,7 +4,8 @@ It prints the model's figures (parameters, FLOPs, bytes per parallelism, the sch
 micro-batches in flight), writes ``PREFIX.<rank>.et`` with ``--out`` (`train PREFIX` replays
 them), and with ``--run`` prices one iteration on the model: time, compute, the communication
 each parallelism exposes and the pipeline bubble (docs/workloads.md, "LLM training"). `workload
-simai FILE` reads SimAI's extended text format and runs one stage of it.
+simai FILE` reads SimAI's extended text format and runs it: one stage, or with ``pp`` > 1 the
+pipeline of its stages under 1F1B.
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from ..workloads.llm import (
     traffic,
     write_llm,
 )
-from ..workloads.simai import GROUPS, census, group_sizes, parse_simai, simai_graph
+from ..workloads.simai import (
+    GROUPS,
+    SimaiTraces,
+    SimaiWorkload,
+    census,
+    check_schedule,
+    group_sizes,
+    parse_simai,
+    simai_graph,
+    split_micro_batches,
+)
 from ..workloads.training import TrainingSpec
 from .options import one_topology
 
@@ -158,6 +169,8 @@ def simai_network(npus: int, args: argparse.Namespace) -> Topology:
 def cmd_simai(args: argparse.Namespace) -> int:
     """`themis-mpi workload simai FILE`: its layers and collectives per group; --run: our iteration."""
     wl = parse_simai(args.file)
+    if wl.pp > 1:
+        return cmd_simai_pipeline(wl, args)
     stage = wl.tp * wl.dp
     layout = place_groups(wl.tp, wl.ep, wl.dp, 1, simai_network(stage, args))
     print(
@@ -165,10 +178,7 @@ def cmd_simai(args: argparse.Namespace) -> int:
         f"{wl.vpp}, pp_comm {wl.pp_comm} B), DP {wl.dp}, ga {wl.ga}, {wl.all_gpus} GPUs; one stage of "
         f"{stage} NPUs on {layout.topology.spec()}"
     )
-    print("#   group  npus  op             collectives          bytes")
-    sizes = group_sizes(wl)
-    for (group, op), (n, b) in sorted(census(wl).items()):
-        print(f"  {group:>7} {sizes[group]:5d}  {op:<13} {n:12d} {b:14d}")
+    print_census(wl)
     if args.run:
         spec = TrainingSpec(args.chunks, "float32", 1)
         print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
@@ -187,6 +197,63 @@ def cmd_simai(args: argparse.Namespace) -> int:
             saved = [row.iteration_us - run(frozenset((g,))).iteration_us for g in GROUPS]
             cells = [row.iteration_us, row.compute_us, row.exposed_comm_us, *saved]
             print(f"{policy:>10}" + "".join(f"{v:14.2f}" for v in cells))
+    return 0
+
+
+def print_census(wl: SimaiWorkload) -> None:
+    """The file's collectives per group and op, one line each."""
+    print("#   group  npus  op             collectives          bytes")
+    sizes = group_sizes(wl)
+    for (group, op), (n, b) in sorted(census(wl).items()):
+        print(f"  {group:>7} {sizes[group]:5d}  {op:<13} {n:12d} {b:14d}")
+
+
+def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
+    """A SimAI file with pp > 1: its stages under --schedule (1F1B), priced as the GPT replay is."""
+    layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, simai_network(wl.all_gpus, args))
+    pipe = split_micro_batches(wl)
+    schedule = parse_schedule(args.schedule)
+    check_schedule(wl, pipe, *schedule)
+    name = args.schedule if schedule[0] == "interleaved" else schedule[0]
+    cut = (
+        f"{len(pipe.micro_batches)} micro-batches of {len(pipe.micro_batches[0])} lines, "
+        f"{len(pipe.head) + len(pipe.tail)} step lines"
+        if pipe.split
+        else f"not cut into its ga {wl.ga} micro-batches: replayed as one"
+    )
+    print(
+        f"# SimAI workload {args.file}: {len(wl.layers)} layers; TP {wl.tp}, EP {wl.ep}, PP {wl.pp} (vpp "
+        f"{wl.vpp}, pp_comm {wl.pp_comm} B), DP {wl.dp}, ga {wl.ga}, {wl.all_gpus} GPUs on "
+        f"{layout.topology.spec()}; PP dims {_dims(layout.pp)}; {cut}"
+    )
+    print_census(wl)
+    if not args.run:
+        return 0
+    spec = TrainingSpec(args.chunks, "float32", 1)
+    print(
+        f"# model: {name}, every stage the file, one rank per stage; exposed G = time saved, G free "
+        "(PP: the messages, collectives left out); bubble = idle time with free communication"
+    )
+    head = ["policy", "iteration_us", "compute_us", "exposed_us", *(g + "_us" for g in GROUPS), "PP_us"]
+    print("#" + "".join(f"{h:>14}" for h in [*head, "bubble_us"])[1:])
+    topo = layout.topology
+    free = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
+    colls = frozenset(GROUPS)
+
+    def run(policy: str, config: RunConfig, drop: frozenset[str], on: Topology) -> tuple[float, float]:
+        graph = Graph(args.file, SimaiTraces(wl, layout, drop, schedule))  # type: ignore[arg-type]
+        row = run_graph(ModelTransport(on, config), graph, policy, spec)
+        return row.iteration_us, row.compute_us
+
+    first = RunConfig(intra=POLICIES[0][1])
+    messages, _ = run(POLICIES[0][0], first, colls, topo)
+    idle, compute = run(POLICIES[0][0], first, colls, free)
+    for policy, intra in POLICIES:
+        config = RunConfig(intra=intra)
+        full, _ = run(policy, config, frozenset(), topo)
+        saved = [full - run(policy, config, frozenset((g,)), topo)[0] for g in GROUPS]
+        cells = [full, compute, full - compute, *saved, messages - idle, idle - compute]
+        print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in cells))
     return 0
 
 

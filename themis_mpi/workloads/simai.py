@@ -1,4 +1,4 @@
-"""SimAI/AICB's extended ASTRA-sim text workloads: the reader, their groups, and one stage as a graph.
+"""SimAI/AICB's extended ASTRA-sim text workloads: the reader, their groups, their stages as graphs.
 
 The header adds ``ep``, ``pp``, ``vpp``, ``ga``, ``all_gpus`` and ``pp_comm`` to
 ``HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: TP``; each layer line is ``name
@@ -12,17 +12,25 @@ AICB writes the ``ga`` micro-batches out (``embedding_layer`` appears ``ga`` tim
 is one stage's whole iteration. `simai_graph` writes it as a symmetric Chakra graph: the forward
 of every line (its compute, then its collective, waited for), the backward in reverse
 (input-gradient compute and collective, weight-gradient compute), then every weight-gradient
-collective in file order. Pipeline messages and the bubble are not
-replayed (docs/workloads.md#simais-workloads).
+collective in file order. That is the replay of a file with ``pp`` 1.
+
+With ``pp`` > 1, `simai_traces` replays the pipeline: the file splits at its ``embedding_layer``
+lines into ``ga`` micro-batches (the lines before the first and after the last micro-batch are
+the step's: gradient norms, optimizer), every one of the ``pp`` stages runs the same file (AICB
+writes one stage), and the micro-batches flow through the stages under 1F1B with a
+``pp_comm``-byte message per micro-batch across each stage boundary, forward and backward, by
+the generated-GPT path's schedule and builder (`llm.stage_order`, `llm._Builder`)
+(docs/workloads.md#simais-workloads).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
-from .llm import Layout
+from .llm import Layout, _Builder, in_flight_warmup, stage_order
 
 OPS = {"ALLREDUCE": 0, "ALLGATHER": 2, "ALLTOALL": 6, "REDUCESCATTER": 7}
 GROUPS = ("TP", "EP", "DP", "DP_EP")
@@ -207,3 +215,166 @@ def simai_graph(wl: SimaiWorkload, layout: Layout, drop: frozenset[str] = frozen
     for i, layer in enumerate(wl.layers):
         coll(f"l{i}.wg.{layer.wg[0]}", *layer.wg, "wg")
     return EtTrace(wl.path, "0.0.4", [Attr("themis_generator", "string", "simai")], nodes)
+
+
+# --- the pipeline (pp > 1) -------------------------------------------------------------------------
+
+BUILDER_GROUPS = {"TP": "tp", "EP": "ep", "DP": "dp", "DP_EP": "edp"}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A file cut into its micro-batches: the step's lines before and after them, and each one's lines."""
+
+    head: list[SimaiLayer]
+    micro_batches: list[list[SimaiLayer]]
+    tail: list[SimaiLayer]
+
+    @property
+    def split(self) -> bool:
+        """Whether the file cut into more than one micro-batch (else it replays as one)."""
+        return len(self.micro_batches) > 1
+
+
+def split_micro_batches(wl: SimaiWorkload) -> Pipeline:
+    """Cut at the ``ga`` ``embedding_layer`` lines; micro-batches whose line names differ give one."""
+    starts = [i for i, layer in enumerate(wl.layers) if layer.name == "embedding_layer"]
+    if len(starts) != wl.ga or wl.ga < 1:
+        return Pipeline([], [list(wl.layers)], [])
+    size = starts[1] - starts[0] if wl.ga > 1 else len(wl.layers) - starts[0]
+    blocks = [wl.layers[i : i + size] for i in starts]
+    names = [layer.name for layer in blocks[0]]
+    if any(len(b) != size or [layer.name for layer in b] != names for b in blocks):
+        return Pipeline([], [list(wl.layers)], [])
+    return Pipeline(wl.layers[: starts[0]], blocks, wl.layers[starts[-1] + size :])
+
+
+def chunk_lines(block: list[SimaiLayer], chunks: int) -> list[list[SimaiLayer]]:
+    """A micro-batch's lines in `chunks` contiguous parts whose lengths differ by at most one line."""
+    n = len(block)
+    return [block[c * n // chunks : (c + 1) * n // chunks] for c in range(chunks)]
+
+
+def check_schedule(wl: SimaiWorkload, pipe: Pipeline, schedule: str, chunks: int) -> None:
+    """Refuse a schedule the file cannot run, with one line."""
+    m, lines = len(pipe.micro_batches), len(pipe.micro_batches[0])
+    if schedule == "interleaved" and m % wl.pp:
+        raise UsageError(f"interleaved needs micro-batches ({m}) divisible by PP {wl.pp}")
+    if chunks > lines:
+        raise UsageError(f"interleaved:{chunks} needs at least {chunks} lines per micro-batch, got {lines}")
+
+
+def stage_graph(
+    wl: SimaiWorkload,
+    pipe: Pipeline,
+    layout: Layout,
+    rank: int,
+    drop: frozenset[str] = frozenset(),
+    schedule: tuple[str, int] = ("1f1b", 1),
+) -> list[Node]:
+    """One rank's nodes: its stage's schedule over the micro-batches with their messages, then the step.
+
+    Under ``interleaved:V`` every micro-batch's lines are V chunks (`chunk_lines`), chunk c of
+    stage s being virtual stage c * PP + s, as `llm.rank_graph` runs the generated GPT's.
+    """
+    stride = wl.tp * wl.dp  # Megatron's order: TP fastest, then DP, then PP
+    s, p, m = rank // stride, wl.pp, len(pipe.micro_batches)
+    name, v_chunks = schedule
+    chunked = [chunk_lines(block, v_chunks) for block in pipe.micro_batches]
+    last = v_chunks * p - 1
+    sizes = group_sizes(wl)
+    b = _Builder(layout, drop)
+
+    def comp(name: str, ns: float) -> None:
+        if ns > 0:
+            b.comp(name, ns)
+
+    def coll(name: str, kind: str, size: int, phase: str) -> None:
+        if kind == "NONE" or size <= 0:
+            return
+        op, group = split_type(kind, phase)
+        if sizes[group] <= 1:
+            return
+        per_npu = size // sizes[group] if op == "ALLGATHER" else size
+        b.coll(name, OPS[op], per_npu, BUILDER_GROUPS[group], group)
+
+    def forward(where: str, layers: list[SimaiLayer]) -> None:
+        for i, layer in enumerate(layers):
+            comp(f"{where}.l{i}.fwd", layer.fwd_ns)
+            coll(f"{where}.l{i}.fwd.{layer.fwd[0]}", *layer.fwd, "fwd")
+
+    def backward(where: str, layers: list[SimaiLayer]) -> None:
+        for i, layer in reversed(list(enumerate(layers))):
+            comp(f"{where}.l{i}.ig", layer.ig_ns)
+            coll(f"{where}.l{i}.ig.{layer.ig[0]}", *layer.ig, "ig")
+            comp(f"{where}.l{i}.wg", layer.wg_ns)
+
+    def peer(vstage: int) -> int:
+        return rank + (vstage % p - s) * stride
+
+    def tag(kind: str, mb: int, vstage: int) -> int:
+        return (mb * (last + 1) + vstage) * 2 + (kind == "B")
+
+    act = wl.pp_comm
+    order = stage_order(name, p, s, m, v_chunks)
+    units = [order[i : i + 1] for i in range(len(order))]
+    if name == "interleaved":  # Megatron: steady F and B back to back, then one batch of messages
+        w = in_flight_warmup(p, s, m, v_chunks)
+        units = [[op] for op in order[:w]]
+        units += [order[w + 2 * k : w + 2 * k + 2] for k in range(m * v_chunks - w)]
+        units += [[op] for op in order[w + 2 * (m * v_chunks - w) :]]
+    for unit in units:
+        for kind, mb, chunk in unit:  # receives join the batch of the previous unit's sends
+            vs = chunk * p + s
+            if kind == "F" and vs > 0:
+                b.message(f"recv.a{mb}.s{vs}", False, rank, peer(vs - 1), act, tag("F", mb, vs))
+            if kind == "B" and vs < last:
+                b.message(f"recv.g{mb}.s{vs}", False, rank, peer(vs + 1), act, tag("B", mb, vs + 1))
+        for kind, mb, chunk in unit:
+            if kind == "F":
+                forward(f"F{mb}.c{chunk}", chunked[mb][chunk])
+            else:
+                backward(f"B{mb}.c{chunk}", chunked[mb][chunk])
+        b.flush()
+        for kind, mb, chunk in unit:
+            vs = chunk * p + s
+            if kind == "F" and vs < last:
+                b.message(f"send.a{mb}.s{vs}", True, rank, peer(vs + 1), act, tag("F", mb, vs + 1))
+            if kind == "B" and vs > 0:
+                b.message(f"send.g{mb}.s{vs}", True, rank, peer(vs - 1), act, tag("B", mb, vs))
+    b.flush()
+    step = pipe.head + pipe.tail
+    forward("step", step)
+    backward("step", step)
+    for i, layer in enumerate(wl.layers):
+        coll(f"l{i}.wg.{layer.wg[0]}", *layer.wg, "wg")
+    b.flush()
+    return b.nodes
+
+
+class SimaiTraces(Sequence):
+    """Every rank's trace of a pipelined SimAI file, built when first read (the model reads one per stage)."""
+
+    def __init__(
+        self,
+        wl: SimaiWorkload,
+        layout: Layout,
+        drop: frozenset[str] = frozenset(),
+        schedule: tuple[str, int] = ("1f1b", 1),
+    ):
+        self.wl, self.layout, self.drop, self.schedule = wl, layout, drop, schedule
+        self.pipe = split_micro_batches(wl)
+        check_schedule(wl, self.pipe, *schedule)
+        self._made: dict[int, EtTrace] = {}
+
+    def __len__(self) -> int:
+        return self.wl.all_gpus
+
+    def __getitem__(self, rank):
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(len(self)))]
+        if rank not in self._made:
+            nodes = stage_graph(self.wl, self.pipe, self.layout, rank, self.drop, self.schedule)
+            attrs = [Attr("themis_generator", "string", "simai")]
+            self._made[rank] = EtTrace(f"<{self.wl.path} rank {rank}>", "0.0.4", attrs, nodes)
+        return self._made[rank]
