@@ -391,3 +391,11 @@ def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monke
     shuffled = train("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
     assert shuffled.iteration_us == in_order.iteration_us
     assert [d.busy_us for d in shuffled.dims] == [d.busy_us for d in in_order.dims]
+
+
+def test_stragglers_are_refused_on_nccl_dims():
+    """The NCCL-like model times a collective as one flat algorithm: a late NPU there is refused in one line."""
+    topo = parse_topology("SW(8,400,600,nccl)")
+    transport = ModelTransport(topo, RunConfig(npu_delay_ns=((1, 5_000.0),)))
+    with pytest.raises(UsageError, match="not on nccl dims"):
+        run_collective(transport, Collective("all_reduce", 1 << 16, "float32", 1, (0,)), "baseline")

@@ -80,13 +80,13 @@ class NpuWorld:
     def __init__(self, topology: Topology, config: RunConfig):
         if config.network != IDEAL:
             raise UsageError(
-                f"the per-NPU model (a late NPU) runs under --network ideal only, not {config.network}"
+                f"the per-NPU model (stragglers) runs under --network ideal only, not {config.network}"
             )
         if topology.flat:
-            raise UsageError("the per-NPU model (a late NPU) does not run nccl dims")
+            raise UsageError("the per-NPU model (stragglers) does not run nccl dims")
         if topology.npus > MAX_NPUS:
             raise UsageError(
-                f"the per-NPU model (a late NPU) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
+                f"the per-NPU model (stragglers) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
             )
         self.topology, self.config, self.n = topology, config, topology.npus
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)

@@ -123,6 +123,8 @@ def run_collective(
 def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:
     """Every straggler names an NPU of the topology (known only once a workload has fitted it)."""
     named = [r for r, _ in config.npu_delay_ns] + [r for _, r, _ in config.link_scale] + list(compute_ranks)
+    if named and topology.flat:
+        raise UsageError("stragglers run on per-dim algorithms, not on nccl dims")
     if named and max(named) >= topology.npus:
         raise UsageError(
             f"a straggler names rank {max(named)}, but {topology.label()} has {topology.npus} NPUs"
