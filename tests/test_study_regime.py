@@ -111,3 +111,17 @@ def test_resume_takes_the_runs_already_made(study):
     assert len(runs) == 2 * 2 * len(inter_names())  # two bucket plans x fifo, scf x every inter policy
     assert module.main(argv) == rows
     assert (out / "runs.jsonl").read_text().splitlines() == runs
+
+
+def test_a_subset_of_the_documented_command_gives_the_shipped_rows(tmp_path):
+    """DLRM on one paper topology, the first three buckets, compute 4x: docs/regime/paper's rows, CPU times aside."""
+    module = load_script()
+    argv = ["--traces", str(WORKLOAD.parent), "--workloads", "dlrm", "--topologies", "3D-SW_SW_SW_hetero"]
+    argv += ["--buckets", "0,4,25", "--speeds", "4", "--out", str(tmp_path), "--workers", "1"]
+    rows = module.main(argv)
+    shipped = json.loads((ROOT / "docs" / "regime" / "paper" / "regime.json").read_text())
+    key = ("workload", "topology", "bucket_mib", "compute_speed")
+    want = {tuple(r[k] for k in key): {k: v for k, v in r.items() if k != "cpu_s"} for r in shipped}
+    assert len(rows) == 3
+    for row in json.loads(json.dumps(rows)):
+        assert {k: v for k, v in row.items() if k != "cpu_s"} == want[tuple(row[k] for k in key)]
