@@ -303,6 +303,23 @@ def in_flight_warmup(pp: int, stage: int, micro_batches: int, chunks: int) -> in
     return min((pp - stage - 1) * 2 + (chunks - 1) * pp, micro_batches * chunks)
 
 
+def message_units(
+    schedule: str, pp: int, stage: int, micro_batches: int, chunks: int = 1
+) -> list[list[tuple]]:
+    """The stage's order in units whose messages go out as one batch.
+
+    Each op alone, but for interleaved's steady phase: a forward and a backward back to back,
+    as Megatron batches them.
+    """
+    order = stage_order(schedule, pp, stage, micro_batches, chunks)
+    if schedule != "interleaved":
+        return [[op] for op in order]
+    total, w = micro_batches * chunks, in_flight_warmup(pp, stage, micro_batches, chunks)
+    units = [[op] for op in order[:w]]
+    units += [order[w + 2 * k : w + 2 * k + 2] for k in range(total - w)]
+    return units + [[op] for op in order[w + 2 * (total - w) :]]
+
+
 def in_flight(order: list[tuple]) -> int:
     """The most micro-batches (chunks) a device holds activations of at once: forwards not yet backward."""
     held = peak = 0
@@ -503,14 +520,7 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
             b.coll(f"{where}.{what}.ar2", ALL_REDUCE, act, "tp", "TP")
 
     last = c.stages - 1
-    order = stage_order(c.schedule, p, s, m, v_chunks)
-    units = [order[i : i + 1] for i in range(len(order))]
-    if c.schedule == "interleaved":  # Megatron: steady F and B back to back, then one batch of messages
-        w = in_flight_warmup(p, s, m, v_chunks)
-        units = [[op] for op in order[:w]]
-        units += [order[w + 2 * k : w + 2 * k + 2] for k in range(m * v_chunks - w)]
-        units += [[op] for op in order[w + 2 * (m * v_chunks - w) :]]
-    for unit in units:
+    for unit in message_units(c.schedule, p, s, m, v_chunks):
         for kind, mb, chunk in unit:  # receives join the batch of the previous unit's sends
             vs = chunk * p + s
             if kind == "F" and vs > 0:

@@ -19,7 +19,7 @@ lines into ``ga`` micro-batches (the lines before the first and after the last m
 the step's: gradient norms, optimizer), every one of the ``pp`` stages runs the same file (AICB
 writes one stage), and the micro-batches flow through the stages under 1F1B with a
 ``pp_comm``-byte message per micro-batch across each stage boundary, forward and backward, by
-the generated-GPT path's schedule and builder (`llm.stage_order`, `llm._Builder`)
+the generated-GPT path's schedule and builder (`llm.message_units`, `llm._Builder`)
 (docs/workloads.md#simais-workloads).
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
-from .llm import Layout, _Builder, in_flight_warmup, stage_order
+from .llm import Layout, _Builder, message_units
 
 OPS = {"ALLREDUCE": 0, "ALLGATHER": 2, "ALLTOALL": 6, "REDUCESCATTER": 7}
 GROUPS = ("TP", "EP", "DP", "DP_EP")
@@ -316,14 +316,7 @@ def stage_graph(
         return (mb * (last + 1) + vstage) * 2 + (kind == "B")
 
     act = wl.pp_comm
-    order = stage_order(name, p, s, m, v_chunks)
-    units = [order[i : i + 1] for i in range(len(order))]
-    if name == "interleaved":  # Megatron: steady F and B back to back, then one batch of messages
-        w = in_flight_warmup(p, s, m, v_chunks)
-        units = [[op] for op in order[:w]]
-        units += [order[w + 2 * k : w + 2 * k + 2] for k in range(m * v_chunks - w)]
-        units += [[op] for op in order[w + 2 * (m * v_chunks - w) :]]
-    for unit in units:
+    for unit in message_units(name, p, s, m, v_chunks):
         for kind, mb, chunk in unit:  # receives join the batch of the previous unit's sends
             vs = chunk * p + s
             if kind == "F" and vs > 0:
