@@ -1,18 +1,25 @@
-"""The per-NPU model's cost (issue 33 item 3): CPU time against NPU count, with one late NPU.
+"""The per-NPU model's cost (issue 33 item 3): CPU time against NPU count, with one straggler.
 
 Usage::
 
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
-        [--chunks 16,64] [--out results]
+        [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--out results]
 
-Each row is one all-reduce (64 MiB float32, Themis with scf) on a 3-dim topology of Ring,
-FullyConnected and Switch dims (100, 200, 50 GB/s), with NPU 5 late by 50 us, on the model,
-which then times every NPU at once (`themis_mpi.npus.stage_times`, equal to running every NPU:
-tests/test_stragglers.py), in this process: its CPU time (``time.process_time``), the stage
-steps every NPU ran, and CPU per NPU-step. The same collective on the one-NPU model
-without the late NPU gives the closed-form check ``time = on-time + 50 us`` (column ``+50``),
-which must hold on every row. Targets (issue 33): 1024 NPUs, 64 chunks under 10 s. Prints a
-table and writes bench_npus.json and bench_npus.png (CPU against NPUs, log-log) into --out.
+Two tables, on the model, in this process, CPU time (``time.process_time``):
+
+- All-reduce: 64 MiB float32, Themis with scf, on Ring x FullyConnected x Switch dims (100,
+  200, 50 GB/s) of the given shapes, with NPU 5 late by 50 us. The closed form ``time = on-time
+  + 50 us`` (column ``+50``) must hold on every row. Also the stage steps every NPU ran and CPU
+  per NPU-step. Target: 1024 NPUs, 64 chunks, under 10 s.
+- Training: one ResNet-152 iteration (traces/per-layer/resnet152.txt, one all-reduce per layer,
+  156) under Themis with NPU 5 computing at 1.5x, on the shapes above (16 chunks) and on the
+  paper's 1024-NPU topologies (each --train-chunks). Column ``bound``: on time <= with the slow
+  NPU <= every NPU at 1.5x (`--compute-scale 1.5`, the one-NPU model), which must hold. Target:
+  a paper topology under 120 s.
+
+Both run every NPU at once (`themis_mpi.npus.NpuVectors`, equal to running every NPU's engine:
+tests/test_stragglers.py). Prints the tables and writes bench_npus.json and bench_npus.png (CPU
+against NPUs, log-log) into --out.
 """
 
 from __future__ import annotations
@@ -28,9 +35,16 @@ from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import write_json  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
+from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
+from themis_mpi.workloads.text import parse_workload  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
 DELAY_NS = 50_000.0
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+RESNET152 = os.path.join(ROOT, "traces", "per-layer", "resnet152.txt")
+SLOW = 1.5  # NPU 5's compute factor in the training rows
+PAPER = "3D-SW_SW_SW_hetero,3D-FC_Ring_SW,4D-Ring_SW_SW_SW,4D-Ring_FC_Ring_SW"
 
 
 def topology(shape: str):
@@ -62,31 +76,33 @@ def row(shape: str, chunks: int) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--shapes", default="4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16", help="NPUs per dim, a list"
-    )
-    ap.add_argument("--chunks", default="16,64", help="chunk counts (16,64)")
-    ap.add_argument("--out", default="results", help="output folder (default results)")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    rows = []
-    print(
-        f"{'topology':>36} {'npus':>6} {'chunks':>6} {'time_us':>10} {'+50':>4} {'cpu_s':>8} "
-        f"{'us/npu-step':>11}"
-    )
-    for chunks in (int(c) for c in args.chunks.split(",")):
-        for shape in args.shapes.split(","):
-            r = row(shape, chunks)
-            rows.append(r)
-            print(
-                f"{r['topology']:>36} {r['npus']:>6} {chunks:>6} {r['time_us']:>10.2f} "
-                f"{'ok' if r['closed_form_ok'] else 'NO':>4} {r['cpu_s']:>8.2f} "
-                f"{r['cpu_us_per_npu_step']:>11.2f}",
-                flush=True,
-            )
-            write_json(os.path.join(args.out, "bench_npus.json"), {"rows": rows})
+def training_row(topo_spec: str, chunks: int) -> dict:
+    """One ResNet-152 iteration with NPU 5 at 1.5x compute, timed, and its bounds."""
+    topo, wl = parse_topology(topo_spec), parse_workload(RESNET152)
+    on_time = model_training(wl, topo, "themis", TrainingSpec(chunks=chunks, iterations=1))
+    alike = TrainingSpec(chunks=chunks, iterations=1, compute_scale=SLOW)
+    everyone = model_training(wl, topo, "themis", alike)
+    late = TrainingSpec(chunks=chunks, iterations=1, npu_compute_scale=((5, SLOW),))
+    cpu0 = time.process_time()
+    slow = model_training(wl, topo, "themis", late)
+    cpu_s = time.process_time() - cpu0
+    stages = topo.npus * sum(d.stages for d in slow.dims)
+    return {
+        "topology": topo_spec,
+        "npus": topo.npus,
+        "chunks": chunks,
+        "on_time_us": on_time.iteration_us,
+        "slow_npu_us": slow.iteration_us,
+        "everyone_slow_us": everyone.iteration_us,
+        "bound_ok": on_time.iteration_us <= slow.iteration_us <= everyone.iteration_us,
+        "cpu_s": cpu_s,
+        "npu_stages": stages,
+        "cpu_us_per_npu_stage": cpu_s / stages * 1e6,
+    }
+
+
+def plot(rows: list[dict], training: list[dict], path: str) -> None:
+    """CPU against NPUs, log-log: one line per chunk count, all-reduce and training."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,16 +110,65 @@ def main() -> None:
 
     from themis_mpi.output import atomic_path
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for chunks in sorted({r["chunks"] for r in rows}):
-        pts = [(r["npus"], r["cpu_s"]) for r in rows if r["chunks"] == chunks]
-        ax.loglog(*zip(*pts), marker="o", label=f"{chunks} chunks")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for label, table in (("all-reduce", rows), ("ResNet-152", training)):
+        for chunks in sorted({r["chunks"] for r in table}):
+            pts = sorted((r["npus"], r["cpu_s"]) for r in table if r["chunks"] == chunks and r["scaling"])
+            if len(pts) > 1:
+                ax.loglog(*zip(*pts), marker="o", label=f"{label}, {chunks} chunks")
     ax.set_xlabel("NPUs")
-    ax.set_ylabel("CPU s (one late NPU)")
-    ax.legend()
-    with atomic_path(os.path.join(args.out, "bench_npus.png")) as tmp:
+    ax.set_ylabel("CPU s (one straggler)")
+    ax.legend(fontsize=8)
+    with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    if not all(r["closed_form_ok"] for r in rows):
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--shapes", default="4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16", help="NPUs per dim, a list"
+    )
+    ap.add_argument("--chunks", default="16,64", help="all-reduce chunk counts (16,64)")
+    ap.add_argument("--paper", default=PAPER, help="paper topologies for the training rows ('' for none)")
+    ap.add_argument("--train-chunks", default="16,64", help="training chunk counts on the paper topologies")
+    ap.add_argument("--out", default="results", help="output folder (default results)")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    out_json = os.path.join(args.out, "bench_npus.json")
+    rows: list[dict] = []
+    training: list[dict] = []
+    print(
+        f"{'all-reduce on':>36} {'npus':>6} {'chunks':>6} {'time_us':>10} {'+50':>4} {'cpu_s':>8} "
+        f"{'us/npu-step':>11}"
+    )
+    for chunks in (int(c) for c in args.chunks.split(",")):
+        for shape in args.shapes.split(","):
+            r = row(shape, chunks) | {"shape": shape, "scaling": True}
+            rows.append(r)
+            print(
+                f"{r['topology']:>36} {r['npus']:>6} {chunks:>6} {r['time_us']:>10.2f} "
+                f"{'ok' if r['closed_form_ok'] else 'NO':>4} {r['cpu_s']:>8.2f} "
+                f"{r['cpu_us_per_npu_step']:>11.2f}",
+                flush=True,
+            )
+            write_json(out_json, {"rows": rows, "training": training})
+    print(
+        f"\n{'ResNet-152, NPU 5 at 1.5x, on':>36} {'npus':>6} {'chunks':>6} {'on_time_us':>11} "
+        f"{'slow_us':>10} {'bound':>5} {'cpu_s':>8} {'us/npu-stage':>12}"
+    )
+    cells = [(topology(shape).spec(), 16, shape, True) for shape in args.shapes.split(",")]
+    cells += [(p, int(c), p, False) for c in args.train_chunks.split(",") for p in args.paper.split(",") if p]
+    for spec, chunks, shape, scaling in cells:
+        r = training_row(spec, chunks) | {"shape": shape, "scaling": scaling}
+        training.append(r)
+        print(
+            f"{shape:>36} {r['npus']:>6} {chunks:>6} {r['on_time_us']:>11.1f} {r['slow_npu_us']:>10.1f} "
+            f"{'ok' if r['bound_ok'] else 'NO':>5} {r['cpu_s']:>8.2f} {r['cpu_us_per_npu_stage']:>12.2f}",
+            flush=True,
+        )
+        write_json(out_json, {"rows": rows, "training": training})
+    plot(rows, training, os.path.join(args.out, "bench_npus.png"))
+    if not all(r["closed_form_ok"] for r in rows) or not all(r["bound_ok"] for r in training):
         sys.exit(1)
 
 

@@ -207,9 +207,9 @@ class Process(Event):
 # --- runs --------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class StageRun:
-    """One stage's life on this NPU: queued, started, ended (virtual ns; wall s)."""
+    """One stage's life on this NPU: queued, started, ended (virtual ns; wall s); equal only to itself."""
 
     stage: Stage
     queued_ns: float
@@ -425,6 +425,7 @@ class Engine:
         self.t0_wall_s = math.nan  # perf_counter() at the first issue (stage wall times count from it)
         # per dim, the (collective, chunk, stage index) every NPU starts there, in that order (`agree`)
         self.agreed: list[list[tuple[int, int, int]]] | None = None
+        self._agreed_waiting: list[dict[tuple[int, int, int], StageRun]] = [{} for _ in range(n)]
         self.dim_free_ns = [0.0] * n  # under an agreed order: when each dim's last stage ended
         self.last_timer_ns: Any = -math.inf  # under an agreed order: the latest timer that fired
 
@@ -619,6 +620,8 @@ class Engine:
             pos = int(pos) if isinstance(pos, np.integer) else -1
         if self._ranked and 0 <= pos <= n:
             pos = self._in_band(stage, pos)
+        if self.agreed is not None:
+            self._agreed_waiting[stage.dim][stage.coll, stage.chunk, stage.index] = run
         if pos == n:
             self.queues[stage.dim].append(run)
             waiting.append(stage)  # type: ignore[attr-defined]
@@ -645,6 +648,9 @@ class Engine:
                     break
                 run = queue.pop(i)
                 view.waiting.pop(i)  # type: ignore[attr-defined]
+                if self.agreed is not None:
+                    s = run.stage
+                    del self._agreed_waiting[d][s.coll, s.chunk, s.index]
                 view.running += 1
                 slots = self.slots[d]
                 run.slot = slot = slots.index(None)
@@ -665,12 +671,8 @@ class Engine:
         seq = self.started[d]
         if seq >= len(order):
             raise UsageError(f"dim {d} starts more stages than the agreed order holds ({len(order)})")
-        want = order[seq]
-        for i, run in enumerate(self.queues[d]):
-            s = run.stage
-            if (s.coll, s.chunk, s.index) == want:
-                return i
-        return -1
+        run = self._agreed_waiting[d].get(order[seq])
+        return -1 if run is None else self.queues[d].index(run)  # (by identity: fast)
 
     def _start_claimed(self) -> None:
         claimed, self._claimed = self._claimed, []

@@ -382,7 +382,7 @@ class NpuVectors(ModelTransport):
             self.issue_ns[rank] = delay_ns
         self._regions: dict[int, list[list[tuple[np.ndarray, np.ndarray]]]] = {}
         self._colls: dict[int, CollectiveRun] = {}
-        self._plans: dict[tuple, list] = {}
+        self._tables: dict[tuple, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # (`_step_tables`)
         self._done: deque[tuple[np.ndarray, StageRun]] = deque()
 
     def _owned(self, d: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -412,49 +412,73 @@ class NpuVectors(ModelTransport):
         """Every NPU's end of the stage, from every NPU's start (`run.start_ns`)."""
         if isinstance(run, MessageRun):
             raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
-        s, topo, n = run.stage, self.topology, self.n
+        s, n = run.stage, self.n
         coll = self._colls[s.coll].collective
-        d, dim, stride = s.dim, topo.dims[s.dim], self.strides[s.dim]
         stack = self._regions[s.coll][s.chunk]
         if s.op == AG:
             stack.pop()
         lo, hi = stack[-1]
-        size, c = hi - lo, self.coords[d]
         if s.op == RS:
-            stack.append(self._owned(d, lo, hi))
+            stack.append(self._owned(s.dim, lo, hi))
+        tables = self._step_tables(s.dim, s.op, hi - lo, coll.dims if s.op == A2A else None)
+        costs = self.cost(coll.itemsize).run_steps_ns(run)
+        f_d = self.factors[s.dim]
+        fs = np.unique(f_d)
+        extras = np.array([self.links.factor_extra_ns(run, coll.itemsize, f) for f in fs.tolist()])
+        f_ext = np.append(f_d, fs[0])  # (the padding peer n: any factor, its time is -inf)
+        t: np.ndarray = np.full(n, run.start_ns) if np.isscalar(run.start_ns) else np.asarray(run.start_ns)
+        for k, step_ns in enumerate(costs):
+            recvs, sends, sending_any = tables[k]
+            t_ext = np.append(t, -math.inf)
+            if len(fs) == 1:  # every link of the dim at one pace: one extra for every message
+                arrival = (t_ext[recvs] + extras[0][k]).max(axis=1, initial=-math.inf)
+                sending = np.where(sending_any, extras[0][k], -math.inf)
+            else:  # a message gains what the slower of its ends adds
+                rx = extras[np.searchsorted(fs, np.minimum(f_d[:, None], f_ext[recvs])), k]
+                arrival = (t_ext[recvs] + rx).max(axis=1, initial=-math.inf)
+                sx = extras[np.searchsorted(fs, np.minimum(f_d[:, None], f_ext[sends])), k]
+                sending = np.where(sends < n, sx, -math.inf).max(axis=1, initial=-math.inf)
+            t = np.maximum(np.maximum(t, t + (step_ns + sending)), arrival + step_ns)
+        self._done.append((t, run))
+
+    def _step_tables(
+        self, d: int, op: str, size: np.ndarray, a2a_dims: tuple | None
+    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per step, every NPU's receive and send peers (rows padded with NPU n) and who sends.
+
+        A step's peers follow from the NPU's coordinate on dim d and the size of its region
+        (`algorithms.plan`); NPUs alike in both share a plan.
+        """
+        key = (d, op, size.tobytes(), a2a_dims)
+        tables = self._tables.get(key)
+        if tables is not None:
+            return tables
+        topo, n, stride, c = self.topology, self.n, self.strides[d], self.coords[d]
+        dim = topo.dims[d]
         keys, group = np.unique(c * (int(size.max()) + 1) + size, return_inverse=True)
         shapes = []
         for g in range(len(keys)):
             idx = np.flatnonzero(group == g)
             cg, m = int(c[idx[0]]), int(size[idx[0]])
-            key = (d, s.op, cg, m, coll.dims if s.op == A2A else None)
-            steps = self._plans.get(key)
-            if steps is None:
-                if s.op == A2A:
-                    a2a_stride = topo.group_strides(coll.dims)[d]
-                    steps = plan_all_to_all(dim.npus, cg, a2a_stride, topo.group_npus(coll.dims), 0, m)
-                else:
-                    steps = plan(dim.algorithm, s.op, dim.npus, cg, 0, m)
-                self._plans[key] = steps
+            if op == A2A:
+                steps = plan_all_to_all(
+                    dim.npus, cg, topo.group_strides(a2a_dims)[d], topo.group_npus(a2a_dims), 0, m
+                )
+            else:
+                steps = plan(dim.algorithm, op, dim.npus, cg, 0, m)
             shapes.append((cg, idx, steps))
-        costs = self.cost(coll.itemsize).run_steps_ns(run)
-        f_d = self.factors[d]
-        extras = {f: self.links.factor_extra_ns(run, coll.itemsize, f) for f in np.unique(f_d).tolist()}
-        t: np.ndarray = np.full(n, run.start_ns) if np.isscalar(run.start_ns) else np.asarray(run.start_ns)
-        for k, step_ns in enumerate(costs):
-            nxt = np.empty(n)
+        tables = []
+        for k in range(min(len(steps) for _, _, steps in shapes)):
+            recvs = np.full((n, max(len(steps[k].recvs) for _, _, steps in shapes)), n)
+            sends = np.full((n, max(len(steps[k].sends) for _, _, steps in shapes)), n)
             for cg, idx, steps in shapes:
-                st, own = steps[k], t[idx]
-                arrival = np.full(len(idx), -math.inf)
-                for p, _, _ in st.recvs:
-                    peer = idx + (p - cg) * stride
-                    arrival = np.maximum(arrival, t[peer] + _extra(extras, f_d, k, idx, peer))
-                sending = np.full(len(idx), -math.inf)
-                for p, _, _ in st.sends:
-                    sending = np.maximum(sending, _extra(extras, f_d, k, idx, idx + (p - cg) * stride))
-                nxt[idx] = np.maximum(np.maximum(own, own + (step_ns + sending)), arrival + step_ns)
-            t = nxt
-        self._done.append((t, run))
+                for j, (p, _, _) in enumerate(steps[k].recvs):
+                    recvs[idx, j] = idx + (p - cg) * stride
+                for j, (p, _, _) in enumerate(steps[k].sends):
+                    sends[idx, j] = idx + (p - cg) * stride
+            tables.append((recvs, sends, np.asarray((sends < n).any(axis=1))))
+        self._tables[key] = tables
+        return tables
 
     def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """The next stage whose ends are known (all are, once started), or (horizon, [])."""
@@ -479,13 +503,3 @@ class NpuVectors(ModelTransport):
 def npu0_ns(t_ns: Any) -> float:
     """NPU 0's value of a time (a scalar stands for every NPU)."""
     return float(t_ns[0]) if isinstance(t_ns, np.ndarray) else float(t_ns)
-
-
-def _extra(
-    extras: dict, factors: np.ndarray, k: int, idx: np.ndarray, peer: np.ndarray
-) -> np.ndarray | float:
-    """What step k's messages between NPUs idx and peer gain from scaled links (`cost.LinkScales`)."""
-    if len(extras) == 1:
-        return extras[next(iter(extras))][k]
-    f = np.minimum(factors[idx], factors[peer])
-    return np.array([extras[x][k] for x in f.tolist()])
