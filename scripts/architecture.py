@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from themis_mpi.layers import architecture_markdown
-from themis_mpi.output import atomic_path
+from themis_mpi.output import write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,8 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     text = architecture_markdown(ROOT / "themis_mpi") + "\n"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with atomic_path(args.out) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(args.out, text)
     print(f"# wrote {args.out}: {text.count(chr(10))} lines")
     return 0
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from themis_mpi.cli import build_parser
+from themis_mpi.output import write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +94,7 @@ def main() -> None:
     if args.out == "-":
         sys.stdout.write(text)
     else:
-        Path(args.out).write_text(text)
+        write_text(args.out, text)
         print(f"wrote {args.out}")
 
 

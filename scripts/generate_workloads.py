@@ -28,7 +28,7 @@ model's architecture and the assumptions below, which traces/README.md repeats:
 import argparse
 import os
 
-from themis_mpi.output import atomic_path
+from themis_mpi.output import write_text
 
 PEAK_FLOPS = 989e12
 EFFICIENCY = 0.5
@@ -193,8 +193,7 @@ def generate(out: str) -> list[str]:
     paths = []
     for name, build in WORKLOADS.items():
         path = os.path.join(out, f"{name}.txt")
-        with atomic_path(path) as tmp, open(tmp, "w") as f:
-            f.write("\n".join(build()) + "\n")
+        write_text(path, "\n".join(build()) + "\n")
         paths.append(path)
     return paths
 

@@ -22,7 +22,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
@@ -37,11 +38,6 @@ LABELS = {
 }
 PAPER = {"baseline": 56.31, "Themis+SCF": 95.14, "Themis+FIFO": 87.67}
 LATENCY = {"paper latency": None, "zero latency": 0.0}
-
-
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def progress(done: int, total: int, started: float) -> None:
@@ -250,8 +246,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     md = tables(rows, sizes, chunk_counts, args.chunk_sweep_size)
     md += f"\n{len(rows)} model runs in {elapsed:.1f} s ({measured_on()}).\n"
-    with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
-        f.write(md)
+    write_text(os.path.join(args.out, "study.md"), md)
     write_json(os.path.join(args.out, "study.json"), rows)
     plot_sweep(
         rows,

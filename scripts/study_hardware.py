@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import Endpoint  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
@@ -301,8 +301,6 @@ def nccl_plot(fits, out: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from themis_mpi.output import atomic_path
-
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     for ax, (name, log, result) in zip(axes.flat, fits):
         x = [r["size_bytes"] for r in result.rows]
@@ -401,8 +399,7 @@ def main() -> None:
         text = "\n".join(nccl_study(nccl_rows, args.logs, args.out)) + "\n"
         print(text)
         print(f"# {time.perf_counter() - t0:.1f} s")
-        with atomic_path(os.path.join(args.out, "nccl.md")) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        write_text(os.path.join(args.out, "nccl.md"), text)
         write_json(os.path.join(args.out, "nccl.json"), nccl_rows)
         return
     rows: list[dict] = []
@@ -415,8 +412,7 @@ def main() -> None:
     print(text)
     print(f"# {time.perf_counter() - t0:.1f} s")
     os.makedirs(args.out, exist_ok=True)
-    with atomic_path(os.path.join(args.out, "hardware.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "hardware.md"), text)
     write_json(os.path.join(args.out, "hardware.json"), rows)
 
 

@@ -31,7 +31,7 @@ import time
 
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
-from themis_mpi.output import atomic_path, write_json
+from themis_mpi.output import write_json, write_text
 from themis_mpi.run.jobs import Job, Placement, check_jobs, run_jobs
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
@@ -214,8 +214,7 @@ def main(argv=None) -> int:
         + themis_vs_baseline(rows)
         + f"\n\n{len(rows)} cells in {elapsed:.0f} s.\n"
     )
-    with atomic_path(os.path.join(args.out, "jobs.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "jobs.md"), text)
     print(text)
     return 0
 

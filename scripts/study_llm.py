@@ -33,7 +33,8 @@ import time
 from themis_mpi.cli.workload import price_all
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
-from themis_mpi.output import atomic_path, write_json
+from themis_mpi.output import write_json, write_text
+from themis_mpi.report import measured_on
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.llm import PRESETS, LlmConfig, fit_groups
@@ -194,10 +195,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     elapsed = time.perf_counter() - started
     text = markdown(rows, args.chunks)
     runs = sum(len(r.get("policies", {})) for r in rows)
-    text += f"\n{len(rows)} cells, {runs} priced policies, in {elapsed:.1f} s (wall clock).\n"
+    text += (
+        f"\n{len(rows)} cells, {runs} priced policies, in {elapsed:.1f} s (wall clock, {measured_on()}).\n"
+    )
     os.makedirs(args.out, exist_ok=True)
-    with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "study.md"), text)
     write_json(os.path.join(args.out, "study.json"), rows)
     print(text)
     return rows

@@ -35,7 +35,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import CostModels  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.results import link_results  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
@@ -54,11 +55,6 @@ QUICK_WORKLOADS = ("resnet152", "dlrm")
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 ACTIVE = (1, 2, 4, 8)
 MIB = 1 << 20
-
-
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def _topology(spec: str, latency: float | None):
@@ -327,8 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         os.path.join(args.out, "network.json"), {"all_reduce": ar, "training": training, "splits": splits}
     )
     page = markdown(ar, training, splits, seconds)
-    with atomic_path(os.path.join(args.out, "network.md")) as tmp, open(tmp, "w") as f:
-        f.write(page)
+    write_text(os.path.join(args.out, "network.md"), page)
     print(page)
     print(
         "# wrote "

@@ -36,9 +36,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import write_json  # noqa: E402
+from themis_mpi.output import write_json, write_text  # noqa: E402
 from themis_mpi.policies import inter_class, policy_context  # noqa: E402
 from themis_mpi.policies.predictive import best_found  # noqa: E402
+from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.coordinator import (
     model_oracle,  # noqa: E402
@@ -57,11 +58,6 @@ MIB, GIB = 2**20, 2**30
 LATENCY_BOUND_BYTES = 256 * MIB
 QUICK_SKIPS_WORKLOADS = ("transformer_1t.txt",)  # its decision takes most of the workloads' time
 SEARCH_EVALS = 16  # about the mean count the former 0.02 s budget per cell made (17 in 2026-11-22's run)
-
-
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def gmean(values) -> float:
@@ -377,8 +373,7 @@ def main():
         f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s "
         f"({measured_on()}).\n"
     )
-    with open(os.path.join(args.out, "study.md"), "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "study.md"), text)
     write_json(
         os.path.join(args.out, "study.json"), {"collectives": rows, "workloads": wrows, "decision": decision}
     )

@@ -47,8 +47,9 @@ from matplotlib.colors import LogNorm  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
 from themis_mpi.policies import inter_names, intra_names  # noqa: E402
+from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.coordinator import share_schedules  # noqa: E402
 from themis_mpi.run.pool import ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import (
@@ -72,11 +73,6 @@ REFERENCE = ("baseline", "fifo")
 THEMIS = ("themis", "scf")
 TOLERANCE = 0.10
 FIELDS = (("themis_speedup", "Themis+SCF"), ("best64_speedup", "best at 64 chunks"), ("best_speedup", "best"))
-
-
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def pair_name(pair: tuple[str, str]) -> str:
@@ -331,8 +327,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
     suffix = "-zero-latency" if args.zero_latency else ""
-    with atomic_path(os.path.join(args.out, f"regime{suffix}.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, f"regime{suffix}.md"), text)
     write_json(os.path.join(args.out, f"regime{suffix}.json"), rows)
     for w in args.workloads:
         heat_map(rows, args, w, os.path.join(args.out, f"speedup_{w}{suffix}.png"), latency)

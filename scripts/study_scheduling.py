@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.engine import Engine  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
 from themis_mpi.policies import make_inter, policy_context  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
@@ -268,8 +268,7 @@ def main():
     ap.add_argument("--write-vgg19", metavar="PATH", help="write the VGG-19 workload and stop")
     args = ap.parse_args()
     if args.write_vgg19:
-        with atomic_path(args.write_vgg19) as tmp, open(tmp, "w") as f:
-            f.write("\n".join(vgg19()) + "\n")
+        write_text(args.write_vgg19, "\n".join(vgg19()) + "\n")
         print(f"wrote {args.write_vgg19}")
         return
     os.chdir(ROOT)
@@ -290,8 +289,7 @@ def main():
     sys.stderr.write("\n")
     text = markdown(rows, args.chunks, args.iterations, time.perf_counter() - started)
     os.makedirs(args.out, exist_ok=True)
-    with atomic_path(os.path.join(args.out, "scheduling.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "scheduling.md"), text)
     write_json(os.path.join(args.out, "scheduling.json"), rows)
     plot(rows, os.path.join(args.out, "speedup.png"))
     print(text)

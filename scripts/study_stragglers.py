@@ -28,7 +28,8 @@ import time
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
-from themis_mpi.output import atomic_path, write_json
+from themis_mpi.output import write_json, write_text
+from themis_mpi.report import measured_on
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.run.training import model_training
@@ -229,11 +230,6 @@ def derive(rows: list[dict]) -> None:
         r["speedup_over_baseline"] = coll[(t, s, "baseline", case, d, f)]["time_us"] / r["time_us"]
 
 
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
-
-
 def _find(rows: list[dict], **keys) -> dict:
     """The one row with these values."""
     return next(r for r in rows if all(r[k] == v for k, v in keys.items()))
@@ -349,8 +345,7 @@ def main(argv=None) -> list[dict]:
     elapsed = time.perf_counter() - started
     text += f"\n{len(grid)} runs on the per-NPU model in {elapsed:.1f} s ({measured_on()}).\n"
     os.makedirs(args.out, exist_ok=True)
-    with atomic_path(os.path.join(args.out, "study.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "study.md"), text)
     write_json(os.path.join(args.out, "study.json"), rows)
     print(text)
     return rows

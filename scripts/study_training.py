@@ -23,7 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
-from themis_mpi.output import atomic_path, write_json  # noqa: E402
+from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
@@ -40,11 +41,6 @@ TOPOLOGIES = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Rin
 LATENCY = {"paper latency": None, "zero latency": 0.0}
 QUICK_WORKLOADS = ["resnet152", "dlrm"]
 QUICK_TOPOLOGIES = ["3D-SW_SW_SW_hetero", "4D-Ring_FC_Ring_SW"]
-
-
-def measured_on() -> str:
-    """Where and when this run's timings were measured (they are never compared)."""
-    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def _point(point) -> dict:
@@ -117,8 +113,7 @@ def main():
     )
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
-    with atomic_path(os.path.join(args.out, "training.md")) as tmp, open(tmp, "w") as f:
-        f.write(text)
+    write_text(os.path.join(args.out, "training.md"), text)
     write_json(os.path.join(args.out, "training.json"), rows)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
     width = 0.8 / len(topologies)

@@ -93,6 +93,12 @@ def atomic_path(path: str) -> Iterator[str]:
         _PARTIALS.discard(tmp)
 
 
+def write_text(path: str, text: str) -> None:
+    """Write a text file (a report, a table, a generated page) atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        f.write(text)
+
+
 def write_json(path: str, doc: Any) -> None:
     """Write a JSON document atomically, or to standard output for ``-``."""
     import json  # only rank 0 writes: the other ranks never load it

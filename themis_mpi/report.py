@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -13,6 +15,11 @@ from .units import format_size
 
 if TYPE_CHECKING:  # `run` loads no workload code
     from .workloads.training import TrainingSpec
+
+
+def measured_on() -> str:
+    """Where and when a study's timings were measured (they are quoted, never compared)."""
+    return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
 def run_header(topo: Topology, command: str, config: RunConfig) -> str:

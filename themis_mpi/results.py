@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -152,6 +153,22 @@ class TrainingResult:
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
         return asdict(self)
+
+    @classmethod
+    def timed(
+        cls, *, total_ns: float, iterations: int, last_iteration_ns: float, compute_ns: float, **fields: Any
+    ) -> TrainingResult:
+        """A row from its times in ns: the per-iteration means and the exposed communication, in us."""
+        mean_ns = total_ns / iterations
+        return cls(
+            iterations=iterations,
+            total_us=total_ns / 1e3,
+            iteration_us=mean_ns / 1e3,
+            last_iteration_us=last_iteration_ns / 1e3,
+            compute_us=compute_ns / iterations / 1e3,
+            exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
+            **fields,
+        )
 
 
 def dim_results(

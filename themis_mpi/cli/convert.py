@@ -6,7 +6,7 @@ import argparse
 
 from ..errors import UsageError
 from ..limits import MAX_ITERS, in_range
-from ..output import atomic_path, check_output_path
+from ..output import check_output_path, write_text
 from ..topology import parse_topology
 from ..workloads.chakra import is_et_source
 from ..workloads.convert import et_to_workload_text, workload_to_et
@@ -20,8 +20,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     check_output_path(args.output, inputs=(args.input,))
     if is_et_source(args.input):
         text = et_to_workload_text(read_et(args.input))
-        with atomic_path(args.output) as tmp, open(tmp, "w") as f:
-            f.write(text)
+        write_text(args.output, text)
         print(f"# wrote {args.output}: the text workload of {args.input}")
         return 0
     if not args.output.endswith((".et", ".et.gz")):

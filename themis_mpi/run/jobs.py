@@ -393,23 +393,19 @@ def _row(
             transport.reduce(np.array([sum(wrongs)], np.int64), "sum", f"job {index}'s wrong elements")[0]
         )
     total_ns = end_ns - start_ns
-    iters = spec.iterations
-    mean_ns = total_ns / iters
     dims = [
         DimResult(d, float(busy), int(sent), int(stages), busy * 1e3 / total_ns if total_ns > 0 else 0.0)
         for d, (busy, sent, stages) in enumerate(per_dim)
     ]
-    row = TrainingResult(
+    row = TrainingResult.timed(
+        total_ns=total_ns,
+        iterations=spec.iterations,
+        last_iteration_ns=end_ns - last_ns,
+        compute_ns=compute_ns,
         policy=policy_name(policy),
         intra=transport.config.intra,
         chunks=spec.chunks,
         transport=transport.name,
-        iterations=iters,
-        total_us=total_ns / 1e3,
-        iteration_us=mean_ns / 1e3,
-        last_iteration_us=(end_ns - last_ns) / 1e3,
-        compute_us=compute_ns / iters / 1e3,
-        exposed_comm_us=max(0.0, mean_ns - compute_ns / iters) / 1e3,
         collectives=int(issued),
         dims=dims,
         wrong=wrong,

@@ -65,19 +65,16 @@ def _training_result(
     """The row of a training run or a graph replay, from its engine (`total_ns`: the last rank's end)."""
     topo, network = transport.topology, transport.config.network
     total_ns = engine.now_ns if total_ns is None else total_ns
-    mean_ns = total_ns / iterations
     links = link_results(engine.records, topo, transport.cost, total_ns / 1e3) if network != IDEAL else []
-    return TrainingResult(
+    return TrainingResult.timed(
+        total_ns=total_ns,
+        iterations=iterations,
+        last_iteration_ns=last_iteration_ns,
+        compute_ns=compute_ns,
         policy=policy_name(policy),
         intra=transport.config.intra,
         chunks=spec.chunks,
         transport=transport.name,
-        iterations=iterations,
-        total_us=total_ns / 1e3,
-        iteration_us=mean_ns / 1e3,
-        last_iteration_us=last_iteration_ns / 1e3,
-        compute_us=compute_ns / iterations / 1e3,
-        exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
         collectives=collectives,
         dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns), links),
         wrong=wrong_elements(transport, engine),
