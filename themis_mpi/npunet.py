@@ -6,7 +6,7 @@ breaks that. Its partners are XOR partners (``HalvingDoubling.cc``: NPU i sends 
 ``(i / m) % 2 == 0``, else to i - m) and the backend routes each message the shorter way round,
 ties clockwise (``Ring.cpp``). For m = 2 on 8 NPUs, NPUs 0 and 1 send two hops clockwise, NPUs 2
 and 3 two hops counter-clockwise: links carry different loads, and NPUs end their steps at
-different times (`uneven_dims` says where).
+different times (`network.uneven_dims` says where).
 
 Here every NPU has its own links (per NPU, dim and direction: ``cw``/``ccw`` on a Ring, ``up`` and
 ``down`` on a Switch, one per peer on a FullyConnected dim), with `Astra2Network`'s rules: a FIFO
@@ -42,7 +42,7 @@ from .config import RunConfig
 from .cost import AG, AR, ASTRA_SIM_2, RS, CostModel, CostModels, astra_steps, link_bytes_per_ns
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
-from .network import STORE_FORWARD
+from .network import STORE_FORWARD, uneven_dims
 from .topology import Topology
 
 T = TypeVar("T")
@@ -51,22 +51,6 @@ MAX_NPUS = 4096  # NPUs one process runs at once
 
 class Stalled(RuntimeError):
     """No NPU can move: a step that waits for a message nobody sends, or a meeting not all reach."""
-
-
-def uneven_dims(topology: Topology) -> tuple[int, ...]:
-    """The dims whose links carry uneven loads under 2.x's congestion-aware backend.
-
-    Halving-doubling on a Ring of more than 2 NPUs: XOR partners go clockwise from some NPUs and
-    counter-clockwise from others (module doc). Every other algorithm and dim kind is
-    rotation-symmetric: the ring and direct algorithms send to the peers d ahead for the same d
-    on every NPU, and on a Switch or a FullyConnected dim each message crosses links that only
-    its sender (up, peer link) or its receiver (down) uses.
-    """
-    return tuple(
-        d
-        for d, dim in enumerate(topology.dims)
-        if dim.kind == "Ring" and dim.algorithm == "halving_doubling" and dim.npus > 2
-    )
 
 
 def every_npu(topology: Topology, config: RunConfig) -> bool:
@@ -137,6 +121,12 @@ def npu_route(topology: Topology, rank: int, dim_index: int, peer: int) -> tuple
     return ((rank, dim_index, peer),)
 
 
+def stage_key(run: StageRun) -> tuple[int, int, int]:
+    """A stage's name on every NPU: (collective, chunk, stage index)."""
+    s = run.stage
+    return (s.coll, s.chunk, s.index)
+
+
 @dataclass(eq=False)
 class _Flow:
     """A running stage on one NPU: its steps, the step it is in, the receipts it still waits for."""
@@ -201,6 +191,12 @@ class Astra2World:
         self.met: list[Any] = []
         self.slots: list[Any] = [None] * self.n
         self.hub: greenlet.greenlet | None = None
+        # per NPU: every stage's start (by its key) and the stage ends in the order it took them
+        self.starts: list[dict[tuple[int, int, int], float]] = [{} for _ in range(self.n)]
+        self.order: list[list[list[tuple[int, int, int]]]] = [
+            [[] for _ in topology.dims] for _ in range(self.n)
+        ]
+        self.ends: list[list[tuple[float, tuple[tuple[int, int, int], ...]]]] = [[] for _ in range(self.n)]
 
     # --- the links --------------------------------------------------------------------------------
 
@@ -211,6 +207,8 @@ class Astra2World:
     def start(self, rank: int, run: StageRun) -> None:
         """A stage starts on NPU `rank` now: its first messages leave after one endpoint delay."""
         s = run.stage
+        self.starts[rank][stage_key(run)] = run.start_ns
+        self.order[rank][s.dim].append(stage_key(run))
         dim = self.topology.dims[s.dim]
         c = (rank // self.strides[s.dim]) % dim.npus
         cost = self.cost(s.itemsize)
@@ -227,7 +225,7 @@ class Astra2World:
             (tuple(base + q * stride for q in sends), tuple(base + q * stride for q in recvs))
             for _, sends, recvs, _ in steps
         )
-        flow = _Flow(rank, run, (s.coll, s.chunk, s.index), steps, peers)
+        flow = _Flow(rank, run, stage_key(run), steps, peers)
         self._schedule(run.start_ns + cost.endpoint_delay_ns, self._send, flow)
 
     def _send(self, flow: _Flow) -> None:
@@ -300,6 +298,14 @@ class Astra2World:
         if npu.waiting:
             npu.waiting = False
             self.ready.append(rank)
+
+    def same_start_orders(self) -> bool:
+        """Whether every NPU started each dim's stages in the same order (the emulator's tags need it)."""
+        return all(order == self.order[0] for order in self.order)
+
+    def replay(self, rank: int) -> Replay:
+        """NPU `rank`'s stage ends of the run, for an engine that takes the same decisions."""
+        return Replay(rank, self.starts[rank], self.ends[rank])
 
     # --- the NPUs ---------------------------------------------------------------------------------
 
@@ -435,5 +441,50 @@ class Astra2Transport:
             self.world.wait(self.rank, horizon_ns)
         if npu.ended:
             ended, npu.ended = npu.ended, []
+            self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
             return self.world.now_ns, ended
+        return horizon_ns, []
+
+
+class Replay:
+    """One NPU's stage ends from `Astra2World`, handed to an engine that takes the same decisions.
+
+    It has a network's interface (`start`, `next`): the MPI transport uses it in place of the
+    links and moves the data meanwhile. An engine is deterministic: given the same stage ends at
+    the same times it starts the same stages at the same times, so the rank's engine walks the
+    same path as the NPU's did in the world, and the ends come back in the order and batches the
+    NPU took them. A start that differs is a bug, and raised.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        starts: dict[tuple[int, int, int], float],
+        ends: list[tuple[float, tuple[tuple[int, int, int], ...]]],
+    ):
+        self.rank, self.starts, self.ends = rank, starts, ends
+        self._i = 0
+        self._started: dict[tuple[int, int, int], StageRun] = {}
+
+    def start(self, run: StageRun) -> None:
+        """The stage starts; it must be the world's, at the world's time."""
+        key = stage_key(run)
+        if self.starts.get(key) != run.start_ns:
+            raise RuntimeError(
+                f"NPU {self.rank} started stage {key} at {run.start_ns} ns, "
+                f"in the run of every NPU at {self.starts.get(key)}"
+            )
+        self._started[key] = run
+
+    def next(self, horizon_ns: float) -> tuple[float, list]:
+        """The next batch of ends at or before the horizon, or ``(horizon, [])``."""
+        if self._i < len(self.ends):
+            t_ns, keys = self.ends[self._i]
+            if t_ns <= horizon_ns:
+                if any(k not in self._started for k in keys):
+                    raise RuntimeError(
+                        f"NPU {self.rank} ends stages {keys} at {t_ns} ns that it did not start"
+                    )
+                self._i += 1
+                return t_ns, [self._started.pop(k) for k in keys]
         return horizon_ns, []
