@@ -185,6 +185,7 @@ class Astra2World:
         self._arrived: dict[tuple, int] = defaultdict(int)  # messages in before their receive
         self._posted: dict[tuple, deque[_Flow]] = defaultdict(deque)  # receives before their message
         self._plans: dict[tuple, tuple[NpuStep, ...]] = {}
+        self.arrival_ns: dict[tuple, float] = {}  # when the last message under each key arrived
         self.npus = [_Npu() for _ in range(self.n)]
         self.ready: deque[int] = deque()
         self.arrived: list[int] = []  # NPUs at the current meeting
@@ -234,8 +235,7 @@ class Astra2World:
         send_ranks, recv_ranks = flow.peers[flow.k]
         s = flow.run.stage
         for q, dst in zip(sends, send_ranks):
-            route = npu_route(self.topology, flow.rank, s.dim, q)
-            self._enter(_Message(route, 0, nbytes, (dst, flow.rank, flow.key, flow.k)))
+            self.message(flow.rank, s.dim, q, nbytes, (dst, flow.rank, flow.key, flow.k))
         flow.pending = len(recv_ranks)
         for src in recv_ranks:
             key = (flow.rank, src, flow.key, flow.k)
@@ -244,6 +244,21 @@ class Astra2World:
                 self._schedule(self.now_ns, self._received, flow)  # (`sim_recv`: a 0 ns event)
             else:
                 self._posted[key].append(flow)
+
+    def message(self, rank: int, dim: int, peer: int, nbytes: int, key: tuple) -> None:
+        """Send a message now from NPU `rank` to the NPU at coordinate `peer` of a dim.
+
+        `key` is what the receive matches, ``(receiver, sender, ...)``; its arrival time is kept
+        in `arrival_ns` (the last one under that key).
+        """
+        self._enter(_Message(npu_route(self.topology, rank, dim, peer), 0, nbytes, key))
+
+    def drain(self) -> None:
+        """Run every queued event in time order: the links alone, with no NPU's engine (tools, tests)."""
+        while self._events:
+            t, _, fn, arg = heapq.heappop(self._events)
+            self.now_ns = t
+            fn(arg)
 
     def _enter(self, msg: _Message) -> None:
         link = msg.route[msg.hop]
@@ -271,6 +286,7 @@ class Astra2World:
         if msg.hop < len(msg.route):  # store and forward: on to the next link
             self._enter(msg)
             return
+        self.arrival_ns[msg.key] = self.now_ns
         posted = self._posted.get(msg.key)
         if posted:
             flow = posted.popleft()
