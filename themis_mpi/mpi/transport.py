@@ -27,7 +27,10 @@ Waiting never spins: the rank yields or sleeps, backing off, between tests (`pro
 Under a sharing rule (``--network fair`` or ``store-forward``) the links' time is not a sum of
 step costs: each rank runs the same one-NPU `network.Network` as the model (collectives are
 symmetric, so every rank's links carry the same load), the steps only move and check the data,
-and a stage ends at the network's time once its data is all there.
+and a stage ends at the network's time once its data is all there. Where one NPU's view is not
+exact (ASTRA-sim 2.x's congestion-aware links with halving-doubling on a Ring), the driver puts
+in its place this rank's stage ends from a run of every NPU (`npunet.Replay`, set by
+`run.collective.run_collective`).
 """
 
 from __future__ import annotations
