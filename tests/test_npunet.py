@@ -6,6 +6,7 @@ network it must equal where collectives are symmetric, and what it refuses.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 from harness import DATA, run_cases
@@ -19,7 +20,7 @@ from themis_mpi.model import ModelTransport
 from themis_mpi.network import uneven_dims
 from themis_mpi.npunet import Astra2World, every_npu, npu_route
 from themis_mpi.policies.base import fixed_schedule
-from themis_mpi.run.collective import model_collective
+from themis_mpi.run.collective import model_collective, run_collective
 from themis_mpi.topology import from_link_bandwidths, parse_topology
 
 NETWORKS = DATA / "astra-sim-reference-2" / "network"
@@ -139,8 +140,23 @@ def test_runs_that_are_not_a_single_collective_are_refused_on_an_uneven_dim():
         engine.run()
 
 
-def test_emulator_equals_model_on_uneven_links_on_8_ranks(tmp_path):
-    """Ring8 halving-doubling under 2.x store-forward: emulator == model exactly, active 2 and 4, #wrong 0."""
+MULTI = "Ring(4,100,500,hd)_SW(2,50,500,ring)"
+
+
+def test_npus_may_start_a_dims_stages_in_different_orders_and_share_their_numbers():
+    """Ring4 halving-doubling x SW2, themis/scf, 2 active: an NPU starts a dim's stages in another order; numbers agree."""
+    topo, cfg = parse_topology(MULTI), replace(config(2), intra="scf")
+    coll = Collective("all_reduce", (1 << 20) // 4, "float32", 8, (0, 1))
+    world = Astra2World(topo, cfg)
+    world.run(lambda npu: run_collective(npu, coll, "themis", check=False))
+    assert any(order != world.order[0] for order in world.order)
+    numbers = [world.replay(rank).numbers for rank in range(topo.npus)]
+    assert all(n == numbers[0] for n in numbers)
+
+
+@pytest.mark.parametrize("topology", ["Ring(8,100,500,hd)", MULTI])
+def test_emulator_equals_model_on_uneven_links_on_8_ranks(tmp_path, topology):
+    """Ring halving-doubling under 2.x store-forward: emulator == model exactly, active 2 and 4, #wrong 0."""
     base = {"dtype": "float32", "endpoint_delay_ns": 10.0, "compat": ASTRA_SIM_2, "network": "store-forward"}
     cases = [
         {
@@ -171,7 +187,7 @@ def test_emulator_equals_model_on_uneven_links_on_8_ranks(tmp_path):
             "active": 2,
         },
     ]
-    rows = run_cases(8, {"topology": "Ring(8,100,500,hd)", "cases": cases}, tmp_path)
+    rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
     assert len(rows) == len(cases)
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]

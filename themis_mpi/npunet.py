@@ -315,13 +315,13 @@ class Astra2World:
             npu.waiting = False
             self.ready.append(rank)
 
-    def same_start_orders(self) -> bool:
-        """Whether every NPU started each dim's stages in the same order (the emulator's tags need it)."""
-        return all(order == self.order[0] for order in self.order)
-
     def replay(self, rank: int) -> Replay:
-        """NPU `rank`'s stage ends of the run, for an engine that takes the same decisions."""
-        return Replay(rank, self.starts[rank], self.ends[rank])
+        """NPU `rank`'s stage ends of the run, for an engine that takes the same decisions.
+
+        With them go the stages' numbers on their dim, the same on every NPU (`Replay.number`).
+        """
+        numbers = {key: i for keys in self.order[rank] for i, key in enumerate(sorted(keys))}
+        return Replay(rank, self.starts[rank], self.ends[rank], numbers)
 
     # --- the NPUs ---------------------------------------------------------------------------------
 
@@ -470,6 +470,10 @@ class Replay:
     the same times it starts the same stages at the same times, so the rank's engine walks the
     same path as the NPU's did in the world, and the ends come back in the order and batches the
     NPU took them. A start that differs is a bug, and raised.
+
+    NPUs may start a dim's stages in different orders here (ASTRA-sim's NPUs do: a stage ends
+    at different times on different NPUs), so a stage's start number on its dim is not the same
+    on every NPU; `number` is (the stage's place among the dim's stages in sorted order).
     """
 
     def __init__(
@@ -477,8 +481,9 @@ class Replay:
         rank: int,
         starts: dict[tuple[int, int, int], float],
         ends: list[tuple[float, tuple[tuple[int, int, int], ...]]],
+        numbers: dict[tuple[int, int, int], int],
     ):
-        self.rank, self.starts, self.ends = rank, starts, ends
+        self.rank, self.starts, self.ends, self.numbers = rank, starts, ends, numbers
         self._i = 0
         self._started: dict[tuple[int, int, int], StageRun] = {}
 
@@ -491,6 +496,10 @@ class Replay:
                 f"in the run of every NPU at {self.starts.get(key)}"
             )
         self._started[key] = run
+
+    def number(self, run: StageRun) -> int:
+        """The stage's number on its dim, the same on every NPU (the emulator tags its messages with it)."""
+        return self.numbers[stage_key(run)]
 
     def next(self, horizon_ns: float) -> tuple[float, list]:
         """The next batch of ends at or before the horizon, or ``(horizon, [])``."""

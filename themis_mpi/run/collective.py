@@ -136,19 +136,13 @@ def _on_every_npu(
     On the model that run is the result (NPU 0's engine, the collective's last end). Under MPI
     every rank runs the same deterministic simulation and its transport takes its own rank's
     stage ends from it (`npunet.Replay`) while the data still moves rank to rank: the rank's
-    engine takes the same decisions as its NPU's did, so emulator == model exactly. Messages
-    match by each dim's start number, so that needs every NPU to start a dim's stages in the
-    same order (refused in one line otherwise, on every rank alike); then None: run it.
+    engine takes the same decisions as its NPU's did, so emulator == model exactly; then None:
+    run it.
     """
     world = Astra2World(transport.topology, transport.config)
     npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False))
     if isinstance(transport, ModelTransport):
         return npus[0]
-    if not world.same_start_orders():
-        raise UsageError(
-            "here NPUs start a dim's stages in different orders under --compat astra-sim-2's "
-            "congestion-aware links, which the emulator's message matching cannot follow; use model"
-        )
     transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
     return None
 
