@@ -185,9 +185,12 @@ class Astra2World:
         self._arrived: dict[tuple, int] = defaultdict(int)  # messages in before their receive
         self._posted: dict[tuple, deque[_Flow]] = defaultdict(deque)  # receives before their message
         self._plans: dict[tuple, tuple[NpuStep, ...]] = {}
+        self._routes: dict[tuple[int, int, int], tuple[Link, ...]] = {}
+        self._links = [(dim.latency_ns, link_bytes_per_ns(dim)) for dim in topology.dims]  # per dim
         self.arrival_ns: dict[tuple, float] = {}  # when the last message under each key arrived
         self.npus = [_Npu() for _ in range(self.n)]
         self.ready: deque[int] = deque()
+        self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
         self.arrived: list[int] = []  # NPUs at the current meeting
         self.met: list[Any] = []
         self.slots: list[Any] = [None] * self.n
@@ -251,7 +254,10 @@ class Astra2World:
         `key` is what the receive matches, ``(receiver, sender, ...)``; its arrival time is kept
         in `arrival_ns` (the last one under that key).
         """
-        self._enter(_Message(npu_route(self.topology, rank, dim, peer), 0, nbytes, key))
+        route = self._routes.get((rank, dim, peer))
+        if route is None:
+            route = self._routes[(rank, dim, peer)] = npu_route(self.topology, rank, dim, peer)
+        self._enter(_Message(route, 0, nbytes, key))
 
     def drain(self) -> None:
         """Run every queued event in time order: the links alone, with no NPU's engine (tools, tests)."""
@@ -270,9 +276,9 @@ class Astra2World:
     def _transmit(self, link: Link, msg: _Message) -> None:
         """The link takes the message: free after its serialization, there after latency + serialization."""
         self._busy.add(link)
-        dim = self.topology.dims[link[1]]
-        serial = msg.nbytes / link_bytes_per_ns(dim)
-        self._schedule(self.now_ns + math.floor(dim.latency_ns + serial), self._arrive, msg)
+        latency_ns, rate = self._links[link[1]]
+        serial = msg.nbytes / rate
+        self._schedule(self.now_ns + math.floor(latency_ns + serial), self._arrive, msg)
         self._schedule(self.now_ns + math.floor(serial), self._free, link)
 
     def _free(self, link: Link) -> None:
@@ -313,6 +319,7 @@ class Astra2World:
         npu.ended.append(run)
         if npu.waiting:
             npu.waiting = False
+            self._timed.pop(rank, None)
             self.ready.append(rank)
 
     def replay(self, rank: int) -> Replay:
@@ -329,6 +336,8 @@ class Astra2World:
         """NPU `rank` waits until a stage of its ends or the queue reaches the horizon."""
         npu = self.npus[rank]
         npu.waiting, npu.horizon_ns = True, horizon_ns
+        if horizon_ns < math.inf:
+            self._timed[rank] = horizon_ns
         self._yield()
 
     def gather(self, rank: int, value: Any, what: str) -> list[Any]:
@@ -373,17 +382,17 @@ class Astra2World:
                 if self.ready:
                     npus[self.ready.popleft()].switch()
                     continue
-                horizon = min((n.horizon_ns for n in self.npus if n.waiting), default=math.inf)
+                horizon = min(self._timed.values(), default=math.inf)
                 if events and events[0][0] <= horizon:
                     t, _, fn, arg = heapq.heappop(events)
                     self.now_ns = t
                     fn(arg)
                 elif horizon < math.inf:
                     self.now_ns = horizon
-                    for rank, n in enumerate(self.npus):
-                        if n.waiting and n.horizon_ns == horizon:
-                            n.waiting = False
-                            self.ready.append(rank)
+                    for rank in sorted(r for r, h in self._timed.items() if h == horizon):
+                        del self._timed[rank]
+                        self.npus[rank].waiting = False
+                        self.ready.append(rank)
                 else:
                     break
         finally:
