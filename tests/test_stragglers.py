@@ -12,12 +12,13 @@ from harness import DATA, cli, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
+from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npus import NpuWorld, stage_times
+from themis_mpi.npus import NpuVectors, NpuWorld
 from themis_mpi.run.collective import model_collective, run_collective, symmetric_run
 from themis_mpi.run.coordinator import share_schedules
-from themis_mpi.run.training import model_training
+from themis_mpi.run.training import model_training, run_training
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
 from themis_mpi.workloads.training import TrainingSpec
@@ -135,7 +136,7 @@ def every_npu(topo, coll, policy, config):
 def test_the_vectorised_model_equals_running_every_npu(
     topo_spec, policy, intra, op, count, chunks, late, links
 ):
-    """`model` times stragglers for all NPUs at once (`npus.stage_times`); it must equal running every NPU exactly."""
+    """`model` times stragglers for all NPUs at once (`npus.NpuVectors`); it must equal running every NPU exactly."""
     topo = parse_topology(topo_spec)
     coll = collective(topo, op=op, count=count, chunks=chunks)
     config = RunConfig(intra=intra, npu_delay_ns=late, link_scale=links)
@@ -144,10 +145,15 @@ def test_the_vectorised_model_equals_running_every_npu(
     assert fast.time_us == plain.time_us
     assert [d.busy_us for d in fast.dims] == [d.busy_us for d in plain.dims]
     (schedule,), _ = share_schedules(ModelTransport(topo, config), policy, [coll])
-    ends = stage_times(topo, config, *symmetric_run(topo, config, coll, schedule))
-    assert np.max(np.stack(list(ends.values())), axis=0).tolist() == per_npu_end_ns(
-        topo, coll, policy, config
-    )
+    even, _ = symmetric_run(topo, config, coll, schedule)
+    vectors = NpuVectors(topo, config)
+    engine = Engine(topo, vectors, config)
+    engine.agree(even.start_order())
+    engine.now_ns = vectors.issue_ns
+    engine.issue(coll, schedule, False)
+    engine.run()
+    ends = np.max(np.stack([r.end_ns for r in engine.records]), axis=0)
+    assert ends.tolist() == per_npu_end_ns(topo, coll, policy, config)
 
 
 @pytest.mark.parametrize(
@@ -234,6 +240,50 @@ def train(workload, topo_spec, policy="themis", config=None, **spec):
         TrainingSpec(**spec),
         config or RunConfig(),
     )
+
+
+def train_every_npu(workload, topo_spec, policy="themis", config=None, **spec):
+    """The plain per-NPU path of `train`: every NPU's driver and engine (`NpuWorld`), NPU 0's row."""
+    spec.setdefault("chunks", 4)
+    wl, topo, config = parse_workload(str(TEXT / workload)), parse_topology(topo_spec), config or RunConfig()
+    return NpuWorld(topo, config).run(lambda npu: run_training(npu, wl, policy, TrainingSpec(**spec)))[0]
+
+
+@pytest.mark.parametrize(
+    "workload,topo_spec,config,spec",
+    [
+        ("Resnet50_DataParallel.txt", "2x2x2", dict(npu_delay_ns=((3, 5_000.0),)), {}),
+        ("Resnet50_DataParallel.txt", "4x2", dict(comm_scheduler="p3", intra="scf"), dict(npu_compute_scale=((5, 1.5),), chunks=8)),
+        ("Transformer_HybridParallel.txt", "2x2x2", dict(link_scale=((0, 1, 0.5),)), dict(compute_jitter=0.1)),
+        ("DLRM_HybridParallel.txt", "Ring(4,100,500)_FC(4,50,300)", dict(npu_delay_ns=((3, 2_000.0),)), dict(npu_compute_scale=((2, 1.3),))),
+        ("sample_per_layer_parallel_HybridCustomized.txt", "Ring(4,100,500)_FC(4,50,300)",
+         dict(npu_delay_ns=((3, 2_000.0),), link_scale=((0, 1, 0.5),)), dict(npu_compute_scale=((2, 1.3),), compute_jitter=0.1)),
+        ("MLP_HybridParallel_Model_Data.txt", "2x4", dict(comm_scheduler="tictac"), dict(npu_compute_scale=((7, 2.0),), iterations=2)),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("policy", ["baseline", "themis"])
+def test_training_on_every_npu_at_once_equals_running_every_npu(workload, topo_spec, config, spec, policy):
+    """`model` trains stragglers with vector times (`npus.NpuVectors`); every field equals running every NPU's engine."""
+    fast = train(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
+    plain = train_every_npu(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
+    assert fast.pop("transport") == "model" and plain.pop("transport") == "npus"
+    for key in ("wall_s", "decision_s"):
+        fast.pop(key), plain.pop(key)
+    assert fast == plain
+
+
+def test_a_late_npu_ends_a_one_layer_training_update_included_that_much_later(tmp_path):
+    """One layer, one ring all-reduce, then an update: NPU 2 late by d ends the run exactly d later."""
+    path = tmp_path / "one.txt"
+    path.write_text("DATA\n1\nfc -1 1000 NONE 0 0 NONE 0 2000 ALLREDUCE 1048576 30000\n")
+    wl, topo = parse_workload(str(path)), parse_topology(RING)
+    for iterations in (1, 2):
+        spec = TrainingSpec(chunks=2, iterations=iterations)
+        on_time = model_training(wl, topo, "baseline", spec, RunConfig())
+        late = model_training(wl, topo, "baseline", spec, RunConfig(npu_delay_ns=((2, 7_000.0),)))
+        ring_us = on_time.dims[0].busy_us / iterations
+        assert on_time.total_us == pytest.approx(iterations * (1.0 + 2.0 + ring_us + 30.0), rel=1e-12)
+        assert late.total_us == pytest.approx(on_time.total_us + 7.0, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -380,7 +430,7 @@ def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monke
     """Times follow from the data alone: running the NPUs in a random order gives the same iteration."""
     settings = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4, chunks=8)
     config = RunConfig(npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
-    in_order = train("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
+    in_order = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
     init = NpuWorld.__init__
 
     def any_order(self, *args, **kwargs):
@@ -388,7 +438,7 @@ def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monke
         self.ready = _AnyOrder(seed)
 
     monkeypatch.setattr(NpuWorld, "__init__", any_order)
-    shuffled = train("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
+    shuffled = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
     assert shuffled.iteration_us == in_order.iteration_us
     assert [d.busy_us for d in shuffled.dims] == [d.busy_us for d in in_order.dims]
 

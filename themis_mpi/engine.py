@@ -33,6 +33,7 @@ and ``yield engine.issue(collective, schedule)`` to wait for a collective (or ke
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import heapq
 import math
@@ -65,6 +66,18 @@ from .topology import Topology
 from .watchdog import watch
 
 # --- clocks ------------------------------------------------------------------------------------
+
+
+def later(a: Any, b: Any) -> Any:
+    """The later of two times; elementwise for times that hold one value per NPU (`npus.NpuVectors`)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a >= b else b
+
+
+def order_key(t_ns: Any) -> float:
+    """A time's place in the timer queue: itself, or the earliest NPU's for a per-NPU vector."""
+    return float(t_ns.min()) if isinstance(t_ns, np.ndarray) else t_ns
 
 
 class VirtualClock:
@@ -174,7 +187,7 @@ class Process(Event):
         value = None if event is None else event.value
         engine = self._engine if self._engine is not None and self._engine.agreed is not None else None
         if engine is not None and event is not None:
-            engine.now_ns = self._now_ns = max(self._now_ns, event.time_ns)
+            engine.now_ns = self._now_ns = later(self._now_ns, event.time_ns)
         while True:  # a loop, not recursion: chains of triggered events can be long
             try:
                 target = self._generator.send(value)
@@ -187,7 +200,7 @@ class Process(Event):
                 target.add_callback(self._resume)
                 return
             if engine is not None:
-                engine.now_ns = self._now_ns = max(engine.now_ns, target.time_ns)
+                engine.now_ns = self._now_ns = later(engine.now_ns, target.time_ns)
             value = target.value
 
 
@@ -399,11 +412,11 @@ class Engine:
         self._fifo = self.intra_policy("fifo")
         self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
         self.started = [0] * n
-        self.now_ns = 0.0
+        self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `npus.NpuVectors`
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
         self.messages: list[MessageRun] = []
-        self._timers: list[tuple[float, int, Event]] = []
+        self._timers: list[tuple[float, int, Event, Any]] = []  # (order key, seq, event, time)
         self._timer_seq = 0
         self._running = 0
         self._claimed: list[StageRun] = []  # started, not yet handed to the transport
@@ -413,6 +426,7 @@ class Engine:
         # per dim, the (collective, chunk, stage index) every NPU starts there, in that order (`agree`)
         self.agreed: list[list[tuple[int, int, int]]] | None = None
         self.dim_free_ns = [0.0] * n  # under an agreed order: when each dim's last stage ended
+        self.last_timer_ns: Any = -math.inf  # under an agreed order: the latest timer that fired
 
     # --- the process API -----------------------------------------------------------------------
 
@@ -499,7 +513,7 @@ class Engine:
     def at(self, t_ns: float) -> Event:
         """An event at virtual time t_ns."""
         event = Event()
-        heapq.heappush(self._timers, (t_ns, self._timer_seq, event))
+        heapq.heappush(self._timers, (order_key(t_ns), self._timer_seq, event, t_ns))
         self._timer_seq += 1
         return event
 
@@ -639,7 +653,8 @@ class Engine:
                 self.started[d] += 1
                 run.start_seq = self._n_started
                 self._n_started += 1
-                run.start_ns = self.now_ns if self.agreed is None else max(run.queued_ns, self.dim_free_ns[d])
+                agreed = self.agreed is not None
+                run.start_ns = later(run.queued_ns, self.dim_free_ns[d]) if agreed else self.now_ns
                 run.mem_shared = self.computing > 0
                 self._running += 1
                 self._claimed.append(run)
@@ -687,7 +702,8 @@ class Engine:
 
     def _collective_done(self, coll: CollectiveRun) -> None:
         if self.agreed is not None:  # completions come as known, not in time order: resume at the end
-            self.now_ns = max((r.end_ns for r in coll.runs), default=self.now_ns)
+            if coll.runs:
+                self.now_ns = functools.reduce(later, [r.end_ns for r in coll.runs])
         coll.end_ns = self.now_ns
         self._in_flight -= 1
         self.transport.close(coll)
@@ -754,5 +770,7 @@ class Engine:
                 self._claim_free(sorted(dims))
                 continue
             while self._timers and self._timers[0][0] <= t_ns:
-                t_event, _, event = heapq.heappop(self._timers)
+                _, _, event, t_event = heapq.heappop(self._timers)
+                if self.agreed is not None:  # events come as known: remember the latest
+                    self.last_timer_ns = later(self.last_timer_ns, t_event)
                 event.succeed(None, t_event)

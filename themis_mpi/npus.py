@@ -15,7 +15,6 @@ decided by wall time, so a run is deterministic.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from .engine import CollectiveRun, Engine, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .model import ModelTransport
 from .network import IDEAL
+from .policies import default_scheduler, make_scheduler
 from .topology import Topology
 
 T = TypeVar("T")
@@ -342,88 +342,143 @@ class NpuTransport:
                 self.world.block(self.rank, seen, self._waiting_for)
 
 
-def stage_times(
-    topology: Topology, config: RunConfig, even: Engine, coll: CollectiveRun
-) -> dict[tuple[int, int, int], np.ndarray]:
-    """Every NPU's end of every stage of one collective, vectorised over NPUs (`TimedTransport`).
+def vectorisable(config: RunConfig) -> bool:
+    """Whether `NpuVectors` can time a run: not while the order of events matters.
 
-    `even` ran the same collective (`coll`) on the one-NPU model with every NPU alike: its start
-    order is the agreed order of each dim, and a topological order of the stages (a stage starts
-    after the previous stage of its chunk and of its dim). The rules are `NpuTransport`'s, step by
-    step for all NPUs at once, with NPUs grouped by coordinate and region; the two agree exactly
-    (a test). Keys are ``(collective, chunk, stage index)``; values hold one end per rank.
+    A gated communication scheduler starts a stage by what runs at that instant, and compute
+    that shares the memory (`cost.Endpoint`) slows by what overlaps it; both need `NpuWorld`.
     """
-    n, topo = topology.npus, topology
-    ranks = np.arange(n)
-    strides = [int(np.prod(topo.shape[:d], dtype=np.int64)) for d in range(len(topo.dims))]
-    cost = CostModels(topo, config.endpoint_delay_ns, config.compat, config.endpoint)
-    links = LinkScales(cost, config.link_scale)
-    factors = [np.ones(n) for _ in topo.dims]
-    for d, rank, f in config.link_scale:
-        factors[d][rank] = f
-    issue = np.zeros(n)
-    for rank, delay_ns in config.npu_delay_ns:
-        issue[rank] = delay_ns
-    collective, itemsize = coll.collective, coll.collective.itemsize
-    bounds = coll.bounds.tolist()
-    coords = [(ranks // strides[d]) % dim.npus for d, dim in enumerate(topo.dims)]
-    stacks: dict[int, list[list[tuple[int, int]]]] = {}  # per chunk, each NPU's region stack
-    for k in range(len(bounds) - 1):
-        stacks[k] = []
-        for r in range(n):
-            stack = [(bounds[k], bounds[k + 1])]
-            if collective.op == "all_gather":
-                for d in rs_dims(topo, collective, coll.orders[k]):
-                    stack.append(owned_region(topo.dims[d].npus, int(coords[d][r]), *stack[-1]))
-            stacks[k].append(stack)
-    ready = {k: issue for k in stacks}
-    free = [np.zeros(n) for _ in topo.dims]
-    plans: dict[tuple, list] = {}
-    ends: dict[tuple[int, int, int], np.ndarray] = {}
-    for run in sorted(even.records, key=lambda r: r.start_seq):
-        s = run.stage
-        d, dim, stride = s.dim, topo.dims[s.dim], strides[s.dim]
-        groups: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for r, stack in enumerate(stacks[s.chunk]):
-            if s.op == AG:
-                stack.pop()
-            lo, hi = stack[-1]
-            c = int(coords[d][r])
-            groups[(c, hi - lo)].append(r)
-            if s.op == RS:
-                own = owned_region(dim.npus, c, 0, hi - lo)
-                stack.append((lo + own[0], lo + own[1]))
-        costs = cost(itemsize).run_steps_ns(run)
+    return not make_scheduler(default_scheduler(config)).gated and not config.endpoint.on
+
+
+class NpuVectors(ModelTransport):
+    """Every NPU at once: the engine runs one time per NPU in numpy vectors, under an agreed order.
+
+    Under an agreed order (`engine.Engine.agree`) the engine is a dataflow: a stage starts at
+    the later of its chunk's and its dim's previous ends, a process resumes at the later of its
+    clock and its event's, so each time is a max and sum of others and the same program runs on
+    every NPU. Run once with vectors for times (`engine.later`), it times all NPUs together; a
+    stage's step ends come from every NPU's start by `NpuTransport`'s rules, step by step for all
+    NPUs at once, NPUs grouped by coordinate and region. It equals `NpuWorld` exactly (a test);
+    `npu0` then leaves rank 0's view, as the emulator's rank 0 reports it.
+
+    Args:
+        topology: the network.
+        config: the run settings (ideal network, virtual clock).
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig):
+        super().__init__(topology, config)
+        topo, self.n = topology, topology.npus
+        ranks = np.arange(self.n)
+        self.strides = [int(np.prod(topo.shape[:d], dtype=np.int64)) for d in range(len(topo.dims))]
+        self.coords = [(ranks // self.strides[d]) % dim.npus for d, dim in enumerate(topo.dims)]
+        self.links = LinkScales(self.cost, config.link_scale)
+        self.factors = [np.ones(self.n) for _ in topo.dims]
+        for d, rank, f in config.link_scale:
+            self.factors[d][rank] = f
+        self.issue_ns = np.zeros(self.n)  # when each NPU starts its work (a late NPU later)
+        for rank, delay_ns in config.npu_delay_ns:
+            self.issue_ns[rank] = delay_ns
+        self._regions: dict[int, list[list[tuple[np.ndarray, np.ndarray]]]] = {}
+        self._colls: dict[int, CollectiveRun] = {}
+        self._plans: dict[tuple, list] = {}
+        self._done: deque[tuple[np.ndarray, StageRun]] = deque()
+
+    def _owned(self, d: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every NPU's `collectives.owned_region` of its [lo, hi) on dim d."""
+        p, c = self.topology.dims[d].npus, self.coords[d]
+        q, r = np.divmod(hi - lo, p)
+        return lo + c * q + np.minimum(c, r), lo + (c + 1) * q + np.minimum(c + 1, r)
+
+    def open(self, run: CollectiveRun) -> None:
+        """Each chunk's region stack on every NPU, as `NpuTransport.open` keeps it on one."""
+        coll, bounds = run.collective, run.bounds.tolist()
+        regions = []
+        for k in range(len(bounds) - 1):
+            stack = [(np.full(self.n, bounds[k]), np.full(self.n, bounds[k + 1]))]
+            if coll.op == "all_gather":
+                for d in rs_dims(self.topology, coll, run.orders[k]):
+                    stack.append(self._owned(d, *stack[-1]))
+            regions.append(stack)
+        self._regions[run.coll_id] = regions
+        self._colls[run.coll_id] = run
+
+    def close(self, run: CollectiveRun) -> None:
+        """No data to check."""
+        del self._regions[run.coll_id], self._colls[run.coll_id]
+
+    def start(self, run: StageRun) -> None:
+        """Every NPU's end of the stage, from every NPU's start (`run.start_ns`)."""
+        if isinstance(run, MessageRun):
+            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
+        s, topo, n = run.stage, self.topology, self.n
+        coll = self._colls[s.coll].collective
+        d, dim, stride = s.dim, topo.dims[s.dim], self.strides[s.dim]
+        stack = self._regions[s.coll][s.chunk]
+        if s.op == AG:
+            stack.pop()
+        lo, hi = stack[-1]
+        size, c = hi - lo, self.coords[d]
+        if s.op == RS:
+            stack.append(self._owned(d, lo, hi))
+        keys, group = np.unique(c * (int(size.max()) + 1) + size, return_inverse=True)
         shapes = []
-        for (c, m), members in groups.items():
-            key = (d, s.op, c, m, collective.dims if s.op == A2A else None)
-            if key not in plans:
+        for g in range(len(keys)):
+            idx = np.flatnonzero(group == g)
+            cg, m = int(c[idx[0]]), int(size[idx[0]])
+            key = (d, s.op, cg, m, coll.dims if s.op == A2A else None)
+            steps = self._plans.get(key)
+            if steps is None:
                 if s.op == A2A:
-                    a2a_stride = topo.group_strides(collective.dims)[d]
-                    plans[key] = plan_all_to_all(
-                        dim.npus, c, a2a_stride, topo.group_npus(collective.dims), 0, m
-                    )
+                    a2a_stride = topo.group_strides(coll.dims)[d]
+                    steps = plan_all_to_all(dim.npus, cg, a2a_stride, topo.group_npus(coll.dims), 0, m)
                 else:
-                    plans[key] = plan(dim.algorithm, s.op, dim.npus, c, 0, m)
-            shapes.append((c, np.array(members), plans[key]))
-        extras = {f: links.factor_extra_ns(run, itemsize, f) for f in np.unique(factors[d]).tolist()}
-        f_d = factors[d]
-        t = np.maximum(ready[s.chunk], free[d])
+                    steps = plan(dim.algorithm, s.op, dim.npus, cg, 0, m)
+                self._plans[key] = steps
+            shapes.append((cg, idx, steps))
+        costs = self.cost(coll.itemsize).run_steps_ns(run)
+        f_d = self.factors[d]
+        extras = {f: self.links.factor_extra_ns(run, coll.itemsize, f) for f in np.unique(f_d).tolist()}
+        t: np.ndarray = np.full(n, run.start_ns) if np.isscalar(run.start_ns) else np.asarray(run.start_ns)
         for k, step_ns in enumerate(costs):
             nxt = np.empty(n)
-            for c, idx, steps in shapes:
+            for cg, idx, steps in shapes:
                 st, own = steps[k], t[idx]
                 arrival = np.full(len(idx), -math.inf)
                 for p, _, _ in st.recvs:
-                    peer = idx + (p - c) * stride
+                    peer = idx + (p - cg) * stride
                     arrival = np.maximum(arrival, t[peer] + _extra(extras, f_d, k, idx, peer))
                 sending = np.full(len(idx), -math.inf)
                 for p, _, _ in st.sends:
-                    sending = np.maximum(sending, _extra(extras, f_d, k, idx, idx + (p - c) * stride))
+                    sending = np.maximum(sending, _extra(extras, f_d, k, idx, idx + (p - cg) * stride))
                 nxt[idx] = np.maximum(np.maximum(own, own + (step_ns + sending)), arrival + step_ns)
             t = nxt
-        ready[s.chunk] = free[d] = ends[(s.coll, s.chunk, s.index)] = t
-    return ends
+        self._done.append((t, run))
+
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
+        """The next stage whose ends are known (all are, once started), or (horizon, [])."""
+        if not self._done:
+            return horizon_ns, []
+        t, run = self._done.popleft()
+        return t, [run]  # type: ignore[return-value]
+
+    @staticmethod
+    def npu0(engine: Engine) -> float:
+        """Leave NPU 0's times in the engine's records and collectives; returns the last NPU's end."""
+        last_ns = float(max(np.max(engine.now_ns), np.max(engine.last_timer_ns)))
+        for r in engine.records:
+            last_ns = max(last_ns, float(np.max(r.end_ns)))
+            r.queued_ns, r.start_ns, r.end_ns = (npu0_ns(r.queued_ns), npu0_ns(r.start_ns), npu0_ns(r.end_ns))
+        for coll in engine.collectives:
+            coll.issued_ns, coll.end_ns = npu0_ns(coll.issued_ns), npu0_ns(coll.end_ns)
+        engine.now_ns = npu0_ns(engine.now_ns)
+        return last_ns
+
+
+def npu0_ns(t_ns: Any) -> float:
+    """NPU 0's value of a time (a scalar stands for every NPU)."""
+    return float(t_ns[0]) if isinstance(t_ns, np.ndarray) else float(t_ns)
 
 
 def _extra(
@@ -434,28 +489,3 @@ def _extra(
         return extras[next(iter(extras))][k]
     f = np.minimum(factors[idx], factors[peer])
     return np.array([extras[x][k] for x in f.tolist()])
-
-
-class TimedTransport(ModelTransport):
-    """NPU 0 of a run whose stage ends are known (`stage_times`): the model's control, those times.
-
-    Args:
-        topology: the network.
-        config: the run settings.
-        ends: per ``(collective, chunk, stage index)``, every NPU's end.
-        issue_ns: when the first NPU issued the collective.
-    """
-
-    def __init__(self, topology: Topology, config: RunConfig, ends: dict, issue_ns: float):
-        super().__init__(topology, config)
-        self.ends = ends
-        self.first_issue_ns = issue_ns
-        self.last_end_ns = max(float(t.max()) for t in ends.values())
-
-    def start(self, run: StageRun) -> None:
-        """The stage ends when `stage_times` says it does on NPU 0."""
-        if isinstance(run, MessageRun):
-            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
-        s = run.stage
-        heapq.heappush(self._heap, (float(self.ends[(s.coll, s.chunk, s.index)][0]), self._seq, run))
-        self._seq += 1

@@ -22,7 +22,7 @@ from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..npunet import Astra2Transport, Astra2World, every_npu
-from ..npus import TimedTransport, stage_times
+from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
 from ..topology import Topology
@@ -89,23 +89,25 @@ def run_collective(
             result, engine = done
             return replace(result, decision_s=decision_s, clock="model"), engine
     if config.asymmetric:  # each dim starts its stages in the order of a run with NPUs alike
-        even, even_run = symmetric_run(transport.topology, config, collective, schedule)
-        if isinstance(transport, ModelTransport):  # no symmetry: every NPU's times, NPU 0's engine
-            topo = transport.topology
-            issue_ns = min(late.values()) if len(late) == topo.npus else 0.0
-            ends = stage_times(topo, config, even, even_run)
-            transport = TimedTransport(topo, config, ends, issue_ns)
+        even, _ = symmetric_run(transport.topology, config, collective, schedule)
+        if isinstance(transport, ModelTransport):  # no symmetry: every NPU at once
+            transport = NpuVectors(transport.topology, config)
     engine = Engine(transport.topology, transport, config)
     if config.asymmetric:
         engine.agree(even.start_order())
 
+    vectors = isinstance(transport, NpuVectors)
+    issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
+
     def begin():
-        engine.now_ns = late.get(transport.rank, 0.0)  # a late NPU starts its work then
+        engine.now_ns = issue_ns  # a late NPU starts its work then
         return engine.issue(collective, schedule, check)
 
     run, wall_s = execute(transport, engine, "the collective", begin)
-    if isinstance(transport, TimedTransport):  # the collective spans every NPU
-        run.issued_ns, run.end_ns = transport.first_issue_ns, transport.last_end_ns
+    if vectors:  # the collective spans every NPU
+        first_ns = float(np.min(run.issued_ns))
+        run.end_ns = NpuVectors.npu0(engine)
+        run.issued_ns = first_ns
     elif config.asymmetric or uneven:  # (a collective of every NPU: the first issue, the last end)
         run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
         run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])

@@ -11,13 +11,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from ..config import RunConfig
 from ..cost import loop_tick_ns
 from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..npus import NpuWorld
+from ..npus import NpuVectors, NpuWorld, npu0_ns, vectorisable
 from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
@@ -100,16 +102,21 @@ def run_training(
     """
     topo, config = transport.topology, transport.config
     uneven = config.asymmetric or spec.heterogeneous  # stragglers
-    if uneven and isinstance(transport, ModelTransport):  # no symmetry: run every NPU
+    if uneven and isinstance(transport, ModelTransport):  # no symmetry: every NPU
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
-        return NpuWorld(topo, config).run(lambda npu: run_training(npu, workload, policy, spec))[0]
+        if not vectorisable(config):
+            return NpuWorld(topo, config).run(lambda npu: run_training(npu, workload, policy, spec))[0]
+        transport = NpuVectors(topo, config)
+    vectors = isinstance(transport, NpuVectors)
     collectives = distinct_collectives(workload, topo, spec)
     oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
     schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
     engine = Engine(topo, transport, config)
     by_collective = dict(zip(collectives, schedules))
     tick_ns = loop_tick_ns(config.compat)
-    loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=transport.rank)
+    loop = TrainingLoop(
+        workload, topo, spec, by_collective, tick_ns, rank=np.arange(topo.npus) if vectors else transport.rank
+    )
     if uneven:
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
         even = config.alike()
@@ -124,14 +131,21 @@ def run_training(
         model.run()
         engine.agree(model.start_order())
 
+    late = dict(config.npu_delay_ns)
+    issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
+
     def begin():
-        engine.now_ns = dict(config.npu_delay_ns).get(transport.rank, 0.0)  # a late NPU starts then
+        engine.now_ns = issue_ns  # a late NPU starts then
         return engine.process(loop.process(engine))
 
     _, wall_s = execute(transport, engine, "training", begin)
     total_ns = engine.now_ns
-    if uneven:  # the run ends with the last NPU (under an agreed order, its latest event)
-        total_ns = max([total_ns] + [r.end_ns for r in engine.records])
+    if vectors:  # the run ends with the last NPU; the rest is NPU 0's, as rank 0 reports it
+        total_ns = NpuVectors.npu0(engine)
+        loop.iteration_starts[-1] = npu0_ns(loop.iteration_starts[-1])
+        loop.compute_ns = npu0_ns(loop.compute_ns)
+    elif uneven:  # the run ends with the last NPU (under an agreed order, its latest event)
+        total_ns = max([total_ns, engine.last_timer_ns] + [r.end_ns for r in engine.records])
         total_ns = float(transport.reduce([total_ns], "max", "the training's last end")[0])
     return _training_result(
         transport,

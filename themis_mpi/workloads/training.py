@@ -55,7 +55,7 @@ average memory bytes per ns (`cost.CostModel.memory_rate`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -146,18 +146,28 @@ class TrainingSpec:
         """Whether NPUs compute at different paces (the model must then run every NPU)."""
         return bool(self.npu_compute_scale or self.compute_jitter)
 
-    def npu_factor(self, rank: int) -> float:
-        """The factor on one NPU's compute and update times (`npu_compute_scale`)."""
+    def npu_factor(self, rank: int | np.ndarray) -> Any:
+        """The factor on one NPU's compute and update times (`npu_compute_scale`); per NPU for ranks."""
+        if isinstance(rank, np.ndarray):
+            factors = np.ones(len(rank))
+            for r, f in self.npu_compute_scale:
+                factors[r] = f
+            return factors
         return dict(self.npu_compute_scale).get(rank, 1.0)
 
-    def jitter(self, rank: int):
+    def jitter(self, rank: int | np.ndarray):
         """One NPU's jitter factors, one per compute phase in its program order (always 1 without).
 
-        Update times are not jittered: they run in processes of their own, whose order between
-        compute phases depends on when collectives end, and the draws must not.
+        For an array of ranks, each NPU's factors together (`npus.NpuVectors`). Update times are
+        not jittered: they run in processes of their own, whose order between compute phases
+        depends on when collectives end, and the draws must not.
         """
-        rng = np.random.default_rng([self.seed, rank])
         sigma = self.compute_jitter
+        if isinstance(rank, np.ndarray):
+            streams = [self.jitter(int(r)) for r in rank]
+            while True:
+                yield np.array([next(s) for s in streams]) if sigma else 1.0
+        rng = np.random.default_rng([self.seed, rank])
         while True:  # mean 1: exp(N(-sigma^2/2, sigma))
             yield float(rng.lognormal(-sigma * sigma / 2, sigma)) if sigma else 1.0
 
@@ -351,6 +361,8 @@ class TrainingLoop:
         tick_ns: time of one step of the loop (ASTRA-sim: one cycle; 0 by default).
         listener: told what each collective and update is before the engine sees it (the ET
             converter names its nodes so); None by default.
+        rank: whose compute pace and jitter (`TrainingSpec.npu_factor`); every rank's at once
+            for an array of ranks (`npus.NpuVectors`).
     """
 
     def __init__(
@@ -361,7 +373,7 @@ class TrainingLoop:
         schedules: dict[Collective, Schedule],
         tick_ns: float = 0.0,
         listener: TrainingListener | None = None,
-        rank: int = 0,
+        rank: int | np.ndarray = 0,
     ):
         self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
         self.npu_factor = spec.npu_factor(rank)  # a straggler's compute pace
