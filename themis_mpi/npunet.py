@@ -151,12 +151,11 @@ class _Message:
 class _Npu:
     """Where one NPU's greenlet stands: stages ended and not yet taken, and what it waits for."""
 
-    __slots__ = ("ended", "horizon_ns", "waiting")
+    __slots__ = ("ended", "waiting")
 
     def __init__(self) -> None:
         self.ended: list[StageRun] = []
-        self.horizon_ns = math.inf
-        self.waiting = False  # in `wait_next`
+        self.waiting = False  # in `wait_next` (its horizon, when finite, is in `Astra2World._timed`)
 
 
 class Astra2World:
@@ -244,6 +243,8 @@ class Astra2World:
             key = (flow.rank, src, flow.key, flow.k)
             if self._arrived.get(key):
                 self._arrived[key] -= 1
+                if not self._arrived[key]:
+                    del self._arrived[key]
                 self._schedule(self.now_ns, self._received, flow)  # (`sim_recv`: a 0 ns event)
             else:
                 self._posted[key].append(flow)
@@ -335,7 +336,7 @@ class Astra2World:
     def wait(self, rank: int, horizon_ns: float) -> None:
         """NPU `rank` waits until a stage of its ends or the queue reaches the horizon."""
         npu = self.npus[rank]
-        npu.waiting, npu.horizon_ns = True, horizon_ns
+        npu.waiting = True
         if horizon_ns < math.inf:
             self._timed[rank] = horizon_ns
         self._yield()
