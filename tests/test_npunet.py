@@ -9,7 +9,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from harness import DATA, run_cases
+from harness import DATA, ROOT, local, run_cases
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -138,6 +138,23 @@ def test_runs_that_are_not_a_single_collective_are_refused_on_an_uneven_dim():
     with pytest.raises(UsageError, match="runs every NPU"):
         engine.issue(coll, fixed_schedule(coll, [[0]], True, "fifo"))
         engine.run()
+
+
+def test_training_on_an_uneven_dim_is_one_line_and_exit_2():
+    """themis-mpi train on Ring8 halving-doubling under 2.x store-forward exits 2 with one line."""
+    proc = local(
+        [
+            "train",
+            str(ROOT / "traces" / "resnet152.txt"),
+            "-t",
+            "Ring(8,100,500,hd)",
+            "--compat",
+            "astra-sim-2",
+        ]
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "runs every NPU" in proc.stderr
 
 
 MULTI = "Ring(4,100,500,hd)_SW(2,50,500,ring)"
