@@ -2,7 +2,7 @@
 
 The rows come from ASTRA-sim 2.x's own binary with both analytical backends
 (tests/data/astra-sim-reference-2, its README lists the rules found in the source); the other
-tests pin each rule of `cost`, `network.Astra2Network` and `engine` that makes them agree.
+tests pin each rule of `cost`, `network.Astra2Network`, `npunet` and `engine` that makes them agree.
 """
 
 import math
@@ -26,44 +26,13 @@ ROWS = reference_rows_2(str(REF / "runs.csv"))
 GB = 2**30 / 1e9  # bytes per ns of 1 GB/s
 
 
-# Congestion-aware halving-doubling on Ring8 with 2 or 4 active chunks (and more than one chunk in
-# flight at once): the rows the one-NPU network does not reproduce (see `marked`).
-KNOWN_GAP = set(
-    """r00161 r00173 r00176 r00197 r00209 r00212 r00233 r00245 r00248 r00269 r00281 r00284 r00449
-    r00452 r00455 r00461 r00464 r00467 r00485 r00488 r00491 r00497 r00500 r00503 r00521 r00524
-    r00527 r00533 r00536 r00539 r00557 r00560 r00563 r00569 r00572 r00575""".split()
-)
-
-
-def known_gap(row: dict) -> bool:
-    """Whether the row is one of the 36 known gaps (all aware, Ring8, halving-doubling, 2-4 active)."""
-    return row["run_id"] in KNOWN_GAP
-
-
-def marked(row: dict):
-    """The row as a test parameter; a known gap is a strict xfail (it fails the suite if it starts to pass)."""
-    if not known_gap(row):
-        return pytest.param(row, id=row["run_id"])
-    why = (
-        "XOR partners on a Ring are not rotation-symmetric: links carry different loads, which one "
-        "NPU's symmetric network cannot represent"
-    )
-    return pytest.param(row, id=row["run_id"], marks=pytest.mark.xfail(strict=True, reason=why))
-
-
 def test_the_development_set_has_2752_rows():
     """The 2.x development set is complete: 2,592 single all-reduces and 160 in the other sections."""
     assert len(ROWS) == 2752
     assert sum(r["section"] == "1_allreduce_grid" for r in ROWS) == 2592
-    gaps = [r for r in ROWS if known_gap(r)]
-    assert len(gaps) == 36
-    assert {(r["backend"], r["topology"], r["implementation"]) for r in gaps} == {
-        ("congestion_aware", "Ring8", "halvingDoubling")
-    }
-    assert {r["active_chunks_per_dim"] for r in gaps} == {"2", "4"}
 
 
-@pytest.mark.parametrize("row", [marked(r) for r in ROWS])
+@pytest.mark.parametrize("row", [pytest.param(r, id=r["run_id"]) for r in ROWS])
 def test_every_reference_row_is_exact_to_the_ns(row):
     """Finish time and every collective's end (node0_end_ns, node1_end_ns) equal ASTRA-sim 2.x's."""
     got = compare_row_2(row, NETWORKS)

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from .collectives import AR_EVERY_DIM, Collective
 from .config import RunConfig
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, ASTRA_SIM_2
-from .engine import Engine
+from .engine import Engine, Transport
 from .errors import UsageError
 from .model import ModelTransport
 from .network import IDEAL, STORE_FORWARD
+from .npunet import Astra2World, every_npu
 from .policies.base import baseline_order, fixed_schedule
 from .results import astra_busy_pct
 from .run.collective import model_collective
@@ -169,8 +170,13 @@ def topology_of_2(row: dict, network_dir: str) -> Topology:
     return topo.with_overrides(algorithms=[ALGORITHMS_2[row["implementation"]]] * len(topo.dims))
 
 
-def run_row_2(row: dict, network_dir: str) -> Engine:
-    """Model one 2.x row: its collectives on one engine under ``compat="astra-sim-2"``."""
+def run_row_2(row: dict, network_dir: str) -> list[Engine]:
+    """Model one 2.x row: its collectives on one engine under ``compat="astra-sim-2"``.
+
+    Where the congestion-aware backend's links carry uneven loads (`npunet.every_npu`), every
+    NPU runs its engine on its own links and all the engines are returned, by rank; otherwise
+    one NPU stands for all (the one engine).
+    """
     topo = topology_of_2(row, network_dir)
     config = RunConfig(
         active_per_dim=int(row["active_chunks_per_dim"]),
@@ -180,7 +186,6 @@ def run_row_2(row: dict, network_dir: str) -> Engine:
         compat_concurrent=row["binary_variant"] == "hwres_multi_comm",
         compat_fifo=row["scheduling_policy"] == "FIFO",
     )
-    engine = Engine(topo, ModelTransport(topo, config), config)
     dependent = "->" in row["collectives"]
     ops = row["collectives"].replace("->", "+").split("+")
     dims = tuple(range(len(topo.dims)))
@@ -193,21 +198,28 @@ def run_row_2(row: dict, network_dir: str) -> Engine:
         fuse = OPTIMIZATIONS_2[row["collective_optimization"]] if op == "all_reduce" else False
         colls.append((coll, fixed_schedule(coll, [baseline_order(op, len(dims))] * splits, fuse, "fifo")))
 
-    def workload():
-        for coll, schedule in colls:
-            run = engine.issue(coll, schedule)
-            if dependent:
-                yield run
+    def play(transport: Transport) -> Engine:
+        engine = Engine(topo, transport, config)
 
-    engine.process(workload())
-    engine.run()
-    return engine
+        def workload():
+            for coll, schedule in colls:
+                run = engine.issue(coll, schedule)
+                if dependent:
+                    yield run
+
+        engine.process(workload())
+        engine.run()
+        return engine
+
+    if every_npu(topo, config):
+        return Astra2World(topo, config).run(play)
+    return [play(ModelTransport(topo, config))]
 
 
 def compare_row_2(row: dict, network_dir: str) -> dict:
-    """Model one 2.x row; finish and per-collective ends beside ASTRA-sim's, with errors in ns."""
-    engine = run_row_2(row, network_dir)
-    ends = [int(c.end_ns) for c in engine.collectives]
+    """Model one 2.x row; finish and per-collective ends (the last NPU's) beside ASTRA-sim's, errors in ns."""
+    engines = run_row_2(row, network_dir)
+    ends = [max(int(e.collectives[i].end_ns) for e in engines) for i in range(len(engines[0].collectives))]
     ref_ends = [int(row[f"node{i}_end_ns"]) for i in range(len(ends))]
     finish, ref = max(ends), int(row["finish_ns"])
     return {

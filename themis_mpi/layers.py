@@ -59,7 +59,7 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "transports",
         "who moves the data and says when stages end: the model (one NPU, or every NPU), or MPI",
-        ("model", "npus", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
+        ("model", "npus", "npunet", "mpi", "mpi.progress", "mpi.grid", "mpi.transport"),
     ),
     Layer(
         "workloads",

@@ -533,6 +533,25 @@ def astra2_route(dim_index: int, kind: str, npus: int, distance: int) -> tuple[L
     return ((dim_index, f"peer+{distance}"),)
 
 
+def uneven_dims(topology: Topology) -> tuple[int, ...]:
+    """The dims whose links carry uneven loads under 2.x's congestion-aware backend.
+
+    Halving-doubling on a Ring of more than 2 NPUs: its partners are XOR partners (NPU i sends
+    to i + 2^k when bit k of i is 0, else to i - 2^k) and a message goes the shorter way round,
+    ties clockwise, so some NPUs send clockwise and others counter-clockwise (for 2^k = 2 on 8
+    NPUs: 0 and 1 clockwise, 2 and 3 counter-clockwise). Every other algorithm and dim kind is
+    rotation-symmetric: the ring and direct algorithms send to the peers d ahead for the same
+    d on every NPU, and on a Switch or a FullyConnected dim a message crosses links that only
+    its sender (up-link, peer link) or its receiver (down-link) uses. There one NPU's view
+    (`Astra2Network`) is exact; on an uneven dim every NPU runs (`npunet.Astra2World`).
+    """
+    return tuple(
+        d
+        for d, dim in enumerate(topology.dims)
+        if dim.kind == "Ring" and dim.algorithm == "halving_doubling" and dim.npus > 2
+    )
+
+
 def astra2_stage_steps(
     topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int
 ) -> tuple[tuple[int, tuple[tuple[LinkKey, ...], ...], float], ...]:
@@ -686,5 +705,31 @@ def make_network(topology: Topology, rule: str, cost, compat: str = ""):
     if compat == ASTRA_SIM_2:
         if rule != STORE_FORWARD:
             raise UsageError(f"--compat {compat} shares links as store-forward only (or --network ideal)")
+        if uneven_dims(topology):
+            return EveryNpuNeeded(topology)
         return Astra2Network(topology, cost)
     return Network(topology, rule, cost)
+
+
+class EveryNpuNeeded:
+    """2.x's congestion-aware links on an uneven dim (`uneven_dims`), where one NPU's view is not exact.
+
+    A single collective (``model``, ``run``, a policy's model oracle) runs every NPU instead
+    (`npunet.Astra2World`, which replaces this on the transport); anything else is refused here,
+    in one line, when its first stage starts.
+    """
+
+    def __init__(self, topology: Topology):
+        self.dims = uneven_dims(topology)
+
+    def start(self, run) -> None:
+        """Refuse: this run would need every NPU's links, which only single collectives have."""
+        raise UsageError(
+            f"--compat astra-sim-2 --network store-forward with halving-doubling on Ring dim {self.dims[0]} "
+            "runs every NPU, for single collectives (model, run) only; "
+            "use --network ideal or another algorithm"
+        )
+
+    def next(self, horizon_ns: float) -> tuple[float, list]:
+        """Nothing runs here."""
+        return horizon_ns, []

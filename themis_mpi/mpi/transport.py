@@ -27,7 +27,11 @@ Waiting never spins: the rank yields or sleeps, backing off, between tests (`pro
 Under a sharing rule (``--network fair`` or ``store-forward``) the links' time is not a sum of
 step costs: each rank runs the same one-NPU `network.Network` as the model (collectives are
 symmetric, so every rank's links carry the same load), the steps only move and check the data,
-and a stage ends at the network's time once its data is all there.
+and a stage ends at the network's time once its data is all there. Where one NPU's view is not
+exact (ASTRA-sim 2.x's congestion-aware links with halving-doubling on a Ring), the driver puts
+in its place this rank's stage ends from a run of every NPU (`npunet.Replay`, set by
+`run.collective.run_collective`); NPUs may then start a dim's stages in different orders, and
+messages carry the replay's stage numbers, common to all, as their tags.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from ..cost import A2A, AG, RS, CostModels, LinkScales
 from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
 from ..errors import UsageError
 from ..network import IDEAL, make_network
+from ..npunet import Replay
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
@@ -448,7 +453,9 @@ class MpiTransport:
                 ex.attach(np.empty(shape.area_bytes, np.uint8), data.dtype)
         if not shape.pooled:
             ex.attach(self._scratch(shape.area_bytes), data.dtype)
-        ex.run, ex.tag, ex.lo, ex.buf, ex.ufunc = run, run.dim_seq % self.tag_mod, lo, data.buffer, data.ufunc
+        # (a replay's NPUs may start a dim's stages in different orders: its numbers are common)
+        number = self.network.number(run) if isinstance(self.network, Replay) else run.dim_seq
+        ex.run, ex.tag, ex.lo, ex.buf, ex.ufunc = run, number % self.tag_mod, lo, data.buffer, data.ufunc
         ex.k, ex.t_ns, ex.end_ns = 0, run.start_ns, None
         run.wall_start_s = time.perf_counter()
         self._active.append(ex)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
+from ..npunet import Astra2Transport, Astra2World, every_npu
 from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
@@ -80,6 +82,12 @@ def run_collective(
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
+    uneven = every_npu(transport.topology, config)
+    if uneven and not isinstance(transport, Astra2Transport):
+        done = _on_every_npu(transport, collective, policy, schedule)
+        if done is not None:
+            result, engine = done
+            return replace(result, decision_s=decision_s, clock="model"), engine
     if config.asymmetric:  # each dim starts its stages in the order of a run with NPUs alike
         even, _ = symmetric_run(transport.topology, config, collective, schedule)
         if isinstance(transport, ModelTransport):  # no symmetry: every NPU at once
@@ -100,7 +108,7 @@ def run_collective(
         first_ns = float(np.min(run.issued_ns))
         run.end_ns = NpuVectors.npu0(engine)
         run.issued_ns = first_ns
-    elif config.asymmetric:
+    elif config.asymmetric or uneven:  # (a collective of every NPU: the first issue, the last end)
         run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
         run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])
     wall = transport.clock.name == "wall"
@@ -120,6 +128,25 @@ def run_collective(
         network=config.network,
     )
     return result, engine
+
+
+def _on_every_npu(
+    transport: Transport, collective: Collective, policy: PolicyLike, schedule: Schedule
+) -> tuple[CollectiveResult, Engine] | None:
+    """2.x's congestion-aware links on an uneven dim (`npunet`): the collective on every NPU.
+
+    On the model that run is the result (NPU 0's engine, the collective's last end). Under MPI
+    every rank runs the same deterministic simulation and its transport takes its own rank's
+    stage ends from it (`npunet.Replay`) while the data still moves rank to rank: the rank's
+    engine takes the same decisions as its NPU's did, so emulator == model exactly; then None:
+    run it.
+    """
+    world = Astra2World(transport.topology, transport.config)
+    npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False))
+    if isinstance(transport, ModelTransport):
+        return npus[0]
+    transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
+    return None
 
 
 def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:

@@ -20,6 +20,7 @@ from ..collectives import Collective
 from ..config import RunConfig
 from ..engine import Engine, Transport
 from ..model import ModelTransport
+from ..npunet import Astra2World, every_npu
 from ..policies import (
     InterPolicy,
     PolicyContext,
@@ -50,10 +51,17 @@ def model_oracle(topology: Topology, config: RunConfig):
     """The model as an oracle for policies: one collective's time in us under a schedule."""
 
     def evaluate_collective(collective: Collective, schedule: Schedule) -> float:
-        engine = Engine(topology, ModelTransport(topology, config), config)
+        if every_npu(topology, config):  # (2.x's congestion-aware links on an uneven dim: `npunet`)
+            runs = Astra2World(topology, config).run(lambda npu: _issue(npu, collective, schedule))
+            return (max(r.end_ns for r in runs) - min(r.issued_ns for r in runs)) / 1e3
+        run = _issue(ModelTransport(topology, config), collective, schedule)
+        return (run.end_ns - run.issued_ns) / 1e3
+
+    def _issue(transport: Transport, collective: Collective, schedule: Schedule):
+        engine = Engine(topology, transport, config)
         run = engine.issue(collective, schedule)
         engine.run()
-        return (run.end_ns - run.issued_ns) / 1e3
+        return run
 
     return evaluate_collective
 
