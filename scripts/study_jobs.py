@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/study_jobs.py [--out docs/jobs] [--quick] [--chunks 8] [--iterations 4]
+    python scripts/study_jobs.py [--out docs/jobs] [--quick] [--chunks 8] [--iterations 4] [--workers N|mpi]
 
 Topology: the HGX-H100-SW_SW_SW preset (dims 1 and 2 leave each GPU through one NIC), under
 ``--network fair``. Two data-parallel jobs, both on every NPU, in three placements:
@@ -33,6 +33,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
 from themis_mpi.output import write_json, write_text
 from themis_mpi.run.jobs import Job, Placement, check_jobs, run_jobs
+from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
 from themis_mpi.workloads.training import TrainingSpec
@@ -182,6 +183,11 @@ def themis_vs_baseline(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _cell(args: tuple) -> dict:
+    """One cell of the grid (a module-level function, as a process pool needs)."""
+    return cell(*args)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument(
@@ -190,17 +196,19 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="one pair and one ratio (a smoke run)")
     p.add_argument("--chunks", type=int, default=8, help="chunks per collective (default 8)")
     p.add_argument("--iterations", type=int, default=4, help="training iterations (default 4)")
+    p.add_argument("--workers", default="1", help=WORKERS_HELP)
     args = p.parse_args(argv)
     pairs = list(PAIRS)[:1] if args.quick else list(PAIRS)
     ratios = (1.0,) if args.quick else RATIOS
     t0 = time.perf_counter()
-    rows = [
-        cell(pair, placement, ratio, policy, intra, args.chunks, args.iterations)
+    grid = [
+        (pair, placement, ratio, policy, intra, args.chunks, args.iterations)
         for pair in pairs
         for placement in PLACEMENTS
         for ratio in ratios
         for policy, intra in POLICIES
     ]
+    rows = list(ordered_map(_cell, grid, parse_workers(args.workers)))
     elapsed = time.perf_counter() - t0
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "jobs.json"), rows)

@@ -179,9 +179,9 @@ def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tm
 
 
 def test_the_quick_study_rewrites_the_shipped_cells(tmp_path):
-    """scripts/study_jobs.py --quick gives, for its cells, exactly the times shipped in docs/jobs/jobs.json."""
+    """scripts/study_jobs.py --quick on two workers gives, for its cells, exactly the times shipped in docs/jobs/jobs.json."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "study_jobs.py"), "--quick", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "scripts" / "study_jobs.py"), "--quick", "--workers", "2", "--out", str(tmp_path)],
         capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
