@@ -33,7 +33,6 @@ and ``yield engine.issue(collective, schedule)`` to wait for a collective (or ke
 from __future__ import annotations
 
 import bisect
-import functools
 import gc
 import heapq
 import math
@@ -284,6 +283,7 @@ class CollectiveRun(Event):
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
     priority: float = 0.0
+    last_end_ns: Any = -math.inf  # under an agreed order: the latest chunk end so far
 
     def __post_init__(self) -> None:
         Event.__init__(self)
@@ -698,14 +698,15 @@ class Engine:
             self._enqueue(chunk_list[stage.index + 1])
             return chunk_list[stage.index + 1].dim
         coll.chunks_left -= 1
+        if self.agreed is not None:  # (a chunk's last stage ends after its others, on every NPU)
+            coll.last_end_ns = later(coll.last_end_ns, run.end_ns)
         if coll.chunks_left == 0:
             self._collective_done(coll)
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
-        if self.agreed is not None:  # completions come as known, not in time order: resume at the end
-            if coll.runs:
-                self.now_ns = functools.reduce(later, [r.end_ns for r in coll.runs])
+        if self.agreed is not None and coll.runs:  # completions come as known: resume at the end
+            self.now_ns = coll.last_end_ns
         coll.end_ns = self.now_ns
         self._in_flight -= 1
         self.transport.close(coll)

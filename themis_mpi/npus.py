@@ -360,7 +360,7 @@ class NpuVectors(ModelTransport):
     every NPU. Run once with vectors for times (`engine.later`), it times all NPUs together; a
     stage's step ends come from every NPU's start by `NpuTransport`'s rules, step by step for all
     NPUs at once, NPUs grouped by coordinate and region. It equals `NpuWorld` exactly (a test);
-    `npu0` then leaves rank 0's view, as the emulator's rank 0 reports it.
+    `close` and `npu0` then leave rank 0's view, as the emulator's rank 0 reports it.
 
     Args:
         topology: the network.
@@ -380,28 +380,41 @@ class NpuVectors(ModelTransport):
         self.issue_ns = np.zeros(self.n)  # when each NPU starts its work (a late NPU later)
         for rank, delay_ns in config.npu_delay_ns:
             self.issue_ns[rank] = delay_ns
-        self._regions: dict[int, list[list[tuple[np.ndarray, np.ndarray]]]] = {}
+        # per chunk: its size and the dims it has reduce-scattered over; what that leaves every NPU
+        self._regions: dict[int, list[tuple[int, list[int]]]] = {}
+        self._sizes: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self._colls: dict[int, CollectiveRun] = {}
         self._tables: dict[tuple, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # (`_step_tables`)
         self._done: deque[tuple[np.ndarray, StageRun]] = deque()
+        self._returned: StageRun | None = None  # the last stage `wait_next` returned
+        self.npu_end_ns = np.full(self.n, -math.inf)  # each NPU's latest stage end so far
 
-    def _owned(self, d: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every NPU's `collectives.owned_region` of its [lo, hi) on dim d."""
-        p, c = self.topology.dims[d].npus, self.coords[d]
-        q, r = np.divmod(hi - lo, p)
-        return lo + c * q + np.minimum(c, r), lo + (c + 1) * q + np.minimum(c + 1, r)
+    def _size(self, elems: int, dims: tuple[int, ...]) -> np.ndarray:
+        """Every NPU's region size in a chunk of `elems` reduce-scattered over `dims` in turn.
+
+        Each step keeps `collectives.owned_region` of the region at the NPU's coordinate; only
+        sizes matter to the step plans, so chunks of one size share these arrays.
+        """
+        size = self._sizes.get((elems, dims))
+        if size is None:
+            if not dims:
+                size = np.full(self.n, elems)
+            else:
+                d = dims[-1]
+                p, c = self.topology.dims[d].npus, self.coords[d]
+                q, r = np.divmod(self._size(elems, dims[:-1]), p)
+                size = q + np.minimum(c + 1, r) - np.minimum(c, r)
+            self._sizes[elems, dims] = size
+        return size
 
     def open(self, run: CollectiveRun) -> None:
-        """Each chunk's region stack on every NPU, as `NpuTransport.open` keeps it on one."""
-        coll, bounds = run.collective, run.bounds.tolist()
-        regions = []
-        for k in range(len(bounds) - 1):
-            stack = [(np.full(self.n, bounds[k]), np.full(self.n, bounds[k + 1]))]
-            if coll.op == "all_gather":
-                for d in rs_dims(self.topology, coll, run.orders[k]):
-                    stack.append(self._owned(d, *stack[-1]))
-            regions.append(stack)
-        self._regions[run.coll_id] = regions
+        """Each chunk's size and reduce-scatter path, as `NpuTransport.open` keeps its regions."""
+        coll, sizes = run.collective, np.diff(run.bounds).tolist()
+        paths = [
+            rs_dims(self.topology, coll, run.orders[k]) if coll.op == "all_gather" else []
+            for k in range(len(sizes))
+        ]
+        self._regions[run.coll_id] = [(m, list(path)) for m, path in zip(sizes, paths)]
         self._colls[run.coll_id] = run
 
     def close(self, run: CollectiveRun) -> None:
@@ -414,13 +427,13 @@ class NpuVectors(ModelTransport):
             raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
         s, n = run.stage, self.n
         coll = self._colls[s.coll].collective
-        stack = self._regions[s.coll][s.chunk]
+        elems, path = self._regions[s.coll][s.chunk]
         if s.op == AG:
-            stack.pop()
-        lo, hi = stack[-1]
+            path.pop()
+        size = self._size(elems, tuple(path))
         if s.op == RS:
-            stack.append(self._owned(s.dim, lo, hi))
-        tables = self._step_tables(s.dim, s.op, hi - lo, coll.dims if s.op == A2A else None)
+            path.append(s.dim)
+        tables = self._step_tables(s.dim, s.op, size, coll.dims if s.op == A2A else None)
         costs = self.cost(coll.itemsize).run_steps_ns(run)
         f_d = self.factors[s.dim]
         fs = np.unique(f_d)
@@ -481,19 +494,26 @@ class NpuVectors(ModelTransport):
         return tables
 
     def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
-        """The next stage whose ends are known (all are, once started), or (horizon, [])."""
+        """The next stage whose ends are known (all are, once started), or (horizon, []).
+
+        The stage returned before has been processed by now: its record keeps NPU 0's times
+        (the vectors live on where the engine still needs them: its chunk and its dim).
+        """
+        last = self._returned
+        if last is not None:
+            np.maximum(self.npu_end_ns, last.end_ns, out=self.npu_end_ns)
+            last.queued_ns, last.start_ns = npu0_ns(last.queued_ns), npu0_ns(last.start_ns)
+            last.end_ns = npu0_ns(last.end_ns)
+            self._returned = None
         if not self._done:
             return horizon_ns, []
-        t, run = self._done.popleft()
-        return t, [run]  # type: ignore[return-value]
+        t, self._returned = self._done.popleft()
+        return t, [self._returned]  # type: ignore[return-value]
 
-    @staticmethod
-    def npu0(engine: Engine) -> float:
-        """Leave NPU 0's times in the engine's records and collectives; returns the last NPU's end."""
-        last_ns = float(max(np.max(engine.now_ns), np.max(engine.last_timer_ns)))
-        for r in engine.records:
-            last_ns = max(last_ns, float(np.max(r.end_ns)))
-            r.queued_ns, r.start_ns, r.end_ns = (npu0_ns(r.queued_ns), npu0_ns(r.start_ns), npu0_ns(r.end_ns))
+    def npu0(self, engine: Engine) -> float:
+        """Leave NPU 0's times in the engine's collectives and clock; returns the last NPU's end."""
+        self.wait_next(math.inf)  # (the last stage's record)
+        last_ns = float(max(np.max(engine.now_ns), np.max(engine.last_timer_ns), self.npu_end_ns.max()))
         for coll in engine.collectives:
             coll.issued_ns, coll.end_ns = npu0_ns(coll.issued_ns), npu0_ns(coll.end_ns)
         engine.now_ns = npu0_ns(engine.now_ns)

@@ -96,7 +96,6 @@ def run_collective(
     if config.asymmetric:
         engine.agree(even.start_order())
 
-    vectors = isinstance(transport, NpuVectors)
     issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
 
     def begin():
@@ -104,9 +103,9 @@ def run_collective(
         return engine.issue(collective, schedule, check)
 
     run, wall_s = execute(transport, engine, "the collective", begin)
-    if vectors:  # the collective spans every NPU
+    if isinstance(transport, NpuVectors):  # the collective spans every NPU
         first_ns = float(np.min(run.issued_ns))
-        run.end_ns = NpuVectors.npu0(engine)
+        run.end_ns = transport.npu0(engine)
         run.issued_ns = first_ns
     elif config.asymmetric or uneven:  # (a collective of every NPU: the first issue, the last end)
         run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])

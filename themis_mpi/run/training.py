@@ -99,23 +99,21 @@ def run_training(
     """
     topo, config = transport.topology, transport.config
     uneven = config.asymmetric or spec.heterogeneous  # stragglers
-    if uneven and isinstance(transport, ModelTransport):  # no symmetry: every NPU
+    if uneven:
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
+    if uneven and isinstance(transport, ModelTransport):  # no symmetry: every NPU
         if not vectorisable(config):
             return NpuWorld(topo, config).run(lambda npu: run_training(npu, workload, policy, spec))[0]
         transport = NpuVectors(topo, config)
-    vectors = isinstance(transport, NpuVectors)
     collectives = distinct_collectives(workload, topo, spec)
     oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
     schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
     engine = Engine(topo, transport, config)
     by_collective = dict(zip(collectives, schedules))
     tick_ns = loop_tick_ns(config.compat)
-    loop = TrainingLoop(
-        workload, topo, spec, by_collective, tick_ns, rank=np.arange(topo.npus) if vectors else transport.rank
-    )
+    ranks = np.arange(topo.npus) if isinstance(transport, NpuVectors) else transport.rank  # (all at once)
+    loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=ranks)
     if uneven:
-        check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
         even = config.alike()
         model = Engine(topo, ModelTransport(topo, even), even)
         # the fastest NPUs' pace (every NPU slowed alike is the compute-scale what-if)
@@ -137,8 +135,8 @@ def run_training(
 
     _, wall_s = execute(transport, engine, "training", begin)
     total_ns = engine.now_ns
-    if vectors:  # the run ends with the last NPU; the rest is NPU 0's, as rank 0 reports it
-        total_ns = NpuVectors.npu0(engine)
+    if isinstance(transport, NpuVectors):  # the run ends with the last NPU; the rest is NPU 0's
+        total_ns = transport.npu0(engine)
         loop.iteration_starts[-1] = npu0_ns(loop.iteration_starts[-1])
         loop.compute_ns = npu0_ns(loop.compute_ns)
     elif uneven:  # the run ends with the last NPU (under an agreed order, its latest event)
