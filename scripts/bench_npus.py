@@ -18,14 +18,15 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
   a paper topology under 120 s.
 
 Both run every NPU at once (`themis_mpi.npus.NpuVectors`, equal to running every NPU's engine:
-tests/test_stragglers.py). Prints the tables and writes bench_npus.json and bench_npus.png (CPU
-against NPUs, log-log) into --out.
+tests/test_stragglers.py). Prints the tables and the process's peak memory, and writes
+bench_npus.json and bench_npus.png (CPU against NPUs, log-log) into --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 
@@ -167,6 +168,9 @@ def main() -> None:
             flush=True,
         )
         write_json(out_json, {"rows": rows, "training": training})
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (Linux: KiB)
+    print(f"\nmax RSS of this process: {rss_mb:.0f} MiB")
+    write_json(out_json, {"rows": rows, "training": training, "max_rss_mib": rss_mb})
     plot(rows, training, os.path.join(args.out, "bench_npus.png"))
     if not all(r["closed_form_ok"] for r in rows) or not all(r["bound_ok"] for r in training):
         sys.exit(1)
