@@ -359,8 +359,9 @@ class NpuVectors(ModelTransport):
     clock and its event's, so each time is a max and sum of others and the same program runs on
     every NPU. Run once with vectors for times (`engine.later`), it times all NPUs together; a
     stage's step ends come from every NPU's start by `NpuTransport`'s rules, step by step for all
-    NPUs at once, NPUs grouped by coordinate and region. It equals `NpuWorld` exactly (a test);
-    `close` and `npu0` then leave rank 0's view, as the emulator's rank 0 reports it.
+    NPUs at once, as gathers over per-step peer tables. It equals `NpuWorld` exactly (a test).
+    A stage's record keeps NPU 0's times once the engine has processed it (only stages in flight
+    hold vectors), and `npu0` leaves NPU 0's view of the rest, as the emulator's rank 0 reports it.
 
     Args:
         topology: the network.
