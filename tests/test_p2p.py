@@ -5,7 +5,10 @@ every NPU's links. Here: both give the same times where NPUs are alike, the clos
 message beside a collective, and emulator == model with messages under both rules.
 """
 
+import re
+
 import pytest
+from harness import cli, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -13,7 +16,11 @@ from themis_mpi.engine import Engine
 from themis_mpi.model import ModelTransport
 from themis_mpi.npunet import SharedWorld
 from themis_mpi.policies.base import fixed_schedule
+from themis_mpi.run.training import run_graph
 from themis_mpi.topology import parse_topology
+from themis_mpi.workloads.chakra import load_graph
+from themis_mpi.workloads.llm import LlmConfig, write_llm
+from themis_mpi.workloads.training import TrainingSpec
 
 SYMMETRIC = [
     "Ring(8,100,20,ring)",
@@ -58,3 +65,146 @@ def test_every_npu_equals_one_npu_where_npus_are_alike(topology, rule, active):
     one = stage_times(play(ModelTransport(topo, cfg)))
     every = [stage_times(engine) for engine in SharedWorld(topo, cfg).run(play)]
     assert len(one) > 7 and all(times == one for times in every)
+
+
+# --- a message beside a collective, in closed form -------------------------------------------------
+
+B_PER_NS = 100 * 2**30 / 1e9  # SW(2,100,0): each up- and down-link carries B
+
+
+def beside(op: str, message_bytes: int, count: int) -> tuple[float, float, float]:
+    """SW(2,100,0,ring), latency and endpoint delay 0, fair: (collective alone, collective beside the message, message).
+
+    Both NPUs run `op` over dim 0 in one chunk; NPU 0 also sends `message_bytes` to NPU 1 at
+    time 0, over its up-link and NPU 1's down-link, which its collective steps use too.
+    """
+    topo = parse_topology("SW(2,100,0,ring)")
+    cfg = RunConfig(network="fair", endpoint_delay_ns=0.0)
+    coll = Collective(op, count, "float64", 1, (0,))
+    schedule = fixed_schedule(coll, [[0]], op == "all_reduce", "fifo")
+
+    def play(transport, message: bool):
+        engine = Engine(topo, transport, cfg)
+        run = engine.issue(coll, schedule)
+        msg = None
+        if message:
+            peer = 1 - transport.rank
+            msg = engine.message(peer, ((0, 2),), message_bytes, 7, transport.rank == 0)
+        engine.run()
+        return run.end_ns, msg.end_ns if msg else None
+
+    alone = SharedWorld(topo, cfg).run(lambda t: play(t, False))
+    both = SharedWorld(topo, cfg).run(lambda t: play(t, True))
+    assert alone[0] == alone[1] and both[0] == both[1]  # (both NPUs end together)
+    assert both[0][1] == both[1][1]  # the message ends on both sides at once
+    return alone[0][0], both[0][0], both[0][1]
+
+
+def test_a_message_across_a_link_a_collective_stage_uses_takes_its_shared_time_under_fair():
+    """All-gather step of S = 1 MiB on NPU 0's up-link beside a message of M = S/4: it ends at 2M/B, the stage at (S+M)/B."""
+    s_bytes = 1 << 20
+    m_bytes = s_bytes // 4
+    alone, with_message, message = beside("all_gather", m_bytes, 2 * s_bytes // 8)
+    assert alone == pytest.approx(s_bytes / B_PER_NS, rel=1e-12)  # (one step of S bytes at B)
+    assert message == pytest.approx(2 * m_bytes / B_PER_NS, rel=1e-12)  # half the link until it ends
+    assert with_message == pytest.approx((s_bytes + m_bytes) / B_PER_NS, rel=1e-12)
+
+
+def test_an_activation_message_beside_a_dp_all_reduce_on_the_same_link_holds_its_closed_form():
+    """All-reduce of 2S on SW(2) (an RS then an AG step of S) beside a message of M <= S: 2M/B, and the all-reduce M/B later."""
+    s_bytes = 1 << 20
+    m_bytes = 3 * s_bytes // 4
+    alone, with_message, message = beside("all_reduce", m_bytes, 2 * s_bytes // 8)
+    assert alone == pytest.approx(2 * s_bytes / B_PER_NS, rel=1e-12)
+    assert message == pytest.approx(2 * m_bytes / B_PER_NS, rel=1e-12)
+    assert with_message == pytest.approx(alone + m_bytes / B_PER_NS, rel=1e-12)
+
+
+# --- generated pipelines: every NPU on the model, and the emulator ----------------------------------
+
+SMALL = dict(layers=8, hidden=64, heads=4, seq=32, vocab=100, micro_batch=2, global_batch=16)
+
+
+def pipeline(tmp_path, **layout) -> str:
+    """A small generated GPT (TP2 x PP2 x DP2 by default) as per-rank ET files on 2x2x2; their prefix."""
+    prefix = str(tmp_path / "g")
+    write_llm(LlmConfig(**SMALL, **(layout or dict(tp=2, pp=2, dp=2))), parse_topology("2x2x2"), prefix)
+    return prefix
+
+
+def table(stdout: str) -> list[tuple[str, ...]]:
+    """The rows of `train`: policy, iteration_us, compute_us, exposed_us, #wrong and the dims' busy shares."""
+    return [
+        tuple(f[:1] + f[2:5] + f[6:-1])
+        for f in (line.split() for line in stdout.splitlines() if re.match(r"\s+(baseline|themis)\s", line))
+    ]
+
+
+@pytest.mark.parametrize(
+    "rule, active, layout",
+    [
+        ("fair", 2, dict(tp=2, pp=2, dp=2)),
+        ("store-forward", 4, dict(tp=2, pp=2, dp=2)),
+        ("fair", 4, dict(pp=4, dp=2, schedule="interleaved", chunks=2)),
+    ],
+)
+def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(tmp_path, rule, active, layout):
+    """A generated pipeline under fair / store-forward with active chunks > 1 on 8 ranks: the model's rows, #wrong 0."""
+    prefix = pipeline(tmp_path, **layout)
+    args = [
+        "train",
+        prefix,
+        "-t",
+        "2x2x2",
+        "-c",
+        "4",
+        "--network",
+        rule,
+        "--active-chunks-per-dim",
+        str(active),
+    ]
+    emu, model = cli(8, args), local(args)
+    assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
+    got, want = table(emu.stdout), table(model.stdout)
+    assert len(got) == 2 and [r[:4] + r[5:] for r in got] == [r[:4] + r[5:] for r in want]
+    assert all(r[4] == "0" for r in got) and all(r[4] == "N/A" for r in want)
+
+
+@pytest.mark.parametrize("rule", ["fair", "store-forward"])
+def test_a_pipeline_under_sharing_takes_at_least_its_ideal_time_and_no_link_is_overfull(tmp_path, rule):
+    """GPT TP2 x PP2 x DP2 (pp messages beside TP and DP collectives): >= its ideal time; every NPU's links <= 100 % busy."""
+    graph = load_graph(pipeline(tmp_path))
+    topo = parse_topology("2x2x2")
+    spec = TrainingSpec(4, "float32", 1)
+    ideal = run_graph(ModelTransport(topo, RunConfig(active_per_dim=2)), graph, "baseline", spec)
+    cfg = RunConfig(network=rule, active_per_dim=2)
+    shared = run_graph(ModelTransport(topo, cfg), graph, "baseline", spec)
+    assert shared.iteration_us >= ideal.iteration_us * (1 - 1e-12)
+    assert shared.links and max(link.busy_pct for link in shared.links) <= 100 * (1 + 1e-9)
+    world = SharedWorld(topo, cfg)
+    ends = world.run(lambda npu: run_graph(npu, graph, "baseline", spec).iteration_us)
+    assert max(ends) == shared.iteration_us  # (the last rank's end; the model's row is rank 0's)
+    span_ns = shared.iteration_us * 1e3
+    links = world.links
+    busy = [b / (cap * span_ns) for b, cap in zip(links.carried, links.capacity)]
+    assert max(busy) <= 1 + 1e-9
+    pp = [link for link in links.links if ".dim2." in link.name]  # (PP crosses dim 2 only)
+    assert sum(links.carried[links.links.index(link)] for link in pp) > 0
+
+
+def test_a_neighbour_shift_runs_under_fair_over_one_direction_of_the_ring(tmp_path):
+    """Ring(4,100,500): 1 MiB to the next NPU after 10 us ends at 10 us + 500 ns + S/(B/2), one way round, on every rank."""
+    from test_chakra import ring_shift  # (writes per-rank ET files of a neighbour shift)
+
+    nbytes = 1 << 20
+    prefix = ring_shift(tmp_path, 4, nbytes, lambda r: (r + 1) % 4)
+    topo = parse_topology("Ring(4,100,500)")
+    row = run_graph(
+        ModelTransport(topo, RunConfig(network="fair")),
+        load_graph(prefix),
+        "baseline",
+        TrainingSpec(1, "float32", 1),
+    )
+    assert row.iteration_us * 1e3 == pytest.approx(10e3 + 500 + nbytes / (50 * 2**30 / 1e9), rel=1e-12)
+    cw = {link.name: link.bytes for link in row.links}
+    assert cw["dim0.cw"] == nbytes and cw["dim0.ccw"] == 0  # (rank 0's links: its send went clockwise)
