@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..collectives import Collective
 from ..config import RunConfig
 from ..cost import loop_tick_ns
 from ..engine import Engine, Transport
@@ -171,8 +172,11 @@ def run_graph(
     policy: PolicyLike,
     spec: TrainingSpec,
     ranks: Sequence[int] | None = None,
+    schedules: dict[Collective, Schedule] | None = None,
 ) -> TrainingResult:
     """A Chakra execution graph once; every collective and message on real data in MPI.
+
+    `schedules`: every distinct collective's, decided already (the NPUs of a world share them).
 
     `ranks` whose graphs give the distinct collectives: all of them by default under MPI, rank
     0 on the model. ``iterations`` and the per-iteration times come from the graph's
@@ -193,7 +197,7 @@ def run_graph(
             "are not supported; use --network ideal"
         )
     if shared_every_npu(config, bool(plan.messages), not graph.symmetric) and not in_world:
-        done = _graph_on_every_npu(transport, graph, policy, spec)
+        done, schedules = _graph_on_every_npu(transport, graph, policy, spec)
         if done is not None:
             return done
     linked = None
@@ -204,8 +208,9 @@ def run_graph(
     if transport.name == "model" and not graph.symmetric and plan.messages:
         plans = {0: plan}
         ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
-    collectives = graph_collectives(graph, topo, spec, ranks)
-    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    if schedules is None:
+        collectives = graph_collectives(graph, topo, spec, ranks)
+        schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     if transport.name == "model" and not graph.symmetric and plan.messages:
         t0 = time.perf_counter()
         linked = run_linked(topo, config, plans, schedules)
@@ -239,23 +244,25 @@ def run_graph(
 
 def _graph_on_every_npu(
     transport: Transport, graph: Graph, policy: PolicyLike, spec: TrainingSpec
-) -> TrainingResult | None:
+) -> tuple[TrainingResult | None, dict[Collective, Schedule]]:
     """Messages or per-rank graphs under fair or store-forward: the graph on every NPU's links.
 
     On the model that run is the result (rank 0's row). Under MPI every rank runs the same
     deterministic simulation of every NPU (`npunet.SharedWorld`) and its transport takes its
     own rank's stage and message ends from it (`npunet.Replay`) while the data still moves rank
     to rank: the rank's engine takes the decisions its NPU took there, so emulator == model
-    exactly; then None: run it.
+    exactly; then None: run it. With the row go the schedules, decided once for every NPU.
     """
     topo, config = transport.topology, transport.config
+    collectives = graph_collectives(graph, topo, spec, range(topo.npus))
+    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     world = SharedWorld(topo, config)
     t0 = time.perf_counter()
-    rows = world.run(lambda npu: run_graph(npu, graph, policy, spec))
+    rows = world.run(lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
     if transport.name == "model":
-        return replace(rows[0], transport="model", wall_s=time.perf_counter() - t0)
+        return replace(rows[0], transport="model", wall_s=time.perf_counter() - t0), schedules
     transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
-    return None
+    return None, schedules
 
 
 def model_training(
