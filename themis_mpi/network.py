@@ -28,8 +28,9 @@ The sharing rule (`RunConfig.network`) says how transfers that overlap in time s
 The model is one NPU's, as the model transport's is: collectives are symmetric, so every NPU
 starts the same stages at the same times and the load that this NPU's own transfers put on its
 outgoing links is the load on every link of that kind (and on its in-links, which its peers'
-transfers fill alike). Both transports run this same code, so emulator and model agree exactly;
-point-to-point messages and NPUs that differ need the per-NPU network and are refused for now.
+transfers fill alike). Both transports run this same code, so emulator and model agree exactly.
+Point-to-point messages and per-rank graphs load NPUs unevenly: they run on every NPU's links
+(`npunet.SharedWorld`, whose `npunet.NpuLinks` is this network over the links of all NPUs).
 """
 
 from __future__ import annotations
