@@ -1,6 +1,12 @@
-"""ASTRA-sim 2.x's congestion-aware backend with every NPU: per-NPU links, one global event loop.
+"""Every NPU's links and engines at once: one global event loop (`World`), two kinds of links.
 
-`network.Astra2Network` sees the backend from one NPU and relies on symmetry: the messages other
+A `World` runs every NPU's engine in a greenlet on one time-ordered loop; its links are either
+ASTRA-sim 2.x's congestion-aware backend (`Astra2World`) or every NPU's links under ``--network
+fair`` or ``store-forward`` (`SharedWorld`, whose `NpuLinks` is `network.Network` over the links
+of all NPUs). Both exist because one NPU's view is exact only when every NPU does the same.
+
+**ASTRA-sim 2.x.** `network.Astra2Network` sees the backend from one NPU and relies on symmetry:
+the messages other
 NPUs put on its links are its own at the same point of their routes. Halving-doubling on a Ring
 breaks that. Its partners are XOR partners (``HalvingDoubling.cc``: NPU i sends to i + m when
 ``(i / m) % 2 == 0``, else to i - m) and the backend routes each message the shorter way round,
@@ -23,6 +29,13 @@ one instant run in the order they were scheduled (``EventQueue``/``EventList`` o
 and an NPU whose stage ended runs at once, before the next event, as ASTRA-sim's handlers do. An
 NPU starts transfers only at its current time, which is the queue's, so the loop is exact (no
 look-ahead, no rollback). Both transports run this same simulation, so emulator and model agree.
+
+**Fair and store-forward.** Point-to-point messages (Chakra send/recv, pipelines) load only their
+sender's and receiver's links, and per-rank graphs load NPUs unevenly, so there every NPU's links
+run (`shared_every_npu` says when; `NpuLinks` has the rules): a stage step of NPU i is one
+transfer over i's links, ending once its own transfer and those it receives in that step are
+done, and a message is one transfer over its dimension-ordered route. Symmetric runs keep the
+one-NPU network, which gives the same times (a test) much faster.
 """
 
 from __future__ import annotations
