@@ -13,12 +13,14 @@ from harness import cli, local
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
+from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
 from themis_mpi.npunet import SharedWorld
 from themis_mpi.policies.base import fixed_schedule
 from themis_mpi.run.training import run_graph
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import load_graph
+from themis_mpi.workloads.et import COMM_RECV_NODE, COMM_SEND_NODE, Attr, EtTrace, Node, write_et
 from themis_mpi.workloads.llm import LlmConfig, write_llm
 from themis_mpi.workloads.training import TrainingSpec
 
@@ -208,3 +210,18 @@ def test_a_neighbour_shift_runs_under_fair_over_one_direction_of_the_ring(tmp_pa
     assert row.iteration_us * 1e3 == pytest.approx(10e3 + 500 + nbytes / (50 * 2**30 / 1e9), rel=1e-12)
     cw = {link.name: link.bytes for link in row.links}
     assert cw["dim0.cw"] == nbytes and cw["dim0.ccw"] == 0  # (rank 0's links: its send went clockwise)
+
+
+def test_a_graph_where_every_rank_waits_is_refused_on_every_npus_links(tmp_path):
+    """Two ranks that each receive before they send, under fair: one UsageError that names the deadlock."""
+    for r in (0, 1):
+        msg = [Attr("comm_size", "int64", 64), Attr("comm_tag", "int64", 1)]
+        nodes = [
+            Node(1, "recv", COMM_RECV_NODE, [], attrs=[Attr("comm_src", "int64", 1 - r), *msg]),
+            Node(2, "send", COMM_SEND_NODE, [1], attrs=[Attr("comm_dst", "int64", 1 - r), *msg]),
+        ]
+        write_et(str(tmp_path / f"dl.{r}.et"), EtTrace("dl", "0.0.4", [], nodes))
+    topo = parse_topology("SW(2,100,500)")
+    with pytest.raises(UsageError, match="the graph deadlocks on every NPU's links: every NPU waits"):
+        run_graph(ModelTransport(topo, RunConfig(network="fair")), load_graph(str(tmp_path / "dl")), "baseline",
+                  TrainingSpec(1, "float32", 1))  # fmt: skip

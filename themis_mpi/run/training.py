@@ -20,7 +20,7 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..npunet import Replay, SharedWorld, WorldTransport, shared_every_npu
+from ..npunet import Replay, SharedWorld, Stalled, WorldTransport, shared_every_npu
 from ..npus import NpuVectors, NpuWorld, npu0_ns, vectorisable
 from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
@@ -258,7 +258,10 @@ def _graph_on_every_npu(
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     world = SharedWorld(topo, config)
     t0 = time.perf_counter()
-    rows = world.run(lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
+    try:
+        rows = world.run(lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
+    except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
+        raise UsageError(f"the graph deadlocks on every NPU's links: {exc}") from None
     if transport.name == "model":
         return replace(rows[0], transport="model", wall_s=time.perf_counter() - t0), schedules
     transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
