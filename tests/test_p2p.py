@@ -69,6 +69,25 @@ def test_every_npu_equals_one_npu_where_npus_are_alike(topology, rule, active):
     assert len(one) > 7 and all(times == one for times in every)
 
 
+@pytest.mark.parametrize("rule", ["fair", "store-forward"])
+def test_every_npu_equals_one_npu_on_the_hgx_preset_with_its_shared_nic(rule):
+    """HGX-H100-SW_SW_SW (1024 NPUs, dims 1 and 2 behind one NIC), 4 chunks in four dim orders, 2 active: to the ns."""
+    topo = parse_topology("HGX-H100-SW_SW_SW")
+    cfg = RunConfig(network=rule, active_per_dim=2)
+    coll = Collective("all_reduce", (1 << 20) // 4, "float32", 4, (0, 1, 2))
+    schedule = fixed_schedule(coll, [[0, 1, 2], [0, 2, 1], [1, 2, 0], [2, 1, 0]], True, "fifo")
+
+    def play(transport):
+        engine = Engine(topo, transport, cfg)
+        engine.issue(coll, schedule)
+        engine.run()
+        return stage_times(engine)
+
+    one = play(ModelTransport(topo, cfg))
+    every = SharedWorld(topo, cfg).run(play)
+    assert len(every) == 1024 and all(times == one for times in every)
+
+
 # --- a message beside a collective, in closed form -------------------------------------------------
 
 B_PER_NS = 100 * 2**30 / 1e9  # SW(2,100,0): each up- and down-link carries B
