@@ -211,6 +211,7 @@ def test_a_pipeline_under_sharing_takes_at_least_its_ideal_time_and_no_link_is_o
     assert max(busy) <= 1 + 1e-9
     pp = [link for link in links.links if ".dim2." in link.name]  # (PP crosses dim 2 only)
     assert sum(links.carried[links.links.index(link)] for link in pp) > 0
+    assert not (links._moving or links._timers or links._sent or links._waiting)  # (nothing left in flight)
 
 
 def test_a_neighbour_shift_runs_under_fair_over_one_direction_of_the_ring(tmp_path):
