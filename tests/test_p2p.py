@@ -8,7 +8,7 @@ message beside a collective, and emulator == model with messages under both rule
 import re
 
 import pytest
-from harness import cli, local
+from harness import DATA, cli, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -17,6 +17,7 @@ from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
 from themis_mpi.npunet import SharedWorld
 from themis_mpi.policies.base import fixed_schedule
+from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import run_graph
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import load_graph
@@ -245,3 +246,17 @@ def test_a_graph_where_every_rank_waits_is_refused_on_every_npus_links(tmp_path)
     with pytest.raises(UsageError, match="the graph deadlocks on every NPU's links: every NPU waits"):
         run_graph(ModelTransport(topo, RunConfig(network="fair")), load_graph(str(tmp_path / "dl")), "baseline",
                   TrainingSpec(1, "float32", 1))  # fmt: skip
+
+
+@pytest.mark.parametrize("rule", ["fair", "store-forward"])
+@pytest.mark.parametrize("active", [1, 2])
+def test_per_rank_traces_without_messages_take_the_one_npu_models_time(rule, active):
+    """ASTRA-sim's per-rank all-reduce traces (8 files, 1 MiB) on every NPU's links: the one-NPU model's time for that all-reduce."""
+    prefix = DATA / "astra-sim-chakra-et" / "all_reduce" / "8npus_1MB" / "all_reduce"
+    topo = parse_topology("SW(8,100,500,hd)")
+    cfg = RunConfig(network=rule, active_per_dim=active)
+    row = run_graph(
+        ModelTransport(topo, cfg), load_graph(str(prefix)), "baseline", TrainingSpec(4, "float32", 1)
+    )
+    coll = Collective("all_reduce", (1 << 20) // 4, "float32", 4, (0,))
+    assert row.iteration_us == model_collective(topo, coll, "baseline", cfg)[0].time_us
