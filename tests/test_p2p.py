@@ -122,6 +122,41 @@ def beside(op: str, message_bytes: int, count: int) -> tuple[float, float, float
     return alone[0][0], both[0][0], both[0][1]
 
 
+@pytest.mark.parametrize(
+    "topology, dst, links, hops",
+    [
+        ("SW(4,100,500)", 2, 2, 1),  # up, then down: one hop on the dim, two links
+        ("FC(4,300,500)", 3, 1, 1),  # the direct link of B/(P-1)
+        ("Ring(8,100,500)", 3, 3, 3),  # clockwise through NPUs 1 and 2
+        ("Ring(8,100,500)", 6, 2, 2),  # counter-clockwise, the shorter way
+    ],
+)
+@pytest.mark.parametrize("rule", ["fair", "store-forward"])
+def test_a_message_alone_takes_its_route_once_under_fair_and_per_link_under_store_forward(
+    topology, dst, links, hops, rule
+):
+    """NPU 0 to `dst`, 1 MiB: fair S/rate + delay (cut-through), store-forward one S/rate per link crossed + delay."""
+    topo = parse_topology(topology)
+    dim = topo.dims[0]
+    cfg = RunConfig(network=rule, endpoint_delay_ns=10.0)
+    nbytes = 1 << 20
+    rate = dim.bandwidth_bytes_per_ns / {"Ring": 2, "Switch": 1, "FullyConnected": dim.npus - 1}[dim.kind]
+
+    def play(transport):
+        engine = Engine(topo, transport, cfg)
+        run = None
+        if transport.rank in (0, dst):
+            peer = dst if transport.rank == 0 else 0
+            run = engine.message(peer, ((0, hops),), nbytes, 1, transport.rank == 0)
+        engine.run()
+        return None if run is None else run.end_ns
+
+    ends = SharedWorld(topo, cfg).run(play)
+    delay_ns = hops * dim.latency_ns + 10.0
+    transfers = 1 if rule == "fair" else links
+    assert ends[0] == ends[dst] == pytest.approx(transfers * nbytes / rate + delay_ns, rel=1e-12)
+
+
 def test_a_message_across_a_link_a_collective_stage_uses_takes_its_shared_time_under_fair():
     """All-gather step of S = 1 MiB on NPU 0's up-link beside a message of M = S/4: it ends at 2M/B, the stage at (S+M)/B."""
     s_bytes = 1 << 20
