@@ -52,7 +52,7 @@ import greenlet
 import numpy as np
 
 from .config import RunConfig
-from .cost import AG, AR, ASTRA_SIM_2, RS, CostModel, CostModels, astra_steps, link_bytes_per_ns
+from .cost import A2A, AG, AR, ASTRA_SIM_2, RS, CostModel, CostModels, astra_steps, link_bytes_per_ns
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .network import FAIR, IDEAL, STORE_FORWARD, Network, Step, physical_links, step_planner, uneven_dims
@@ -559,7 +559,7 @@ class NpuLinks(Network):
         dim = self.topology.dims[d]
         p, stride = dim.npus, self.strides[d]
         c, base = self._coord(rank, d)
-        ina = dim.algorithm == "ina" and op != "A2A"
+        ina = dim.algorithm == "ina" and op != A2A
         port = self.topology.port_of(d)
         theirs = set() if ina else {self.local.get(f"dim{d}.down", -1)}  # links of the receiver
         if port is not None and not ina:
