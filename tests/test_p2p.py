@@ -5,6 +5,7 @@ every NPU's links. Here: both give the same times where NPUs are alike, the clos
 message beside a collective, and emulator == model with messages under both rules.
 """
 
+import random
 import re
 
 import pytest
@@ -15,12 +16,12 @@ from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npunet import SharedWorld
+from themis_mpi.npunet import SharedWorld, Stalled
 from themis_mpi.policies.base import fixed_schedule
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import run_graph
 from themis_mpi.topology import parse_topology
-from themis_mpi.workloads.chakra import load_graph
+from themis_mpi.workloads.chakra import coords, load_graph
 from themis_mpi.workloads.et import COMM_RECV_NODE, COMM_SEND_NODE, Attr, EtTrace, Node, write_et
 from themis_mpi.workloads.llm import LlmConfig, write_llm
 from themis_mpi.workloads.training import TrainingSpec
@@ -295,3 +296,81 @@ def test_per_rank_traces_without_messages_take_the_one_npu_models_time(rule, act
     )
     coll = Collective("all_reduce", (1 << 20) // 4, "float32", 4, (0,))
     assert row.iteration_us == model_collective(topo, coll, "baseline", cfg)[0].time_us
+
+
+KINDS = [
+    "Ring({n},100,{lat},ring)",
+    "SW({n},50,{lat},hd)",
+    "FC({n},150,{lat},direct)",
+    "SW({n},80,{lat},ring)",
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_messages_beside_random_collectives_keep_every_link_within_its_rate(seed):
+    """Random 2-dim topologies (a shared port on odd seeds), a collective and messages: no link of any NPU > 100 %, nothing left.
+
+    (One chunk: its stages follow each other on every NPU, so no group can start them in
+    different orders; `test_npus_that_start_a_dims_stages_in_different_orders_are_named`.)
+    """
+    rng = random.Random(seed)
+    dims = [rng.choice(KINDS).format(n=rng.choice([2, 4]), lat=rng.choice([0, 500])) for _ in range(2)]
+    spec = "_".join(dims) + ("_NIC(0+1,60)" if seed % 2 else "")
+    topo = parse_topology(spec)
+    rule = ("fair", "store-forward")[seed % 2]
+    cfg = RunConfig(network=rule, active_per_dim=rng.choice([1, 2, 4]))
+    coll = Collective(
+        rng.choice(["all_reduce", "all_gather", "reduce_scatter"]), 1 << 16, "float32", 1, (0, 1)
+    )
+    schedule = fixed_schedule(coll, [rng.sample([0, 1], 2)], False, "fifo")
+    pairs = [
+        (rng.randrange(topo.npus), rng.randrange(topo.npus), rng.choice([1 << 10, 1 << 18])) for _ in range(6)
+    ]
+    pairs = [(a, b, n) for a, b, n in pairs if a != b]
+
+    def play(transport):
+        engine = Engine(topo, transport, cfg)
+        engine.issue(coll, schedule)
+        for tag, (a, b, nbytes) in enumerate(pairs):
+            if transport.rank in (a, b):
+                peer = b if transport.rank == a else a
+                path = tuple(
+                    (d, 1) for d, dim in enumerate(topo.dims) if coords(topo, a)[d] != coords(topo, b)[d]
+                )
+                engine.message(peer, path, nbytes, tag, transport.rank == a)
+        engine.run()
+        return engine.now_ns
+
+    world = SharedWorld(topo, cfg)
+    span_ns = max(world.run(play))
+    links = world.links
+    assert max(b / (cap * span_ns) for b, cap in zip(links.carried, links.capacity)) <= 1 + 1e-9
+    assert not (links._moving or links._timers or links._sent or links._waiting or world._posted)
+
+
+def test_npus_that_start_a_dims_stages_in_different_orders_are_named():
+    """Messages that load some NPUs of a group more: they queue a dim's stages in another order, and the deadlock says so."""
+    topo = parse_topology("SW(4,50,0,hd)_SW(4,80,0,ring)")
+    cfg = RunConfig(network="fair")
+    coll = Collective("all_reduce", 1 << 16, "float32", 4, (0, 1))
+    schedule = fixed_schedule(coll, [[0, 1], [1, 0], [0, 1], [1, 0]], False, "fifo")
+    pairs = [
+        (3, 8, 1 << 10),
+        (0, 8, 1 << 18),
+        (6, 5, 1 << 18),
+        (9, 11, 1 << 10),
+        (10, 12, 1 << 10),
+        (5, 7, 1 << 18),
+    ]
+
+    def play(transport):
+        engine = Engine(topo, transport, cfg)
+        engine.issue(coll, schedule)
+        for tag, (a, b, nbytes) in enumerate(pairs):
+            if transport.rank in (a, b):
+                path = tuple((d, 1) for d in range(2) if coords(topo, a)[d] != coords(topo, b)[d])
+                engine.message(b if transport.rank == a else a, path, nbytes, tag, transport.rank == a)
+        engine.run()
+
+    with pytest.raises(Stalled, match="started its stages in different orders"):
+        SharedWorld(topo, cfg).run(play)

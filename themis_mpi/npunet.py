@@ -323,8 +323,13 @@ class World:
         stuck = [r for r, n in enumerate(self.npus) if n.waiting]
         if stuck or self.arrived:
             what = f"NPU {stuck[0]} waits for a message" if stuck else f"NPUs {self.arrived[:4]} at a meeting"
-            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}")
+            why = self._why()
+            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}{why}")
         return results
+
+    def _why(self) -> str:
+        """What the links know of a deadlock, as a clause (empty if nothing)."""
+        return ""
 
 
 class Astra2World(World):
@@ -737,6 +742,26 @@ class SharedWorld(World):
     def _advance(self, t_ns: float) -> None:
         self.links._advance(t_ns)
         self.now_ns = t_ns
+
+    def _why(self) -> str:
+        """A stage waiting for a peer that started the dim's stages in another order, or a lone message."""
+        for (key, _, sender), flows in self.links._waiting.items():
+            if key not in self.starts[sender]:
+                rank = flows[0].rank
+                dim = self.order[rank]
+                d = next(i for i, keys in enumerate(dim) if key in keys)
+                theirs = [k for k in self.order[sender][d] if k not in self.order[rank][d]][:1]
+                return (
+                    f"; NPU {rank} runs stage {key} on dim {d} and waits for NPU {sender}, which started "
+                    f"another stage {theirs[0] if theirs else '?'} there first: the NPUs of a dim group "
+                    "started its stages in different orders (their loads differ) and hold its slots "
+                    "(more --active-chunks-per-dim, or fewer chunks, may help)"
+                )
+        if self._posted:
+            src, dst, tag, send, _ = next(iter(self._posted))
+            side = "send" if send else "receive"
+            return f"; a {side} from NPU {src} to NPU {dst} (tag {tag}) has no matching side"
+        return ""
 
     def link_bytes(self, rank: int) -> list[float] | None:
         """Bytes each of NPU `rank`'s links carried (`network.physical_links` order)."""
