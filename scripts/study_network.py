@@ -18,7 +18,8 @@ ASTRA-sim 1.0's rule; fair: max-min fair links; store-forward: whole messages in
    3D-SW_SW_SW_hetero with paper latencies (ASTRA-sim issue 155: do more splits congest links?).
 
 Writes network.json, network.md and two plots into --out and prints the tables. Point-to-point
-traffic beside collectives (a pipeline's sends) needs the per-NPU network and is not in it yet.
+traffic beside collectives (a pipeline's sends) runs on every NPU's links (docs/time-model.md,
+"Every NPU"); it is not part of this study.
 """
 
 from __future__ import annotations

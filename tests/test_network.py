@@ -264,16 +264,6 @@ def test_a_trace_under_sharing_keeps_every_link_and_replays_exactly(tmp_path, ne
         assert r["row"]["network"] == "ideal" and r["replay_us"] <= r["recorded_us"] * (1 + 1e-12)
 
 
-def test_point_to_point_messages_under_sharing_are_refused_with_one_line(tmp_path):
-    """A Chakra graph with sends under --network fair: one line (the per-NPU network is not built yet)."""
-    from test_chakra import ring_shift  # (writes per-rank ET files of a neighbour shift)
-
-    prefix = ring_shift(tmp_path, 4, 1 << 20, lambda r: (r + 1) % 4)
-    proc = local(["train", prefix, "-t", "Ring(4,100,500)", "-c", "1", "--network", "fair"])
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and "per-NPU network" in proc.stderr
-
-
 @pytest.mark.parametrize("policy", ["baseline", "themis"])
 def test_the_hgx_nic_never_carries_more_than_its_rate_under_sharing(policy):
     """HGX H100 (dims 1 and 2 behind one NIC), zero latency: fair keeps the NIC <= 100 %; ideal overdraws it."""

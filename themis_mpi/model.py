@@ -79,9 +79,9 @@ class ModelTransport:
         """Schedule the stage's completion from the cost model (or hand it to the shared links)."""
         if self.network is not None:
             if isinstance(run, MessageRun):
-                raise UsageError(
-                    f"point-to-point messages under --network {self.config.network} need the per-NPU "
-                    "network model, which is not built yet; use --network ideal"
+                raise UsageError(  # (the drivers run them on every NPU's links: `npunet.SharedWorld`)
+                    f"point-to-point messages under --network {self.config.network} run on every NPU's "
+                    "links (npunet.SharedWorld), not on one NPU's"
                 )
             self.network.start(run)
             return

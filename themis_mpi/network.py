@@ -28,8 +28,9 @@ The sharing rule (`RunConfig.network`) says how transfers that overlap in time s
 The model is one NPU's, as the model transport's is: collectives are symmetric, so every NPU
 starts the same stages at the same times and the load that this NPU's own transfers put on its
 outgoing links is the load on every link of that kind (and on its in-links, which its peers'
-transfers fill alike). Both transports run this same code, so emulator and model agree exactly;
-point-to-point messages and NPUs that differ need the per-NPU network and are refused for now.
+transfers fill alike). Both transports run this same code, so emulator and model agree exactly.
+Point-to-point messages and per-rank graphs load NPUs unevenly: they run on every NPU's links
+(`npunet.SharedWorld`, whose `npunet.NpuLinks` is this network over the links of all NPUs).
 """
 
 from __future__ import annotations
@@ -170,6 +171,33 @@ class StepPlanner:
             )
             plan = self._memo[key] = (steps, all(step.usage == steps[0].usage for step in steps))
         return plan
+
+    def stage_peers(
+        self, dim_index: int, op: str, full_elems: int
+    ) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """Per step, whom an NPU sends to: (distance ahead on the dim, share of the step's bytes).
+
+        It receives from the same distances behind. A Ring step sends half each way (to the peer
+        d ahead clockwise, d behind counter-clockwise); a ring step elsewhere the next NPU; a
+        halving-doubling step the peer at the step's distance (its mask) ahead, as the
+        FullyConnected link it uses says; direct, all-to-all and in-network steps every peer.
+        """
+        dim = self.topology.dims[dim_index]
+        p = dim.npus
+        every = tuple((k, 1.0 / (p - 1)) for k in range(1, p))
+        if dim.algorithm == "ina" and op != A2A and p > 1:
+            return (every,)
+        block = block_elems(full_elems, p) * self.cost.itemsize
+        out: list[tuple[tuple[int, float], ...]] = []
+        for msg, n in steps(dim, op, full_elems, self.cost.itemsize):
+            distance = 1 if dim.algorithm in ("ring", "nccl") else max(1, msg // max(block, 1))
+            if n > 1:
+                out.append(every)
+            elif dim.kind == "Ring":
+                out.append(((distance % p, 0.5), (-distance % p, 0.5)))
+            else:
+                out.append(((distance % p, 1.0),))
+        return tuple(out)
 
     def _port(self, dim_index: int, out: float, into: float) -> tuple[Usage, Usage]:
         port = self.topology.port_of(dim_index)
@@ -369,7 +397,7 @@ class Network:
                 if f.solo_ns >= 0:  # a solo stage is over
                     self._ended.append(f.run)
                 else:
-                    self._after_transfer(f)
+                    self._transfer_done(f)
         while self._timers and self._timers[0][0] <= t_ns:
             _, _, what, item = heapq.heappop(self._timers)
             if what == "delay":
@@ -393,6 +421,13 @@ class Network:
         else:
             flow.hop = 0
             self._enter_hop(flow)
+
+    def _transfer_done(self, flow: _Flow) -> None:
+        """Step k's transfer is all there: its delay, then the next step."""
+        if self.rule == FAIR:
+            self._after_transfer(flow)
+        else:
+            self._schedule(self.now_ns + flow.steps[flow.k].delay_ns, "delay", flow)
 
     def _after_transfer(self, flow: _Flow) -> None:
         """Its transfer is done: the step's delay, then the next step (at once without a delay)."""
@@ -510,7 +545,7 @@ class Network:
             if flow.hop < len(step.hops):
                 self._enter_hop(flow)
             else:
-                self._schedule(self.now_ns + step.delay_ns, "delay", flow)
+                self._transfer_done(flow)
 
 
 # --- ASTRA-sim 2.x's congestion-aware backend (``--compat astra-sim-2 --network store-forward``) ---

@@ -203,10 +203,20 @@ def dim_results(
 
 
 def link_results(
-    records: Sequence[StageRun], topology: Topology, cost: Callable[[int], CostModel], time_us: float
+    records: Sequence[StageRun],
+    topology: Topology,
+    cost: Callable[[int], CostModel],
+    time_us: float,
+    carried: Sequence[float] | None = None,
 ) -> list[LinkResult]:
-    """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us."""
+    """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us.
+
+    `carried`: the bytes themselves, where every NPU's links ran (`npunet.SharedWorld`: messages
+    and the peers' transfers into this NPU's down-links included).
+    """
     links = physical_links(topology)
+    if carried is not None:
+        return _link_rows(links, list(carried), time_us)
     carried = [0.0] * len(links)
     planners: dict[int, StepPlanner] = {}  # by element size
     shapes = Counter(
@@ -221,6 +231,10 @@ def link_results(
         for step in planner.stage_steps(dim, op, elems):
             for link, share in step.usage:
                 carried[link] += n * step.bytes * share
+    return _link_rows(links, carried, time_us)
+
+
+def _link_rows(links: Sequence, carried: Sequence[float], time_us: float) -> list[LinkResult]:
     span_ns = time_us * 1e3
     return [
         LinkResult(link.name, b, 100 * b / (link.bytes_per_ns * span_ns) if span_ns > 0 else 0.0)

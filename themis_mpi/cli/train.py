@@ -18,6 +18,7 @@ from ..launch import under_mpiexec
 from ..limits import check_memory
 from ..model import ModelTransport
 from ..network import check_rule
+from ..npunet import shared_every_npu
 from ..output import STDOUT, write_json
 from ..policies import default_scheduler, make_scheduler
 from ..report import stragglers_line, training_table, with_speedups
@@ -267,7 +268,8 @@ def _train_graph(args: argparse.Namespace) -> int:
         else:
             rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
         if backend.rank == 0:
-            print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi))
+            config = settings[0][1]
+            print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi, config))
             if settings[0][1].comm_scheduler or spec.partition_mib:
                 print(_scheduler_line(settings[0][1], spec))
             if topo != given:
@@ -280,9 +282,17 @@ def _train_graph(args: argparse.Namespace) -> int:
 
 
 def _graph_lines(
-    source: str, graph: Graph, plan: Plan, distinct: int, topo: Topology, spec: TrainingSpec, use_mpi: bool
+    source: str,
+    graph: Graph,
+    plan: Plan,
+    distinct: int,
+    topo: Topology,
+    spec: TrainingSpec,
+    use_mpi: bool,
+    config: RunConfig | None = None,
 ) -> str:
-    """What a Chakra trace holds and how it runs."""
+    """What a Chakra trace holds and how it runs (on every NPU's links, where `config` says so)."""
+    every = config is not None and shared_every_npu(config, bool(plan.messages), not graph.symmetric)
     trace = graph.trace(0)
     kinds = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
     files = "1 file for every rank" if graph.symmetric else f"{len(graph.traces)} per-rank files"
@@ -294,6 +304,7 @@ def _graph_lines(
         "dropped\n"
         f"# topology {topo.label()}, {topo.npus} NPUs; {graph.iterations} iteration(s) in the graph, "
         f"{spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
+        + (f"; every NPU's links under --network {config.network}" if every and config else "")
     )
 
 

@@ -28,10 +28,12 @@ Under a sharing rule (``--network fair`` or ``store-forward``) the links' time i
 step costs: each rank runs the same one-NPU `network.Network` as the model (collectives are
 symmetric, so every rank's links carry the same load), the steps only move and check the data,
 and a stage ends at the network's time once its data is all there. Where one NPU's view is not
-exact (ASTRA-sim 2.x's congestion-aware links with halving-doubling on a Ring), the driver puts
-in its place this rank's stage ends from a run of every NPU (`npunet.Replay`, set by
-`run.collective.run_collective`); NPUs may then start a dim's stages in different orders, and
-messages carry the replay's stage numbers, common to all, as their tags.
+exact (ASTRA-sim 2.x's congestion-aware links with halving-doubling on a Ring; point-to-point
+messages or per-rank graphs under fair or store-forward), the driver puts in its place this
+rank's stage and message ends from a run of every NPU (`npunet.Replay`, set by
+`run.collective.run_collective` and `run.training.run_graph`); NPUs may then start a dim's
+stages in different orders, and messages carry the replay's stage numbers, common to all, as
+their tags.
 """
 
 from __future__ import annotations
@@ -410,11 +412,13 @@ class MpiTransport:
     def start(self, run: StageRun) -> None:
         """Post the first step of a stage the engine just started."""
         if isinstance(run, MessageRun):
-            if self.network is not None:
-                raise UsageError(
-                    f"point-to-point messages under --network {self.config.network} need the per-NPU "
-                    "network model, which is not built yet; use --network ideal"
+            if self.network is not None and not isinstance(self.network, Replay):
+                raise UsageError(  # (the driver runs messages on every NPU's links: `npunet.SharedWorld`)
+                    f"point-to-point messages under --network {self.config.network} run on every NPU's "
+                    "links (run.training.run_graph)"
                 )
+            if self.network is not None:
+                self.network.start(run)
             self._start_message(run)
             return
         if self.network is not None:
@@ -812,7 +816,8 @@ class MpiTransport:
         self._net_done = None
         self._active = [ex for ex in self._active if id(ex.run) not in ending]
         for ex in done:
-            self._release(ex)  # type: ignore[arg-type]
+            if isinstance(ex, _StageExec):
+                self._release(ex)
         for run in runs:
             run.wall_end_s = time.perf_counter()
         return t_ns, runs

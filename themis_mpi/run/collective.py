@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
-from ..npunet import Astra2Transport, Astra2World, every_npu
+from ..npunet import Astra2World, WorldTransport, every_npu
 from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
@@ -83,7 +83,7 @@ def run_collective(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
     uneven = every_npu(transport.topology, config)
-    if uneven and not isinstance(transport, Astra2Transport):
+    if uneven and not isinstance(transport, WorldTransport):
         done = _on_every_npu(transport, collective, policy, schedule)
         if done is not None:
             result, engine = done

@@ -13,12 +13,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..collectives import Collective
 from ..config import RunConfig
 from ..cost import loop_tick_ns
 from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
+from ..npunet import Replay, SharedWorld, Stalled, WorldTransport, shared_every_npu
 from ..npus import NpuVectors, NpuWorld, npu0_ns, vectorisable
 from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
@@ -65,7 +67,11 @@ def _training_result(
     """The row of a training run or a graph replay, from its engine (`total_ns`: the last rank's end)."""
     topo, network = transport.topology, transport.config.network
     total_ns = engine.now_ns if total_ns is None else total_ns
-    links = link_results(engine.records, topo, transport.cost, total_ns / 1e3) if network != IDEAL else []
+    carried = getattr(transport, "link_bytes", None)  # what every NPU's links carried, where run
+    if carried is None and isinstance(getattr(transport, "network", None), Replay):
+        carried = transport.network.link_bytes  # type: ignore[attr-defined]
+    span_us = total_ns / 1e3
+    links = link_results(engine.records, topo, transport.cost, span_us, carried) if network != IDEAL else []
     return TrainingResult.timed(
         total_ns=total_ns,
         iterations=iterations,
@@ -164,8 +170,11 @@ def run_graph(
     policy: PolicyLike,
     spec: TrainingSpec,
     ranks: Sequence[int] | None = None,
+    schedules: dict[Collective, Schedule] | None = None,
 ) -> TrainingResult:
     """A Chakra execution graph once; every collective and message on real data in MPI.
+
+    `schedules`: every distinct collective's, decided already (the NPUs of a world share them).
 
     `ranks` whose graphs give the distinct collectives: all of them by default under MPI, rank
     0 on the model. ``iterations`` and the per-iteration times come from the graph's
@@ -174,21 +183,21 @@ def run_graph(
     topo, config = transport.topology, transport.config
     if config.asymmetric or spec.heterogeneous:
         raise UsageError("stragglers run text workloads in train; Chakra graphs do not take them yet")
-    if ranks is None:
-        ranks = range(topo.npus) if transport.name == "mpi" else [0]
+    in_world = isinstance(transport, WorldTransport)
+    if ranks is None or in_world:
+        ranks = range(topo.npus) if transport.name in ("mpi", "npus") else [0]
     plan = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
     if plan.messages and config.compat:
         raise UsageError("point-to-point messages are not supported with --compat")
-    if plan.messages and config.network != IDEAL:
+    if not graph.symmetric and config.network != IDEAL and config.compat:
         raise UsageError(
-            f"point-to-point messages under --network {config.network} need the per-NPU network model, "
-            "which is not built yet; use --network ideal"
+            f"per-rank Chakra traces under --compat {config.compat} --network {config.network} "
+            "are not supported; use --network ideal"
         )
-    if not graph.symmetric and config.network != IDEAL:
-        raise UsageError(
-            f"per-rank Chakra traces under --network {config.network} need the per-NPU network model, "
-            "which is not built yet; use --network ideal"
-        )
+    if shared_every_npu(config, bool(plan.messages), not graph.symmetric) and not in_world:
+        done, schedules = _graph_on_every_npu(transport, graph, policy, spec)
+        if done is not None:
+            return done
     linked = None
     if transport.name == "model" and not graph.symmetric and plan.messages and spec.partition_mib:
         raise UsageError(
@@ -197,8 +206,9 @@ def run_graph(
     if transport.name == "model" and not graph.symmetric and plan.messages:
         plans = {0: plan}
         ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
-    collectives = graph_collectives(graph, topo, spec, ranks)
-    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    if schedules is None:
+        collectives = graph_collectives(graph, topo, spec, ranks)
+        schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     if transport.name == "model" and not graph.symmetric and plan.messages:
         t0 = time.perf_counter()
         linked = run_linked(topo, config, plans, schedules)
@@ -228,6 +238,32 @@ def run_graph(
         workload=graph.source,
         total_ns=total_ns,
     )
+
+
+def _graph_on_every_npu(
+    transport: Transport, graph: Graph, policy: PolicyLike, spec: TrainingSpec
+) -> tuple[TrainingResult | None, dict[Collective, Schedule]]:
+    """Messages or per-rank graphs under fair or store-forward: the graph on every NPU's links.
+
+    On the model that run is the result (rank 0's row). Under MPI every rank runs the same
+    deterministic simulation of every NPU (`npunet.SharedWorld`) and its transport takes its
+    own rank's stage and message ends from it (`npunet.Replay`) while the data still moves rank
+    to rank: the rank's engine takes the decisions its NPU took there, so emulator == model
+    exactly; then None: run it. With the row go the schedules, decided once for every NPU.
+    """
+    topo, config = transport.topology, transport.config
+    collectives = graph_collectives(graph, topo, spec, range(topo.npus))
+    schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
+    world = SharedWorld(topo, config)
+    t0 = time.perf_counter()
+    try:
+        rows = world.run(lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
+    except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
+        raise UsageError(f"the graph deadlocks on every NPU's links: {exc}") from None
+    if transport.name == "model":
+        return replace(rows[0], transport="model", wall_s=time.perf_counter() - t0), schedules
+    transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
+    return None, schedules
 
 
 def model_training(
