@@ -1,11 +1,13 @@
 """Rules of the LLM workload generator (`workloads.llm`) and the linked model of pipeline stages."""
 
 import re
+from dataclasses import replace
 
 import pytest
 from harness import DATA, cli, local
 
 from themis_mpi.cli.parser import LLM_PRESETS
+from themis_mpi.cli.workload import price
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
@@ -87,6 +89,42 @@ def test_dp_all_reduces_every_ranks_gradients_params_over_tp_pp():
     grads = [colls(graph_of(c, stage * 4), 0, "DP") for stage in (0, 1)]
     assert all(len(g) == 1 for g in grads)
     assert sum(g[0] for g in grads) * c.tp == c.params * c.bytes_per_element
+
+
+@pytest.mark.parametrize("zero,op", [(0, 0), (1, 7), (3, 7)])
+@pytest.mark.parametrize("schedule,chunks", [("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+def test_overlapped_dp_reduces_the_same_bytes_one_bucket_per_layer_behind_the_last_backward(
+    zero, op, schedule, chunks
+):
+    """--overlap-dp: a bucket per layer of the device, issued after its last backward, adding up to the whole."""
+    c = LlmConfig(**SMALL, tp=2, pp=2, dp=2, zero=zero, schedule=schedule, chunks=chunks)
+    o = replace(c, overlap_dp=True)
+    for rank in (0, 4):
+        whole, buckets = colls(graph_of(c, rank), op, "DP"), graph_of(o, rank)
+        parts = [n for n in buckets if n.type == COMM_COLL_NODE and n.name.endswith(".dp.grads")]
+        assert len(whole) == 1 and sum(n.attr("comm_size") for n in parts) == whole[0]
+        assert len(parts) == c.layers // c.pp
+        ids = {n.id: n for n in buckets}
+        last_b = f"B{c.micro_batches - 1}."
+        assert all(ids[n.ctrl_deps[0]].name.startswith(last_b) for n in parts)  # after a last backward
+        assert not any(set(n.ctrl_deps) & {p.id for p in parts} for n in buckets if n.name.startswith("B"))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_overlapped_dp_is_never_slower_alone_and_a_shared_nic_slows_it_only_when_overlapped(schedule):
+    """Under ideal, DP behind the backward never costs more; under fair a NIC shared with the pipeline costs only then."""
+    shape = dict(layers=8, hidden=2048, heads=16, seq=1024, vocab=32000, micro_batch=1, global_batch=32)
+    own = parse_topology("SW(4,50,1000)_SW(4,50,1000)")
+    nic = parse_topology("SW(4,50,1000)_SW(4,50,1000)_NIC(0+1,50)")
+    spec = TrainingSpec(chunks=4)
+
+    def iteration_us(overlap, topo, rule):
+        c = LlmConfig(**shape, pp=4, dp=4, schedule=schedule, overlap_dp=overlap)
+        return price(c, fit_groups(c, topo), "baseline", RunConfig(network=rule), spec)["iteration_us"]
+
+    assert iteration_us(True, own, "ideal") <= iteration_us(False, own, "ideal")
+    assert iteration_us(False, nic, "fair") == iteration_us(False, own, "fair")  # never at once on a NIC
+    assert iteration_us(True, nic, "fair") > iteration_us(True, own, "fair")
 
 
 @pytest.mark.parametrize("zero", [1, 2])

@@ -354,6 +354,14 @@ class Topology:
         )
         return changed if changed == self else self.with_dims(dims)
 
+    def free(self) -> Topology:
+        """The same NPUs with communication all but free: 1 PB/s, no latency, no shared port.
+
+        What a pipeline's bubble is measured on (`cli.workload.price_all`).
+        """
+        dims = len(self.dims)
+        return replace(self.with_overrides([1e6] * dims, [0.0] * dims), ports=())
+
 
 def _preset(spec: str, name: str) -> Topology:
     parsed = parse_inline(spec)

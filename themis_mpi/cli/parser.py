@@ -512,6 +512,11 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
     p.add_argument("--schedule", default="1f1b", help="gpipe, 1f1b or interleaved:V (default 1f1b)")
     p.add_argument("--recompute", action="store_true", help="full activation recomputation")
+    p.add_argument(
+        "--overlap-dp",
+        action="store_true",
+        help="reduce gradients layer by layer behind the last backward (Megatron's --overlap-grad-reduce)",
+    )
     p.add_argument("--peak-tflops", type=float, default=989.0, help="peak TFLOP/s (default 989)")
     p.add_argument("--efficiency", type=float, default=0.5, help="share of the peak reached (default 0.5)")
     p.add_argument("--bytes-per-element", type=int, default=2, help="e: bytes per element (default 2)")

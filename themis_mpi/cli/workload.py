@@ -74,6 +74,7 @@ def llm_config(args: argparse.Namespace) -> LlmConfig:
         schedule=schedule,
         chunks=chunks,
         recompute=args.recompute,
+        overlap_dp=args.overlap_dp,
         peak_tflops=args.peak_tflops,
         efficiency=args.efficiency,
         bytes_per_element=args.bytes_per_element,
@@ -109,7 +110,8 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
         f"DP dims {_dims(layout.dp)}, PP dims {_dims(layout.pp)} "
         f"(--order {c.order}: rank = {rank_formula(c.order)})",
         f"# {schedule}: {c.micro_batches} micro-batches of {c.micro_batch} per pipeline, ZeRO-{c.zero}"
-        f"{', recompute' if c.recompute else ''}; in flight per stage {' '.join(map(str, flight))}; "
+        f"{', recompute' if c.recompute else ''}{', DP overlapped' if c.overlap_dp else ''}; "
+        f"in flight per stage {' '.join(map(str, flight))}; "
         f"ideal bubble (p-1)/(m*V) = {(c.pp - 1) / (c.micro_batches * c.chunks):.3f}",
         "# rank 0 per iteration: "
         + ", ".join(f"{k} {sent[k] / 2**20:.2f} MiB" for k in PARALLELISMS)
@@ -140,7 +142,7 @@ def price_all(
         return row.iteration_us, row.compute_us
 
     topo = layout.topology
-    free = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
+    free = topo.free()
     colls = frozenset(("TP", "DP", "EP"))
     present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
     first, first_config = policies[0]
@@ -237,7 +239,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     head = ["policy", "iteration_us", "compute_us", "exposed_us", *(g + "_us" for g in GROUPS), "PP_us"]
     print("#" + "".join(f"{h:>14}" for h in [*head, "bubble_us"])[1:])
     topo = layout.topology
-    free = topo.with_overrides([1e6] * len(topo.dims), [0.0] * len(topo.dims))
+    free = topo.free()
     colls = frozenset(GROUPS)
 
     def run(policy: str, config: RunConfig, drop: frozenset[str], on: Topology) -> tuple[float, float]:

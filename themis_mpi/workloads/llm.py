@@ -9,7 +9,10 @@ element (docs/workloads.md#llm-training-generated-from-a-models-shape):
   (2 more with recompute, whose forward repeats them);
 - PP: ``b*S*H*e`` bytes per micro-batch across each stage boundary, forward and backward;
 - DP: each rank's gradients (its stage's parameters / TP) all-reduced once the pipeline has
-  drained; ZeRO-1/2 reduce-scatter them and all-gather the parameters after the step; ZeRO-3
+  drained, or with ``overlap_dp`` (Megatron's ``--overlap-grad-reduce``) one bucket per layer
+  (the stage's gradients split evenly) issued after the layer's last backward and waited for
+  before the step, so that they run beside the last backward's compute and messages; ZeRO-1/2
+  reduce-scatter them and all-gather the parameters after the step; ZeRO-3
   reduce-scatters them and all-gathers each layer's parameters before its forward and backward
   of every micro-batch;
 - EP: per MoE layer and micro-batch, an all-to-all of ``b*S*H*k*e`` bytes to dispatch tokens
@@ -65,6 +68,7 @@ class LlmConfig:
     schedule: str = "1f1b"
     chunks: int = 1  # virtual pipeline chunks per device (interleaved:V)
     recompute: bool = False
+    overlap_dp: bool = False  # gradients reduced layer by layer during the last backward
     peak_tflops: float = 989.0
     efficiency: float = 0.5
     bytes_per_element: int = 2
@@ -425,6 +429,7 @@ class _Builder:
         self.nodes: list[Node] = []
         self.prev: list[int] = []
         self.batch: list[int] = []
+        self.behind: list[int] = []  # collectives the chain does not wait for (`coll_behind`)
         self.involved = {}
         n = len(layout.topology.dims)
         for name in ("tp", "dp", "ep", "edp"):
@@ -462,6 +467,20 @@ class _Builder:
             Attr("themis_parallelism", "string", parallelism),
         ]
         self._add(name, COMM_COLL_NODE, attrs)
+
+    def coll_behind(self, name: str, op: int, nbytes: int, group: str, parallelism: str) -> None:
+        """A collective that runs behind the steps after it; `join` waits for it."""
+        self.flush()
+        prev = self.prev
+        self.coll(name, op, nbytes, group, parallelism)
+        if self.prev is not prev:  # (issued)
+            self.behind.append(self.prev[0])
+            self.prev = prev
+
+    def join(self) -> None:
+        """The next step waits for the collectives running behind as well."""
+        self.flush()
+        self.prev, self.behind = self.prev + self.behind, []
 
     def message(self, name: str, send: bool, me: int, peer: int, nbytes: int, tag: int) -> None:
         """A send or receive in the open batch."""
@@ -520,6 +539,21 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
             b.coll(f"{where}.{what}.ar2", ALL_REDUCE, act, "tp", "TP")
 
     last = c.stages - 1
+    dense, expert = c.stage_params(s)
+    grads_dense = dense // c.tp * e
+    grads_expert = expert // (c.tp * c.ep) * e
+    dp_op = ALL_REDUCE if c.zero == 0 else REDUCE_SCATTER
+    buckets = v_chunks * n  # --overlap-dp: one per layer of the device, in the order they finish
+    finished = 0
+
+    def reduce_behind(where: str) -> None:
+        """The next layer's gradient bucket, reduced behind the rest of the last backward."""
+        nonlocal finished
+        k, finished = finished, finished + 1
+        for name, total, group in (("dp", grads_dense, "dp"), ("edp", grads_expert, "edp")):
+            share = total // buckets + (total % buckets if k == buckets - 1 else 0)  # (the rest: last)
+            b.coll_behind(f"{where}.{name}.grads", dp_op, share, group, "DP")
+
     for unit in message_units(c.schedule, p, s, m, v_chunks):
         for kind, mb, chunk in unit:  # receives join the batch of the previous unit's sends
             vs = chunk * p + s
@@ -534,6 +568,8 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
                 b.comp(f"B{mb}.head", head * (3 if c.recompute else 2))
             for i in range(n) if kind == "F" else reversed(range(n)):
                 layer(kind, mb, vs, i)
+                if c.overlap_dp and kind == "B" and mb == m - 1:
+                    reduce_behind(f"B{mb}.s{vs}.l{i}")
             if kind == "F" and vs == last and head:
                 b.comp(f"F{mb}.head", head)
         b.flush()
@@ -543,19 +579,13 @@ def rank_graph(c: LlmConfig, layout: Layout, rank: int, drop: frozenset[str] = f
                 b.message(f"send.a{mb}.s{vs}", True, rank, neighbour((vs + 1) % p), act, tag("F", mb, vs + 1))
             if kind == "B" and vs > 0:
                 b.message(f"send.g{mb}.s{vs}", True, rank, neighbour((vs - 1) % p), act, tag("B", mb, vs))
-    b.flush()
-    dense, expert = c.stage_params(s)
-    grads_dense = dense // c.tp * e
-    grads_expert = expert // (c.tp * c.ep) * e
-    if c.zero == 0:
-        b.coll("dp.grads", ALL_REDUCE, grads_dense, "dp", "DP")
-        b.coll("edp.grads", ALL_REDUCE, grads_expert, "edp", "DP")
-    else:
-        b.coll("dp.grads", REDUCE_SCATTER, grads_dense, "dp", "DP")
-        b.coll("edp.grads", REDUCE_SCATTER, grads_expert, "edp", "DP")
-        if c.zero in (1, 2):
-            b.coll("dp.params", ALL_GATHER, grads_dense // c.dp, "dp", "DP")
-            b.coll("edp.params", ALL_GATHER, grads_expert // (c.dp // c.ep), "edp", "DP")
+    b.join()
+    if not c.overlap_dp:
+        b.coll("dp.grads", dp_op, grads_dense, "dp", "DP")
+        b.coll("edp.grads", dp_op, grads_expert, "edp", "DP")
+    if c.zero in (1, 2):
+        b.coll("dp.params", ALL_GATHER, grads_dense // c.dp, "dp", "DP")
+        b.coll("edp.params", ALL_GATHER, grads_expert // (c.dp // c.ep), "edp", "DP")
     return b.nodes
 
 
