@@ -4,7 +4,7 @@ Usage::
 
     python scripts/study_network.py [--traces traces] [--out docs/network] [--quick] [--workers N|mpi]
 
-``--quick`` runs part 2 on `QUICK_WORKLOADS` only (parts 1 and 3 whole); its rows are those of the
+``--quick`` runs part 2 on `QUICK_WORKLOADS` only (parts 1, 3 and 4 whole); its rows are those of the
 full study (a test compares them with docs/network).
 
 Three parts, all on the model (1024 NPUs), under each sharing rule (ideal: nothing shared,
@@ -17,9 +17,11 @@ ASTRA-sim 1.0's rule; fair: max-min fair links; store-forward: whole messages in
 3. Active chunks per dim 1, 2, 4, 8 x chunks 1 to 64, one 64 MiB all-reduce (baseline) on
    3D-SW_SW_SW_hetero with paper latencies (ASTRA-sim issue 155: do more splits congest links?).
 
-Writes network.json, network.md and two plots into --out and prints the tables. Point-to-point
-traffic beside collectives (a pipeline's sends) runs on every NPU's links (docs/time-model.md,
-"Every NPU"); it is not part of this study.
+4. A pipeline's point-to-point messages beside its data-parallel gradient reduction: a generated
+   GPT (PP 4 x DP 4, 16 NPUs, every NPU's links), DP after the pipeline drains or overlapped with
+   the last backward (``--overlap-dp``), on two switch levels with a NIC each or one NIC for both.
+
+Writes network.json, network.md and three plots into --out and prints the tables.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from themis_mpi.cli.workload import price  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import CostModels  # noqa: E402
@@ -43,6 +46,7 @@ from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import PRESETS, parse_topology  # noqa: E402
+from themis_mpi.workloads.llm import LlmConfig, fit_groups  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
 from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
@@ -56,6 +60,12 @@ QUICK_WORKLOADS = ("resnet152", "dlrm")
 SPLITS = (1, 2, 4, 8, 16, 32, 64)
 ACTIVE = (1, 2, 4, 8)
 MIB = 1 << 20
+GPT = dict(layers=8, hidden=2048, heads=16, seq=1024, vocab=32000, micro_batch=1, global_batch=32, pp=4, dp=4)
+PIPE_MACHINES = {  # DP on the first switch level, PP on the second (Megatron's order)
+    "a NIC per level": "SW(4,50,1000)_SW(4,50,1000)",
+    "one NIC": "SW(4,50,1000)_SW(4,50,1000)_NIC(0+1,50)",
+}
+PIPE_DP = {"after the drain": False, "overlapped": True}
 
 
 def _topology(spec: str, latency: float | None):
@@ -133,6 +143,49 @@ def splits_part() -> list[dict]:
     return rows
 
 
+def pipeline_part() -> list[dict]:
+    """Part 4: a pipeline's messages beside its DP reduction, per schedule, DP timing, machine, rule."""
+    rows = []
+    for schedule in ("1f1b", "gpipe"):
+        for dp_name, overlap in PIPE_DP.items():
+            c = LlmConfig(**GPT, schedule=schedule, overlap_dp=overlap)  # type: ignore[arg-type]
+            for machine, spec in PIPE_MACHINES.items():
+                layout = fit_groups(c, parse_topology(spec))
+                for rule in RULES:
+                    r = price(c, layout, "baseline", RunConfig(network=rule), TrainingSpec(chunks=4))
+                    keep = {k: r[k] for k in ("iteration_us", "compute_us", "DP", "PP", "bubble_us")}
+                    rows.append(
+                        {"schedule": schedule, "dp": dp_name, "machine": machine, "rule": rule, **keep}
+                    )
+    return rows
+
+
+def _pipe(rows: list[dict], schedule: str, dp: str, machine: str, rule: str) -> dict:
+    """Part 4's row of one cell."""
+    return next(
+        r for r in rows if (r["schedule"], r["dp"], r["machine"], r["rule"]) == (schedule, dp, machine, rule)
+    )
+
+
+def _pipeline_finding(pipe: list[dict]) -> str:
+    """Part 4 in a few sentences, with its numbers."""
+    drained = [_pipe(pipe, s, "after the drain", m, "fair")["iteration_us"] for s in ("1f1b", "gpipe")
+               for m in PIPE_MACHINES]  # fmt: skip
+    one, own = (_pipe(pipe, "gpipe", "overlapped", m, "fair") for m in ("one NIC", "a NIC per level"))
+    one1, own1 = (_pipe(pipe, "1f1b", "overlapped", m, "fair") for m in ("one NIC", "a NIC per level"))
+    same = drained[0] == drained[1] and drained[2] == drained[3]
+    return (
+        "- **A pipeline's messages meet its DP traffic only when DP overlaps the backward** (table 4). "
+        f"With DP after the pipeline drains, one NIC for both levels costs {'nothing' if same else 'time'}: "
+        "a stage's messages and its gradient reduction never run at once (each rank's steps form one "
+        "chain). With `--overlap-dp` they do: under fair sharing GPipe's gradient reduction, hidden "
+        f"behind the backward with a NIC per level (DP {own['DP']:.0f} us exposed), shows {one['DP']:.0f} us "
+        f"through one NIC ({own['iteration_us']:.0f} -> {one['iteration_us']:.0f} us); 1F1B "
+        f"{own1['iteration_us']:.0f} -> {one1['iteration_us']:.0f} us. Under ideal, which shares nothing, "
+        "the NIC never matters."
+    )
+
+
 def _fmt(value) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -155,7 +208,7 @@ def _training_finding(training: list[dict]) -> str:
     )
 
 
-def findings(ar: list[dict], training: list[dict], splits: list[dict]) -> list[str]:
+def findings(ar: list[dict], training: list[dict], splits: list[dict], pipe: list[dict]) -> list[str]:
     """What the tables say, with their numbers (so a rerun rewrites them)."""
 
     def speedup(machine: str, latency: str, rule: str) -> float:
@@ -192,21 +245,24 @@ def findings(ar: list[dict], training: list[dict], splits: list[dict]) -> list[s
         f"c/a chunks take with one (64 chunks: {split('fair', 1, 64):.1f} us with 1 active, "
         f"{split('fair', 8, 64):.1f} us with 8 = {split('fair', 1, 8):.1f} us of 8 chunks with 1). "
         "Under store-forward they pipeline the switch's two hops, which a single chunk cannot.",
+        _pipeline_finding(pipe),
         "",
     ]
 
 
-def markdown(ar: list[dict], training: list[dict], splits: list[dict], seconds: float) -> str:
+def markdown(
+    ar: list[dict], training: list[dict], splits: list[dict], pipe: list[dict], seconds: float
+) -> str:
     """The study's page."""
     lines = [
         "# Shared links: Themis on a shared NIC, and what concurrent chunks buy",
         "",
-        "Generated by `python scripts/study_network.py --out docs/network` (the model, 1024 NPUs; "
+        "Generated by `python scripts/study_network.py --out docs/network` (the model: 1024 NPUs, part 4 16; "
         f"{seconds:.0f} s of CPU, {measured_on()}). Rules: `ideal` shares nothing (ASTRA-sim "
         "1.0's rule), `fair` is max-min fair on every link, `store-forward` serves whole messages in "
         "arrival order and a switch forwards a message once it has all of it (up, then down).",
         "",
-        *findings(ar, training, splits),
+        *findings(ar, training, splits, pipe),
         f"## 1. One all-reduce on {HGX}: dims 1 and 2 behind one NIC, or a NIC per dim",
         "",
         "64 chunks, float64. NIC% is the busiest direction of the shared NIC over the run (bytes over "
@@ -252,12 +308,33 @@ def markdown(ar: list[dict], training: list[dict], splits: list[dict], seconds: 
                 + " | ".join(f"{r['time_us']:.1f} ({r['busiest_link_pct']:.0f} %)" for r in cells)
                 + " |"
             )
+    lines += [
+        "",
+        "## 4. A pipeline's messages beside its data-parallel reduction",
+        "",
+        "A generated GPT (8 layers, hidden 2048, seq 1024, PP 4 x DP 4, 8 micro-batches of 1; "
+        "`themis-mpi workload gpt`), DP on the first switch level and PP on the second, every NPU's "
+        "links (`--network fair|store-forward` run every NPU when a run has messages), baseline, 4 "
+        "chunks per collective. DP: the gradients all-reduced after the pipeline drains, or one bucket "
+        "per layer behind the last backward (`--overlap-dp`). Per parallelism, as `workload gpt --run` "
+        "prices it: DP = the iteration minus the iteration without DP's collectives; PP = the messages "
+        "alone minus the same on a free network; bubble = that free iteration minus compute.",
+        "",
+        "| schedule | DP | machine | rule | iteration us | compute us | DP us | PP us | bubble us |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in pipe:
+        lines.append(
+            f"| {r['schedule']} | {r['dp']} | {r['machine']} | {r['rule']} | {r['iteration_us']:.1f} | "
+            f"{r['compute_us']:.1f} | {r['DP']:.1f} | {r['PP']:.1f} | {r['bubble_us']:.1f} |"
+        )
     lines += ["", "![time vs chunks](splits.png)", "", "![Themis on the shared NIC](hgx_nic.png)", ""]
+    lines += ["![pipeline beside DP](pipeline.png)", ""]
     return "\n".join(lines)
 
 
-def plots(ar: list[dict], splits: list[dict], out: str) -> list[str]:
-    """splits.png (part 3) and hgx_nic.png (part 1)."""
+def plots(ar: list[dict], splits: list[dict], pipe: list[dict], out: str) -> list[str]:
+    """splits.png (part 3), hgx_nic.png (part 1) and pipeline.png (part 4)."""
     fig, axes = plt.subplots(1, len(RULES), figsize=(13, 4), sharey=True)
     for ax, rule in zip(axes, RULES):
         for active in ACTIVE:
@@ -297,6 +374,22 @@ def plots(ar: list[dict], splits: list[dict], out: str) -> list[str]:
     with atomic_path(paths[1]) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    cells = [(dp, rule) for dp in PIPE_DP for rule in RULES]
+    for ax, schedule in zip(axes, ("1f1b", "gpipe")):
+        for k, machine in enumerate(PIPE_MACHINES):
+            values = [_pipe(pipe, schedule, dp, machine, rule)["iteration_us"] / 1e3 for dp, rule in cells]
+            ax.bar([i + 0.4 * k for i in range(len(values))], values, width=0.4, label=machine)
+        ax.set_xticks([i + 0.2 for i in range(len(cells))])
+        ax.set_xticklabels([f"{dp}\n{rule}" for dp, rule in cells], fontsize=7)
+        ax.set_title(f"{schedule}: GPT PP 4 x DP 4", fontsize=9)
+    axes[0].set_ylabel("iteration (ms)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    paths.append(os.path.join(out, "pipeline.png"))
+    with atomic_path(paths[2]) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
     return paths
 
 
@@ -307,7 +400,7 @@ def _cpu_s() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the three parts, print the page, write JSON, Markdown and plots into --out."""
+    """Run the four parts, print the page, write JSON, Markdown and plots into --out."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces", help="folder with the four workloads (traces)")
     ap.add_argument("--out", default=os.path.join("results", "network"), help="output directory")
@@ -317,19 +410,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = _cpu_s()
     workloads = QUICK_WORKLOADS if args.quick else WORKLOADS
     ar, training = all_reduce_part(), training_part(args.traces, parse_workers(args.workers), workloads)
-    splits = splits_part()
+    splits, pipe = splits_part(), pipeline_part()
     seconds = _cpu_s() - t0
     os.makedirs(args.out, exist_ok=True)
     write_json(
-        os.path.join(args.out, "network.json"), {"all_reduce": ar, "training": training, "splits": splits}
+        os.path.join(args.out, "network.json"),
+        {"all_reduce": ar, "training": training, "splits": splits, "pipeline": pipe},
     )
-    page = markdown(ar, training, splits, seconds)
+    page = markdown(ar, training, splits, pipe, seconds)
     write_text(os.path.join(args.out, "network.md"), page)
     print(page)
     print(
         "# wrote "
         + " ".join(
-            [os.path.join(args.out, n) for n in ("network.json", "network.md")] + plots(ar, splits, args.out)
+            [os.path.join(args.out, n) for n in ("network.json", "network.md")]
+            + plots(ar, splits, pipe, args.out)
         )
     )
     return 0

@@ -97,11 +97,12 @@ def test_nccl_fits_regenerate(tmp_path):
 
 
 def test_network_study_quick_rows_are_the_shipped_rows(tmp_path):
-    """study_network.py --quick gives docs/network's all-reduce and splits parts whole and its training rows."""
+    """study_network.py --quick gives docs/network's all-reduce, splits and pipeline parts whole and its training rows."""
     run_study("study_network.py", tmp_path, "--quick")
     new = json.loads((tmp_path / "network.json").read_text())
     shipped = json.loads((ROOT / "docs" / "network" / "network.json").read_text())
     assert untimed(new["all_reduce"]) == untimed(shipped["all_reduce"])
     assert untimed(new["splits"]) == untimed(shipped["splits"])
+    assert untimed(new["pipeline"]) == untimed(shipped["pipeline"])
     key = ("workload", "machine", "latency", "rule")
     assert_subset(by_key(new["training"], key), by_key(shipped["training"], key))
