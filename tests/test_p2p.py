@@ -16,7 +16,8 @@ from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npunet import SharedWorld, Stalled
+from themis_mpi.npunet import SharedWorld
+from themis_mpi.npus import Stalled
 from themis_mpi.policies.base import fixed_schedule
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import run_graph

@@ -44,11 +44,9 @@ import heapq
 import math
 from collections import defaultdict, deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import greenlet
 import numpy as np
 
 from .config import RunConfig
@@ -57,14 +55,11 @@ from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
 from .network import FAIR, IDEAL, STORE_FORWARD, Network, Step, physical_links, step_planner, uneven_dims
 from .network import _Flow as _LinkFlow
+from .npus import GreenletControl, Greenlets
 from .topology import Topology
 
 T = TypeVar("T")
 MAX_NPUS = 4096  # NPUs one process runs at once
-
-
-class Stalled(RuntimeError):
-    """No NPU can move: a step that waits for a message nobody sends, or a meeting not all reach."""
 
 
 def every_npu(topology: Topology, config: RunConfig) -> bool:
@@ -172,7 +167,7 @@ class _Npu:
         self.waiting = False  # in `wait_next` (its horizon, when finite, is in `World._timed`)
 
 
-class World:
+class World(Greenlets):
     """Every NPU's engine in a greenlet on one time-ordered event loop; the links are a subclass's.
 
     `Astra2World` has ASTRA-sim 2.x's congestion-aware links, `SharedWorld` the links of every
@@ -187,17 +182,13 @@ class World:
     def __init__(self, topology: Topology, config: RunConfig):
         if topology.npus > MAX_NPUS:
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
-        self.topology, self.config, self.n = topology, config, topology.npus
+        super().__init__(topology.npus)
+        self.topology, self.config = topology, config
         self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
         self.now_ns = 0.0
         self.npus = [_Npu() for _ in range(self.n)]
-        self.ready: deque[int] = deque()
         self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
-        self.arrived: list[int] = []  # NPUs at the current meeting
-        self.met: list[Any] = []
-        self.slots: list[Any] = [None] * self.n
-        self.hub: greenlet.greenlet | None = None
         # per NPU: every stage's start (by its key) and the stage ends in the order it took them
         self.starts: list[dict[tuple[int, int, int], float]] = [{} for _ in range(self.n)]
         self.order: list[list[list[tuple[int, int, int]]]] = [
@@ -261,71 +252,36 @@ class World:
             self._timed[rank] = horizon_ns
         self._yield()
 
-    def gather(self, rank: int, value: Any, what: str) -> list[Any]:
-        """Every NPU's value, on every NPU."""
-        self.slots[rank] = value
-        self.arrived.append(rank)
-        if len(self.arrived) < self.n:
-            self._yield()
-            return self.met
-        self.met = list(self.slots)
-        self.ready.extend(self.arrived[:-1])
-        self.arrived = []
-        return self.met
+    def transport(self, rank: int) -> WorldTransport:
+        """NPU `rank`'s transport."""
+        return WorldTransport(self, rank)
 
-    def _yield(self) -> None:
-        assert self.hub is not None
-        self.hub.switch()
+    def _idle(self) -> bool:
+        """Run what comes first: the links' next event or the NPUs' earliest horizon (False: neither).
 
-    def run(self, body: Callable[[WorldTransport], T]) -> list[T]:
-        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised.
-
-        When no NPU can run, the earliest of the next event and the NPUs' horizons comes next
-        (an event first at a tie, as `Astra2Network.next` and `Network.next` do).
+        At a tie the event comes first, as `Astra2Network.next` and `Network.next` do.
         """
-        results: list[Any] = [None] * self.n
-        failures: list[BaseException] = []
+        horizon = min(self._timed.values(), default=math.inf)
+        t_ns = self._next_ns()
+        if t_ns < math.inf and t_ns <= horizon:
+            self._fire_next(t_ns)
+        elif horizon < math.inf:
+            self._advance(horizon)
+            for rank in sorted(r for r, h in self._timed.items() if h == horizon):
+                del self._timed[rank]
+                self.npus[rank].waiting = False
+                self.ready.append(rank)
+        else:
+            return False
+        return True
 
-        def npu(rank: int) -> None:
-            try:
-                results[rank] = body(WorldTransport(self, rank))
-            except greenlet.GreenletExit:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - raised by run
-                failures.append(exc)
-
-        self.hub = greenlet.getcurrent()
-        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
-        self.ready.extend(range(self.n))
-        try:
-            while not failures:
-                if self.ready:
-                    npus[self.ready.popleft()].switch()
-                    continue
-                horizon = min(self._timed.values(), default=math.inf)
-                t_ns = self._next_ns()
-                if t_ns < math.inf and t_ns <= horizon:
-                    self._fire_next(t_ns)
-                elif horizon < math.inf:
-                    self._advance(horizon)
-                    for rank in sorted(r for r, h in self._timed.items() if h == horizon):
-                        del self._timed[rank]
-                        self.npus[rank].waiting = False
-                        self.ready.append(rank)
-                else:
-                    break
-        finally:
-            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
-                if g and not g.dead:
-                    g.throw(greenlet.GreenletExit)
-        if failures:
-            raise failures[0]
+    def _stalled(self) -> str:
+        """Who waits for what, and what the links know of it."""
         stuck = [r for r, n in enumerate(self.npus) if n.waiting]
-        if stuck or self.arrived:
-            what = f"NPU {stuck[0]} waits for a message" if stuck else f"NPUs {self.arrived[:4]} at a meeting"
-            why = self._why()
-            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}{why}")
-        return results
+        if not stuck and not self.arrived:
+            return ""
+        what = f"NPU {stuck[0]} waits for a message" if stuck else f"NPUs {self.arrived[:4]} at a meeting"
+        return f"every NPU waits and none can move ({len(stuck)} on messages): {what}{self._why()}"
 
     def _why(self) -> str:
         """What the links know of a deadlock, as a clause (empty if nothing)."""
@@ -769,17 +725,13 @@ class SharedWorld(World):
         return self.links.carried[rank * n : (rank + 1) * n]
 
 
-class WorldTransport:
+class WorldTransport(GreenletControl):
     """One NPU of a `World`: the engine's transport, times only (`engine.Transport`).
 
     Args:
         world: what the NPUs share.
         rank: this NPU's rank (dim 0 varies fastest).
     """
-
-    name = "npus"
-    checks_data = False
-    check_s = 0.0
 
     def __init__(self, world: World, rank: int):
         self.world, self.rank = world, rank
@@ -792,26 +744,6 @@ class WorldTransport:
     def link_bytes(self) -> list[float] | None:
         """Bytes each of this NPU's links carried so far, where the world's links know them."""
         return self.world.link_bytes(self.rank)
-
-    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
-        """Rank 0's array on every NPU, in place."""
-        array[...] = self.world.gather(self.rank, array.copy(), what)[0]
-        return array
-
-    def serving(self) -> AbstractContextManager[None]:
-        """Nobody needs an answer while rank 0 decides."""
-        return nullcontext()
-
-    def barrier(self, what: str) -> None:
-        """Every NPU has arrived."""
-        self.world.gather(self.rank, None, what)
-
-    def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
-        """Element-wise sum, max or min over NPUs, on every NPU."""
-        stacked = np.stack([np.asarray(v) for v in self.world.gather(self.rank, np.asarray(values), what)])
-        if op == "sum":
-            return stacked.sum(axis=0)
-        return stacked.max(axis=0) if op == "max" else stacked.min(axis=0)
 
     def open(self, run: CollectiveRun) -> None:
         """No data."""

@@ -43,6 +43,118 @@ class Stalled(RuntimeError):
     """No NPU can move: a wait that nothing will end (a deadlock), or the job was abandoned."""
 
 
+class Greenlets:
+    """NPUs as greenlets in one process, one running at a time until it waits, and their meetings.
+
+    The worlds of the per-NPU models (`NpuWorld` here, `npunet.World`) differ in what wakes a
+    waiting NPU; what they share is here: `run` switches to the ready NPUs in the order they became
+    ready, asks `_idle` when none is, and says what they wait for (`_stalled`) when none can move.
+    Nothing depends on wall time, so a run is deterministic.
+
+    Args:
+        n: the NPUs.
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.ready: deque[int] = deque()
+        self.arrived: list[int] = []  # NPUs at the current meeting
+        self.met: list[Any] = []  # the last meeting's values
+        self.slots: list[Any] = [None] * n
+        self.hub: greenlet.greenlet | None = None
+
+    def transport(self, rank: int) -> Any:
+        """NPU `rank`'s transport, which its driver runs on."""
+        raise NotImplementedError
+
+    def _idle(self) -> bool:
+        """No NPU is ready: wake some (True), or nothing will wake any (False, the default)."""
+        return False
+
+    def _stalled(self) -> str:
+        """Why NPUs still wait once none can move (empty: every NPU finished)."""
+        raise NotImplementedError
+
+    def gather(self, rank: int, value: Any, what: str) -> list[Any]:
+        """Every NPU's value, on every NPU."""
+        self.slots[rank] = value
+        self.arrived.append(rank)
+        if len(self.arrived) < self.n:
+            self._yield()
+            return self.met
+        self.met = list(self.slots)
+        self.ready.extend(self.arrived[:-1])
+        self.arrived = []
+        return self.met
+
+    def _yield(self) -> None:
+        assert self.hub is not None
+        self.hub.switch()
+
+    def run(self, body: Callable[[Any], T]) -> list[T]:
+        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
+        results: list[Any] = [None] * self.n
+        failures: list[BaseException] = []
+
+        def npu(rank: int) -> None:
+            try:
+                results[rank] = body(self.transport(rank))
+            except greenlet.GreenletExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - raised by run
+                failures.append(exc)
+
+        self.hub = greenlet.getcurrent()
+        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
+        self.ready.extend(range(self.n))
+        try:
+            while not failures:
+                if self.ready:
+                    npus[self.ready.popleft()].switch()
+                elif not self._idle():
+                    break
+        finally:
+            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
+                if g and not g.dead:
+                    g.throw(greenlet.GreenletExit)
+        if failures:
+            raise failures[0]
+        why = self._stalled()
+        if why:
+            raise Stalled(why)
+        return results
+
+
+class GreenletControl:
+    """The control calls of an NPU of a `Greenlets` world: meetings of every NPU (`engine.Transport`)."""
+
+    name = "npus"
+    checks_data = False
+    check_s = 0.0
+    world: Any  # its `Greenlets` world
+    rank: int
+
+    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
+        """Rank 0's array on every NPU, in place."""
+        array[...] = self.world.gather(self.rank, array.copy(), what)[0]
+        return array
+
+    def serving(self) -> AbstractContextManager[None]:
+        """Nobody needs an answer while rank 0 decides."""
+        return nullcontext()
+
+    def barrier(self, what: str) -> None:
+        """Every NPU has arrived."""
+        self.world.gather(self.rank, None, what)
+
+    def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
+        """Element-wise sum, max or min over NPUs, on every NPU."""
+        stacked = np.stack([np.asarray(v) for v in self.world.gather(self.rank, np.asarray(values), what)])
+        if op == "sum":
+            return stacked.sum(axis=0)
+        return stacked.max(axis=0) if op == "max" else stacked.min(axis=0)
+
+
 class _Stage:
     """One running stage on one NPU: its step peers and times, and where it stands."""
 
@@ -64,13 +176,12 @@ class _Stage:
         return t
 
 
-class NpuWorld:
-    """What the NPUs share: the mailbox, the meeting point, and a scheduler that runs them in turn.
+class NpuWorld(Greenlets):
+    """What the NPUs share: the mailbox and the meeting point (`Greenlets` runs them in turn).
 
-    Each NPU runs in a greenlet: one at a time, until it must wait for a message or a meeting;
-    then the next ready NPU runs, in the order they became ready. Nothing depends on wall time,
-    so a run is deterministic, and when no NPU is ready while some have not finished, they wait
-    for each other: a deadlock, an error that says what they wait for.
+    Each NPU runs in a greenlet until it must wait for a message or a meeting. When no NPU is
+    ready while some have not finished, they wait for each other: a deadlock, an error that says
+    what they wait for.
 
     Args:
         topology: the network.
@@ -88,15 +199,11 @@ class NpuWorld:
             raise UsageError(
                 f"the per-NPU model (stragglers) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
             )
-        self.topology, self.config, self.n = topology, config, topology.npus
+        super().__init__(topology.npus)
+        self.topology, self.config = topology, config
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
         self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
         self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
-        self.ready: deque[int] = deque()
-        self.arrived: list[int] = []  # NPUs at the current meeting
-        self.met: list[Any] = []  # the last meeting's values
-        self.slots: list[Any] = [None] * self.n
-        self.hub: greenlet.greenlet | None = None
         self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self.links = LinkScales(self.cost, config.link_scale)
         self.plans: dict[tuple, list] = {}  # stage plans by their inputs: NPUs at one coordinate share them
@@ -126,65 +233,26 @@ class NpuWorld:
             self.waiting[rank] = what
             self._yield()
 
-    def gather(self, rank: int, value: Any, what: str) -> list[Any]:
-        """Every NPU's value, on every NPU."""
-        self.slots[rank] = value
-        self.arrived.append(rank)
-        if len(self.arrived) < self.n:
-            self._yield()
-            return self.met
-        self.met = list(self.slots)
-        self.ready.extend(self.arrived[:-1])
-        self.arrived = []
-        return self.met
+    def transport(self, rank: int) -> NpuTransport:
+        """NPU `rank`'s transport."""
+        return NpuTransport(self, rank)
 
-    def _yield(self) -> None:
-        assert self.hub is not None
-        self.hub.switch()
-
-    def run(self, body: Callable[[NpuTransport], T]) -> list[T]:
-        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
-        results: list[Any] = [None] * self.n
-        failures: list[BaseException] = []
-
-        def npu(rank: int) -> None:
-            try:
-                results[rank] = body(NpuTransport(self, rank))
-            except greenlet.GreenletExit:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - raised by run
-                failures.append(exc)
-
-        self.hub = greenlet.getcurrent()
-        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
-        self.ready.extend(range(self.n))
-        try:
-            while self.ready and not failures:
-                npus[self.ready.popleft()].switch()
-        finally:
-            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
-                if g and not g.dead:
-                    g.throw(greenlet.GreenletExit)
-        if failures:
-            raise failures[0]
+    def _stalled(self) -> str:
+        """What the first NPU left waits for, or who waits at a meeting."""
         stuck = sorted(self.waiting)
-        if stuck or self.arrived:
-            what = self.waiting[stuck[0]]() if stuck else f"NPUs {self.arrived[:4]} wait at a meeting"
-            raise Stalled(f"every NPU waits and none can move ({len(stuck)} on messages): {what}")
-        return results
+        if not stuck and not self.arrived:
+            return ""
+        what = self.waiting[stuck[0]]() if stuck else f"NPUs {self.arrived[:4]} wait at a meeting"
+        return f"every NPU waits and none can move ({len(stuck)} on messages): {what}"
 
 
-class NpuTransport:
+class NpuTransport(GreenletControl):
     """One NPU of the per-NPU model: the emulator's timing without data (`engine.Transport`).
 
     Args:
         world: what the NPUs share.
         rank: this NPU's rank (dim 0 varies fastest, as on the emulator's grid).
     """
-
-    name = "npus"
-    checks_data = False
-    check_s = 0.0
 
     def __init__(self, world: NpuWorld, rank: int):
         self.world, self.rank = world, rank
@@ -195,28 +263,6 @@ class NpuTransport:
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
         self._active: list[_Stage] = []
-
-    # --- control ---------------------------------------------------------------------------------
-
-    def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
-        """Rank 0's array on every NPU, in place."""
-        array[...] = self.world.gather(self.rank, array.copy(), what)[0]
-        return array
-
-    def serving(self) -> AbstractContextManager[None]:
-        """Nobody needs an answer while rank 0 decides."""
-        return nullcontext()
-
-    def barrier(self, what: str) -> None:
-        """Every NPU has arrived."""
-        self.world.gather(self.rank, None, what)
-
-    def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
-        """Element-wise sum, max or min over NPUs, on every NPU."""
-        stacked = np.stack([np.asarray(v) for v in self.world.gather(self.rank, np.asarray(values), what)])
-        if op == "sum":
-            return stacked.sum(axis=0)
-        return stacked.max(axis=0) if op == "max" else stacked.min(axis=0)
 
     # --- engine interface ------------------------------------------------------------------------
 

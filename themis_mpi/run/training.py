@@ -20,8 +20,8 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..network import IDEAL
-from ..npunet import Replay, SharedWorld, Stalled, WorldTransport, shared_every_npu
-from ..npus import NpuVectors, NpuWorld, npu0_ns, vectorisable
+from ..npunet import Replay, SharedWorld, WorldTransport, shared_every_npu
+from ..npus import NpuVectors, NpuWorld, Stalled, npu0_ns, vectorisable
 from ..policies import Schedule, default_scheduler
 from ..results import TrainingResult, dim_results, link_results
 from ..topology import Topology
