@@ -587,15 +587,18 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     )
 
 
-def astra2_stage_steps(
-    topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int
-) -> tuple[tuple[int, tuple[tuple[LinkKey, ...], ...], float], ...]:
-    """A stage's steps on the links: (message bytes, one route per message, delay after the last arrival).
+def astra2_messages(
+    cost: CostModel, dim_index: int, op: str, full_elems: int
+) -> tuple[tuple[int, tuple[int, ...], int, float], ...]:
+    """A stage's steps as ASTRA-sim 2.x sends them: (message bytes, peer distances, XOR mask, delay).
 
-    The messages and their order are `cost.astra_steps`'s; the delay is the endpoint delay and
-    the local reduction (`CostModel._astra_gaps`).
+    The messages and their order are `cost.astra_steps`'s. A direct or all-to-all step sends to
+    every peer at once (distances 1 .. P-1), a ring step to the next NPU (1), a halving-doubling
+    step to its XOR partner: mask 1, 2, 4, ... in RS, back down in AG (the distance from NPU 0;
+    mask 0 for the others). The delay after the step's last arrival is the endpoint delay and the
+    local reduction (`CostModel._astra_gaps`).
     """
-    dim = topology.dims[dim_index]
+    dim = cost.topology.dims[dim_index]
     p = dim.npus
     gaps = cost._astra_gaps(dim_index, op, full_elems)
     out = []
@@ -603,17 +606,29 @@ def astra2_stage_steps(
     i = 0
     for half, elems in halves:
         for k, (nbytes, n, _, _) in enumerate(astra_steps(dim, half, elems, cost.itemsize, True)):
-            if n > 1:  # direct and all-to-all: every peer at once
-                distances = list(range(1, p))
+            mask = 0
+            if n > 1:
+                distances = tuple(range(1, p))
             elif dim.algorithm == "ring":
-                distances = [1]
-            else:  # halving-doubling: RS partners 1, 2, 4, ... away, AG back down
-                distances = [1 << k if half == RS else p >> (k + 1)]
-            routes = tuple(astra2_route(dim_index, dim.kind, p, d) for d in distances)
+                distances = (1,)
+            else:
+                mask = 1 << k if half == RS else p >> (k + 1)
+                distances = (mask,)
             after = gaps[i][1:] if i == 0 else gaps[i]  # (message, endpoint[, reduction])
-            out.append((nbytes, routes, sum(after[1:])))
+            out.append((nbytes, distances, mask, sum(after[1:])))
             i += 1
     return tuple(out)
+
+
+def astra2_stage_steps(
+    topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int
+) -> tuple[tuple[int, tuple[tuple[LinkKey, ...], ...], float], ...]:
+    """A stage's steps on NPU 0's links: (message bytes, a route per message, delay after the last)."""
+    dim = topology.dims[dim_index]
+    return tuple(
+        (nbytes, tuple(astra2_route(dim_index, dim.kind, dim.npus, d) for d in distances), delay)
+        for nbytes, distances, _, delay in astra2_messages(cost, dim_index, op, full_elems)
+    )
 
 
 @dataclass(eq=False)

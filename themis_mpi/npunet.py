@@ -50,10 +50,20 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .config import RunConfig
-from .cost import A2A, AG, AR, ASTRA_SIM_2, RS, CostModel, CostModels, astra_steps, link_bytes_per_ns
+from .cost import A2A, ASTRA_SIM_2, CostModel, CostModels, link_bytes_per_ns
 from .engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from .errors import UsageError
-from .network import FAIR, IDEAL, STORE_FORWARD, Network, Step, physical_links, step_planner, uneven_dims
+from .network import (
+    FAIR,
+    IDEAL,
+    STORE_FORWARD,
+    Network,
+    Step,
+    astra2_messages,
+    physical_links,
+    step_planner,
+    uneven_dims,
+)
 from .network import _Flow as _LinkFlow
 from .npus import GreenletControl, Greenlets
 from .topology import Topology
@@ -75,29 +85,20 @@ def npu_stage_steps(
 ) -> tuple[NpuStep, ...]:
     """The stage's steps at one coordinate: (message bytes, peers sent to, peers received from, delay).
 
-    Peers are coordinates on the dim. The messages and their order are `cost.astra_steps`'s (as
-    `network.astra2_stage_steps`); the delay after the last receipt is the endpoint delay and the
-    local reduction (`CostModel._astra_gaps`).
+    Peers are coordinates on the dim: `network.astra2_messages`'s distances ahead (sent to) and
+    behind (received from), or the XOR partner of a halving-doubling step.
     """
-    dim = cost.topology.dims[dim_index]
-    p, c = dim.npus, coord
-    gaps = cost._astra_gaps(dim_index, op, full_elems)
+    p = cost.topology.dims[dim_index].npus
     out = []
-    halves = ((RS, full_elems), (AG, full_elems)) if op == AR else ((op, full_elems),)
-    i = 0
-    for half, elems in halves:
-        for k, (nbytes, n, _, _) in enumerate(astra_steps(dim, half, elems, cost.itemsize, True)):
-            if n > 1:  # direct and all-to-all: every peer at once
-                sends = tuple((c + d) % p for d in range(1, p))
-                recvs = tuple((c - d) % p for d in range(1, p))
-            elif dim.algorithm == "ring":
-                sends, recvs = ((c + 1) % p,), ((c - 1) % p,)
-            else:  # halving-doubling: the XOR partner, masks 1, 2, 4, ... in RS, back down in AG
-                mask = 1 << k if half == RS else p >> (k + 1)
-                sends = recvs = (c ^ mask,)
-            after = gaps[i][1:] if i == 0 else gaps[i]  # (message, endpoint[, reduction])
-            out.append((nbytes, sends, recvs, sum(after[1:])))
-            i += 1
+    for nbytes, distances, mask, delay in astra2_messages(cost, dim_index, op, full_elems):
+        sends: tuple[int, ...]
+        recvs: tuple[int, ...]
+        if mask:
+            sends = recvs = (coord ^ mask,)
+        else:
+            sends = tuple((coord + d) % p for d in distances)
+            recvs = tuple((coord - d) % p for d in distances)
+        out.append((nbytes, sends, recvs, delay))
     return tuple(out)
 
 
