@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study  # noqa: E402
 from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
@@ -246,8 +246,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     md = tables(rows, sizes, chunk_counts, args.chunk_sweep_size)
     md += f"\n{len(rows)} model runs in {elapsed:.1f} s ({measured_on()}).\n"
-    write_text(os.path.join(args.out, "study.md"), md)
-    write_json(os.path.join(args.out, "study.json"), rows)
+    write_study(args.out, "study", md, rows)
     plot_sweep(
         rows,
         "size",

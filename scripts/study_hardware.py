@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import Endpoint  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
@@ -399,8 +399,7 @@ def main() -> None:
         text = "\n".join(nccl_study(nccl_rows, args.logs, args.out)) + "\n"
         print(text)
         print(f"# {time.perf_counter() - t0:.1f} s")
-        write_text(os.path.join(args.out, "nccl.md"), text)
-        write_json(os.path.join(args.out, "nccl.json"), nccl_rows)
+        write_study(args.out, "nccl", text, nccl_rows)
         return
     rows: list[dict] = []
     sections = []
@@ -411,9 +410,7 @@ def main() -> None:
     text = "\n\n".join("\n".join(s) for s in sections) + "\n"
     print(text)
     print(f"# {time.perf_counter() - t0:.1f} s")
-    os.makedirs(args.out, exist_ok=True)
-    write_text(os.path.join(args.out, "hardware.md"), text)
-    write_json(os.path.join(args.out, "hardware.json"), rows)
+    write_study(args.out, "hardware", text, rows)
 
 
 if __name__ == "__main__":

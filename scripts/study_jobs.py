@@ -31,7 +31,7 @@ import time
 
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
-from themis_mpi.output import write_json, write_text
+from themis_mpi.output import write_study
 from themis_mpi.run.jobs import Job, Placement, check_jobs, run_jobs
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.topology import parse_topology
@@ -210,8 +210,6 @@ def main(argv=None) -> int:
     ]
     rows = list(ordered_map(_cell, grid, parse_workers(args.workers)))
     elapsed = time.perf_counter() - t0
-    os.makedirs(args.out, exist_ok=True)
-    write_json(os.path.join(args.out, "jobs.json"), rows)
     text = (
         f"**Slowdown over solo, two jobs on {TOPOLOGY} under --network fair** ({args.chunks} chunks per "
         f"collective, {args.iterations} iterations; A / B; interleaved: B starts half its solo iteration "
@@ -222,7 +220,7 @@ def main(argv=None) -> int:
         + themis_vs_baseline(rows)
         + f"\n\n{len(rows)} cells in {elapsed:.0f} s.\n"
     )
-    write_text(os.path.join(args.out, "jobs.md"), text)
+    write_study(args.out, "jobs", text, rows)
     print(text)
     return 0
 

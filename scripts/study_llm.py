@@ -25,7 +25,6 @@ whose row equals the same cell of a full run (tests/test_study_llm.py checks it 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 import time
@@ -33,7 +32,7 @@ import time
 from themis_mpi.cli.workload import price_all
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
-from themis_mpi.output import write_json, write_text
+from themis_mpi.output import write_study
 from themis_mpi.report import measured_on
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.topology import parse_topology
@@ -198,9 +197,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     text += (
         f"\n{len(rows)} cells, {runs} priced policies, in {elapsed:.1f} s (wall clock, {measured_on()}).\n"
     )
-    os.makedirs(args.out, exist_ok=True)
-    write_text(os.path.join(args.out, "study.md"), text)
-    write_json(os.path.join(args.out, "study.json"), rows)
+    write_study(args.out, "study", text, rows)
     print(text)
     return rows
 

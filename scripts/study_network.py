@@ -39,7 +39,7 @@ from themis_mpi.cli.workload import price  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import CostModels  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study  # noqa: E402
 from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.results import link_results  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
@@ -412,13 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     ar, training = all_reduce_part(), training_part(args.traces, parse_workers(args.workers), workloads)
     splits, pipe = splits_part(), pipeline_part()
     seconds = _cpu_s() - t0
-    os.makedirs(args.out, exist_ok=True)
-    write_json(
-        os.path.join(args.out, "network.json"),
-        {"all_reduce": ar, "training": training, "splits": splits, "pipeline": pipe},
-    )
     page = markdown(ar, training, splits, pipe, seconds)
-    write_text(os.path.join(args.out, "network.md"), page)
+    doc = {"all_reduce": ar, "training": training, "splits": splits, "pipeline": pipe}
+    write_study(args.out, "network", page, doc)
     print(page)
     print(
         "# wrote "

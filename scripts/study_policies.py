@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import write_json, write_text  # noqa: E402
+from themis_mpi.output import write_study  # noqa: E402
 from themis_mpi.policies import inter_class, policy_context  # noqa: E402
 from themis_mpi.policies.predictive import best_found  # noqa: E402
 from themis_mpi.report import measured_on  # noqa: E402
@@ -373,10 +373,7 @@ def main():
         f"\n{len(rows)} collective runs in {t_coll:.0f} s, {len(wrows)} workload runs in {t_work:.0f} s "
         f"({measured_on()}).\n"
     )
-    write_text(os.path.join(args.out, "study.md"), text)
-    write_json(
-        os.path.join(args.out, "study.json"), {"collectives": rows, "workloads": wrows, "decision": decision}
-    )
+    write_study(args.out, "study", text, {"collectives": rows, "workloads": wrows, "decision": decision})
     written = heatmaps(rows, sizes, chunk_counts, args.out)
     print(text)
     print(

@@ -47,7 +47,7 @@ from matplotlib.colors import LogNorm  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study  # noqa: E402
 from themis_mpi.policies import inter_names, intra_names  # noqa: E402
 from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.coordinator import share_schedules  # noqa: E402
@@ -327,8 +327,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     text = "\n".join(md)
     os.makedirs(args.out, exist_ok=True)
     suffix = "-zero-latency" if args.zero_latency else ""
-    write_text(os.path.join(args.out, f"regime{suffix}.md"), text)
-    write_json(os.path.join(args.out, f"regime{suffix}.json"), rows)
+    write_study(args.out, f"regime{suffix}", text, rows)
     for w in args.workloads:
         heat_map(rows, args, w, os.path.join(args.out, f"speedup_{w}{suffix}.png"), latency)
     print(text)

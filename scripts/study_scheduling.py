@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.engine import Engine  # noqa: E402
 from themis_mpi.model import ModelTransport  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study, write_text  # noqa: E402
 from themis_mpi.policies import make_inter, policy_context  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
@@ -288,9 +288,7 @@ def main():
         sys.stderr.write(f"\r{i + 1}/{len(points)} cells, {time.perf_counter() - started:5.1f} s")
     sys.stderr.write("\n")
     text = markdown(rows, args.chunks, args.iterations, time.perf_counter() - started)
-    os.makedirs(args.out, exist_ok=True)
-    write_text(os.path.join(args.out, "scheduling.md"), text)
-    write_json(os.path.join(args.out, "scheduling.json"), rows)
+    write_study(args.out, "scheduling", text, rows)
     plot(rows, os.path.join(args.out, "speedup.png"))
     print(text)
 

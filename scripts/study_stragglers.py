@@ -28,7 +28,7 @@ import time
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
-from themis_mpi.output import write_json, write_text
+from themis_mpi.output import write_study
 from themis_mpi.report import measured_on
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
@@ -344,9 +344,7 @@ def main(argv=None) -> list[dict]:
     text = tables(rows)
     elapsed = time.perf_counter() - started
     text += f"\n{len(grid)} runs on the per-NPU model in {elapsed:.1f} s ({measured_on()}).\n"
-    os.makedirs(args.out, exist_ok=True)
-    write_text(os.path.join(args.out, "study.md"), text)
-    write_json(os.path.join(args.out, "study.json"), rows)
+    write_study(args.out, "study", text, rows)
     print(text)
     return rows
 

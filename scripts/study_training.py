@@ -23,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
-from themis_mpi.output import atomic_path, write_json, write_text  # noqa: E402
+from themis_mpi.output import atomic_path, write_study  # noqa: E402
 from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
@@ -112,9 +112,7 @@ def main():
         f"({measured_on()}).\n"
     )
     text = "\n".join(md)
-    os.makedirs(args.out, exist_ok=True)
-    write_text(os.path.join(args.out, "training.md"), text)
-    write_json(os.path.join(args.out, "training.json"), rows)
+    write_study(args.out, "training", text, rows)
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.5), sharey=True)
     width = 0.8 / len(topologies)
     for ax, lat in zip(axes, LATENCY):

@@ -99,6 +99,13 @@ def write_text(path: str, text: str) -> None:
         f.write(text)
 
 
+def write_study(folder: str, stem: str, text: str, doc: Any) -> None:
+    """A study's page and its data in `folder`: `stem` with ``.md`` and with ``.json``, each atomically."""
+    os.makedirs(folder, exist_ok=True)
+    write_text(os.path.join(folder, f"{stem}.md"), text)
+    write_json(os.path.join(folder, f"{stem}.json"), doc)
+
+
 def write_json(path: str, doc: Any) -> None:
     """Write a JSON document atomically, or to standard output for ``-``."""
     import json  # only rank 0 writes: the other ranks never load it
