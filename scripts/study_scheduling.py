@@ -38,14 +38,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from themis_mpi.config import RunConfig  # noqa: E402
-from themis_mpi.engine import Engine  # noqa: E402
-from themis_mpi.model import ModelTransport  # noqa: E402
 from themis_mpi.output import atomic_path, write_study, write_text  # noqa: E402
 from themis_mpi.policies import make_inter, policy_context  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
+from themis_mpi.run.training import loop_on_model  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
-from themis_mpi.workloads.training import TrainingLoop, TrainingSpec, distinct_collectives  # noqa: E402
+from themis_mpi.workloads.training import TrainingSpec, distinct_collectives  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKLOADS = {
@@ -96,10 +95,7 @@ def run(path: str, topo, spec: TrainingSpec, config: RunConfig, policy: str) -> 
     wl = parse_workload(path)
     collectives = distinct_collectives(wl, topo, spec)
     schedules = make_inter(policy).schedule_all(policy_context(topo, config), collectives)
-    engine = Engine(topo, ModelTransport(topo, config), config)
-    loop = TrainingLoop(wl, topo, spec, dict(zip(collectives, schedules)))
-    engine.process(loop.process(engine))
-    engine.run()
+    loop, engine = loop_on_model(wl, topo, spec, config, dict(zip(collectives, schedules)))
     starts = [*loop.iteration_starts, engine.now_ns]
     its = [(b - a) / 1e3 for a, b in zip(starts, starts[1:])]
     return {

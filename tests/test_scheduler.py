@@ -11,12 +11,12 @@ from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
-from themis_mpi.model import ModelTransport
 from themis_mpi.policies import CommScheduler, make_inter, policy_context, scheduler_names
 from themis_mpi.policies import registry as policy_registry
+from themis_mpi.run.training import loop_on_model
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
-from themis_mpi.workloads.training import TrainingLoop, TrainingSpec, distinct_collectives, partitions
+from themis_mpi.workloads.training import TrainingSpec, distinct_collectives, partitions
 
 RESNET50 = DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"
 GNMT = ROOT / "traces" / "gnmt.txt"
@@ -26,16 +26,12 @@ MIB = 1 << 20
 
 
 def run_loop(path, topology: str, spec: TrainingSpec, config: RunConfig, policy: str = "baseline"):
-    """One training run on the model, the way `run_training` runs it; returns the loop and the engine."""
+    """One training run on the model (`run.training.loop_on_model`); returns the loop and the engine."""
     wl = parse_workload(str(path))
     topo = wl.fit_topology(parse_topology(topology))
     collectives = distinct_collectives(wl, topo, spec)
     schedules = make_inter(policy).schedule_all(policy_context(topo, config), collectives)
-    engine = Engine(topo, ModelTransport(topo, config), config)
-    loop = TrainingLoop(wl, topo, spec, dict(zip(collectives, schedules)))
-    engine.process(loop.process(engine))
-    engine.run()
-    return loop, engine
+    return loop_on_model(wl, topo, spec, config, dict(zip(collectives, schedules)))
 
 
 def stage_rows(engine: Engine) -> list[tuple]:

@@ -33,17 +33,27 @@ from .coordinator import PolicyLike, policy_name, share_orders, share_schedules
 from .linked import linked_ranks, run_linked
 
 
+def loop_on_model(
+    workload: Workload,
+    topology: Topology,
+    spec: TrainingSpec,
+    config: RunConfig,
+    schedules: dict[Collective, Schedule],
+) -> tuple[TrainingLoop, Engine]:
+    """The training loop on the one-NPU model under these schedules: the loop and its engine, run."""
+    engine = Engine(topology, ModelTransport(topology, config), config)
+    loop = TrainingLoop(workload, topology, spec, schedules, loop_tick_ns(config.compat))
+    engine.process(loop.process(engine))
+    engine.run()
+    return loop, engine
+
+
 def training_oracle(topology: Topology, config: RunConfig, workload: Workload, spec: TrainingSpec):
     """The model as an oracle for a training run: mean iteration time in us under given schedules."""
     collectives = distinct_collectives(workload, topology, spec)
 
     def evaluate(schedules: Sequence[Schedule]) -> float:
-        engine = Engine(topology, ModelTransport(topology, config), config)
-        loop = TrainingLoop(
-            workload, topology, spec, dict(zip(collectives, schedules)), loop_tick_ns(config.compat)
-        )
-        engine.process(loop.process(engine))
-        engine.run()
+        _, engine = loop_on_model(workload, topology, spec, config, dict(zip(collectives, schedules)))
         return engine.now_ns / spec.iterations / 1e3
 
     return evaluate
@@ -121,15 +131,13 @@ def run_training(
     loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=ranks)
     if uneven:
         even = config.alike()
-        model = Engine(topo, ModelTransport(topo, even), even)
         # the fastest NPUs' pace (every NPU slowed alike is the compute-scale what-if)
         factors = [f for _, f in spec.npu_compute_scale]
         fastest = min(factors + [1.0] * (len(factors) < topo.npus))
         even_spec = replace(
             spec, compute_scale=spec.compute_scale * fastest, npu_compute_scale=(), compute_jitter=0.0
         )
-        model.process(TrainingLoop(workload, topo, even_spec, by_collective, tick_ns).process(model))
-        model.run()
+        _, model = loop_on_model(workload, topo, even_spec, even, by_collective)
         engine.agree(model.start_order())
 
     late = dict(config.npu_delay_ns)
