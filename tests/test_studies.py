@@ -106,3 +106,12 @@ def test_network_study_quick_rows_are_the_shipped_rows(tmp_path):
     assert untimed(new["pipeline"]) == untimed(shipped["pipeline"])
     key = ("workload", "machine", "latency", "rule")
     assert_subset(by_key(new["training"], key), by_key(shipped["training"], key))
+
+
+def test_scheduling_study_quick_rows_are_the_shipped_rows(tmp_path):
+    """study_scheduling.py --quick gives docs/scheduling's rows for its workloads at ratio 1."""
+    run_study("study_scheduling.py", tmp_path, "--quick")
+    new = json.loads((tmp_path / "scheduling.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "scheduling" / "scheduling.json").read_text())
+    key = ("workload", "ratio", "policy")
+    assert_subset(by_key(new, key), by_key(shipped, key))
