@@ -362,6 +362,10 @@ def main():
             [*mpi, "4", *py, "run", "-t", "2x2", "-b", "64K", "--npu-delay-us", "9=1"],
         ),
         (
+            "astra-sim-2: training on an uneven dim (halving-doubling on a Ring, every NPU)",
+            [*py, "train", files["micro.txt"], "-t", "Ring(8,100,500,hd)", "--compat", "astra-sim-2"],
+        ),
+        (
             "jobs: a job on a dim not there",
             [*py, "train", "--job", files["micro.txt"] + "@dims=7", "-t", "2x2x2"],
         ),
