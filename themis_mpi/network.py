@@ -260,27 +260,44 @@ def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
         for link, _ in usage:
             users[link] = users.get(link, 0) + 1
     rates = [0.0] * len(usages)
-    active = set()
+    active = []
     for f, usage in enumerate(usages):
-        if all(users[link] == 1 for link, _ in usage):
-            rates[f] = min(capacity[link] / share for link, share in usage)
+        rate, shared = math.inf, False
+        for link, share in usage:
+            if users[link] > 1:
+                shared = True
+            r = capacity[link] / share
+            if r < rate:
+                rate = r
+        if shared:
+            active.append(f)
         else:
-            active.add(f)
-    left = list(capacity)
+            rates[f] = rate
+    left = {link: capacity[link] for link in users} if active else {}
     while active:
         load: dict[int, float] = {}
         for f in active:
             for link, share in usages[f]:
                 load[link] = load.get(link, 0.0) + share
-        step = min(left[link] / w for link, w in load.items())
-        for f in active:
-            rates[f] += step
+        step = math.inf
+        for link, w in load.items():
+            r = left[link] / w
+            if r < step:
+                step = r
         full = set()
         for link, w in load.items():
             left[link] -= step * w
             if left[link] <= SATURATED * capacity[link]:
                 full.add(link)
-        active = {f for f in active if not any(link in full for link, _ in usages[f])}
+        still = []
+        for f in active:
+            rates[f] += step
+            for link, _ in usages[f]:
+                if link in full:
+                    break
+            else:
+                still.append(f)
+        active = still
     return rates
 
 
