@@ -289,7 +289,7 @@ def test_the_hgx_nic_never_carries_more_than_its_rate_under_sharing(policy):
     active=st.sampled_from([1, 2, 3]),
 )
 def test_a_solo_stage_ends_where_the_step_wise_path_ends_it(topo, policy, chunks, active):
-    """The fair rule's solo shortcut changes no stage end beyond float rounding (same engine decisions)."""
+    """The fair rule's solo shortcuts (alone, interleaved, meeting) change no stage's start or end beyond float rounding."""
     coll = Collective("all_reduce", (4 << 20) // 4, "float32", chunks, tuple(range(len(topo.dims))))
     config = RunConfig(intra="fifo" if policy == "baseline" else "scf", active_per_dim=active, network="fair")
     fast_result, fast = model_collective(topo, coll, policy, config)
@@ -298,11 +298,41 @@ def test_a_solo_stage_ends_where_the_step_wise_path_ends_it(topo, policy, chunks
         slow_result, slow = model_collective(topo, coll, policy, config)
     finally:
         Network.solo = True
-    assert [(r.stage.coll, r.stage.chunk, r.stage.index) for r in fast.records] == [
-        (r.stage.coll, r.stage.chunk, r.stage.index) for r in slow.records
-    ]
-    assert [r.end_ns for r in fast.records] == pytest.approx([r.end_ns for r in slow.records], rel=1e-9)
+
+    def times(records):  # (by stage: two that end at one instant may be recorded in either order)
+        return {(r.stage.coll, r.stage.chunk, r.stage.index): (r.start_ns, r.end_ns) for r in records}
+
+    fast_times, slow_times = times(fast.records), times(slow.records)
+    assert fast_times.keys() == slow_times.keys()
+    for key, (start_ns, end_ns) in slow_times.items():
+        assert fast_times[key] == pytest.approx((start_ns, end_ns), rel=1e-9, abs=1e-6)
     assert fast_result.time_us == pytest.approx(slow_result.time_us, rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["baseline", "themis"])
+def test_stages_behind_the_hgx_nic_end_as_step_by_step_in_about_one_network_event_each(policy, monkeypatch):
+    """On HGX (dims 1 and 2 behind one NIC) solo stages interleave and meet there: step-wise ends, < 1.5 events a stage."""
+    topo = parse_topology("HGX-H100-SW_SW_SW")
+    coll = Collective("all_reduce", (64 << 20) // 4, "float32", 64, (0, 1, 2))
+    config = RunConfig(intra="fifo" if policy == "baseline" else "scf", network="fair")
+    events = [0]
+    fire = Network._fire
+
+    def counted(self, t_ns):
+        events[0] += 1
+        fire(self, t_ns)
+
+    monkeypatch.setattr(Network, "_fire", counted)
+    fast_result, fast = model_collective(topo, coll, policy, config)
+    fast_events, events[0] = events[0], 0
+    monkeypatch.setattr(Network, "solo", False)
+    slow_result, slow = model_collective(topo, coll, policy, config)
+    assert fast_events < 1.5 * len(fast.records) < events[0]
+    assert fast_result.time_us == pytest.approx(slow_result.time_us, rel=1e-9)
+    slow_ends = {(r.stage.chunk, r.stage.index): r.end_ns for r in slow.records}
+    assert {(r.stage.chunk, r.stage.index): r.end_ns for r in fast.records} == pytest.approx(
+        slow_ends, rel=1e-9
+    )
 
 
 @pytest.mark.parametrize(

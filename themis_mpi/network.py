@@ -248,17 +248,19 @@ def step_planner(topology: Topology, cost: CostModel) -> StepPlanner:
     return planner
 
 
-def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
+def max_min_rates(usages: list[Usage], capacity: list[float], users: list[int] | None = None) -> list[float]:
     """Max-min fair rates (bytes per ns) of transfers on links (progressive filling).
 
     Every transfer's rate grows at the same pace until a link it uses is full; then it keeps
     that rate while the others grow on. A transfer that shares no link gets its links' rate
-    directly (the same number whatever else runs).
+    directly (the same number whatever else runs). `users`, when the caller keeps it, is how
+    many of these transfers use each link.
     """
-    users: dict[int, int] = {}
-    for usage in usages:
-        for link, _ in usage:
-            users[link] = users.get(link, 0) + 1
+    if users is None:
+        users = [0] * len(capacity)
+        for usage in usages:
+            for link, _ in usage:
+                users[link] += 1
     rates = [0.0] * len(usages)
     active = []
     for f, usage in enumerate(usages):
@@ -273,7 +275,7 @@ def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
             active.append(f)
         else:
             rates[f] = rate
-    left = {link: capacity[link] for link in users} if active else {}
+    left: dict[int, float] = {}
     while active:
         load: dict[int, float] = {}
         for f in active:
@@ -281,7 +283,7 @@ def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
                 load[link] = load.get(link, 0.0) + share
         step = math.inf
         for link, w in load.items():
-            r = left[link] / w
+            r = left.setdefault(link, capacity[link]) / w
             if r < step:
                 step = r
         full = set()
@@ -301,6 +303,58 @@ def max_min_rates(usages: list[Usage], capacity: list[float]) -> list[float]:
     return rates
 
 
+Window = tuple[
+    float, float, int, float, float
+]  # a solo stage's transfer: start, end, step, bytes at start, rate
+
+
+def _windows(steps: tuple[Step, ...], k: int, t_ns: float, left: float, rate: float) -> list[Window]:
+    """A stage's transfers alone at `rate`, from step k with `left` bytes at t_ns (as `_solo_end` sums)."""
+    windows = []
+    while True:
+        end = t_ns + left / rate
+        windows.append((t_ns, end, k, left, rate))
+        delay_ns = steps[k].delay_ns
+        k += 1
+        if k == len(steps):
+            return windows
+        t_ns, left = (end + delay_ns if delay_ns > 0 else end), steps[k].bytes
+
+
+def _first_meet(mine: list[Window], theirs: list[Window], after_ns: float) -> float:
+    """The first instant after `after_ns` at which a transfer of each list is under way (inf if none)."""
+    n, m, i, j = len(mine), len(theirs), 0, 0
+    while i < n and mine[i][1] <= after_ns:
+        i += 1
+    while j < m and theirs[j][1] <= after_ns:
+        j += 1
+    while i < n and j < m:
+        a, b = mine[i], theirs[j]
+        start = a[0] if a[0] > b[0] else b[0]
+        if start < after_ns:
+            start = after_ns
+        if start < (a[1] if a[1] < b[1] else b[1]):
+            return start
+        if a[1] <= b[1]:
+            i += 1
+        else:
+            j += 1
+    return math.inf
+
+
+def _solo_end(steps: tuple[Step, ...], k: int, t_ns: float, left: float, rate: float) -> float:
+    """The end of a stage alone at `rate` from step k with `left` bytes at t_ns (as `_windows` sums)."""
+    while True:
+        end = t_ns + left / rate
+        delay_ns = steps[k].delay_ns
+        if delay_ns > 0:
+            end = end + delay_ns
+        k += 1
+        if k == len(steps):
+            return end
+        t_ns, left = end, steps[k].bytes
+
+
 @dataclass(eq=False)
 class _Flow:
     """A stage on the links: its steps, where it is, and what is left of its transfer."""
@@ -315,6 +369,8 @@ class _Flow:
     waiting: int = 0  # store-forward: the hop's links not done yet
     solo_ns: float = -1.0  # fair: alone since then from step k on (`end_ns` is then the stage's end)
     uniform: bool = False  # every step uses the same links
+    overlap_ns: float = math.inf  # fair, solo: when its transfers first meet another solo stage's
+    windows: list[Window] | None = None  # fair, solo: its transfers from step k, once asked for
 
 
 class Network:
@@ -326,7 +382,10 @@ class Network:
     Under ``fair`` a stage whose steps all use the same links and that finds them free runs
     *solo*: its end is summed at once, step by step in the order the step-wise path sums it, so
     both give the same number; when another transfer joins one of its links, the solo stage is
-    placed where it is at that instant and goes on step by step, sharing.
+    placed where it is at that instant and goes on step by step, sharing. Solo stages may share
+    links when their transfers interleave (one sends while the other waits out its delay, as
+    latency-bound stages behind one NIC do): each is solo until their transfers first meet, when
+    both go on step by step.
     """
 
     solo = True  # (a test turns the shortcut off to compare it with the step-wise path)
@@ -422,6 +481,11 @@ class Network:
                 assert isinstance(flow, _Flow)
                 flow.k += 1
                 self._begin_step(flow)
+            elif what == "overlap":
+                flow = item
+                assert isinstance(flow, _Flow)
+                if flow.solo_ns >= 0 and flow.overlap_ns == t_ns:
+                    self._meet(flow)
             else:
                 self._link_done(item)  # type: ignore[arg-type]
 
@@ -463,10 +527,25 @@ class Network:
                 break
         else:
             link = -1
-        if link >= 0:  # a link is in use: solo stages on any of mine share from now on
-            mine = step.links
-            for other in [f for f in self._moving if f.solo_ns >= 0 and f is not flow]:
-                if not mine.isdisjoint(other.steps[other.k].links):
+        overlap_ns = -math.inf  # (no solo stage to interleave with)
+        if link >= 0:  # a link is in use: solo stages on any of mine share from now on, or interleave
+            mine, solos, plain = step.links, [], False
+            for other in self._moving:
+                if other is not flow and not mine.isdisjoint(other.steps[other.k].links):
+                    if other.solo_ns >= 0:
+                        solos.append(other)
+                    else:
+                        plain = True
+            if solos and not plain and flow.uniform and self.solo:
+                windows = _windows(flow.steps, flow.k, self.now_ns, flow.left, step.solo_rate)
+                overlap_ns = self._first_overlap(windows, solos)
+            if overlap_ns >= self.now_ns:  # they interleave until then (`_meet`): it goes solo beside them
+                for link, _ in usage:
+                    users[link] += 1
+                self._go_solo(flow, step.solo_rate, overlap_ns, windows)
+                return
+            for other in solos:
+                if other.solo_ns >= 0:  # (not yet with one it interleaved with)
                     self._unsolo(other)
         alone = True
         for link, _ in usage:
@@ -476,46 +555,130 @@ class Network:
         if not alone or self._rates_stale:
             self._rates_stale = True
             return
-        flow.rate = rate = step.solo_rate
-        t = self.now_ns + flow.left / rate
-        if (
-            flow.uniform and self.solo
-        ):  # solo: the stage's end, summed as `_after_transfer` and `_begin_step` would
-            flow.solo_ns = self.now_ns
-            t = self._solo_end(flow, rate)
-        flow.end_ns = t
+        if flow.uniform and self.solo:  # solo: its end summed as `_after_transfer` and `_begin_step` would
+            self._go_solo(flow, step.solo_rate, math.inf, None)
+        else:
+            flow.rate = step.solo_rate
+            flow.end_ns = self.now_ns + flow.left / flow.rate
 
-    def _solo_end(self, flow: _Flow, rate: float) -> float:
-        """The end of a stage alone on its links from now, step k's transfer on."""
-        steps, k = flow.steps, flow.k
-        t = self.now_ns + flow.left / rate
-        if steps[k].delay_ns > 0:
-            t = t + steps[k].delay_ns
-        for step in steps[k + 1 :]:
-            t = t + step.bytes / rate
-            if step.delay_ns > 0:
-                t = t + step.delay_ns
-        return t
+    def _go_solo(self, flow: _Flow, rate: float, overlap_ns: float, windows: list[Window] | None) -> None:
+        """The stage is solo from now at its links' rate, until its transfers meet another's (if ever)."""
+        flow.rate, flow.solo_ns, flow.overlap_ns, flow.windows = rate, self.now_ns, overlap_ns, windows
+        if windows is None:
+            flow.end_ns = _solo_end(flow.steps, flow.k, self.now_ns, flow.left, rate)
+        else:
+            self._solo_until(flow, windows, overlap_ns)
+
+    def _solo_until(self, flow: _Flow, windows: list[Window], overlap_ns: float) -> None:
+        """Its transfers are these windows: it ends after the last one's delay, or meets another."""
+        flow.windows, flow.overlap_ns = windows, overlap_ns
+        delay_ns = flow.steps[-1].delay_ns
+        flow.end_ns = windows[-1][1] + delay_ns if delay_ns > 0 else windows[-1][1]
+        if overlap_ns < math.inf:
+            self._schedule(overlap_ns, "overlap", flow)
+
+    def _solo_windows(self, flow: _Flow) -> list[Window]:
+        """A solo stage's transfers from the step it went solo in."""
+        if flow.windows is None:
+            flow.windows = _windows(flow.steps, flow.k, flow.solo_ns, flow.left, flow.rate)
+        return flow.windows
+
+    def _first_overlap(self, mine: list[Window], solos: list[_Flow]) -> float:
+        """When transfers in these windows would first meet a transfer of one of the solo stages."""
+        first = math.inf
+        for other in solos:
+            t = _first_meet(mine, self._solo_windows(other), self.now_ns)
+            if t < first:
+                first = t
+        return first
+
+    def _partners(self, flow: _Flow) -> list[_Flow]:
+        """The other solo stages on the flow's links (those it interleaves with)."""
+        mine = flow.steps[flow.k].links
+        return [
+            f
+            for f in self._moving
+            if f.solo_ns >= 0 and f is not flow and not mine.isdisjoint(f.steps[f.k].links)
+        ]
+
+    def _meet(self, flow: _Flow) -> None:
+        """Two solo stages' transfers meet now: they share their links until one is through, then go on solo.
+
+        Each takes its max-min rate beside the other until one transfer is done, the other goes
+        on at its own rate, and both keep their later steps (each alone at its rate), as the
+        step-wise path would run them; if they meet again, the same at that instant. With a
+        third solo stage on their links, all go step by step instead.
+        """
+        partners = self._partners(flow)
+        if len(partners) != 1 or self._partners(partners[0]) != [flow]:
+            self._unsolo(flow)
+            return
+        other = partners[0]
+        place_a, place_b = self._transfer_now(flow), self._transfer_now(other)
+        if place_a is None or place_b is None:  # (one is between transfers: not a meeting after all)
+            self._unsolo(flow)
+            return
+        (wa, left_a), (wb, left_b) = place_a, place_b
+        now = self.now_ns
+        usages = [flow.steps[wa[2]].usage, other.steps[wb[2]].usage]  # (`_users` counts just these two there)
+        rate_a, rate_b = max_min_rates(usages, self.capacity, self._users)
+        end_a, end_b = now + left_a / rate_a, now + left_b / rate_b
+        first_ns = end_a if end_a < end_b else end_b
+        windows_a = self._shared(flow, wa[2], left_a, rate_a, first_ns, end_a <= end_b)
+        windows_b = self._shared(other, wb[2], left_b, rate_b, first_ns, end_b <= end_a)
+        self._solo_until(flow, windows_a, _first_meet(windows_a, windows_b, first_ns))
+        self._solo_until(other, windows_b, math.inf)
+
+    def _transfer_now(self, flow: _Flow) -> tuple[Window, float] | None:
+        """A solo stage's window under way now and the bytes left of it, or None between transfers."""
+        now = self.now_ns
+        for w in self._solo_windows(flow):
+            if now < w[1]:
+                return (w, w[3] - w[4] * (now - w[0])) if w[0] <= now else None
+        return None
+
+    def _shared(
+        self, flow: _Flow, k: int, left: float, rate: float, first_ns: float, first: bool
+    ) -> list[Window]:
+        """A solo stage's windows from now: step k's transfer at `rate` until `first_ns`, alone after."""
+        steps, now = flow.steps, self.now_ns
+        if first:  # its transfer is the one through at first_ns
+            windows = [(now, first_ns, k, left, rate)]
+            end = first_ns
+        else:
+            rest = left - rate * (first_ns - now)
+            end = first_ns + rest / flow.rate
+            windows = [(now, first_ns, k, left, rate), (first_ns, end, k, rest, flow.rate)]
+        if k + 1 < len(steps):
+            delay_ns = steps[k].delay_ns
+            start = end + delay_ns if delay_ns > 0 else end
+            windows += _windows(steps, k + 1, start, steps[k + 1].bytes, flow.rate)
+        return windows
 
     def _unsolo(self, flow: _Flow) -> None:
-        """Place a solo stage where it is now: in a step's transfer (left bytes), or in its delay."""
-        steps, rate = flow.steps, flow.rate
-        t, k, left = flow.solo_ns, flow.k, flow.left
+        """Place a solo stage where it is now: in a step's transfer (left bytes), or in its delay.
+
+        The solo stages it interleaved with go step by step too (their transfers may meet now).
+        """
+        steps, now = flow.steps, self.now_ns
+        windows = self._solo_windows(flow)
         flow.solo_ns = -1.0
-        while True:
-            end = t + left / rate
-            if self.now_ns < end:  # in the transfer of step k
-                flow.k, flow.left, flow.end_ns = k, left - rate * (self.now_ns - t), end
-                return
-            if steps[k].delay_ns > 0:
-                end = end + steps[k].delay_ns
-                if self.now_ns < end:  # in the delay after step k: off the links
-                    flow.k = k
-                    self._moving.remove(flow)
-                    self._leave(steps[k].usage)
-                    self._schedule(end, "delay", flow)
-                    return
-            k, t, left = k + 1, end, steps[k + 1].bytes
+        for i, (start, end, k, left, rate) in enumerate(windows):
+            if now < end:  # in the transfer of step k
+                flow.k, flow.left, flow.rate, flow.end_ns = k, left - rate * (now - start), rate, end
+                self._rates_stale = True
+                break
+            delay_ns = steps[k].delay_ns
+            last = i + 1 == len(windows) or windows[i + 1][2] != k
+            if last and delay_ns > 0 and now < end + delay_ns:  # in the delay after step k: off the links
+                flow.k = k
+                self._moving.remove(flow)
+                self._leave(steps[k].usage)
+                self._schedule(end + delay_ns, "delay", flow)
+                break
+        for other in self._partners(flow):
+            if other.solo_ns >= 0:  # (not yet with one it interleaved with)
+                self._unsolo(other)
 
     def _leave(self, usage: Usage) -> None:
         """A transfer ends: the others' rates change only if one shared a link with it."""
@@ -526,12 +689,30 @@ class Network:
                 self._rates_stale = True
 
     def _set_rates(self) -> None:
-        rates = max_min_rates([f.steps[f.k].usage for f in self._moving], self.capacity)
-        for f, r in zip(self._moving, rates):
+        """The max-min rates of the transfers that are not solo (a solo stage shares with solo stages only).
+
+        A stage left alone on its links goes solo again from where it is.
+        """
+        moving = [f for f in self._moving if f.solo_ns < 0]
+        self._rates_stale = False
+        if not moving:
+            return
+        users = self._users
+        if len(moving) == 1:  # (alone: its links' rate)
+            rates = [moving[0].steps[moving[0].k].solo_rate]
+        else:
+            rates = max_min_rates([f.steps[f.k].usage for f in moving], self.capacity, users)
+        for f, r in zip(moving, rates):
+            if f.uniform and self.solo:
+                for link, _ in f.steps[f.k].usage:
+                    if users[link] != 1:
+                        break
+                else:
+                    self._go_solo(f, r, math.inf, None)
+                    continue
             if r != f.rate:
                 f.rate = r
                 f.end_ns = self.now_ns + f.left / r
-        self._rates_stale = False
 
     # --- store-forward ----------------------------------------------------------------------------
 
