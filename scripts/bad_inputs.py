@@ -349,8 +349,8 @@ def main():
             [*py, "model", "-t", "2x2x2", "--link-scale", "5:3=0.5"],
         ),
         (
-            "straggler: a late NPU under --network fair",
-            [*py, "model", "-t", "2x2x2", "--npu-delay-us", "3=5", "--network", "fair"],
+            "straggler: a late NPU with two active chunks per dim",
+            [*py, "model", "-t", "2x2x2", "--npu-delay-us", "3=5", "--active-chunks-per-dim", "2"],
         ),
         ("straggler: compute scale nan", [*py, "train", files["micro.txt"], "--npu-compute-scale", "1=nan"]),
         (

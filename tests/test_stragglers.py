@@ -163,11 +163,10 @@ def test_the_vectorised_model_equals_running_every_npu(
         (dict(npu_delay_ns=((1, 1.0), (1, 2.0))), "names a rank twice"),
         (dict(npu_delay_ns=((1, -1.0),)), "between 0 and"),
         (dict(npu_delay_ns=((1, 1.0),), compat="astra-sim-1.0"), "has identical NPUs"),
-        (dict(npu_delay_ns=((1, 1.0),), network="fair"), "--network ideal"),
         (dict(npu_delay_ns=((1, 1.0),), active_per_dim=2), "one active chunk"),
         (dict(link_scale=((0, 1, 0.5), (0, 1, 0.7))), "names a link twice"),
         (dict(link_scale=((0, 1, 0.0),)), "between"),
-        (dict(link_scale=((0, 1, 0.5),), network="fair"), "--network ideal"),
+        (dict(link_scale=((0, 1, 0.5),), network="fair", active_per_dim=2), "one active chunk"),
     ],
 )
 def test_bad_late_npu_settings_are_refused(config, message):
@@ -273,41 +272,51 @@ def test_training_on_every_npu_at_once_equals_running_every_npu(workload, topo_s
     assert fast == plain
 
 
-def test_a_late_npu_ends_a_one_layer_training_update_included_that_much_later(tmp_path):
+@pytest.mark.parametrize("network", ["ideal", "fair", "store-forward"])
+def test_a_late_npu_ends_a_one_layer_training_update_included_that_much_later(tmp_path, network):
     """One layer, one ring all-reduce, then an update: NPU 2 late by d ends the run exactly d later."""
     path = tmp_path / "one.txt"
     path.write_text("DATA\n1\nfc -1 1000 NONE 0 0 NONE 0 2000 ALLREDUCE 1048576 30000\n")
     wl, topo = parse_workload(str(path)), parse_topology(RING)
     for iterations in (1, 2):
         spec = TrainingSpec(chunks=2, iterations=iterations)
-        on_time = model_training(wl, topo, "baseline", spec, RunConfig())
-        late = model_training(wl, topo, "baseline", spec, RunConfig(npu_delay_ns=((2, 7_000.0),)))
+        on_time = model_training(wl, topo, "baseline", spec, RunConfig(network=network))
+        late = model_training(
+            wl, topo, "baseline", spec, RunConfig(npu_delay_ns=((2, 7_000.0),), network=network)
+        )
         ring_us = on_time.dims[0].busy_us / iterations
         assert on_time.total_us == pytest.approx(iterations * (1.0 + 2.0 + ring_us + 30.0), rel=1e-12)
         assert late.total_us == pytest.approx(on_time.total_us + 7.0, rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    "workload,topo_spec,scheduler",
+    "workload,topo_spec,scheduler,network",
     [
-        ("Resnet50_DataParallel.txt", "2x2x2", ""),
-        ("Resnet50_DataParallel.txt", "4x2", "p3"),
-        ("Transformer_HybridParallel.txt", "2x2x2", ""),
-        ("DLRM_HybridParallel.txt", "2x2x2", "tictac"),
+        ("Resnet50_DataParallel.txt", "2x2x2", "", "ideal"),
+        ("Resnet50_DataParallel.txt", "4x2", "p3", "ideal"),
+        ("Transformer_HybridParallel.txt", "2x2x2", "", "ideal"),
+        ("DLRM_HybridParallel.txt", "2x2x2", "tictac", "ideal"),
+        ("Resnet50_DataParallel.txt", "2x2x2", "", "fair"),
+        ("Transformer_HybridParallel.txt", "Ring(4,100,500)_SW(2,50,700)", "p3", "fair"),
+        ("DLRM_HybridParallel.txt", "2x2x2", "", "store-forward"),
     ],
 )
-def test_every_npu_on_time_trains_in_the_one_npu_models_time(workload, topo_spec, scheduler):
-    """Training on the per-NPU model with nobody late gives the one-NPU model's iteration exactly."""
-    one = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler))
-    every = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler, npu_delay_ns=((0, 0.0),)))
-    assert every.iteration_us == one.iteration_us
-    assert [d.busy_us for d in every.dims] == [d.busy_us for d in one.dims]
+def test_every_npu_on_time_trains_in_the_one_npu_models_time(workload, topo_spec, scheduler, network):
+    """Training on the per-NPU model (every NPU's links under sharing) with nobody late is the one-NPU model's."""
+    one = train(workload, topo_spec, config=RunConfig(comm_scheduler=scheduler, network=network))
+    late = RunConfig(comm_scheduler=scheduler, npu_delay_ns=((0, 0.0),), network=network)
+    every = train(workload, topo_spec, config=late)
+    assert every.iteration_us == pytest.approx(one.iteration_us, rel=1e-12)
+    assert [d.busy_us for d in every.dims] == pytest.approx([d.busy_us for d in one.dims], rel=1e-12)
 
 
-def test_every_npu_slowed_alike_is_the_compute_scale_what_if():
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+def test_every_npu_slowed_alike_is_the_compute_scale_what_if(network):
     """``--npu-compute-scale`` naming every NPU with F equals ``--compute-scale F`` on the one-NPU model."""
-    slowed = train("Resnet50_DataParallel.txt", "2x2x2", npu_compute_scale=tuple((r, 1.5) for r in range(8)))
-    scaled = train("Resnet50_DataParallel.txt", "2x2x2", compute_scale=1.5)
+    config = RunConfig(network=network)
+    every = tuple((r, 1.5) for r in range(8))
+    slowed = train("Resnet50_DataParallel.txt", "2x2x2", config=config, npu_compute_scale=every)
+    scaled = train("Resnet50_DataParallel.txt", "2x2x2", config=config, compute_scale=1.5)
     assert slowed.iteration_us == pytest.approx(scaled.iteration_us, rel=1e-12)
 
 
@@ -349,10 +358,13 @@ def test_stragglers_are_refused_on_chakra_graphs():
     assert proc.returncode == 2 and "Chakra graphs do not take them" in proc.stderr
 
 
-def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tmp_path):
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tmp_path, network):
     """On 8 ranks a straggler, jitter, a late NPU and p3 train with #wrong 0 in the per-NPU model's time."""
     args = [
         "train",
+        "--network",
+        network,
         str(TEXT / "Resnet50_DataParallel.txt"),
         "-t",
         "2x2x2",
@@ -380,7 +392,8 @@ def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tm
     (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
     assert e["wrong"] == 0
     assert e["iteration_us"] == m["iteration_us"]
-    assert e["iteration_us"] > train("Resnet50_DataParallel.txt", "2x2x2", chunks=8).iteration_us
+    alike = train("Resnet50_DataParallel.txt", "2x2x2", config=RunConfig(network=network), chunks=8)
+    assert e["iteration_us"] > alike.iteration_us
 
 
 def test_a_late_npu_really_waits_under_the_wall_clock(tmp_path):
@@ -450,3 +463,83 @@ def test_stragglers_are_refused_on_nccl_dims():
     transport = ModelTransport(topo, RunConfig(npu_delay_ns=((1, 5_000.0),)))
     with pytest.raises(UsageError, match="not on nccl dims"):
         run_collective(transport, Collective("all_reduce", 1 << 16, "float32", 1, (0,)), "baseline")
+
+
+# --- under a sharing rule: every NPU's links -------------------------------------------------
+
+SHARED_TOPOLOGIES = [
+    "Ring(8,100,500,ring)",
+    "SW(8,100,500,ring)",
+    "FC(4,100,500,direct)",
+    "Ring(4,100,500)_SW(2,50,700)",
+]
+
+
+@pytest.mark.parametrize("network", ["fair", "store-forward"])
+@pytest.mark.parametrize("topo_spec", SHARED_TOPOLOGIES)
+def test_a_late_npu_under_sharing_ends_the_all_reduce_that_much_later(topo_spec, network):
+    """On every NPU's links, NPU 3 late by 50 us ends an all-reduce exactly 50 us later (its peers wait for it)."""
+    topo = parse_topology(topo_spec)
+    coll = collective(topo, count=1 << 20, chunks=4)
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(network=network))
+    late, _ = model_collective(
+        topo, coll, "baseline", RunConfig(network=network, npu_delay_ns=((3, 50_000.0),))
+    )
+    assert late.time_us == pytest.approx(on_time.time_us + 50.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("topo_spec", SHARED_TOPOLOGIES)
+def test_one_slow_npu_link_under_fair_is_as_slow_as_halving_its_dim(topo_spec):
+    """Under fair, NPU 3's dim-0 links at half rate give the all-reduce's time on dim 0 at half bandwidth."""
+    topo = parse_topology(topo_spec)
+    coll = collective(topo, count=1 << 20, chunks=4)
+    slow, _ = model_collective(topo, coll, "baseline", RunConfig(network="fair", link_scale=((0, 3, 0.5),)))
+    half = parse_topology(topo_spec.replace("100,", "50,", 1))
+    halved, _ = model_collective(half, coll, "baseline", RunConfig(network="fair"))
+    assert slow.time_us == pytest.approx(halved.time_us, rel=1e-9)
+    assert max(link.busy_pct for link in slow.links) <= 100 * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("network", ["fair", "store-forward"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "-t",
+            "2x2x2",
+            "--npu-delay-us",
+            "5=30",
+            "--link-scale",
+            "1:2=0.5",
+            "-p",
+            "baseline,themis",
+            "-c",
+            "4",
+        ],
+        [
+            "-t",
+            "SW(4,100,500)_SW(2,50,700)_NIC(0+1,50)",
+            "--link-scale",
+            "0:1=0.3",
+            "-p",
+            "themis",
+            "-c",
+            "8",
+        ],
+    ],
+)
+def test_the_emulator_with_stragglers_under_sharing_moves_exact_data_in_the_models_time(
+    tmp_path, args, network
+):
+    """On 8 ranks, a late NPU or a slow link on every NPU's shared links: #wrong 0 in the model's time."""
+    common = [*args, "--network", network, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
+    emu = cli(8, ["run", *common, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+    assert emu.returncode == 0, emu.stderr[-2000:]
+    model = local(["model", *common, "--json", str(tmp_path / "model.json")])
+    assert model.returncode == 0, model.stderr[-2000:]
+    emu_rows = json.loads((tmp_path / "emu.json").read_text())
+    model_rows = json.loads((tmp_path / "model.json").read_text())
+    assert len(emu_rows) == len(model_rows) >= 2
+    for e, m in zip(emu_rows, model_rows):
+        assert e["wrong"] == 0
+        assert e["time_us"] == m["time_us"]

@@ -116,10 +116,9 @@ class RunConfig:
             in_range(f"--link-scale of dim {d}, rank {rank}", factor, MIN_LINK_SCALE, MAX_LINK_SCALE)
         if self.asymmetric and self.compat:
             raise UsageError(f"--compat {self.compat} has identical NPUs: drop --npu-delay-us, --link-scale")
-        if self.asymmetric and (self.network != IDEAL or self.active_per_dim != 1):
+        if self.asymmetric and self.active_per_dim != 1:
             raise UsageError(
-                "a late NPU or a scaled link (--npu-delay-us, --link-scale) runs under --network ideal "
-                "with one active chunk per dim"
+                "a late NPU or a scaled link (--npu-delay-us, --link-scale) runs with one active chunk a dim"
             )
 
     def alike(self) -> RunConfig:

@@ -438,13 +438,15 @@ class Astra2World(World):
         fn(arg)
 
 
-def shared_every_npu(config: RunConfig, messages: bool, per_rank: bool) -> bool:
+def shared_every_npu(config: RunConfig, messages: bool, per_rank: bool, slow_compute: bool = False) -> bool:
     """Whether a run needs every NPU's links under fair or store-forward (`SharedWorld`).
 
-    Point-to-point messages load their sender's and receiver's links only, and per-rank graphs
-    load NPUs unevenly: one NPU's view (`network.Network`) is not exact for either.
+    Point-to-point messages load their sender's and receiver's links only, per-rank graphs
+    load NPUs unevenly, and stragglers (late NPUs, scaled links, NPUs that compute slower) put
+    them out of step: one NPU's view (`network.Network`) is exact for none of them.
     """
-    return config.network != IDEAL and not config.compat and (messages or per_rank)
+    uneven = messages or per_rank or slow_compute or config.asymmetric
+    return config.network != IDEAL and not config.compat and uneven
 
 
 @dataclass(eq=False)
@@ -474,17 +476,32 @@ class NpuLinks(Network):
 
     A point-to-point message is one transfer over the route `route` gives, then its fixed delay
     (``hops * latency + endpoint delay`` per dim crossed, as `cost.CostModel.p2p_ns`).
+    `link_scale` ``(dim, rank, factor)``: that NPU's links of that dim (both ways) at factor
+    times their rate (``--link-scale``).
     """
 
     solo = False  # (a step's end waits for its peers: no summing ahead)
 
-    def __init__(self, topology: Topology, rule: str, cost: CostModels):
+    def __init__(
+        self,
+        topology: Topology,
+        rule: str,
+        cost: CostModels,
+        link_scale: tuple[tuple[int, int, float], ...] = (),
+    ):
         super().__init__(topology, rule, cost)
         local = physical_links(topology)
         self.per_npu = len(local)
         self.local = {link.name: i for i, link in enumerate(local)}
+        scale = {(d, r): f for d, r, f in link_scale}  # (a straggler's links of a dim, both ways)
         self.links = tuple(
-            replace(link, name=f"npu{r}.{link.name}") for r in range(topology.npus) for link in local
+            replace(
+                link,
+                name=f"npu{r}.{link.name}",
+                bytes_per_ns=link.bytes_per_ns * scale.get((link.dim, r), 1.0),
+            )
+            for r in range(topology.npus)
+            for link in local
         )
         self.capacity = [link.bytes_per_ns for link in self.links]
         self._users = [0] * len(self.links)
@@ -637,7 +654,8 @@ class SharedWorld(World):
     """Every NPU's engine on every NPU's links under ``--network fair`` or ``store-forward`` (`NpuLinks`).
 
     Runs that the one-NPU `network.Network` cannot time exactly run here
-    (`shared_every_npu`): point-to-point messages and per-rank graphs. A message's two sides
+    (`shared_every_npu`): point-to-point messages, per-rank graphs and stragglers (a late NPU
+    starts later; a scaled link is that NPU's link at that factor, `NpuLinks`). A message's two sides
     match by (sender, receiver, tag) in issue order; its transfer starts once both are issued
     (the later issue is now) and both sides end when it has arrived and its fixed delay has
     passed, as `engine.MessageRun` says under ``ideal``. A stage matches its peers' by its key
@@ -653,7 +671,7 @@ class SharedWorld(World):
         if config.network not in (FAIR, STORE_FORWARD) or config.compat:
             raise UsageError("every NPU's shared links take --network fair or store-forward, no --compat")
         super().__init__(topology, config)
-        self.links = NpuLinks(topology, config.network, self.cost)
+        self.links = NpuLinks(topology, config.network, self.cost, config.link_scale)
         self._counts: dict[tuple, int] = defaultdict(int)
         self._posted: dict[tuple, StageRun] = {}  # a message's first side, until the other comes
 
@@ -753,7 +771,12 @@ class WorldTransport(GreenletControl):
         """Nothing to check."""
 
     def start(self, run: StageRun) -> None:
-        """Hand the stage or message to the links (it starts at the world's time, which is this NPU's)."""
+        """Hand the stage or message to the links at its start, the world's time then.
+
+        Only a late NPU's first work starts ahead of the world (`--npu-delay-us`): it waits for it.
+        """
+        while self.world.now_ns < run.start_ns:
+            self.world.wait(self.rank, run.start_ns)
         self.world.start(self.rank, run)
 
     def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:

@@ -191,7 +191,7 @@ class NpuWorld(Greenlets):
     def __init__(self, topology: Topology, config: RunConfig):
         if config.network != IDEAL:
             raise UsageError(
-                f"the per-NPU model (stragglers) runs under --network ideal only, not {config.network}"
+                f"NpuWorld times ideal links, not --network {config.network} (npunet.SharedWorld does)"
             )
         if topology.flat:
             raise UsageError("the per-NPU model (stragglers) does not run nccl dims")

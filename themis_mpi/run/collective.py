@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
-from ..npunet import Astra2World, WorldTransport, every_npu
+from ..npunet import Astra2World, SharedWorld, WorldTransport, every_npu, shared_every_npu
 from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
@@ -61,6 +61,7 @@ def run_collective(
     policy: PolicyLike,
     schedule: Schedule | None = None,
     check: bool = True,
+    start_order: list | None = None,
 ) -> tuple[CollectiveResult, Engine]:
     """Run one collective; every rank returns the same result.
 
@@ -70,6 +71,8 @@ def run_collective(
         policy: the inter-dim policy (an instance keeps its state between calls, or a name).
         schedule: replay this schedule instead of asking the policy.
         check: check the reduced data against the closed form (emulator only).
+        start_order: with stragglers, the order in which each dim starts its stages, when the
+            caller has it (the NPUs of a world share one); else that of a run with NPUs alike.
 
     Returns:
         The result (``wrong`` summed over ranks, ``wall_s`` of the slowest rank) and this rank's
@@ -82,19 +85,19 @@ def run_collective(
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
-    uneven = every_npu(transport.topology, config)
+    if config.asymmetric and start_order is None:  # each dim starts its stages as with NPUs alike
+        start_order = symmetric_run(transport.topology, config, collective, schedule)[0].start_order()
+    uneven = every_npu(transport.topology, config) or shared_every_npu(config, False, False)
     if uneven and not isinstance(transport, WorldTransport):
-        done = _on_every_npu(transport, collective, policy, schedule)
+        done = _on_every_npu(transport, collective, policy, schedule, start_order)
         if done is not None:
             result, engine = done
             return replace(result, decision_s=decision_s, clock="model"), engine
-    if config.asymmetric:  # each dim starts its stages in the order of a run with NPUs alike
-        even, _ = symmetric_run(transport.topology, config, collective, schedule)
-        if isinstance(transport, ModelTransport):  # no symmetry: every NPU at once
-            transport = NpuVectors(transport.topology, config)
+    if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: every NPU at once
+        transport = NpuVectors(transport.topology, config)
     engine = Engine(transport.topology, transport, config)
-    if config.asymmetric:
-        engine.agree(even.start_order())
+    if start_order is not None:
+        engine.agree(start_order)
 
     issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
 
@@ -130,9 +133,16 @@ def run_collective(
 
 
 def _on_every_npu(
-    transport: Transport, collective: Collective, policy: PolicyLike, schedule: Schedule
+    transport: Transport,
+    collective: Collective,
+    policy: PolicyLike,
+    schedule: Schedule,
+    start_order: list | None,
 ) -> tuple[CollectiveResult, Engine] | None:
-    """2.x's congestion-aware links on an uneven dim (`npunet`): the collective on every NPU.
+    """The collective on every NPU (`npunet`): 2.x's congestion-aware links, or every NPU's links.
+
+    2.x's links where a dim is uneven; every NPU's links under fair or store-forward where
+    stragglers put the NPUs out of step.
 
     On the model that run is the result (NPU 0's engine, the collective's last end). Under MPI
     every rank runs the same deterministic simulation and its transport takes its own rank's
@@ -140,8 +150,9 @@ def _on_every_npu(
     engine takes the same decisions as its NPU's did, so emulator == model exactly; then None:
     run it.
     """
-    world = Astra2World(transport.topology, transport.config)
-    npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False))
+    topology, config = transport.topology, transport.config
+    world = Astra2World(topology, config) if every_npu(topology, config) else SharedWorld(topology, config)
+    npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False, start_order))
     if isinstance(transport, ModelTransport):
         return npus[0]
     transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ Model and emulator:
   a job's groups never cross its slice; the model runs each slice's jobs on their own (every
   slice is symmetric inside), so a slice alone on its NPUs keeps its solo time. All jobs take
   ``at=`` on one dim, or none does (a job over every NPU beside sliced ones would make the NPUs
-  differ, which only the per-NPU model runs, and that model runs ``--network ideal`` only).
+  differ, which only the per-NPU models run, and jobs do not run on them yet).
 - On the emulator every rank runs the jobs whose placement holds it; control calls (schedules,
   results) are made by every rank for every job, in job order.
 

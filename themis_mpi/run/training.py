@@ -107,38 +107,49 @@ def _training_result(
 
 
 def run_training(
-    transport: Transport, workload: Workload, policy: PolicyLike, spec: TrainingSpec
+    transport: Transport,
+    workload: Workload,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    shared: tuple[dict[Collective, Schedule], list | None, float] | None = None,
 ) -> TrainingResult:
     """Training iterations of a workload; every collective on real data (and checked) in MPI.
 
     The transport's topology must fit the workload (see `workloads.text.Workload.fit_topology`).
+    `shared`: the schedules, the agreed start order (stragglers) and the decision seconds, when
+    decided once for the NPUs of a world.
     """
     topo, config = transport.topology, transport.config
     uneven = config.asymmetric or spec.heterogeneous  # stragglers
     if uneven:
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
-    if uneven and isinstance(transport, ModelTransport):  # no symmetry: every NPU
+    on_links = shared_every_npu(config, False, False, spec.heterogeneous)  # every NPU's shared links
+    if uneven and not on_links and isinstance(transport, ModelTransport):  # no symmetry: every NPU
         if not vectorisable(config):
             return NpuWorld(topo, config).run(lambda npu: run_training(npu, workload, policy, spec))[0]
         transport = NpuVectors(topo, config)
-    collectives = distinct_collectives(workload, topo, spec)
-    oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
-    schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
+    if shared is None:
+        collectives = distinct_collectives(workload, topo, spec)
+        oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None
+        schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
+        by_collective = dict(zip(collectives, schedules))
+        order = _start_order(workload, topo, spec, config, by_collective) if uneven else None
+    else:
+        by_collective, order, decision_s = shared
+    if on_links and not isinstance(transport, WorldTransport):
+        world = SharedWorld(topo, config)
+        rows = world.run(
+            lambda npu: run_training(npu, workload, policy, spec, (by_collective, order, decision_s))
+        )
+        if isinstance(transport, ModelTransport):
+            return replace(rows[0], transport="model")
+        transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
     engine = Engine(topo, transport, config)
-    by_collective = dict(zip(collectives, schedules))
     tick_ns = loop_tick_ns(config.compat)
     ranks = np.arange(topo.npus) if isinstance(transport, NpuVectors) else transport.rank  # (all at once)
     loop = TrainingLoop(workload, topo, spec, by_collective, tick_ns, rank=ranks)
-    if uneven:
-        even = config.alike()
-        # the fastest NPUs' pace (every NPU slowed alike is the compute-scale what-if)
-        factors = [f for _, f in spec.npu_compute_scale]
-        fastest = min(factors + [1.0] * (len(factors) < topo.npus))
-        even_spec = replace(
-            spec, compute_scale=spec.compute_scale * fastest, npu_compute_scale=(), compute_jitter=0.0
-        )
-        _, model = loop_on_model(workload, topo, even_spec, even, by_collective)
-        engine.agree(model.start_order())
+    if order is not None:
+        engine.agree(order)
 
     late = dict(config.npu_delay_ns)
     issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
@@ -170,6 +181,26 @@ def run_training(
         workload=workload.path,
         decision_s=decision_s,
     )
+
+
+def _start_order(
+    workload: Workload,
+    topo: Topology,
+    spec: TrainingSpec,
+    config: RunConfig,
+    schedules: dict[Collective, Schedule],
+) -> list:
+    """With stragglers, the order in which each dim starts its stages: a run's at the fastest NPUs' pace.
+
+    Every NPU slowed alike is then exactly the compute-scale what-if.
+    """
+    factors = [f for _, f in spec.npu_compute_scale]
+    fastest = min(factors + [1.0] * (len(factors) < topo.npus))
+    even_spec = replace(
+        spec, compute_scale=spec.compute_scale * fastest, npu_compute_scale=(), compute_jitter=0.0
+    )
+    _, model = loop_on_model(workload, topo, even_spec, config.alike(), schedules)
+    return model.start_order()
 
 
 def run_graph(
