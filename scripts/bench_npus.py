@@ -3,14 +3,16 @@
 Usage::
 
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
-        [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--out results]
+        [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
+        [--out results]
 
 Two tables, on the model, in this process, CPU time (``time.process_time``):
 
 - All-reduce: 64 MiB float32, Themis with scf, on Ring x FullyConnected x Switch dims (100,
-  200, 50 GB/s) of the given shapes, with NPU 5 late by 50 us. The closed form ``time = on-time
-  + 50 us`` (column ``+50``) must hold on every row. Also the stage steps every NPU ran and CPU
-  per NPU-step. Target: 1024 NPUs, 64 chunks, under 10 s.
+  200, 50 GB/s) of the given shapes, with NPU 5 late by 50 us. On ideal links the closed form
+  ``time = on-time + 50 us`` (column ``late-on_time``) must hold on every row; on shared links
+  NPUs out of step may also meet on links. Also the stage steps every NPU ran and CPU per
+  NPU-step. Target (ideal): 1024 NPUs, 64 chunks, under 10 s.
 - Training: one ResNet-152 iteration (traces/per-layer/resnet152.txt, one all-reduce per layer,
   156) under Themis with NPU 5 computing at 1.5x, on the shapes above (16 chunks) and on the
   paper's 1024-NPU topologies (each --train-chunks). Column ``bound``: on time <= with the slow
@@ -18,8 +20,10 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
   a paper topology under 120 s.
 
 Both run every NPU at once (`themis_mpi.npus.NpuVectors`, equal to running every NPU's engine:
-tests/test_stragglers.py). Prints the tables and the process's peak memory, and writes
-bench_npus.json and bench_npus.png (CPU against NPUs, log-log) into --out.
+tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
+(`themis_mpi.npunet.SharedWorld`, one event loop over every NPU's engine). Prints the tables
+and the process's peak memory, and writes bench_npus.json and bench_npus.png (CPU against NPUs,
+log-log) into --out.
 """
 
 from __future__ import annotations
@@ -54,14 +58,14 @@ def topology(shape: str):
     return parse_topology(f"Ring({a},100,500)_FC({b},200,500)_SW({c},50,1000)")
 
 
-def row(shape: str, chunks: int) -> dict:
+def row(shape: str, chunks: int, network: str) -> dict:
     """One measured row."""
     topo = topology(shape)
     coll = Collective("all_reduce", 2**24, "float32", chunks, tuple(range(3)))
-    on_time, _ = model_collective(topo, coll, "themis", RunConfig(intra="scf"))
+    on_time, _ = model_collective(topo, coll, "themis", RunConfig(intra="scf", network=network))
     cpu0 = time.process_time()
     late, engine = model_collective(
-        topo, coll, "themis", RunConfig(intra="scf", npu_delay_ns=((5, DELAY_NS),))
+        topo, coll, "themis", RunConfig(intra="scf", npu_delay_ns=((5, DELAY_NS),), network=network)
     )
     cpu_s = time.process_time() - cpu0
     steps = topo.npus * sum(len(engine.transport.cost(4).run_steps_ns(r)) for r in engine.records)
@@ -70,6 +74,7 @@ def row(shape: str, chunks: int) -> dict:
         "npus": topo.npus,
         "chunks": chunks,
         "time_us": late.time_us,
+        "late_over_on_time_us": late.time_us - on_time.time_us,
         "closed_form_ok": abs(late.time_us - on_time.time_us - DELAY_NS / 1e3) < 1e-6,
         "cpu_s": cpu_s,
         "npu_steps": steps,
@@ -77,15 +82,15 @@ def row(shape: str, chunks: int) -> dict:
     }
 
 
-def training_row(topo_spec: str, chunks: int) -> dict:
+def training_row(topo_spec: str, chunks: int, network: str) -> dict:
     """One ResNet-152 iteration with NPU 5 at 1.5x compute, timed, and its bounds."""
-    topo, wl = parse_topology(topo_spec), parse_workload(RESNET152)
-    on_time = model_training(wl, topo, "themis", TrainingSpec(chunks=chunks, iterations=1))
+    topo, wl, config = parse_topology(topo_spec), parse_workload(RESNET152), RunConfig(network=network)
+    on_time = model_training(wl, topo, "themis", TrainingSpec(chunks=chunks, iterations=1), config)
     alike = TrainingSpec(chunks=chunks, iterations=1, compute_scale=SLOW)
-    everyone = model_training(wl, topo, "themis", alike)
+    everyone = model_training(wl, topo, "themis", alike, config)
     late = TrainingSpec(chunks=chunks, iterations=1, npu_compute_scale=((5, SLOW),))
     cpu0 = time.process_time()
-    slow = model_training(wl, topo, "themis", late)
+    slow = model_training(wl, topo, "themis", late, config)
     cpu_s = time.process_time() - cpu0
     stages = topo.npus * sum(d.stages for d in slow.dims)
     return {
@@ -132,6 +137,9 @@ def main() -> None:
     ap.add_argument("--chunks", default="16,64", help="all-reduce chunk counts (16,64)")
     ap.add_argument("--paper", default=PAPER, help="paper topologies for the training rows ('' for none)")
     ap.add_argument("--train-chunks", default="16,64", help="training chunk counts on the paper topologies")
+    ap.add_argument(
+        "--network", default="ideal", choices=("ideal", "fair", "store-forward"), help="sharing rule"
+    )
     ap.add_argument("--out", default="results", help="output folder (default results)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -139,16 +147,16 @@ def main() -> None:
     rows: list[dict] = []
     training: list[dict] = []
     print(
-        f"{'all-reduce on':>36} {'npus':>6} {'chunks':>6} {'time_us':>10} {'+50':>4} {'cpu_s':>8} "
+        f"{'all-reduce on':>36} {'npus':>6} {'chunks':>6} {'time_us':>10} {'late-on_time':>12} {'cpu_s':>8} "
         f"{'us/npu-step':>11}"
     )
     for chunks in (int(c) for c in args.chunks.split(",")):
         for shape in args.shapes.split(","):
-            r = row(shape, chunks) | {"shape": shape, "scaling": True}
+            r = row(shape, chunks, args.network) | {"shape": shape, "scaling": True}
             rows.append(r)
             print(
                 f"{r['topology']:>36} {r['npus']:>6} {chunks:>6} {r['time_us']:>10.2f} "
-                f"{'ok' if r['closed_form_ok'] else 'NO':>4} {r['cpu_s']:>8.2f} "
+                f"{r['late_over_on_time_us']:>+12.2f} {r['cpu_s']:>8.2f} "
                 f"{r['cpu_us_per_npu_step']:>11.2f}",
                 flush=True,
             )
@@ -160,7 +168,7 @@ def main() -> None:
     cells = [(topology(shape).spec(), 16, shape, True) for shape in args.shapes.split(",")]
     cells += [(p, int(c), p, False) for c in args.train_chunks.split(",") for p in args.paper.split(",") if p]
     for spec, chunks, shape, scaling in cells:
-        r = training_row(spec, chunks) | {"shape": shape, "scaling": scaling}
+        r = training_row(spec, chunks, args.network) | {"shape": shape, "scaling": scaling}
         training.append(r)
         print(
             f"{shape:>36} {r['npus']:>6} {chunks:>6} {r['on_time_us']:>11.1f} {r['slow_npu_us']:>10.1f} "
@@ -172,7 +180,8 @@ def main() -> None:
     print(f"\nmax RSS of this process: {rss_mb:.0f} MiB")
     write_json(out_json, {"rows": rows, "training": training, "max_rss_mib": rss_mb})
     plot(rows, training, os.path.join(args.out, "bench_npus.png"))
-    if not all(r["closed_form_ok"] for r in rows) or not all(r["bound_ok"] for r in training):
+    held = all(r["closed_form_ok"] for r in rows) and all(r["bound_ok"] for r in training)
+    if args.network == "ideal" and not held:  # (on ideal links both must hold)
         sys.exit(1)
 
 

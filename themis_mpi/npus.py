@@ -60,6 +60,7 @@ class Greenlets:
         self.ready: deque[int] = deque()
         self.arrived: list[int] = []  # NPUs at the current meeting
         self.met: list[Any] = []  # the last meeting's values
+        self._reduction: tuple[list[Any], str, np.ndarray] | None = None  # (`reduced`: its last)
         self.slots: list[Any] = [None] * n
         self.hub: greenlet.greenlet | None = None
 
@@ -86,6 +87,20 @@ class Greenlets:
         self.ready.extend(self.arrived[:-1])
         self.arrived = []
         return self.met
+
+    def reduced(self, met: list[Any], op: str) -> np.ndarray:
+        """A meeting's values reduced element-wise (sum, max or min), once for all its NPUs."""
+        if self._reduction is None or self._reduction[0] is not met or self._reduction[1] != op:
+            stacked = np.stack([np.asarray(v) for v in met])
+            result = (
+                stacked.sum(axis=0)
+                if op == "sum"
+                else stacked.max(axis=0)
+                if op == "max"
+                else stacked.min(axis=0)
+            )
+            self._reduction = (met, op, result)
+        return self._reduction[2].copy()
 
     def _yield(self) -> None:
         assert self.hub is not None
@@ -149,10 +164,7 @@ class GreenletControl:
 
     def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
         """Element-wise sum, max or min over NPUs, on every NPU."""
-        stacked = np.stack([np.asarray(v) for v in self.world.gather(self.rank, np.asarray(values), what)])
-        if op == "sum":
-            return stacked.sum(axis=0)
-        return stacked.max(axis=0) if op == "max" else stacked.min(axis=0)
+        return self.world.reduced(self.world.gather(self.rank, np.asarray(values), what), op)
 
 
 class _Stage:
