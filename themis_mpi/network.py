@@ -303,9 +303,8 @@ def max_min_rates(usages: list[Usage], capacity: list[float], users: list[int] |
     return rates
 
 
-Window = tuple[
-    float, float, int, float, float
-]  # a solo stage's transfer: start, end, step, bytes at start, rate
+# a solo stage's transfer: start, end, its step, bytes left at its start, rate
+Window = tuple[float, float, int, float, float]
 
 
 def _windows(steps: tuple[Step, ...], k: int, t_ns: float, left: float, rate: float) -> list[Window]:
@@ -384,8 +383,9 @@ class Network:
     both give the same number; when another transfer joins one of its links, the solo stage is
     placed where it is at that instant and goes on step by step, sharing. Solo stages may share
     links when their transfers interleave (one sends while the other waits out its delay, as
-    latency-bound stages behind one NIC do): each is solo until their transfers first meet, when
-    both go on step by step.
+    latency-bound stages behind one NIC do): each is solo until their transfers first meet; two
+    then share in closed form (`_meet`), more go on step by step. A stage left alone on its
+    links goes solo again.
     """
 
     solo = True  # (a test turns the shortcut off to compare it with the step-wise path)
