@@ -178,9 +178,11 @@ class World(Greenlets):
     Args:
         topology: the network.
         config: the run settings.
+        replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
+            need them; the model does not, and they are most of the memory of a long run).
     """
 
-    def __init__(self, topology: Topology, config: RunConfig):
+    def __init__(self, topology: Topology, config: RunConfig, replayable: bool = True):
         if topology.npus > MAX_NPUS:
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
         super().__init__(topology.npus)
@@ -188,6 +190,7 @@ class World(Greenlets):
         self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
         self.now_ns = 0.0
+        self.replayable = replayable
         self.npus = [_Npu() for _ in range(self.n)]
         self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
         # per NPU: every stage's start (by its key) and the stage ends in the order it took them
@@ -221,6 +224,8 @@ class World(Greenlets):
 
     def _begin(self, rank: int, run: StageRun) -> None:
         """Note a stage's start on NPU `rank` (its key's start time, and its place on its dim)."""
+        if not self.replayable:
+            return
         key = stage_key(run)
         self.starts[rank][key] = run.start_ns
         if not isinstance(run, MessageRun):
@@ -240,6 +245,7 @@ class World(Greenlets):
         With them go the stages' numbers on their dim, the same on every NPU (`Replay.number`),
         and the bytes its links carried.
         """
+        assert self.replayable, "a world run without its starts and ends cannot be replayed"
         numbers = {key: i for keys in self.order[rank] for i, key in enumerate(sorted(keys))}
         return Replay(rank, self.starts[rank], self.ends[rank], numbers, self.link_bytes(rank))
 
@@ -667,10 +673,10 @@ class SharedWorld(World):
         config: the run settings (``--network fair`` or ``store-forward``, no ``--compat``).
     """
 
-    def __init__(self, topology: Topology, config: RunConfig):
+    def __init__(self, topology: Topology, config: RunConfig, replayable: bool = True):
         if config.network not in (FAIR, STORE_FORWARD) or config.compat:
             raise UsageError("every NPU's shared links take --network fair or store-forward, no --compat")
-        super().__init__(topology, config)
+        super().__init__(topology, config, replayable)
         self.links = NpuLinks(topology, config.network, self.cost, config.link_scale)
         self._counts: dict[tuple, int] = defaultdict(int)
         self._posted: dict[tuple, StageRun] = {}  # a message's first side, until the other comes
@@ -720,6 +726,8 @@ class SharedWorld(World):
 
     def _why(self) -> str:
         """A stage waiting for a peer that started the dim's stages in another order, or a lone message."""
+        if not self.replayable:  # (no starts kept: the stall says who waits, not why)
+            return ""
         for (key, _, sender), flows in self.links._waiting.items():
             if key not in self.starts[sender]:
                 rank = flows[0].rank
@@ -786,7 +794,8 @@ class WorldTransport(GreenletControl):
             self.world.wait(self.rank, horizon_ns)
         if npu.ended:
             ended, npu.ended = npu.ended, []
-            self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
+            if self.world.replayable:
+                self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
             return self.world.now_ns, ended
         return horizon_ns, []
 

@@ -151,7 +151,11 @@ def _on_every_npu(
     run it.
     """
     topology, config = transport.topology, transport.config
-    world = Astra2World(topology, config) if every_npu(topology, config) else SharedWorld(topology, config)
+    replayable = not isinstance(transport, ModelTransport)  # (the emulator's ranks replay it)
+    if every_npu(topology, config):
+        world: Astra2World | SharedWorld = Astra2World(topology, config)
+    else:
+        world = SharedWorld(topology, config, replayable)
     npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False, start_order))
     if isinstance(transport, ModelTransport):
         return npus[0]

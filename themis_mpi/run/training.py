@@ -137,7 +137,7 @@ def run_training(
     else:
         by_collective, order, decision_s = shared
     if on_links and not isinstance(transport, WorldTransport):
-        world = SharedWorld(topo, config)
+        world = SharedWorld(topo, config, replayable=not isinstance(transport, ModelTransport))
         rows = world.run(
             lambda npu: run_training(npu, workload, policy, spec, (by_collective, order, decision_s))
         )
