@@ -21,7 +21,7 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
-from ..npunet import Astra2World, SharedWorld, WorldTransport, every_npu, shared_every_npu
+from ..npunet import Astra2World, SharedWorld, World, WorldTransport, every_npu, shared_every_npu
 from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
@@ -139,16 +139,10 @@ def _on_every_npu(
     schedule: Schedule,
     start_order: list | None,
 ) -> tuple[CollectiveResult, Engine] | None:
-    """The collective on every NPU (`npunet`): 2.x's congestion-aware links, or every NPU's links.
+    """The collective on every NPU (`npunet`, `on_world`): 2.x's congestion-aware links, or every NPU's links.
 
     2.x's links where a dim is uneven; every NPU's links under fair or store-forward where
-    stragglers put the NPUs out of step.
-
-    On the model that run is the result (NPU 0's engine, the collective's last end). Under MPI
-    every rank runs the same deterministic simulation and its transport takes its own rank's
-    stage ends from it (`npunet.Replay`) while the data still moves rank to rank: the rank's
-    engine takes the same decisions as its NPU's did, so emulator == model exactly; then None:
-    run it.
+    stragglers put the NPUs out of step. On the model: NPU 0's result and engine.
     """
     topology, config = transport.topology, transport.config
     replayable = not isinstance(transport, ModelTransport)  # (the emulator's ranks replay it)
@@ -156,9 +150,22 @@ def _on_every_npu(
         world: Astra2World | SharedWorld = Astra2World(topology, config)
     else:
         world = SharedWorld(topology, config, replayable)
-    npus = world.run(lambda npu: run_collective(npu, collective, policy, schedule, False, start_order))
+    return on_world(
+        transport, world, lambda npu: run_collective(npu, collective, policy, schedule, False, start_order)
+    )
+
+
+def on_world(transport: Transport, world: World, body: Callable[[WorldTransport], T]) -> T | None:
+    """`body` on every NPU of a `npunet` world, in one process: on the model, NPU 0's return.
+
+    Under MPI every rank runs the same deterministic simulation and its transport then takes its
+    own rank's stage and message ends from it (`npunet.Replay`) while the data still moves rank
+    to rank: the rank's engine takes the decisions its NPU took there, so emulator == model
+    exactly. Then None: the caller runs it.
+    """
+    results = world.run(body)
     if isinstance(transport, ModelTransport):
-        return npus[0]
+        return results[0]
     transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
     return None
 

@@ -28,7 +28,7 @@ from ..topology import Topology
 from ..workloads.chakra import Graph, GraphReplay, graph_collectives, plan_graph
 from ..workloads.text import Workload
 from ..workloads.training import TrainingLoop, TrainingSpec, distinct_collectives
-from .collective import check_ranks, execute, wrong_elements
+from .collective import check_ranks, execute, on_world, wrong_elements
 from .coordinator import PolicyLike, policy_name, share_orders, share_schedules
 from .linked import linked_ranks, run_linked
 
@@ -138,12 +138,10 @@ def run_training(
         by_collective, order, decision_s = shared
     if on_links and not isinstance(transport, WorldTransport):
         world = SharedWorld(topo, config, replayable=not isinstance(transport, ModelTransport))
-        rows = world.run(
-            lambda npu: run_training(npu, workload, policy, spec, (by_collective, order, decision_s))
-        )
-        if isinstance(transport, ModelTransport):
-            return replace(rows[0], transport="model")
-        transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
+        shared = (by_collective, order, decision_s)
+        row = on_world(transport, world, lambda npu: run_training(npu, workload, policy, spec, shared))
+        if row is not None:
+            return replace(row, transport="model")
     engine = Engine(topo, transport, config)
     tick_ns = loop_tick_ns(config.compat)
     ranks = np.arange(topo.npus) if isinstance(transport, NpuVectors) else transport.rank  # (all at once)
@@ -284,11 +282,9 @@ def _graph_on_every_npu(
 ) -> tuple[TrainingResult | None, dict[Collective, Schedule]]:
     """Messages or per-rank graphs under fair or store-forward: the graph on every NPU's links.
 
-    On the model that run is the result (rank 0's row). Under MPI every rank runs the same
-    deterministic simulation of every NPU (`npunet.SharedWorld`) and its transport takes its
-    own rank's stage and message ends from it (`npunet.Replay`) while the data still moves rank
-    to rank: the rank's engine takes the decisions its NPU took there, so emulator == model
-    exactly; then None: run it. With the row go the schedules, decided once for every NPU.
+    On the model that run is the result (rank 0's row); under MPI None: run it (`on_world`).
+    With the row go the schedules, decided once for every NPU. The world keeps what it needs
+    to say why a graph deadlocks (its stage starts), on the model too.
     """
     topo, config = transport.topology, transport.config
     collectives = graph_collectives(graph, topo, spec, range(topo.npus))
@@ -296,12 +292,11 @@ def _graph_on_every_npu(
     world = SharedWorld(topo, config)
     t0 = time.perf_counter()
     try:
-        rows = world.run(lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
+        row = on_world(transport, world, lambda npu: run_graph(npu, graph, policy, spec, schedules=schedules))
     except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
         raise UsageError(f"the graph deadlocks on every NPU's links: {exc}") from None
-    if transport.name == "model":
-        return replace(rows[0], transport="model", wall_s=time.perf_counter() - t0), schedules
-    transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
+    if row is not None:
+        return replace(row, transport="model", wall_s=time.perf_counter() - t0), schedules
     return None, schedules
 
 
