@@ -270,8 +270,8 @@ def _train_graph(args: argparse.Namespace) -> int:
         if backend.rank == 0:
             config = settings[0][1]
             print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi, config))
-            if settings[0][1].comm_scheduler or spec.partition_mib:
-                print(_scheduler_line(settings[0][1], spec))
+            if config.comm_scheduler or spec.partition_mib:
+                print(_scheduler_line(config, spec))
             if topo != given:
                 print(
                     f"# model-parallel group {graph.model_parallel_group} splits a dim: "
