@@ -262,6 +262,7 @@ def main():
         ("workload: model-parallel group not made of leading dims", [*py, "train", files["group.txt"]]),
         ("workload: missing file", [*py, "train", os.path.join(tmp, "nope.txt")]),
         ("training: zero iterations", [*py, "train", files["micro.txt"], "--iters", "0"]),
+        ("training: a flag only model and run take (-q)", [*py, "train", files["micro.txt"], "-q"]),
         ("training: wall clock without mpiexec", [*py, "train", files["micro.txt"], "--clock", "wall"]),
         ("trace: missing file", [*py, "analyze", os.path.join(tmp, "nope.h5")]),
         ("trace: truncated", [*py, "analyze", os.path.join(tmp, "truncated.h5")]),
