@@ -8,8 +8,10 @@ why an all-reduce's all-gather stages run anticlockwise (`network.astra2_anticlo
 import math
 
 import pytest
-from harness import DATA
+from harness import DATA, run_cases
 
+from themis_mpi import network
+from themis_mpi.api import sweep
 from themis_mpi.astra import RUNS_2_MULTIDIM, compare_row_2, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan, plan_stages
 from themis_mpi.config import RunConfig
@@ -157,3 +159,41 @@ def test_every_npus_links_apply_the_rule_as_one_npus_view(algorithm):
     every = Astra2World(topo, config).run(play)
     assert times(every[0]) == times(one)
     assert max(e.collectives[0].end_ns for e in every) == one.collectives[0].end_ns == int(row["finish_ns"])
+
+
+@pytest.mark.parametrize(
+    "topology", ["Ring(4,100,500,ring)_SW(2,400,700,ring)", "Ring(4,400,500,direct)_SW(2,50,700,ring)"]
+)
+def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(tmp_path, monkeypatch, topology):
+    """A Ring of 4 beside a Switch, 4 chunks, 2 active, localBWAware and Themis: the same times on 8 ranks.
+
+    Both cases are ones the rule changes (checked first on the model with it switched off).
+    """
+    base = {
+        "op": "all_reduce",
+        "count": 1 << 18,
+        "dtype": "float32",
+        "chunks": 4,
+        "active": 2,
+        "endpoint_delay_ns": 10.0,
+        "compat": ASTRA_SIM_2,
+        "network": STORE_FORWARD,
+    }
+    cases = [{**base, "policy": "baseline", "intra": "fifo"}, {**base, "policy": "themis", "intra": "scf"}]
+
+    def model_us() -> list[float]:
+        return [
+            sweep(topology, 1 << 20, c["policy"], 4, dtype="float32", active_per_dim=2, endpoint_delay_ns=10.0,
+                  compat=ASTRA_SIM_2, network=STORE_FORWARD)[0].time_us
+            for c in cases
+        ]  # fmt: skip
+
+    with_rule = model_us()
+    with monkeypatch.context() as m:
+        m.setattr(network, "astra2_anticlockwise", lambda stage: False)
+        assert all(a != b for a, b in zip(model_us(), with_rule))
+    rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
+    assert [r["model"]["time_us"] for r in rows] == with_rule
+    for r in rows:
+        assert r["emu"]["wrong"] == 0, r["case"]
+        assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
