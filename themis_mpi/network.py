@@ -773,9 +773,10 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     to i + 2^k when bit k of i is 0, else to i - 2^k) and a message goes the shorter way round,
     ties clockwise, so some NPUs send clockwise and others counter-clockwise (for 2^k = 2 on 8
     NPUs: 0 and 1 clockwise, 2 and 3 counter-clockwise). Every other algorithm and dim kind is
-    rotation-symmetric: the ring and direct algorithms send to the peers d ahead for the same
-    d on every NPU, and on a Switch or a FullyConnected dim a message crosses links that only
-    its sender (up-link, peer link) or its receiver (down-link) uses. There one NPU's view
+    rotation-symmetric: the ring and direct algorithms send to the peers d ahead (or behind,
+    `astra2_anticlockwise`) for the same d on every NPU, and on a Switch or a FullyConnected
+    dim a message crosses links that only its sender (up-link, peer link) or its receiver
+    (down-link) uses. There one NPU's view
     (`Astra2Network`) is exact; on an uneven dim every NPU runs (`npunet.Astra2World`).
     """
     return tuple(
