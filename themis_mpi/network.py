@@ -776,8 +776,8 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     rotation-symmetric: the ring and direct algorithms send to the peers d ahead (or behind,
     `astra2_anticlockwise`) for the same d on every NPU, and on a Switch or a FullyConnected
     dim a message crosses links that only its sender (up-link, peer link) or its receiver
-    (down-link) uses. There one NPU's view
-    (`Astra2Network`) is exact; on an uneven dim every NPU runs (`npunet.Astra2World`).
+    (down-link) uses. There one NPU's view (`Astra2Network`) is exact; on an uneven dim every
+    NPU runs (`npunet.Astra2World`).
     """
     return tuple(
         d
