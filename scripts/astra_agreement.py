@@ -6,8 +6,10 @@ chunk count the max and median relative error of the finish time and the max err
 per-dim utilization (``dim_busy_pct_node0``) in percentage points, then one line per policy class
 against the bounds. Then every row of the 2.x set (default: tests/data/astra-sim-reference-2)
 with ``compat="astra-sim-2"``: per section, network, backend, algorithm, active chunks and splits
-the rows exact to the ns and the max and median error (ns and %). Writes ``agreement.json`` (every
-row), ``summary.json``, ``agreement-2.json`` and ``summary-2.json`` into ``--out``.
+the rows exact to the ns and the max and median error (ns and %); then the same for the multi-dim
+congestion-aware runs of that folder (``runs-multidim.csv``, an unmerged branch of 2.x's network
+backend). Writes ``agreement.json`` (every row), ``summary.json``, ``agreement-2.json``,
+``summary-2.json``, ``agreement-2-multidim.json`` and ``summary-2-multidim.json`` into ``--out``.
 
     python scripts/astra_agreement.py --out results/astra-agreement
 """
@@ -20,6 +22,8 @@ import sys
 
 from themis_mpi.astra import (
     BUSY_BOUND_PCT,
+    RUNS_2,
+    RUNS_2_MULTIDIM,
     TIME_BOUNDS,
     compare_row,
     compare_row_2,
@@ -36,9 +40,9 @@ DEFAULT_DIR_2 = os.path.join(ROOT, "tests", "data", "astra-sim-reference-2")
 KEYS_2 = ("section", "topology", "backend", "implementation", "active", "splits")
 
 
-def print_2(results: list[dict]) -> int:
-    """Print the 2.x table, per group and per section and backend; returns the rows not exact."""
-    print("# model (compat astra-sim-2) vs ASTRA-sim 2.x: rows exact to the ns, finish/end error")
+def print_2(results: list[dict], title: str) -> int:
+    """Print a 2.x table, per group and per section and backend; returns the rows not exact."""
+    print(f"# model (compat astra-sim-2) vs {title}: rows exact to the ns, finish/end error")
     print(
         f"#{'section':>36} {'topology':>14} {'backend':>18} {'algorithm':>15} {'act':>3} {'splits':>6} "
         f"{'exact':>9} {'max_ns':>8} {'max_err%':>9} {'med_err%':>9}"
@@ -59,7 +63,7 @@ def print_2(results: list[dict]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print the agreement table and write JSON into --out; exit 1 if a bound is broken."""
+    """Print the agreement tables, write JSON into --out; exit 1 if a bound is broken or a 2.x row is off."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=DEFAULT_CSV, help="reference CSV")
     ap.add_argument("--dir2", default=DEFAULT_DIR_2, help="2.x reference folder (runs.csv, network/)")
@@ -92,11 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     write_json(os.path.join(args.out, "agreement.json"), results)
     write_json(os.path.join(args.out, "summary.json"), {"groups": table, "classes": classes})
-    rows_2 = reference_rows_2(os.path.join(args.dir2, "runs.csv"))
-    results_2 = [compare_row_2(row, os.path.join(args.dir2, "network")) for row in rows_2]
-    print_2(results_2)
-    write_json(os.path.join(args.out, "agreement-2.json"), results_2)
-    write_json(os.path.join(args.out, "summary-2.json"), {"groups": error_summary_2(results_2, KEYS_2)})
+    tables = ((RUNS_2, "ASTRA-sim 2.x", "-2"), (RUNS_2_MULTIDIM, "its multi-dim branch", "-2-multidim"))
+    for csv_name, title, suffix in tables:
+        rows_2 = reference_rows_2(os.path.join(args.dir2, csv_name))
+        results_2 = [compare_row_2(row, os.path.join(args.dir2, "network")) for row in rows_2]
+        broken += print_2(results_2, title)
+        write_json(os.path.join(args.out, f"agreement{suffix}.json"), results_2)
+        summary = {"groups": error_summary_2(results_2, KEYS_2)}
+        write_json(os.path.join(args.out, f"summary{suffix}.json"), summary)
     return 1 if broken else 0
 
 

@@ -146,13 +146,20 @@ COLUMNS_2 = (
     "node0_end_ns",
     "node1_end_ns",
 )
+RUNS_2 = "runs.csv"  # 1-D congestion-aware runs, and every section of both backends
+RUNS_2_MULTIDIM = "runs-multidim.csv"  # multi-dim congestion-aware runs (an unmerged branch), 64 MiB
 ALGORITHMS_2 = {"ring": "ring", "direct": "direct", "halvingDoubling": "halving_doubling"}
 BACKENDS_2 = {"congestion_unaware": IDEAL, "congestion_aware": STORE_FORWARD}
 OPTIMIZATIONS_2 = {"localBWAware": True, "baseline": AR_EVERY_DIM}  # `Schedule.fuse_last`
 
 
 def reference_rows_2(path: str) -> list[dict]:
-    """The 2.x runs.csv rows as dicts of strings; a file without the columns is refused in one line."""
+    """A 2.x run table's rows as dicts of strings; a file without the columns is refused in one line.
+
+    Both tables of the folder have the same columns: `RUNS_2` and `RUNS_2_MULTIDIM` (section
+    ``X_multidim_branch_allreduce_grid``, ``binary_variant`` ``multidim_branch``), and
+    `compare_row_2` models a row of either.
+    """
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))

@@ -773,10 +773,11 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     to i + 2^k when bit k of i is 0, else to i - 2^k) and a message goes the shorter way round,
     ties clockwise, so some NPUs send clockwise and others counter-clockwise (for 2^k = 2 on 8
     NPUs: 0 and 1 clockwise, 2 and 3 counter-clockwise). Every other algorithm and dim kind is
-    rotation-symmetric: the ring and direct algorithms send to the peers d ahead for the same
-    d on every NPU, and on a Switch or a FullyConnected dim a message crosses links that only
-    its sender (up-link, peer link) or its receiver (down-link) uses. There one NPU's view
-    (`Astra2Network`) is exact; on an uneven dim every NPU runs (`npunet.Astra2World`).
+    rotation-symmetric: the ring and direct algorithms send to the peers d ahead (or behind,
+    `astra2_anticlockwise`) for the same d on every NPU, and on a Switch or a FullyConnected
+    dim a message crosses links that only its sender (up-link, peer link) or its receiver
+    (down-link) uses. There one NPU's view (`Astra2Network`) is exact; on an uneven dim every
+    NPU runs (`npunet.Astra2World`).
     """
     return tuple(
         d
@@ -785,16 +786,32 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     )
 
 
+def astra2_anticlockwise(stage) -> bool:
+    """Whether ASTRA-sim 2.x runs this stage anticlockwise: the all-gather stages of an all-reduce.
+
+    ``Sys::generate_collective`` takes an all-reduce's phase queues from ``QueueLevels``: its
+    reduce-scatter and all-reduce phases from ``get_next_queue_at_level_first`` (Clockwise), its
+    all-gather phases from ``get_next_queue_at_level_last``, which always answers Anticlockwise
+    (``QueueLevelHandler.cc``). Every phase of another collective, and of 2.x's ``baseline``
+    optimization (one AR per dim), comes from ``get_next_queue_at_level``: Clockwise with the
+    analytical frontend's one queue per dim (``--num-queues-per-dim``, default 1).
+    """
+    return stage.op == AG and any(op != AG for _, op, _ in stage.plan)
+
+
 def astra2_messages(
-    cost: CostModel, dim_index: int, op: str, full_elems: int
+    cost: CostModel, dim_index: int, op: str, full_elems: int, anticlockwise: bool = False
 ) -> tuple[tuple[int, tuple[int, ...], int, float], ...]:
     """A stage's steps as ASTRA-sim 2.x sends them: (message bytes, peer distances, XOR mask, delay).
 
     The messages and their order are `cost.astra_steps`'s. A direct or all-to-all step sends to
     every peer at once (distances 1 .. P-1), a ring step to the next NPU (1), a halving-doubling
     step to its XOR partner: mask 1, 2, 4, ... in RS, back down in AG (the distance from NPU 0;
-    mask 0 for the others). The delay after the step's last arrival is the endpoint delay and the
-    local reduction (`CostModel._astra_gaps`).
+    mask 0 for the others). An `anticlockwise` stage (`astra2_anticlockwise`) sends to the
+    peers behind instead, in the same order (P-1 .. 1, as ``AllToAll`` walks ``get_receiver``;
+    a ring step to P-1); halving-doubling keeps its partners, whose direction its own rule sets.
+    The delay after the step's last arrival is the endpoint delay and the local reduction
+    (`CostModel._astra_gaps`).
     """
     dim = cost.topology.dims[dim_index]
     p = dim.npus
@@ -812,6 +829,8 @@ def astra2_messages(
             else:
                 mask = 1 << k if half == RS else p >> (k + 1)
                 distances = (mask,)
+            if anticlockwise and not mask:
+                distances = tuple(p - d for d in distances)
             after = gaps[i][1:] if i == 0 else gaps[i]  # (message, endpoint[, reduction])
             out.append((nbytes, distances, mask, sum(after[1:])))
             i += 1
@@ -819,13 +838,13 @@ def astra2_messages(
 
 
 def astra2_stage_steps(
-    topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int
+    topology: Topology, cost: CostModel, dim_index: int, op: str, full_elems: int, anticlockwise: bool = False
 ) -> tuple[tuple[int, tuple[tuple[LinkKey, ...], ...], float], ...]:
     """A stage's steps on NPU 0's links: (message bytes, a route per message, delay after the last)."""
     dim = topology.dims[dim_index]
     return tuple(
         (nbytes, tuple(astra2_route(dim_index, dim.kind, dim.npus, d) for d in distances), delay)
-        for nbytes, distances, _, delay in astra2_messages(cost, dim_index, op, full_elems)
+        for nbytes, distances, _, delay in astra2_messages(cost, dim_index, op, full_elems, anticlockwise)
     )
 
 
@@ -866,11 +885,11 @@ class Astra2Network:
     def start(self, run) -> None:
         """A stage starts now: its first messages leave after one endpoint delay."""
         s = run.stage
-        key = (s.itemsize, s.dim, s.op, s.full_elems)
+        key = (s.itemsize, s.dim, s.op, s.full_elems, astra2_anticlockwise(s))
         steps = self._plans.get(key)
         if steps is None:
             steps = self._plans[key] = astra2_stage_steps(
-                self.topology, self.cost(s.itemsize), s.dim, s.op, s.full_elems
+                self.topology, self.cost(s.itemsize), s.dim, s.op, s.full_elems, key[-1]
             )
         if not self._timers and not any(self._busy.values()):
             self.now_ns = run.start_ns

@@ -59,6 +59,7 @@ from .network import (
     STORE_FORWARD,
     Network,
     Step,
+    astra2_anticlockwise,
     astra2_messages,
     physical_links,
     step_planner,
@@ -81,7 +82,7 @@ NpuStep = tuple[int, tuple[int, ...], tuple[int, ...], float]  # bytes, send pee
 
 
 def npu_stage_steps(
-    cost: CostModel, dim_index: int, op: str, full_elems: int, coord: int
+    cost: CostModel, dim_index: int, op: str, full_elems: int, coord: int, anticlockwise: bool = False
 ) -> tuple[NpuStep, ...]:
     """The stage's steps at one coordinate: (message bytes, peers sent to, peers received from, delay).
 
@@ -90,7 +91,7 @@ def npu_stage_steps(
     """
     p = cost.topology.dims[dim_index].npus
     out = []
-    for nbytes, distances, mask, delay in astra2_messages(cost, dim_index, op, full_elems):
+    for nbytes, distances, mask, delay in astra2_messages(cost, dim_index, op, full_elems, anticlockwise):
         sends: tuple[int, ...]
         recvs: tuple[int, ...]
         if mask:
@@ -335,10 +336,10 @@ class Astra2World(World):
         dim = self.topology.dims[s.dim]
         c = (rank // self.strides[s.dim]) % dim.npus
         cost = self.cost(s.itemsize)
-        key = (s.itemsize, s.dim, s.op, s.full_elems, c)
+        key = (s.itemsize, s.dim, s.op, s.full_elems, c, astra2_anticlockwise(s))
         steps = self._plans.get(key)
         if steps is None:
-            steps = self._plans[key] = npu_stage_steps(cost, s.dim, s.op, s.full_elems, c)
+            steps = self._plans[key] = npu_stage_steps(cost, s.dim, s.op, s.full_elems, c, key[-1])
         if not steps:
             self._ended(rank, run)
             return
