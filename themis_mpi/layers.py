@@ -41,6 +41,17 @@ LAYERS: tuple[Layer, ...] = (
         "collectives, their chunks and stages, per-dim algorithms, the closed forms of results",
         ("collectives", "algorithms", "verify"),
     ),
+    Layer(
+        "custom algorithms",
+        "MSCCL-IR algorithms: read, checked, each GPU's program, proved on data, timed, written, synthesized",
+        (
+            "msccl.ir",
+            "msccl.program",
+            "msccl.check",
+            "msccl.execute",
+            "msccl",
+        ),
+    ),
     Layer("config", "how a run is carried out (`RunConfig`)", ("config",)),
     Layer(
         "policies",
