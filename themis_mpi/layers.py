@@ -122,6 +122,8 @@ LAYERS: tuple[Layer, ...] = (
             "cli.replay",
             "cli.analyze",
             "cli.export",
+            "cli.msccl",
+            "cli.synthesize",
             "cli.calibrate",
             "cli.plot",
             "cli.topologies",
