@@ -210,6 +210,10 @@ def structure(algo: Algorithm) -> list[Violation]:
     return out
 
 
+def _times(n: int) -> str:
+    return {0: "never", 1: "once"}.get(n, f"{n} times")
+
+
 def messages(progs: tuple[GpuProgram, ...]) -> list[Violation]:
     """Stage 2: per (sender, receiver, channel), sends and receives pair in order, counts equal."""
     sends: dict[tuple[int, int, int], list[Op]] = {}
@@ -235,7 +239,7 @@ def messages(progs: tuple[GpuProgram, ...]) -> list[Violation]:
                         f"the matching send ({where(a, x.tb, x.step)}) sends {x.count}",
                     )
                 )
-        tally = f"GPU {a} sends {len(s)} times to GPU {b} on channel {c}, which receives {len(r)} times"
+        tally = f"GPU {a} sends {_times(len(s))} to GPU {b} on channel {c}, which receives {_times(len(r))}"
         if len(s) > len(r):
             x = s[len(r)]
             out.append(
