@@ -465,7 +465,7 @@ def _synthesize_parser(sub: Any) -> None:
         f"Units: {UNITS}.",
     )
     p.add_argument("op", choices=("all_gather", "reduce_scatter", "all_reduce"), help="the collective")
-    _add_topology_only(p)
+    _add_topology(p)
     p.add_argument(
         "-b",
         "--size",
@@ -474,16 +474,6 @@ def _synthesize_parser(sub: Any) -> None:
     )
     p.add_argument("--chunks-per-npu", type=int, default=1, help="chunks each NPU's block is cut into (1)")
     p.add_argument("--out", metavar="FILE.xml", required=True, help="the MSCCL-IR file to write")
-
-
-def _add_topology_only(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "-t",
-        "--topology",
-        default="2x2x2",
-        help="preset name, inline KIND(npus,GB/s,ns[,algorithm])_..., or ASTRA-sim network .yml "
-        "(default 2x2x2)",
-    )
 
 
 def _calibrate_parser(sub: Any) -> None:

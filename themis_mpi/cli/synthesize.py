@@ -10,15 +10,14 @@ from ..msccl.execute import prove
 from ..msccl.ir import write_algorithm
 from ..msccl.synthesis import synthesize_all_gather, to_algorithm
 from ..msccl.timing import AlphaBeta, time_programs
-from ..topology import parse_topology
 from ..units import format_size, parse_size
-from .options import check_outputs
+from .options import check_outputs, one_topology
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
     """Synthesize, write, check, prove and time the algorithm; print its time against the bound."""
     check_outputs(args.out)
-    topo = parse_topology(args.topology)
+    topo = one_topology(args)
     size = parse_size(args.size)
     synth = synthesize_all_gather(topo, size, args.chunks_per_npu)
     algo = to_algorithm(synth, args.op)

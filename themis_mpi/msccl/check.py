@@ -33,6 +33,8 @@ from .ir import BUFFER_NAMES, MAX_CHUNKS, NOP, READS_SRC, REDUCE, WRITES_DST, Al
 from .program import GpuProgram, Op, connection, programs, schedule, signal_step, views
 
 MAX_REPORTED = 20  # violations kept per stage
+MAX_THREADBLOCKS = 4096  # of all GPUs: the race check keeps a clock of this many entries per threadblock
+MAX_BUFFER_CHUNKS = 2**22  # of all GPUs' buffers: what the proofs allocate
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,21 @@ def _structure_algo(algo: Algorithm) -> list[Violation]:
     missing = sorted(set(range(algo.ngpus)) - set(ids))
     if missing:
         out.append(Violation(None, None, None, f"GPU {missing[0]} is missing (ngpus {algo.ngpus})"))
+    tbs = sum(len(g.threadblocks) for g in algo.gpus)
+    if tbs > MAX_THREADBLOCKS:
+        out.append(
+            Violation(None, None, None, f"{tbs} threadblocks in all; the checker takes {MAX_THREADBLOCKS}")
+        )
+    chunks = sum(sum(coll.chunks(algo.nchunksperloop, algo.ngpus)) + max(0, g.s_chunks) for g in algo.gpus)
+    if chunks > MAX_BUFFER_CHUNKS:
+        out.append(
+            Violation(
+                None,
+                None,
+                None,
+                f"the GPUs' buffers hold {chunks} chunks in all; the checker takes {MAX_BUFFER_CHUNKS}",
+            )
+        )
     return out
 
 
@@ -339,8 +356,13 @@ def races(algo: Algorithm, progs: tuple[GpuProgram, ...], inplace: bool) -> list
     order = schedule(progs).order
     tbs = [(p.gpu, t) for p in progs for t in range(len(p.threadblocks))]
     index = {key: i for i, key in enumerate(tbs)}
-    clocks = np.zeros((len(index), len(index)), dtype=np.int64)
+    clocks = np.zeros((len(index), len(index)), dtype=np.int32)
     saved: dict[tuple[int, int, int], np.ndarray] = {}
+    uses: dict[tuple[int, int, int], int] = {}  # waits still to read a saved clock
+    for p in progs:
+        for op in p.ops():
+            for u, s in op.waits:
+                uses[(p.gpu, u, s)] = uses.get((p.gpu, u, s), 0) + 1
     in_flight: dict[tuple[int, int, int, int], np.ndarray] = {}
     maps = [views(algo, p.gpu, inplace) for p in progs]
     last_write: dict[tuple[int, str, int], tuple[int, int, str]] = {}
@@ -352,6 +374,9 @@ def races(algo: Algorithm, progs: tuple[GpuProgram, ...], inplace: bool) -> list
         clock = clocks[me]
         for u, s in op.waits:
             np.maximum(clock, saved[(g, u, s)], out=clock)
+            uses[(g, u, s)] -= 1
+            if not uses[(g, u, s)]:
+                del saved[(g, u, s)]
         if op.recv_peer >= 0:
             np.maximum(clock, in_flight.pop(connection(op, g, False)), out=clock)
         clock[me] = k + 1
@@ -384,7 +409,7 @@ def races(algo: Algorithm, progs: tuple[GpuProgram, ...], inplace: bool) -> list
                     reads.pop(key, None)
                 else:
                     reads.setdefault(key, []).append((me, k + 1, here))
-        if op.signals:
+        if uses.get((g, t, k)):
             saved[(g, t, k)] = clock.copy()
         if op.send_peer >= 0:
             in_flight[connection(op, g, True)] = clock.copy()

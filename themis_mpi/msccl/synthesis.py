@@ -38,7 +38,7 @@ from .program import Ref
 from .timing import AlphaBeta
 
 OPS = {"all_gather": "allgather", "reduce_scatter": "reduce_scatter", "all_reduce": "allreduce"}
-MAX_SYNTH_NPUS = 1024
+MAX_SYNTH_NPUS = 256  # a 4x4x4x4 torus: about 25 s to synthesize, write, check, prove and time
 MAX_SYNTH_CHUNKS = 2**16  # NPUs x chunks per NPU
 
 
