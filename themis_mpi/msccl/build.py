@@ -22,6 +22,7 @@ from ..cost import AG, AR, RS
 from ..errors import UsageError
 from ..topology import is_power_of_two
 from .ir import (
+    ANY_BYTES,
     COLLECTIVES,
     INPUT,
     NOP,
@@ -201,6 +202,8 @@ class Builder:
             self.inplace,
             not self.inplace,
             tuple(gpus),
+            min_bytes=0,
+            max_bytes=ANY_BYTES,
         )
 
 

@@ -45,7 +45,7 @@ from .ir import (
     SEND,
     Algorithm,
 )
-from .program import GpuProgram, Ref, View, connection, schedule, storage_chunks, views
+from .program import GpuProgram, Op, Ref, View, connection, schedule, storage_chunks, views
 
 Contribution = tuple[int, int]  # (GPU, chunk of its input)
 Value = tuple[Contribution, ...] | None  # a chunk as a sorted multiset of contributions; None: nothing
@@ -83,23 +83,34 @@ class Memory:
         storage[a:b] = value
 
 
+def apply(op: Op, mem: Memory, algebra: Algebra, received: Any = None) -> Any:
+    """One step on one GPU's memory (module doc's table): what it sends, given what it received.
+
+    This is all a runtime needs of a step's meaning; it moves the messages itself (here `run`,
+    under MPI the emulator).
+    """
+    data = received
+    src = None if op.src is None else mem.read(op.src)
+    if op.type in (RECV_REDUCE_SEND, RECV_REDUCE_COPY, RECV_REDUCE_COPY_SEND):
+        data = algebra.reduce(received, src)
+    elif op.type == REDUCE and op.dst is not None:
+        data = algebra.reduce(mem.read(op.dst), src)
+    elif op.type in (SEND, COPY):
+        data = src
+    if op.dst is not None:
+        mem.write(op.dst, data)
+    return data if op.send_peer >= 0 else None
+
+
 def run(progs: tuple[GpuProgram, ...], order, memories: list[Memory], algebra: Algebra) -> None:
-    """Apply every step in `order` (a `Schedule.order`) to the memories (module doc's table)."""
+    """Apply every step in `order` (a `Schedule.order`), messages passed in memory."""
     mail: dict[tuple[int, int, int, int], Any] = {}
     for g, t, k in order:
         op = progs[g].threadblocks[t][k]
-        mem = memories[g]
-        data = mail.pop(connection(op, g, False)) if op.recv_peer >= 0 else None
-        if op.type in (RECV_REDUCE_SEND, RECV_REDUCE_COPY, RECV_REDUCE_COPY_SEND):
-            data = algebra.reduce(data, mem.read(op.src))
-        elif op.type == REDUCE:
-            data = algebra.reduce(mem.read(op.dst), mem.read(op.src))
-        elif op.type in (SEND, COPY):
-            data = mem.read(op.src)
-        if op.dst is not None:
-            mem.write(op.dst, data)
+        received = mail.pop(connection(op, g, False)) if op.recv_peer >= 0 else None
+        sent = apply(op, memories[g], algebra, received)
         if op.send_peer >= 0:
-            mail[connection(op, g, True)] = data
+            mail[connection(op, g, True)] = sent
 
 
 def expected(algo: Algorithm, gpu: int) -> list[Value]:

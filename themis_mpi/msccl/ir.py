@@ -100,6 +100,7 @@ COLLECTIVES = {
 }
 COLL_ALIASES = {"reducescatter": "reduce_scatter"}
 ROOT = 0  # the root of a reduce or a broadcast
+ANY_BYTES = 2**63 - 1  # maxBytes of a file for every size: RCCL's parser needs minBytes and maxBytes
 
 
 @dataclass(frozen=True)
@@ -452,8 +453,8 @@ def summary(algo: Algorithm) -> str:
     """One line about an algorithm: what it computes, on how many GPUs, its shape."""
     place = " and ".join("in place" if p else "out of place" for p in algo.placements)
     window = ""
-    if algo.min_bytes is not None or algo.max_bytes is not None:
-        top = "any" if algo.max_bytes is None else algo.max_bytes
+    if (algo.min_bytes or 0) > 0 or algo.max_bytes not in (None, ANY_BYTES):
+        top = "any" if algo.max_bytes in (None, ANY_BYTES) else algo.max_bytes
         window = f", picked by RCCL for {algo.min_bytes or 0}..{top} B"
     tbs = sum(len(g.threadblocks) for g in algo.gpus)
     return (
