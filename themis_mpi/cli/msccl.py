@@ -15,7 +15,11 @@ from ..units import format_size, parse_size
 
 def cmd_msccl(args: argparse.Namespace) -> int:
     """Check and prove the file (exit 2 if it could not run, 1 if it computes a wrong result); time it."""
+    topo = parse_topology(args.topology) if args.topology else None
+    size = parse_size(args.size)
     algo = read_algorithm(args.file)
+    if topo is not None and topo.npus != algo.ngpus:
+        raise UsageError(f"{args.file} runs on {algo.ngpus} GPUs but {topo.label()} has {topo.npus} NPUs")
     progs = require(algo, args.file)
     print(f"# {args.file}: {summary(algo)}")
     print("# checked: sends match receives, buffers, dependencies, no deadlock, no race")
@@ -28,11 +32,7 @@ def cmd_msccl(args: argparse.Namespace) -> int:
         f"# proved: it computes the {algo.coll}: every output chunk, for any size "
         f"({' and '.join(proof.placements)}); on numpy data {data}"
     )
-    if args.topology:
-        topo = parse_topology(args.topology)
-        if topo.npus != algo.ngpus:
-            raise UsageError(f"{args.file} runs on {algo.ngpus} GPUs but {topo.label()} has {topo.npus} NPUs")
-        size = parse_size(args.size)
+    if topo is not None:
         chunk = size / algo.nchunksperloop
         timing = time_programs(progs, chunk, AlphaBeta(topo))
         print(

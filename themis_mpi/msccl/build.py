@@ -46,6 +46,7 @@ OPS = {
     "all_reduce": (AR, "allreduce", INPUT),
 }
 BUILTINS = ("ring", "direct", "halving_doubling")
+MAX_EXPORT_NPUS = 64  # direct: P(P-1) threadblocks, within what the checker takes
 
 
 @dataclass
@@ -220,8 +221,8 @@ def builtin(algorithm: str, op: str, npus: int) -> Algorithm:
         raise UsageError(f"unknown algorithm {algorithm!r} to export; use one of {', '.join(BUILTINS)}")
     if op not in OPS:
         raise UsageError(f"cannot export {op!r} as MSCCL-IR; use one of {', '.join(OPS)}")
-    if not 2 <= npus <= 4096:
-        raise UsageError(f"an exported algorithm needs 2 to 4096 NPUs, got {npus}")
+    if not 2 <= npus <= MAX_EXPORT_NPUS:
+        raise UsageError(f"an exported algorithm takes 2 to {MAX_EXPORT_NPUS} NPUs, got {npus}")
     if algorithm == "halving_doubling" and not is_power_of_two(npus):
         raise UsageError(f"halving_doubling needs a power-of-two number of NPUs, got {npus}")
     stage, coll, buffer = OPS[op]
