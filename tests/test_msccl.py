@@ -11,6 +11,8 @@ import sys
 
 import pytest
 from harness import DATA, ROOT, shared
+from hypothesis import given
+from hypothesis import strategies as hs
 
 from themis_mpi.cli.app import main
 from themis_mpi.cost import AR, CostModel
@@ -353,3 +355,30 @@ def test_exported_builtins_take_the_cost_models_time(algorithm, spec, op):
     algo = builtin(algorithm, names[op], 8)
     t = time_programs(programs(algo), size / 8, AlphaBeta(topo)).end_ns
     assert t == pytest.approx(sum(CostModel(topo, 1).step_times_ns(0, op, size)))
+
+
+ATTRIBUTE = re.compile(r'(\w+)="([^"]*)"')
+
+
+@given(hs.data())
+def test_mutated_files_are_refused_in_one_line_or_run(data):
+    """Any attribute of a fixture set to a hostile value: one UsageError line, or a checked run.
+
+    A file the checker passes is then proved and timed without any other exception.
+    """
+    text = (FIXTURES / data.draw(hs.sampled_from(FIXTURE_NAMES))).read_text()
+    for _ in range(data.draw(hs.integers(1, 3))):
+        spans = [m.span(2) for m in ATTRIBUTE.finditer(text)]
+        a, b = data.draw(hs.sampled_from(spans))
+        value = data.draw(
+            hs.sampled_from(["-1", "0", "1", "3", "4", "17", "x", "", "nop", "re", "s", "i", "o"])
+        )
+        text = text[:a] + value + text[b:]
+    try:
+        algo = parse_algorithm(text, "mutated.xml")
+        progs = require(algo, "mutated.xml")
+    except UsageError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith("mutated.xml")
+        return
+    prove(algo, progs)
+    time_programs(progs, 1024.0, AlphaBeta(parse_topology(f"SW({max(2, algo.ngpus)},100,500)")))
