@@ -17,7 +17,7 @@ from hypothesis import strategies as hs
 from themis_mpi.cli.app import main
 from themis_mpi.cost import AR, CostModel
 from themis_mpi.errors import UsageError
-from themis_mpi.msccl.build import builtin
+from themis_mpi.msccl.build import Builder, builtin
 from themis_mpi.msccl.check import check, require
 from themis_mpi.msccl.execute import prove
 from themis_mpi.msccl.ir import (
@@ -28,7 +28,7 @@ from themis_mpi.msccl.ir import (
     to_xml,
     write_algorithm,
 )
-from themis_mpi.msccl.program import programs
+from themis_mpi.msccl.program import Ref, programs
 from themis_mpi.msccl.timing import AlphaBeta, time_programs
 from themis_mpi.topology import parse_topology
 
@@ -382,3 +382,21 @@ def test_mutated_files_are_refused_in_one_line_or_run(data):
         return
     prove(algo, progs)
     time_programs(progs, 1024.0, AlphaBeta(parse_topology(f"SW({max(2, algo.ngpus)},100,500)")))
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "reduce"])
+def test_a_broadcast_and_a_reduce_are_proved_and_a_wrong_root_is_caught(coll):
+    """A star from (or to) GPU 0 computes a broadcast (or reduce); rooted at GPU 1 it does not."""
+
+    def star(root: int) -> Algorithm:
+        b = Builder(f"star_{coll}", coll, 4, 2)
+        for g in range(4):
+            if g != root:
+                tx, rx = (root, g) if coll == "broadcast" else (g, root)
+                b.send(tx, b.threadblock(tx, rx, -1), Ref("i", 0, 2))
+                b.recv(rx, b.threadblock(rx, -1, tx), Ref("i", 0, 2), reduce=coll == "reduce")
+        return b.algorithm()
+
+    good, bad = star(0), star(1)
+    assert check(good) == [] and prove(good, programs(good)).ok
+    assert check(bad) == [] and not prove(bad, programs(bad)).ok
