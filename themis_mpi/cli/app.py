@@ -2,8 +2,8 @@
 
 Subcommands (one module each, imported only when it runs, so an MPI rank of `run` loads only
 what `run` needs): run and model (`sweep`), train, workload, convert, replay, analyze, export,
-calibrate, plot, topologies, policies, info. The parser is `parser`; options become domain
-objects in `options`.
+msccl, synthesize, calibrate, plot, topologies, policies, info. The parser is `parser`; options
+become domain objects in `options`.
 
 Errors end every rank: a user mistake found before MPI starts prints one line (rank 0) and every
 rank exits 2; a mistake found on some ranks only, once MPI runs, aborts the job with 2; a rank
@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "cmd_replay"),
     "analyze": ("analyze", "cmd_analyze"),
     "export": ("export", "cmd_export"),
+    "msccl": ("msccl", "cmd_msccl"),
+    "synthesize": ("synthesize", "cmd_synthesize"),
     "calibrate": ("calibrate", "cmd_calibrate"),
     "plot": ("plot", "cmd_plot"),
     "workload": ("workload", "cmd_workload"),
@@ -86,6 +88,8 @@ ONE_PROCESS = (
     "convert",
     "analyze",
     "export",
+    "msccl",
+    "synthesize",
     "calibrate",
     "plot",
     "topologies",

@@ -1,17 +1,30 @@
-"""`themis-mpi export --perfetto`: a trace as Chrome/Perfetto trace-event JSON."""
+"""`themis-mpi export`: a trace as Perfetto JSON, or a built-in algorithm as MSCCL-IR (`--msccl`)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..errors import UsageError
+from ..msccl.build import builtin
+from ..msccl.check import require
+from ..msccl.execute import require_proof
+from ..msccl.ir import summary, write_algorithm
 from ..perfetto import to_perfetto, write_perfetto
 from ..trace import Trace
 from .options import check_outputs
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """`themis-mpi export --perfetto`: trace-event JSON for Perfetto, optionally cut to ranks and a window."""
+    """`themis-mpi export`: one of --perfetto (with a trace) or --msccl."""
+    if (args.perfetto is None) == (args.msccl is None):
+        raise UsageError("export takes one of --perfetto OUT.json (with TRACE.h5) or --msccl OUT.xml")
+    return export_msccl(args) if args.msccl else export_perfetto(args)
+
+
+def export_perfetto(args: argparse.Namespace) -> int:
+    """Trace-event JSON for Perfetto, optionally cut to ranks and a window."""
+    if args.trace_in is None:
+        raise UsageError("export --perfetto needs the trace: themis-mpi export TRACE.h5 --perfetto OUT.json")
     check_outputs(args.perfetto, inputs=(args.trace_in,))
     window = None
     if args.window is not None:
@@ -25,5 +38,19 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(
         f"# wrote {args.perfetto}: {sum(e['ph'] == 'X' for e in doc['traceEvents'])} stage slices; "
         "open it at ui.perfetto.dev"
+    )
+    return 0
+
+
+def export_msccl(args: argparse.Namespace) -> int:
+    """A built-in algorithm's stage as MSCCL-IR, checked and proved before it is written."""
+    if args.trace_in is not None:
+        raise UsageError("export --msccl writes a built-in algorithm and takes no trace")
+    check_outputs(args.msccl)
+    algo = builtin(args.algorithm, args.op, args.npus)
+    require_proof(algo, require(algo, args.msccl), args.msccl)
+    write_algorithm(args.msccl, algo)
+    print(
+        f"# wrote {args.msccl}: {summary(algo)}; checked, and proved to compute the {algo.coll} for any size"
     )
     return 0

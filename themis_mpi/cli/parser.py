@@ -411,12 +411,69 @@ def _analyze_parser(sub: Any) -> None:
 
 def _export_parser(sub: Any) -> None:
     """`themis-mpi export`."""
-    p = sub.add_parser("export", help="convert a trace to Chrome/Perfetto trace-event JSON")
-    p.add_argument("trace_in", metavar="TRACE.h5")
-    p.add_argument("--perfetto", metavar="OUT.json", required=True, help="output file")
+    p = sub.add_parser(
+        "export",
+        help="convert a trace to Chrome/Perfetto trace-event JSON, or write a built-in algorithm as MSCCL-IR",
+        description="TRACE.h5 --perfetto OUT.json: the trace as trace-event JSON. --msccl OUT.xml: a "
+        "built-in algorithm's stage (--algorithm, -o, --npus) as MSCCL-IR XML, checked and proved before "
+        "it is written.",
+    )
+    p.add_argument("trace_in", metavar="TRACE.h5", nargs="?", help="the trace (with --perfetto)")
+    p.add_argument("--perfetto", metavar="OUT.json", help="write the trace as trace-event JSON")
     p.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1 (default all)")
     p.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
     p.add_argument("--collective", type=int, default=None, help="keep one collective")
+    p.add_argument("--msccl", metavar="OUT.xml", help="write a built-in algorithm as MSCCL-IR XML")
+    p.add_argument(
+        "--algorithm", default="ring", help="with --msccl: ring, direct or halving_doubling (ring)"
+    )
+    p.add_argument(
+        "-o",
+        "--op",
+        default="all_reduce",
+        choices=("all_reduce", "reduce_scatter", "all_gather"),
+        help="with --msccl: the collective (default all_reduce)",
+    )
+    p.add_argument("--npus", type=int, default=8, help="with --msccl: NPUs of the algorithm (default 8)")
+
+
+def _msccl_parser(sub: Any) -> None:
+    """`themis-mpi msccl`."""
+    p = sub.add_parser(
+        "msccl",
+        help="check and prove an MSCCL-IR algorithm (and time it on a topology)",
+        description="Read an MSCCL-IR XML file as RCCL reads it, check it (messages, buffers, dependencies, "
+        "deadlock, races: one line naming the GPU, threadblock and step, exit 2), prove that it computes its "
+        "collective (symbolically, for any size, and on numpy data: exit 1 if not) and, with -t, time it "
+        f"with an alpha-beta cost per message, links one message at a time. Units: {UNITS}.",
+    )
+    p.add_argument("file", metavar="FILE.xml", help="the MSCCL-IR algorithm")
+    p.add_argument("-t", "--topology", default=None, help="time it on this topology (one NPU per GPU)")
+    p.add_argument(
+        "-b", "--size", default="1M", help="with -t: the collective's size, its larger buffer (1M)"
+    )
+
+
+def _synthesize_parser(sub: Any) -> None:
+    """`themis-mpi synthesize`."""
+    p = sub.add_parser(
+        "synthesize",
+        help="synthesize an all-gather (reduce-scatter, all-reduce) for a topology as MSCCL-IR",
+        description="Greedy link-chunk matching over time on the topology's links, in the spirit of TACOS; "
+        "reduce_scatter is the all-gather reversed, all_reduce the two in turn. The file is checked and "
+        "proved before it is written, then timed (alpha-beta per message, links one message at a time). "
+        f"Units: {UNITS}.",
+    )
+    p.add_argument("op", choices=("all_gather", "reduce_scatter", "all_reduce"), help="the collective")
+    _add_topology(p)
+    p.add_argument(
+        "-b",
+        "--size",
+        default="64M",
+        help="nccl-tests' size: the all-gather's output, the others' input (64M)",
+    )
+    p.add_argument("--chunks-per-npu", type=int, default=1, help="chunks each NPU's block is cut into (1)")
+    p.add_argument("--out", metavar="FILE.xml", required=True, help="the MSCCL-IR file to write")
 
 
 def _calibrate_parser(sub: Any) -> None:
@@ -543,6 +600,8 @@ def build_parser() -> argparse.ArgumentParser:
         _replay_parser,
         _analyze_parser,
         _export_parser,
+        _msccl_parser,
+        _synthesize_parser,
         _calibrate_parser,
         _plot_parser,
         _workload_parser,
