@@ -366,7 +366,7 @@ def test_a_multi_node_log_needs_a_whole_number_of_base_nodes(tmp_path, capsys):
 
 def test_the_fit_solves_its_normal_equations_without_lapack():
     """The fit's own elimination solves a x = b as LAPACK does, and reports a singular a as None."""
-    from themis_mpi.calibrate import _solve
+    from themis_mpi.calibrate.optimise import _solve
 
     rng = np.random.default_rng(7)
     a = rng.normal(size=(9, 9)) + 9 * np.eye(9)

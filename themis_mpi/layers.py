@@ -94,7 +94,22 @@ LAYERS: tuple[Layer, ...] = (
     Layer(
         "edges",
         "what is built on runs: tables, traces, analysis, plots, replay, ASTRA-sim, calibration, API",
-        ("report", "trace", "analysis", "plots", "perfetto", "replay", "astra", "calibrate", "api"),
+        (
+            "report",
+            "trace",
+            "analysis",
+            "plots",
+            "perfetto",
+            "replay",
+            "astra",
+            "calibrate.logs",
+            "calibrate.optimise",
+            "calibrate.alphabeta",
+            "calibrate.ncclfit",
+            "calibrate.report",
+            "calibrate",
+            "api",
+        ),
     ),
     Layer("cli options", "the parser and options to domain objects", ("cli.parser", "cli.options")),
     Layer(
