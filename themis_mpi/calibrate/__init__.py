@@ -1,18 +1,21 @@
 """Calibration against real hardware: nccl-tests logs read, fitted and reported.
 
-`logs` reads a log as posted; `ncclfit` fits the NCCL-like model (`themis_mpi.nccl`) to it,
+`logs` reads a log as posted; `hardware` holds the GPU table, `machine` what a log says of its machine;
+`ncclfit` fits the NCCL-like model (`themis_mpi.nccl`) to it,
 `alphabeta` one dim's latency and bandwidth; `optimise` holds the optimisers they use and
 `report` formats what ``themis-mpi calibrate`` prints.
 """
 
 from .alphabeta import Fit, fit
 from .logs import NCCL_TYPES, NcclLog, NcclRow, infer_npus, read_nccl_log
-from .ncclfit import NcclFit, busbw_of, fit_nccl, nccl_rows, parse_algos, read_base, summary
+from .machine import Machine, machine_of, parse_algos
+from .ncclfit import NcclFit, busbw_of, fit_nccl, nccl_rows, predict, read_base, summary
 from .report import format_fit, format_nccl_fit
 
 __all__ = [
     "NCCL_TYPES",
     "Fit",
+    "Machine",
     "NcclFit",
     "NcclLog",
     "NcclRow",
@@ -22,8 +25,10 @@ __all__ = [
     "format_fit",
     "format_nccl_fit",
     "infer_npus",
+    "machine_of",
     "nccl_rows",
     "parse_algos",
+    "predict",
     "read_base",
     "read_nccl_log",
     "summary",

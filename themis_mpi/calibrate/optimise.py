@@ -1,6 +1,8 @@
-"""The fits' optimisers: Levenberg-Marquardt on soft-L1 residuals, Nelder-Mead, a plain solver.
+"""The fits' optimiser: bounded Levenberg-Marquardt on soft-L1 residuals, and a plain solver.
 
 Hand-written on numpy, with sums in a fixed order, so a fit gives the same digits on every CPU.
+Parameters stay in their box: a step that leaves it is cut back to the boundary (a projected
+step), and the Jacobian is taken on the inside of a bound, so a parameter can leave a bound again.
 """
 
 from __future__ import annotations
@@ -32,71 +34,47 @@ def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     return np.array(x)
 
 
-def _lm(residual, u0: np.ndarray, delta: float, iters: int = 200) -> tuple[np.ndarray, float]:
-    """Levenberg-Marquardt on soft-L1-weighted residuals (IRLS, scale delta), numeric Jacobian."""
+def soft_l1(r: np.ndarray, delta: float) -> np.ndarray:
+    """The soft-L1 loss of residuals r: r^2 near 0, 2 delta |r| far out (outliers weigh less)."""
+    return 2 * delta**2 * (np.sqrt(1 + (r / delta) ** 2) - 1)
 
-    def cost(r):
-        return float(np.sum(2 * delta**2 * (np.sqrt(1 + (r / delta) ** 2) - 1)))
 
-    u, r = u0.copy(), residual(u0)
-    best, lam = cost(r), 1e-2
+def fit_box(
+    residual, x0: np.ndarray, lo: np.ndarray, hi: np.ndarray, delta: float, iters: int = 100
+) -> tuple[np.ndarray, float]:
+    """Levenberg-Marquardt on soft-L1-weighted residuals (IRLS), every x kept in [lo, hi].
+
+    Returns the best x found and its cost, the sum of `soft_l1` over the residuals.
+    """
+    x = np.clip(np.asarray(x0, dtype=float), lo, hi)
+    r = residual(x)
+    best, lam, span = float(np.sum(soft_l1(r, delta))), 1e-2, hi - lo
     for _ in range(iters):
-        h = 1e-6
-        jac = np.empty((len(r), len(u)))
-        for j in range(len(u)):
-            du = u.copy()
-            du[j] += h
-            jac[:, j] = (residual(du) - r) / h
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            h = 1e-6 * span[j]
+            d = x.copy()
+            d[j] = x[j] + h if x[j] + h <= hi[j] else x[j] - h
+            jac[:, j] = (residual(d) - r) / (d[j] - x[j])
         w = 1 / np.sqrt(1 + (r / delta) ** 2)
-        # sums in a fixed order, not BLAS: its kernels differ per CPU in their last bits, and this
-        # fit's valleys are flat enough for that to move the fitted values (issue 26)
+        # sums in a fixed order, not BLAS: its kernels differ per CPU in their last bits (issue 26)
         a = (jac[:, :, None] * (w[:, None] * jac)[:, None, :]).sum(axis=0)
         g = (jac * (w * r)[:, None]).sum(axis=0)
-        improved = False
-        for _ in range(8):
-            step = _solve(a + lam * (np.diag(np.diag(a)) + 1e-9 * np.eye(len(u))), -g)
+        gain, improved = 0.0, False
+        for _ in range(10):
+            step = _solve(a + lam * (np.diag(np.diag(a)) + 1e-12 * np.eye(len(x))), -g)
             if step is None:
                 lam *= 10
                 continue
-            trial = u + step
+            trial = np.clip(x + step, lo, hi)
             rt = residual(trial)
-            ct = cost(rt)
+            ct = float(np.sum(soft_l1(rt, delta)))
             if ct < best:
                 gain = best - ct
-                u, r, best, lam = trial, rt, ct, max(lam / 3, 1e-9)
+                x, r, best, lam = trial, rt, ct, max(lam / 3, 1e-9)
                 improved = True
                 break
             lam *= 4
         if not improved or gain < 1e-12 * max(best, 1e-30):
             break
-    return u, best
-
-
-def _nelder_mead(f, x0: np.ndarray, iters: int = 3000, step: float = 0.1) -> np.ndarray:
-    """Derivative-free polish of f from x0 (the hinge terms make the objective non-smooth)."""
-    n = len(x0)
-    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
-    values = [f(x) for x in simplex]
-    for _ in range(iters):
-        order = np.argsort(values)
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if values[-1] - values[0] < 1e-12 * (abs(values[0]) + 1e-20):
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        if fr < values[0]:
-            expanded = centroid + 2 * (centroid - simplex[-1])
-            fe = f(expanded)
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            contracted = centroid + 0.5 * (simplex[-1] - centroid)
-            fc = f(contracted)
-            if fc < values[-1]:
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
-                values = [f(x) for x in simplex]
-    return simplex[int(np.argmin(values))]
+    return x, best

@@ -457,8 +457,17 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument(
         "--link-gbps",
         type=float,
-        default=450e9 / 2**30,
-        help="dim 0's nominal link rate, GB/s (default NVLink 4)",
+        default=None,
+        help="GPU-to-GPU rate each way, GB/s of 1e9 B (default: the GPU table's row for the log's GPU)",
+    )
+    p.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=None,
+        help="the NIC per GPU, GB/s of 1e9 B (default: the GPU's reference platform, e.g. 50 for 400 Gb/s)",
+    )
+    p.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: from the log's host names)"
     )
     p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
 
