@@ -108,6 +108,7 @@ LAYERS: tuple[Layer, ...] = (
             "calibrate.optimise",
             "calibrate.alphabeta",
             "calibrate.ncclfit",
+            "calibrate.perdim",
             "calibrate.report",
             "calibrate",
             "api",

@@ -649,12 +649,65 @@ def from_link_bandwidths(topology: Topology) -> Topology:
     return replace(topology, dims=dims)
 
 
+@dataclass(frozen=True)
+class FitFile:
+    """A fit that ``calibrate --json`` wrote, as ``-t`` reads it.
+
+    Attributes:
+        topology: the fitted topology (what ``-t`` takes).
+        chunks: the chunk count the fit assumes: ``-c`` when the command line gives none.
+        args: further options the fit needs (none for calibrate's fits: the topology says all).
+    """
+
+    topology: str
+    chunks: int
+    args: tuple[str, ...] = ()
+
+
+MAX_FIT_BYTES = 64 * 2**20
+
+
+def read_fit(path: str) -> FitFile | None:
+    """The fit in a ``calibrate --json`` file, or None for a path that is no JSON file.
+
+    A JSON file that is no fit (no ``topology`` string, a bad ``chunks``) gets one line.
+    """
+    if not (path.endswith(".json") or os.path.isfile(path)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FIT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read topology file {path}: {exc.strerror or exc}") from None
+    if not raw.lstrip()[:1] == b"{":
+        return None
+    import json  # only fit files pay for it
+
+    try:
+        doc = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_FIT_BYTES else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{path}: not a calibrate --json file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
+        raise UsageError(f"{path}: a JSON file but not a calibrate --json fit (no 'topology' string)")
+    chunks = doc.get("chunks", 1)
+    args = doc.get("args", [])
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise UsageError(f"{path}: 'chunks' must be a whole number >= 1, got {chunks!r}")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{path}: 'args' must be a list of option strings")
+    return FitFile(doc["topology"], chunks, tuple(args))
+
+
 def parse_topology(text: str) -> Topology:
-    """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
+    """A preset name, an inline string, a ``calibrate --json`` fit or a path to an ASTRA-sim YAML file."""
     if len(text) > MAX_TOPOLOGY_CHARS:
         raise UsageError(f"topology {_shown(text)} is too long (at most {MAX_TOPOLOGY_CHARS} characters)")
     if text in PRESETS:
         return _preset(PRESETS[text], text)
+    fit = read_fit(text) if not text.endswith((".yml", ".yaml")) else None
+    if fit is not None:
+        parsed = parse_inline(fit.topology)
+        return Topology(parsed.dims, os.path.basename(text), parsed.ports, parsed.nccl)
     if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
         return parse_yaml(text)
     if _SHAPE.match(text):

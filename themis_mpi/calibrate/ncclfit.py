@@ -51,6 +51,25 @@ PARAMS: dict[str, tuple[float, float, bool, str]] = {
     "link_gbps": (0.0, 0.0, False, "dim 0's rate each way, GB/s (1e9 B), fitted: the log names no GPU"),
 }
 PARAM_DOC = {name: spec[3] for name, spec in PARAMS.items()}
+# Where a parameter sits when the log says little about it: NCCL's own tuner (tuning.cc: base
+# latencies 6.6 / 14 / 8.4 us, LL at half the wire, LL128 at 0.92 of it, NVLS 25 us, the network's
+# Simple step 14 us), NCCL's usual 16+ channels, links and NICs near their nominal rate. A weak
+# pull (PRIOR_WEIGHT per e-fold), so that a parameter no size constrains ends somewhere physical.
+PRIORS = {
+    "base_LL": 6.6 * US,
+    "base_LL128": 14 * US,
+    "base_Simple": 8.4 * US,
+    "eff_LL": 0.3,
+    "eff_LL128": 0.8,
+    "eff_Simple": 0.85,
+    "channels": 16.0,
+    "nvls_base": 25 * US,
+    "nvls_eff": 0.6,
+    "net_eff": 0.85,
+    "net_step": 14 * US,
+    "tree_eff": 0.85,
+}
+PRIOR_WEIGHT = 0.02
 SMALL_BYTES = 64 * 2**10  # sizes below weigh `SMALL_WEIGHT` in the fit (the issue's bands start here)
 SMALL_WEIGHT = 0.2
 DELTA = 0.03  # soft-L1 scale: residuals past ~3 % count linearly
@@ -243,6 +262,7 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
                 sizes = run.sizes[keep]
                 t = _chosen(model.pairs(v, run, sizes), sk, sizes, protocols)
                 out.append(np.log(np.minimum(t, 1e30) / run.measured[keep]) * run.weights[keep])
+        out.append(np.array([PRIOR_WEIGHT * math.log(v[n] / PRIORS[n]) for n in names if n in PRIORS]))
         return np.concatenate(out)
 
     def lm(x, sk, iters):

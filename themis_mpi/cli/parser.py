@@ -22,6 +22,14 @@ from ..units import UNITS
 from ..version import __version__
 
 
+class DefaultList(list):
+    """A list default that argparse keeps as it is: a value the command line did not give."""
+
+
+class DefaultInt(int):
+    """An int default that argparse keeps as it is: a value the command line did not give."""
+
+
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
     def parse(text: str) -> list:
         items = [x.strip() for x in text.split(",")]
@@ -63,7 +71,11 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
 
 def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
-        "-c", "--chunks", type=_csv(int), default=[64], help="chunks per collective, a comma list sweeps (64)"
+        "-c",
+        "--chunks",
+        type=_csv(int),
+        default=DefaultList([64]),
+        help="chunks per collective, a comma list sweeps (64, or a calibrate fit's given as -t FIT.json)",
     )
     p.add_argument(
         "-p",
@@ -532,7 +544,13 @@ def _workload_parser(sub: Any) -> None:
     _add_topology(p, "2x2x2")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
-    p.add_argument("-c", "--chunks", type=int, default=4, help="chunks per collective for --run (default 4)")
+    p.add_argument(
+        "-c",
+        "--chunks",
+        type=int,
+        default=DefaultInt(4),
+        help="chunks per collective for --run (default 4, or a calibrate fit's given as -t FIT.json)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
