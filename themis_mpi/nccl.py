@@ -23,6 +23,8 @@ With ``P_j`` NPUs per level (dims with more than one NPU, lowest first), ``N = p
 - NVLS (all-reduce, one Switch level, Simple): the switch reduces; algbw ``nvls_eff * B_0``.
 - NVLS-Tree (all-reduce, a Switch dim 0 and more levels, Simple): NVLS inside, a tree across
   (on two nodes twice the NICs' rate, as NCCL's tuner has it).
+- MSCCL (RCCL, all-reduce on one full-mesh node, LL): the one-shot algorithm RCCL runs for small
+  all-reduces on MI300-class nodes: one step, each GPU sending S to every peer over that peer's link.
 - All-to-all: every NPU sends ``S/N`` to each peer at once, Simple's share of each level's rate.
 
 Channels: NCCL spreads a collective over ``ch`` channels, but uses fewer while a channel would get
@@ -145,7 +147,12 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         k = PROTOCOLS.index(protocols[-1])
         upper = below[1:] + [n]
         per_byte = max((upper[j] - below[j]) / n / (share[j] * lv[j].bytes_per_ns) for j in range(len(lv)))
-        add("Direct", protocols[-1], params.base_ns[k] + sum(x.latency_ns for x in lv), 1 / per_byte)
+        add(
+            "Direct",
+            protocols[-1],
+            params.base_ns[k] + sum(x.latency_ns for x in lv),
+            params.efficiency[k] / per_byte,
+        )
         return out
     twice = 2 if op == ALL_REDUCE else 1
     across = sum(math.ceil(math.log2(level.npus)) * level.latency_ns for level in lv[1:])
@@ -170,6 +177,15 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
                 algbw = algbw * tree_correction(p, sizes)
             latency = base + 2 * ((lv[0].npus - 1) * lv[0].latency_ns * factors["Tree"][k] + across)
             add("Tree", p, latency, algbw, _channels(params, CHANNEL_SHARE_BYTES[p], sizes))
+    if op == ALL_REDUCE and params.rccl and len(lv) == 1 and not lv[0].switch and "MSCCL" in params.algos:
+        # RCCL's MSCCL one-shot all-reduce on a full mesh (LL): each GPU writes its buffer to every
+        # peer over that peer's link, then reduces locally: one step, (N-1) S through its links
+        add(
+            "MSCCL",
+            "LL",
+            params.base_ns[0] + lv[0].latency_ns,
+            params.efficiency[0] * lv[0].bytes_per_ns / (n - 1),
+        )
     if op == ALL_REDUCE and lv[0].switch and "Simple" in protocols:
         nvls = params.nvls_efficiency * lv[0].bytes_per_ns
         if "NVLS" in params.algos and len(lv) == 1:

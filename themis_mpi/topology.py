@@ -142,11 +142,12 @@ class Dim:
 
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-NCCL_ALGOS = ("Ring", "Tree", "NVLS", "NVLSTree")
+NCCL_ALGOS = ("Ring", "Tree", "NVLS", "NVLSTree")  # NCCL's; the default
+ALL_ALGOS = (*NCCL_ALGOS, "MSCCL")  # and RCCL's one-shot (`nccl`)
 # The most of the wire a protocol can carry: LL sends 4 B of data per 8 B (a flag per word), LL128
 # 120 B per 128 B line; Simple all of it.
 PROTOCOL_CAPS = (0.5, 120 / 128, 1.0)
-NCCL_SKIPPABLE = ("tree", "nvls", "nvlstree", "ll", "ll128", "simple")
+NCCL_SKIPPABLE = ("tree", "nvls", "nvlstree", "msccl", "ll", "ll128", "simple")
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 
 
@@ -193,8 +194,8 @@ class NcclParams:
         in_range("NCCL tree efficiency", self.tree_efficiency, MIN_INA_EFFICIENCY, 1.0)
         in_range("NCCL net efficiency", self.net_efficiency, MIN_INA_EFFICIENCY, 1.0)
         in_range("NCCL channels", self.channels, 1.0, MAX_CHANNELS)
-        if not self.algos or any(a not in NCCL_ALGOS for a in self.algos):
-            raise UsageError(f"NCCL algos must be some of {'+'.join(NCCL_ALGOS)}, got {'+'.join(self.algos)}")
+        if not self.algos or any(a not in ALL_ALGOS for a in self.algos):
+            raise UsageError(f"NCCL algos must be some of {'+'.join(ALL_ALGOS)}, got {'+'.join(self.algos)}")
         if "Simple" not in self.protocols or any(p not in PROTOCOLS for p in self.protocols):
             raise UsageError(
                 f"NCCL protocols must be Simple and some of LL, LL128, got {'+'.join(self.protocols)}"
@@ -236,7 +237,7 @@ class NcclParams:
         base, eff = list(cls.base_ns), list(cls.efficiency)
         nvls = [cls.nvls_base_ns, cls.nvls_efficiency]
         values: dict = {}
-        names = {a.lower(): a for a in NCCL_ALGOS}
+        names = {a.lower(): a for a in ALL_ALGOS}
         for field in filter(None, (f.strip() for f in text.split(","))):
             key, _, value = field.partition("=")
             key = key.strip().lower()

@@ -367,7 +367,9 @@ def read_nccl_log(
     text = _read_text(path)
     tables = read_tables(path, text)
     if not tables:
-        raise UsageError(f"{path}: no nccl-tests table found (all_reduce_perf, all_gather_perf, ...)")
+        raise UsageError(
+            f"{path}: no nccl-tests table found (all_reduce_perf/all_gather_perf/reduce_scatter_perf)"
+        )
     if table is not None and not 1 <= table <= len(tables):
         raise UsageError(f"{path}: --table {table} but the log has {len(tables)} table(s)")
     vendor = _vendor(text)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from ..nccl import Level
-from ..topology import NCCL_ALGOS, PROTOCOLS, Dim, NcclParams, Topology
+from ..topology import ALL_ALGOS, NCCL_ALGOS, PROTOCOLS, Dim, NcclParams, Topology
 from ..units import BYTES_PER_GB
 from .hardware import GPUS, gpu_of, vendor_rows
 from .logs import NcclLog
@@ -27,7 +27,7 @@ def parse_algos(text: str | None) -> tuple[str, ...] | None:
     """``--nccl-algo Ring,Tree`` or a log's ``NCCL_ALGO`` (any case, ``^X`` leaves X out); None for all."""
     if not text:
         return None
-    names = {a.lower(): a for a in NCCL_ALGOS} | {"nvls_tree": "NVLSTree", "nvlstree": "NVLSTree"}
+    names = {a.lower(): a for a in ALL_ALGOS} | {"nvls_tree": "NVLSTree", "nvlstree": "NVLSTree"}
     text = text.split(";")[0].rpartition(":")[2]  # NCCL_ALGO="ring;allreduce:tree": the first list
     items = [t.strip().lower() for t in text.split(",") if t.strip()]
     drop = items and items[0].startswith("^")
@@ -42,7 +42,7 @@ def parse_algos(text: str | None) -> tuple[str, ...] | None:
             )
         out.append(names[item])
     if drop:
-        return tuple(a for a in NCCL_ALGOS if a not in out)
+        return tuple(a for a in ALL_ALGOS if a not in out)
     if not out:
         raise UsageError("--nccl-algo needs at least one algorithm")
     return tuple(dict.fromkeys(out))
@@ -170,6 +170,7 @@ def machine_of(
         sources.append(f"protocols {'+'.join(protocols)} (NCCL_PROTO={log.nccl_proto} in the log)")
     nvls = row.nvls if row else vendor == "nvidia"
     have = tuple(a for a in NCCL_ALGOS if nvls and fabric == "Switch" or not a.startswith("NVLS"))
+    have += ("MSCCL",) if vendor == "amd" else ()
     if algos is None and log.nccl_algo:
         algos = parse_algos(log.nccl_algo)
         sources.append(f"algorithms {'+'.join(algos or ())} (NCCL_ALGO={log.nccl_algo} in the log)")

@@ -69,7 +69,7 @@ PRIORS = {
     "net_step": 14 * US,
     "tree_eff": 0.85,
 }
-PRIOR_WEIGHT = 0.02
+PRIOR_WEIGHT = 0.005
 SMALL_BYTES = 64 * 2**10  # sizes below weigh `SMALL_WEIGHT` in the fit (the bands start here)
 SMALL_WEIGHT = 0.2
 DELTA = 0.03  # soft-L1 scale: residuals past ~3 % count linearly
@@ -305,9 +305,11 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
             return total
 
         trials = []
+        # ranges from the smallest size or between sizes from 64 KiB: no skip fits a small size's noise
+        ends = [s for s in fitted if s >= SMALL_BYTES]
         for item in names_here:
-            for i, a in enumerate(fitted):
-                for b in fitted[i:]:
+            for a in [1] + ends:
+                for b in [e for e in ends if e >= a]:
                     tried = tuple(skips) + ((item, int(a), int(b)),)
                     trials.append((cost_of(tried), tried))
         trials.sort(key=lambda t: t[0])
