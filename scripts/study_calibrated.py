@@ -4,7 +4,7 @@ Usage::
 
     python scripts/study_calibrated.py [--logs tests/data/nccl-tests] [--out docs/hardware] [--quick]
 
-For each log (`LOGS`; a log of several runs gives the machine of its largest run) calibrate fits
+For each log of --logs (a log of several runs gives the machine of its largest run) calibrate fits
 the NCCL-like model (`themis_mpi.calibrate`), and the study asks the fitted machine:
 
 1. one all-reduce of 64 MiB and 1 GiB per NPU: the fitted (flat) machine, baseline and Themis, at
@@ -25,6 +25,7 @@ the full study (a test compares them). Writes OUT/themis.md and OUT/themis.json.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import time
@@ -43,18 +44,7 @@ from themis_mpi.units import format_size  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
 from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
-LOGS = [
-    "h100x8_nvls_dgxc.txt",
-    "h100x16_2node_ib_issue309_qoofyk.txt",
-    "h100x16_2node_ib_ring_issue309_gjaion.txt",
-    "h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt",
-    "a100x16_2node_oci_roce.txt",
-    "gb200x8_2tray_mnnvl_NOHEADER.txt",
-    "mi300x8_1node_rccl.txt",
-    "mi300x16_2node_roce_rccl.txt",
-    "mi325x_1to8node_ring_PARTIAL.txt",
-]
-QUICK_LOGS = LOGS[:2]
+QUICK_LOGS = ["h100x16_2node_ib_issue309_qoofyk.txt", "h100x8_nvls_dgxc.txt"]  # the quick test's subset
 SIZES = (64 << 20, 1 << 30)
 CHUNKS = (1, 4, 16, 64)
 WORKLOADS = ("resnet152", "gnmt", "dlrm")
@@ -165,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.process_time()
     rows, lines = [], ["## Themis on calibrated machines (issue 47)", ""]
-    for name in QUICK_LOGS if args.quick else LOGS:
+    logs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(args.logs, "*.txt")))
+    for name in QUICK_LOGS if args.quick else logs:
         more, text = machine_rows(name, args.logs, QUICK_WORKLOADS if args.quick else WORKLOADS)
         rows += more
         lines += text

@@ -31,6 +31,7 @@ at least its share. Results go to OUT/hardware.md and OUT/hardware.json.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 import time
@@ -215,17 +216,7 @@ def ina_study(rows: list, quick: bool) -> list[str]:
     return lines
 
 
-NCCL_LOGS = [  # every shipped log, read as posted (no flag)
-    "h100x8_nvls_dgxc.txt",
-    "h100x16_2node_ib_issue309_qoofyk.txt",
-    "h100x16_2node_ib_ring_issue309_gjaion.txt",
-    "h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt",
-    "a100x16_2node_oci_roce.txt",
-    "gb200x8_2tray_mnnvl_NOHEADER.txt",
-    "mi300x8_1node_rccl.txt",
-    "mi300x16_2node_roce_rccl.txt",
-    "mi325x_1to8node_ring_PARTIAL.txt",
-]
+NCCL_LOGS_GLOB = "*.txt"  # every shipped log of --logs, read as posted (no flag), in name order
 NCCL_PREDICTIONS = [  # one-node log -> more nodes (table of the log; None: its only table)
     ("mi300x8_1node_rccl.txt", "mi300x16_2node_roce_rccl.txt", None),
     ("h100x8_nvls_dgxc.txt", "h100x16_2node_ib_issue309_qoofyk.txt", None),
@@ -265,7 +256,8 @@ def nccl_study(rows: list, logs_dir: str, out: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     fits, details = [], []
-    for name in NCCL_LOGS:
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(logs_dir, NCCL_LOGS_GLOB)))
+    for name in names:
         log = read_nccl_log(os.path.join(logs_dir, name))
         result = fit_nccl(log)
         fits.append((name, log, result))

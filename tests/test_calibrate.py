@@ -7,10 +7,11 @@ tests/data/nccl-tests (copied from ../shared/hardware-logs with their sources).
 
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
-from harness import DATA
+from harness import DATA, ROOT
 
 from themis_mpi import api, nccl
 from themis_mpi.calibrate import fit_nccl, machine_of, per_dim, predict, read_nccl_log
@@ -22,19 +23,11 @@ from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import NcclParams, parse_topology
 
 pytestmark = pytest.mark.slow
+sys.path.insert(0, str(ROOT / "scripts"))
+from study_hardware import NCCL_PREDICTIONS  # noqa: E402
 
 LOGS = DATA / "nccl-tests"
-NAMES = [
-    "h100x8_nvls_dgxc.txt",
-    "h100x16_2node_ib_issue309_qoofyk.txt",
-    "h100x16_2node_ib_ring_issue309_gjaion.txt",
-    "h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt",
-    "a100x16_2node_oci_roce.txt",
-    "gb200x8_2tray_mnnvl_NOHEADER.txt",
-    "mi300x8_1node_rccl.txt",
-    "mi300x16_2node_roce_rccl.txt",
-    "mi325x_1to8node_ring_PARTIAL.txt",
-]
+NAMES = sorted(p.name for p in LOGS.glob("*.txt"))
 # The issue's bounds on the held-out sizes from 64 KiB (median, 90th percentile, worst) and from 64 MiB
 BOUNDS = {"median_pct": 3.0, "p90_pct": 10.0, "worst_from_64KiB_pct": 15.0, "worst_from_64MiB_pct": 5.0}
 PARTIAL_PCT = 5.0
@@ -171,6 +164,7 @@ def test_a_synthetic_log_of_known_parameters_is_recovered_within_5_percent(tmp_p
         assert abs(r["time_error_pct"]) < 3.0, r
     for key, value in want.items():
         assert fit.fitted[key] == pytest.approx(value, rel=0.05), key
+    assert all(PARAMS[k][0] <= v <= PARAMS[k][1] for k, v in fit.fitted.items()), fit.fitted
     for got, dim in zip(parse_topology(fit.topology).dims, truth.dims):
         assert (got.kind, got.npus, got.bandwidth_gbps) == (dim.kind, dim.npus, dim.bandwidth_gbps)
         assert got.latency_ns == pytest.approx(dim.latency_ns, rel=0.05)
@@ -225,14 +219,9 @@ def test_api_calibrate_is_calibrate():
     )
 
 
-PAIRS = [  # one node -> more nodes, from different clusters of one product (MI325X: one cluster)
-    ("mi300x8_1node_rccl.txt", "mi300x16_2node_roce_rccl.txt", None),
-    ("h100x8_nvls_dgxc.txt", "h100x16_2node_ib_issue309_qoofyk.txt", None),
-    ("h100x8_nvls_dgxc.txt", "h100x16_2node_ib_ring_issue309_gjaion.txt", None),
-    ("mi325x_1to8node_ring_PARTIAL.txt", "mi325x_1to8node_ring_PARTIAL.txt", 2),
-    ("mi325x_1to8node_ring_PARTIAL.txt", "mi325x_1to8node_ring_PARTIAL.txt", 3),
-    ("mi325x_1to8node_ring_PARTIAL.txt", "mi325x_1to8node_ring_PARTIAL.txt", 4),
-]
+PAIRS = (
+    NCCL_PREDICTIONS  # one node -> more nodes, from different clusters of one product (MI325X: one cluster)
+)
 SHORT_PREDICTIONS = {
     ("mi300x8_1node_rccl.txt", "mi300x16_2node_roce_rccl.txt", None): "256 MiB -12 %: the 2-node ring's "
     "latency (about 300 us in the log) is not in the one-node fit or NCCL's nominal network step",
@@ -319,9 +308,6 @@ def test_the_issue_s_10_ms_case_is_themis_moving_a_whole_chunk_onto_the_slow_dim
 def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path):
     """scripts/study_calibrated.py --quick gives docs/hardware/themis.json's rows for its logs."""
     import subprocess
-    import sys
-
-    from harness import ROOT
 
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "study_calibrated.py"), "--quick", "--out", str(tmp_path)],
@@ -337,3 +323,50 @@ def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path):
         math.isclose(r["baseline"], r["themis"]) for r in new if r["part"] == "flat" or r.get("chunks") == 1
     )
     assert np.isfinite([r["baseline"] for r in new]).all()
+
+
+def test_an_all_gather_log_is_fitted_and_model_o_all_gather_gives_its_times(tmp_path, capsys):
+    """An all_gather table (DGX's times, busbw 7/8 algbw): calibrate fits it, `model -o all_gather -b SIZE` agrees."""
+    out = []
+    for line in (LOGS / "h100x8_nvls_dgxc.txt").read_text().splitlines():
+        f = line.split()
+        if f and f[0].isdigit() and len(f) == 13:
+            f[3], f[7], f[11] = "none", f"{float(f[6]) * 7 / 8:.2f}", f"{float(f[10]) * 7 / 8:.2f}"
+            line = "  ".join(f)
+        out.append(line.replace("all_reduce", "all_gather"))
+    log = tmp_path / "ag.txt"
+    log.write_text("\n".join(out) + "\n")
+    fit_path = tmp_path / "ag.json"
+    assert main(["calibrate", str(log), "--json", str(fit_path)]) == 0
+    doc = json.loads(fit_path.read_text())
+    assert doc["op"] == "all_gather" and all(r["algorithm"] == "Ring" for r in doc["rows"])
+    for row in doc["rows"][10::6]:
+        args = [
+            "model",
+            "-t",
+            str(fit_path),
+            "-o",
+            "all_gather",
+            "-b",
+            str(row["size_bytes"]),
+            "-d",
+            "float32",
+        ]
+        assert main([*args, "-p", "baseline", "--json", str(tmp_path / "m.json")]) == 0
+        (model,) = json.loads((tmp_path / "m.json").read_text())
+        assert model["time_us"] == pytest.approx(row["model_us"], rel=1e-9)
+    capsys.readouterr()
+
+
+def test_a_multi_node_log_over_a_one_node_fit_fits_only_the_network(tmp_path, capsys):
+    """--base node.json: dim 0 and the protocol shares are the base's; the NICs' parameters are fitted."""
+    base = tmp_path / "node.json"
+    assert main(["calibrate", str(LOGS / "h100x8_nvls_dgxc.txt"), "--json", str(base)]) == 0
+    two = tmp_path / "two.json"
+    log = str(LOGS / "h100x16_2node_ib_ring_issue309_gjaion.txt")
+    assert main(["calibrate", log, "--base", str(base), "--json", str(two)]) == 0
+    node, doc = json.loads(base.read_text()), json.loads(two.read_text())
+    assert doc["topology"].startswith(node["topology"].split("_NCCL")[0] + "_SW(2,")
+    assert {"net_eff", "net_step"} <= set(doc["fitted"]) and "eff_Simple" not in doc["fitted"]
+    assert doc["prediction"] and len(doc["prediction"]["rows"]) == len(doc["rows"])
+    capsys.readouterr()
