@@ -13,7 +13,8 @@ With ``P_j`` NPUs per level (dims with more than one NPU, lowest first), ``N = p
   times NCCL's per-protocol factor (NVLink: LL 0.6, LL128 1.9, Simple 3.4 us; RCCL's xGMI table
   on AMD), one across a higher level that level's latency. Of the ring's N hops, ``N/G_j -
   N/G_{j+1}`` cross level j, each NPU's share of them through its own port: the ring's bus
-  bandwidth is ``eff_p * min_j (B_j e_j N / hops_j)`` (e_0 = 1, the NIC share ``net`` above),
+  bandwidth is ``eff_p * min_j (B_j e_j N / hops_j)``, e_0 = 1 and e_j = net / eff_Simple above
+  (Simple reaches the NICs' share ``net`` of their rate, other protocols their part of that),
   which is why a 2-node ring outruns a 1-node one by N/(N-M) where the NVLinks limit it.
 - Tree (all-reduce, two or more levels): a chain inside the node, a binary tree across, up and
   down: ``2((P_0 - 1) L_0 f + sum_{j>=1} ceil(log2 P_j) L_j)``; it moves S through every NPU's

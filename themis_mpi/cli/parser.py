@@ -435,10 +435,12 @@ def _calibrate_parser(sub: Any) -> None:
     """`themis-mpi calibrate`."""
     p = sub.add_parser(
         "calibrate",
-        help="fit a dim's latency and bandwidth to an nccl-tests log",
-        description="Read an all_reduce_perf / all_gather_perf / reduce_scatter_perf table and fit the "
-        "latency and bandwidth of one dim of the log's NPU count, by least squares on time vs size; "
-        f"print the fitted topology and the error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
+        help="fit the NCCL-like model (or one dim) to an nccl-tests or rccl-tests log",
+        description="Read an nccl-tests or rccl-tests log as posted (all_reduce, all_gather, reduce_scatter, "
+        "alltoall; every table of it), take the machine from it and from the GPU table, and fit NCCL's or "
+        "RCCL's algorithms and protocols within physical bounds (or, with --algorithm ring..., one dim's "
+        "latency and bandwidth); print the fitted topology, the command that predicts each run and the "
+        f"error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
     )
     p.add_argument("log", metavar="LOG", help="nccl-tests output (text)")
     p.add_argument(
