@@ -458,11 +458,9 @@ def predict(base: Topology, log: NcclLog, nic_gbps: float | None = None) -> dict
     Nothing of the multi-node log is fitted: its nodes and NIC rate (the log's GPU's platform, or
     `nic_gbps`) only; the single-node skips are dropped (the tuner decides anew on more nodes).
     """
-    machine, fixed, values = _over_base(log, base, None, nic_gbps)
-    fixed = replace(fixed, net_efficiency=1.0, tree_efficiency=1.0)
-    params = replace(fixed, base_ns=base.nccl.base_ns if base.nccl else fixed.base_ns)
-    topo = machine.topology(log.npus, params, machine.link_gbps, NET_STEP_NS)
-    topo = parse_topology(topo.spec())
+    machine, fixed, _ = _over_base(log, base, None, nic_gbps)
+    params = replace(fixed, net_efficiency=1.0, tree_efficiency=1.0)
+    topo = parse_topology(machine.topology(log.npus, params, machine.link_gbps, NET_STEP_NS).spec())
     return {"topology": topo.spec(), "rows": nccl_rows(log, topo, set())}
 
 
