@@ -10,7 +10,7 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
@@ -19,10 +19,13 @@ from .model import ModelTransport
 from .network import check_rule
 from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
+
+if TYPE_CHECKING:
+    from .calibrate import NcclFit
 from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training, run_graph
-from .topology import parse_topology
+from .topology import PRESETS, parse_topology, read_fit
 from .units import parse_size
 from .workloads.chakra import is_et_source, load_graph
 from .workloads.text import Workload, parse_workload
@@ -70,7 +73,7 @@ def sweep(
     topology: str | Sequence[str] = "2x2x2",
     size: int | str | Sequence[int | str] = "64M",
     policy: str | Sequence[str] = ("baseline", "themis"),
-    chunks: int | Sequence[int] = 64,
+    chunks: int | Sequence[int] | None = None,
     *,
     op: str = "all_reduce",
     dtype: str = "float64",
@@ -94,7 +97,8 @@ def sweep(
         topology: preset names, inline specs or ASTRA-sim YAML paths (see `themis-mpi topologies`).
         size: bytes per NPU, as numbers or with K/M/G suffixes ("64M").
         policy: inter-dim policies ("all" names every one, "both" baseline and Themis).
-        chunks: chunk counts.
+        chunks: chunk counts (default 64, or the chunk count of the first `calibrate` fit among the
+            topologies, given as its JSON file).
         op: all_reduce, reduce_scatter, all_gather or all_to_all.
         dtype: element type.
         intra: intra-dim policies (auto: each inter-dim policy's own, e.g. fifo for the baseline).
@@ -137,7 +141,7 @@ def sweep(
             for t in _names(topology, "topology")
         ],
         [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
-        _items(chunks, "chunks", (int,), "a whole number (int)"),
+        _items(_chunks(chunks, _names(topology, "topology"), 64), "chunks", (int,), "a whole number (int)"),
         _policies(policy),
         _names(intra, "intra"),
         base,
@@ -151,7 +155,7 @@ def train(
     workload: str,
     topology: str = "2x2x2",
     policy: str | Sequence[str] = ("baseline", "themis"),
-    chunks: int = 64,
+    chunks: int | None = None,
     iterations: int = 2,
     *,
     intra: str = "auto",
@@ -174,6 +178,7 @@ def train(
 ) -> list[TrainingResult]:
     """Training iterations of a workload on the model, one result per policy, as ``themis-mpi train``.
 
+    `chunks` defaults to 64, or to the chunk count of a `calibrate` fit given as `topology`.
     `workload` is an ASTRA-sim 1.0 text workload, or a Chakra trace (a .et file, or the prefix of
     prefix.<rank>.et files; `comm_group` names its communicator-group JSON). Each policy runs
     with its own intra-dim policy under ``intra="auto"``. Buckets (`bucket_mib`,
@@ -186,6 +191,7 @@ def train(
     topo = parse_topology(
         _one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path (str)")
     )
+    chunks = _chunks(chunks, [topology], 64)
     for what, count in (("chunks", chunks), ("iterations", iterations)):
         _one(count, what, (int,), "a whole number (int)")
     for what, scale in (
@@ -226,6 +232,58 @@ def train(
         chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib, **pace
     )
     return [model_training(wl, topo, p, spec, config) for p, config in policies]
+
+
+def _chunks(chunks: Any, topologies: list[str], default: int) -> Any:
+    """The chunk count asked, else the first `calibrate` fit's among the topologies, else `default`."""
+    if chunks is not None:
+        return chunks
+    fits = [fit for fit in (read_fit(t) for t in topologies if t not in PRESETS) if fit is not None]
+    return fits[0].chunks if fits else default
+
+
+def calibrate(
+    log: str,
+    *,
+    op: str | None = None,
+    npus: int | None = None,
+    table: int | None = None,
+    algos: str | None = None,
+    base: str | None = None,
+    link_gbps: float | None = None,
+    nic_gbps: float | None = None,
+    gpus_per_node: int | None = None,
+) -> NcclFit:
+    """Fit the NCCL-like model to an nccl-tests or rccl-tests log, as ``themis-mpi calibrate LOG``.
+
+    Args:
+        log: the log's path, read as posted (`calibrate.read_nccl_log`).
+        op: the collective (default: the log's).
+        npus: the NPU count (default: the log's).
+        table: one table of several (default: all of them, fitted together).
+        algos: the algorithms the run allowed, as ``NCCL_ALGO`` (default: the log's, else all).
+        base: a single-node fit (its topology or its JSON file): fit only the network level.
+        link_gbps: GPU-to-GPU rate each way, GB/s of 1e9 B (default: the GPU table's).
+        nic_gbps: the NIC per GPU, GB/s of 1e9 B (default: the GPU's reference platform).
+        gpus_per_node: GPUs per node (default: the log's host names).
+
+    Returns:
+        The fit (`calibrate.NcclFit`): ``topology`` (what ``-t`` and `sweep` take), ``chunks``,
+        ``args``, the fitted parameters and every run's rows; ``to_dict()`` is what
+        ``calibrate --json`` writes, a file `sweep` and `train` take as their topology.
+    """
+    from .calibrate import fit_nccl, parse_algos, read_base, read_nccl_log
+
+    _one(log, "log", (str,), "a path (str)")
+    found = read_nccl_log(log, op, npus, table)
+    return fit_nccl(
+        found,
+        read_base(base) if base else None,
+        parse_algos(algos),
+        link_gbps=link_gbps,
+        nic_gbps=nic_gbps,
+        gpus_per_node=gpus_per_node,
+    )
 
 
 def to_dataframe(results: Iterable[CollectiveResult | TrainingResult]) -> Any:

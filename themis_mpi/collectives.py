@@ -175,9 +175,15 @@ def chunk_plan(
     return plan
 
 
-def plan_stages(plan: list[tuple[int, str, int]], coll_id: int, chunk: int, itemsize: int) -> list[Stage]:
-    """The `Stage` objects of one chunk's plan (`chunk_plan`)."""
-    n, whole = len(plan), tuple(plan)
+def plan_stages(
+    plan: list[tuple[int, str, int]], coll_id: int, chunk: int, itemsize: int, call: tuple = ()
+) -> list[Stage]:
+    """The `Stage` objects of one chunk's plan (`chunk_plan`).
+
+    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call elements, first
+    chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call.
+    """
+    n, whole = len(plan), tuple(plan) + tuple(call)
     return [
         Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize, whole)
         for i, (d, kind, full) in enumerate(plan)

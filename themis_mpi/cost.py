@@ -53,7 +53,7 @@ from functools import wraps
 
 from .errors import UsageError
 from .limits import MAX_COMPUTE_SHARE, MAX_HBM_GBPS, MIN_HBM_GBPS, in_range
-from .nccl import collective_ns, plan_collective
+from .nccl import CALL, chunk_ns, plan_collective
 from .topology import Dim, Topology, links_per_npu
 from .units import BYTES_PER_GB
 
@@ -453,13 +453,19 @@ class CostModel:
     def flat_steps_ns(self, plan: tuple, index: int) -> tuple[float, ...]:
         """Step times of stage `index` of a chunk's plan under the NCCL-like model (`nccl`).
 
-        The chunk takes the flat algorithm's time (`nccl.collective_ns`), spread evenly over all
-        the steps of its stages: the emulator moves the data dim by dim, in the flat time.
+        The chunk takes its share of its NCCL call's time (`nccl.chunk_ns`: the call's latency goes
+        to its first chunk), spread evenly over the steps of its stages on its lowest dim: a flat
+        algorithm keeps every dim busy at once, so the chunks of one call follow one another there
+        and stages on the other dims take no time of their own. One chunk takes the call's time.
         """
-        op, dims, elems = plan_collective(plan)
-        time_ns, _, _ = collective_ns(self.topology, dims, op, elems * self.itemsize)
-        counts = [len(steps(self.topology.dims[d], o, full, self.itemsize)) for d, o, full in plan]
-        return (time_ns / sum(counts),) * counts[index]
+        op, dims, elems, call_elems, first = plan_collective(plan)
+        size = self.itemsize
+        time_ns = chunk_ns(self.topology, dims, op, call_elems * size, elems * size, first)
+        counts = [len(steps(self.topology.dims[d], o, full, size)) for d, o, full in plan if d != CALL]
+        on_lowest = [c if d == dims[0] else 0 for c, (d, _, _) in zip(counts, plan)]
+        if plan[index][0] != dims[0]:
+            return (0.0,) * counts[index]
+        return (time_ns / sum(on_lowest),) * counts[index]
 
     def run_steps_ns(self, run) -> tuple[float, ...]:
         """The step times of a started stage (`engine.StageRun`).
@@ -467,7 +473,7 @@ class CostModel:
         Its place in its chunk and whether compute shared the memory when it started count.
         """
         s = run.stage
-        if self.topology.flat and s.plan and s.op != A2A:
+        if self.topology.flat and s.plan:
             return self.flat_steps_ns(s.plan, s.index)
         return self.step_times_ns(
             s.dim, s.op, s.full_elems, s.index == 0, s.index == s.n_stages - 1, run.mem_shared

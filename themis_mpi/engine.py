@@ -48,6 +48,7 @@ from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError
+from .nccl import CALL
 from .policies import (
     UNKNOWN,
     IntraPolicy,
@@ -456,7 +457,8 @@ class Engine:
             plan = self._plans.get(key)
             if plan is None:
                 plan = self._plans[key] = chunk_plan(self.topology, collective, elems, rows[k], fuse_last)
-            stages.append(plan_stages(plan, coll_id, k, itemsize))
+            call = ((CALL, collective.count, k == 0),) if self.topology.flat else ()  # one NCCL call
+            stages.append(plan_stages(plan, coll_id, k, itemsize, call))
         run = CollectiveRun(
             coll_id,
             collective,

@@ -1,36 +1,42 @@
-"""An NCCL-like collective cost model: algorithms and protocols, the fastest pair per size.
+"""An NCCL-like collective cost model: NCCL's and RCCL's algorithms and protocols, one chosen per size.
 
-NCCL (``src/graph/tuning.cc``) times a collective of S bytes with algorithm a and protocol p as
-``latency(a, p) + S / bandwidth(a, p)`` and runs the fastest pair. This model has the same
-structure, with few parameters, each with a physical meaning (`topology.NcclParams`, the dims):
+NCCL's tuner (``src/graph/tuning.cc``; RCCL's of the same name) times a collective of S bytes
+with algorithm a and protocol p as ``latency(a, p) + S / bandwidth(a, p)`` and runs the fastest
+pair. This model has that structure, with physical parameters: the dims' nominal rates (a
+datasheet's), the shares of them each protocol reaches, and latencies (`topology.NcclParams`).
+With ``P_j`` NPUs per level (dims with more than one NPU, lowest first), ``N = prod P_j``,
+``G_j = prod_{i<j} P_i`` NPUs below level j, and ``M = N / P_0`` nodes:
 
-- a base latency per protocol (LL, LL128, Simple) and one for NVLS, plus a per-step latency per
-  level (the dim's ``latency_ns``: a step whose message crosses level j pays ``L_j``);
-- a bandwidth efficiency per protocol (Simple 1, LL and LL128 a share of it), and NVLS's algbw
-  as a share of dim 0's bandwidth (the in-switch reduction: busbw above the link rate);
-- the bandwidth of each level: ``B_j`` per NPU (the dim's ``bandwidth_gbps``).
+- Ring (LL, LL128, Simple): one flat ring over the N NPUs. An all-reduce takes ``2(N-1)``
+  steps (a reduce-scatter or all-gather ``N-1``), ``2(H_j - H_{j+1})`` of them across level j
+  (``H_j = prod_{i>=j} P_i``, NCCL's ``nInterSteps``). A step across level 0 costs dim 0's latency
+  times NCCL's per-protocol factor (NVLink: LL 0.6, LL128 1.9, Simple 3.4 us; RCCL's xGMI table
+  on AMD), one across a higher level that level's latency. Of the ring's N hops, ``N/G_j -
+  N/G_{j+1}`` cross level j, each NPU's share of them through its own port: the ring's bus
+  bandwidth is ``eff_p * min_j (B_j e_j N / hops_j)``, e_0 = 1 and e_j = net / eff_Simple above
+  (Simple reaches the NICs' share ``net`` of their rate, other protocols their part of that),
+  which is why a 2-node ring outruns a 1-node one by N/(N-M) where the NVLinks limit it.
+- Tree (all-reduce, two or more levels): a chain inside the node, a binary tree across, up and
+  down: ``2((P_0 - 1) L_0 f + sum_{j>=1} ceil(log2 P_j) L_j)``; it moves S through every NPU's
+  links both ways (algbw at most ``B_0 / 2``) and S through the node's NICs together (at most
+  ``e_j G_j B_j``): twice a ring's rate across nodes, busbw above the NICs' rate. On NVIDIA
+  NCCL's ``treeCorrectionFactor`` scales its bandwidth at medium sizes, as NCCL's tuner does.
+- NVLS (all-reduce, one Switch level, Simple): the switch reduces; algbw ``nvls_eff * B_0``.
+- NVLS-Tree (all-reduce, a Switch dim 0 and more levels, Simple): NVLS inside, a tree across
+  (on two nodes twice the NICs' rate, as NCCL's tuner has it).
+- MSCCL (RCCL, all-reduce on one full-mesh node, LL): the one-shot algorithm RCCL runs for small
+  all-reduces on MI300-class nodes: one step, each GPU sending S to every peer over that peer's link.
+- All-to-all: every NPU sends ``S/N`` to each peer at once, Simple's share of each level's rate.
 
-The algorithms span all dims of the group at once (the levels: dim 0 inside the node, the next
-ones across). With ``P_j`` NPUs per level, ``N = prod P_j`` and ``G_j = prod_{i<j} P_i`` NPUs
-below level j:
+Channels: NCCL spreads a collective over ``ch`` channels, but uses fewer while a channel would get
+less than its threads' share (``nBytes < nc * nThreads * threadThreshold`` in ``enqueue.cc``: 32
+KiB for Simple, 5 KiB for LL128, 4 KiB times N for Ring LL), so below ``ch`` shares the time
+stays near the one-share time: ``lat + S ch / (nc(S) bw)``, ``nc = clamp(S / share, 1, ch)``.
 
-- Ring (LL, LL128, Simple): one flat ring over the N NPUs. An all-reduce takes ``2(N-1)`` steps,
-  a reduce-scatter or all-gather ``N-1``; of each ``N-1``, ``H_j - H_{j+1}`` cross level j
-  (``H_j = prod_{i>=j} P_i``). Each group of ``G_j`` NPUs sends the ring's data out through its
-  ``G_j`` ports of level j, so the ring's bus bandwidth is ``eff_p * min_j G_j B_j``; it moves
-  ``2(N-1)/N S`` (all-reduce) or ``(N-1)/N S`` per NPU.
-- Tree (all-reduce, two or more levels): a chain inside the node and a binary tree across, up
-  and down: ``2((P_0 - 1) L_0 + sum_{j>=1} ceil(log2 P_j) L_j)``, moving ``2 S`` (NCCL's tree
-  reaches half its bus bandwidth as algbw) at ``eff_p * min(B_0, T)``, where the tree's share
-  of the across-node ports is ``T = tree_eff * min_{j>=1} G_j B_j``.
-- NVLS (all-reduce, one Switch level, Simple): the switch reduces, ``S / (nvls_eff * B_0)``
-  after two hops.
-- NVLS-Tree (all-reduce, a Switch dim 0 and more levels, Simple): NVLS inside, a tree across;
-  its bandwidth is the lesser of NVLS's and T.
-
-The collective's time is the least over the allowed pairs (`NcclParams.algos`). The engine
-moves data dim by dim as usual (so results stay exact); `cost.CostModel` spreads this flat
-time over the chunk's steps, so the emulator and the model inject the same time.
+The pair is the fastest one the parameters allow (NCCL's rule), except where a `NcclParams.skips`
+range leaves an algorithm or protocol out: the sizes where a log shows that NCCL did not run the
+pair this model finds fastest (its tuner misjudges them; calibrate fits those ranges). The engine
+moves data dim by dim as usual; `cost.CostModel` gives a chunk its share of the whole call's time.
 """
 
 from __future__ import annotations
@@ -38,10 +44,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .topology import PROTOCOLS, NcclParams, Topology
 from .units import BYTES_PER_GB
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
+ALL_TO_ALL = "all_to_all"
+# Per-step latency of a step across level 0, as a factor of dim 0's latency (its LL step): NCCL's
+# hwLatencies[NVLINK] (LL 0.6, LL128 1.9 / 1.25, Simple 3.4 / 4.0 us for Ring / Tree) and RCCL's
+# tuning model for xGMI (LL 0.8, Simple 2.1 / 2.3 us; no LL128 on gfx94x).
+STEP_FACTORS = {
+    False: {"Ring": (1.0, 1.9 / 0.6, 3.4 / 0.6), "Tree": (1.0, 1.25 / 0.6, 4.0 / 0.6)},
+    True: {"Ring": (1.0, 1.0, 2.1 / 0.8), "Tree": (1.0, 1.0, 2.3 / 0.8)},
+}
+# NCCL's treeCorrectionFactor (tuning.cc), per protocol, indexed by log2(S / 64), applied below 512 MiB.
+TREE_CORRECTION = {
+    "LL": (1, 1, 1, 1, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1, 1, 1, 1),
+    "LL128": (1, 1, 1, 1, 1, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1, 1),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
+}  # fmt: skip
+# Bytes a channel needs before NCCL adds the next one: nThreads * threadThreshold (comm.h, device.h).
+CHANNEL_SHARE_BYTES = {"LL": 512 * 8, "LL128": 640 * 8, "Simple": 512 * 64}
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,16 @@ class Level:
     bytes_per_ns: float
     latency_ns: float
     switch: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One algorithm and protocol of a collective: its time, the latency part of it, the names."""
+
+    time_ns: float
+    latency_ns: float
+    algorithm: str
+    protocol: str
 
 
 def levels(topology: Topology, dims) -> list[Level]:
@@ -66,73 +100,171 @@ def levels(topology: Topology, dims) -> list[Level]:
     return out
 
 
-def choices(params: NcclParams, lv: list[Level], op: str, size_bytes: float) -> list[tuple[float, str, str]]:
-    """Every allowed (time in ns, algorithm, protocol) of the collective (module doc)."""
+def tree_correction(protocol: str, sizes) -> np.ndarray:
+    """NCCL's tree bandwidth factor at these sizes (1 from 512 MiB)."""
+    index = np.floor(np.log2(np.maximum(np.asarray(sizes, float) / 64, 1.0))).astype(int)
+    table = np.array(TREE_CORRECTION[protocol] + (1.0,))
+    return table[np.minimum(index, len(table) - 1)]
+
+
+def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.ndarray:
+    """``ch / nc(S)``: how much slower than its full rate a ring or tree runs at these sizes."""
+    return params.channels / np.clip(sizes / share_bytes, 1.0, params.channels)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One algorithm and protocol: its latency (ns) and its time at each size asked (ns)."""
+
+    algorithm: str
+    protocol: str
+    latency_ns: float
+    times_ns: np.ndarray
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """The lower-case names a skip matches: the algorithm's and the protocol's."""
+        return self.algorithm.lower(), self.protocol.lower()
+
+
+def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
+    """Every algorithm and protocol the library has here, timed at each size (module doc; no skips)."""
+    sizes = np.asarray(sizes, dtype=float)
     if not lv:
-        return [(0.0, "none", "none")]
+        return [Pair("none", "none", 0.0, np.zeros_like(sizes))]
     n = math.prod(level.npus for level in lv)
     below = [math.prod(x.npus for x in lv[:j]) for j in range(len(lv))]
     above = [math.prod(x.npus for x in lv[j:]) for j in range(len(lv))] + [1]
-    port_bw = min(g * level.bytes_per_ns for g, level in zip(below, lv))
-    twice = 2 if op == ALL_REDUCE else 1
-    out = []
-    if "Ring" in params.algos:
-        ring_lat = sum(twice * (above[j] - above[j + 1]) * level.latency_ns for j, level in enumerate(lv))
-        ring_bytes = twice * (n - 1) / n * size_bytes
-        for p, proto in enumerate(PROTOCOLS):
-            t = params.base_ns[p] + ring_lat + ring_bytes / (params.efficiency[p] * port_bw)
-            out.append((t, "Ring", proto))
-    if op != ALL_REDUCE:
+    share = [1.0] + [params.net_efficiency / params.efficiency[2]] * (len(lv) - 1)  # Simple: net_eff across
+    crossing = [n // g if n // g > 1 else 0 for g in below] + [0]
+    factors = STEP_FACTORS[params.rccl]
+    protocols = [p for p in PROTOCOLS if p in params.protocols]
+    out: list[Pair] = []
+
+    def add(algorithm: str, protocol: str, latency_ns: float, algbw, slower=1.0):
+        out.append(Pair(algorithm, protocol, latency_ns, latency_ns + sizes * slower / algbw))
+
+    if op == ALL_TO_ALL:  # S / N to every peer at once; a peer whose lowest differing level is j uses level j
+        k = PROTOCOLS.index(protocols[-1])
+        upper = below[1:] + [n]
+        per_byte = max((upper[j] - below[j]) / n / (share[j] * lv[j].bytes_per_ns) for j in range(len(lv)))
+        add(
+            "Direct",
+            protocols[-1],
+            params.base_ns[k] + sum(x.latency_ns for x in lv),
+            params.efficiency[k] / per_byte,
+        )
         return out
+    twice = 2 if op == ALL_REDUCE else 1
     across = sum(math.ceil(math.log2(level.npus)) * level.latency_ns for level in lv[1:])
-    if len(lv) > 1:
-        inter_bw = params.tree_efficiency * min(g * level.bytes_per_ns for g, level in zip(below[1:], lv[1:]))
-    if "Tree" in params.algos and len(lv) > 1:
-        tree_lat = 2 * ((lv[0].npus - 1) * lv[0].latency_ns + across)
-        tree_bw = min(lv[0].bytes_per_ns, inter_bw)
-        for p, proto in enumerate(PROTOCOLS):
-            t = params.base_ns[p] + tree_lat + 2 * size_bytes / (params.efficiency[p] * tree_bw)
-            out.append((t, "Tree", proto))
-    if lv[0].switch:
-        nvls_bw = params.nvls_efficiency * lv[0].bytes_per_ns
+    inter = min((share[j] * lv[j].bytes_per_ns * below[j] for j in range(1, len(lv))), default=0.0)
+    for k, p in enumerate(PROTOCOLS):
+        if p not in protocols:
+            continue
+        eff, base = params.efficiency[k], params.base_ns[k]
+        if "Ring" in params.algos:
+            hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
+            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)  # x eff
+            steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
+            latency = base + sum(
+                st * level.latency_ns * (factors["Ring"][k] if j == 0 else 1.0)
+                for j, (st, level) in enumerate(zip(steps, lv))
+            )
+            slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
+            add("Ring", p, latency, eff * cap * n / (twice * (n - 1)), slower)
+        if op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos:
+            algbw = eff * params.tree_efficiency * min(lv[0].bytes_per_ns / 2, inter) * np.ones_like(sizes)
+            if not params.rccl:
+                algbw = algbw * tree_correction(p, sizes)
+            latency = base + 2 * ((lv[0].npus - 1) * lv[0].latency_ns * factors["Tree"][k] + across)
+            add("Tree", p, latency, algbw, _channels(params, CHANNEL_SHARE_BYTES[p], sizes))
+    if op == ALL_REDUCE and params.rccl and len(lv) == 1 and not lv[0].switch and "MSCCL" in params.algos:
+        # RCCL's MSCCL one-shot all-reduce on a full mesh (LL): each GPU writes its buffer to every
+        # peer over that peer's link, then reduces locally: one step, (N-1) S through its links
+        add(
+            "MSCCL",
+            "LL",
+            params.base_ns[0] + lv[0].latency_ns,
+            params.efficiency[0] * lv[0].bytes_per_ns / (n - 1),
+        )
+    if op == ALL_REDUCE and lv[0].switch and "Simple" in protocols:
+        nvls = params.nvls_efficiency * lv[0].bytes_per_ns
         if "NVLS" in params.algos and len(lv) == 1:
-            t = params.nvls_base_ns + 2 * lv[0].latency_ns + size_bytes / nvls_bw
-            out.append((t, "NVLS", "Simple"))
+            add("NVLS", "Simple", params.nvls_base_ns + 2 * lv[0].latency_ns, nvls)
         if "NVLSTree" in params.algos and len(lv) > 1:
-            t = params.nvls_base_ns + 2 * (lv[0].latency_ns + across) + size_bytes / min(nvls_bw, inter_bw)
-            out.append((t, "NVLSTree", "Simple"))
+            tree = inter * params.efficiency[2] * params.tree_efficiency * (2 if n // lv[0].npus == 2 else 1)
+            add("NVLSTree", "Simple", params.nvls_base_ns + 2 * (lv[0].latency_ns + across), min(nvls, tree))
     return out
 
 
-def best(params: NcclParams, lv: list[Level], op: str, size_bytes: float) -> tuple[float, str, str]:
-    """The fastest allowed (time in ns, algorithm, protocol), as NCCL picks it."""
-    found = choices(params, lv, op, size_bytes)
-    if not found:
-        raise ValueError(f"no NCCL algorithm allowed for {op} on {len(lv)} levels")
-    return min(found)
+def skipped(params: NcclParams, pair: Pair, sizes) -> np.ndarray:
+    """Where a `NcclParams.skips` range leaves this pair out."""
+    sizes = np.asarray(sizes, dtype=float)
+    names = pair.names
+    out = np.zeros(sizes.shape, dtype=bool)
+    for item, lo, hi in params.skips:
+        if item in names:
+            out |= (sizes >= lo) & (sizes <= hi)
+    return out
 
 
-def collective_ns(topology: Topology, dims, op: str, size_bytes: float) -> tuple[float, str, str]:
+def choose(params: NcclParams, lv: list[Level], op: str, sizes) -> tuple[list[Pair], np.ndarray]:
+    """The pairs and, per size, the index of the fastest one the skips leave (all pairs if none)."""
+    found = pairs(params, lv, op, sizes)
+    times = np.array([p.times_ns for p in found])
+    kept = np.where(np.array([~skipped(params, p, sizes) for p in found]), times, np.inf)
+    kept = np.where(np.isinf(kept.min(axis=0)), times, kept)
+    return found, kept.argmin(axis=0)
+
+
+def best(params: NcclParams, lv: list[Level], op: str, size_bytes: float) -> Choice:
+    """The pair NCCL runs at this size: the fastest one the skips leave."""
+    found, index = choose(params, lv, op, [size_bytes])
+    pair = found[int(index[0])]
+    return Choice(float(pair.times_ns[0]), pair.latency_ns, pair.algorithm, pair.protocol)
+
+
+def collective_ns(topology: Topology, dims, op: str, size_bytes: float) -> Choice:
     """The NCCL-like time, algorithm and protocol of a collective of size_bytes per NPU on dims."""
     params = topology.nccl if topology.nccl is not None else NcclParams()
     return best(params, levels(topology, dims), op, size_bytes)
 
 
-def plan_collective(plan) -> tuple[str, tuple[int, ...], int]:
-    """The collective of a chunk's stage plan ``((dim, op, full_elems), ...)``: op, dims, elements.
+def chunk_ns(topology: Topology, dims, op: str, call_bytes: float, chunk_bytes: float, first: bool) -> float:
+    """A chunk's share of its NCCL call: one call of ``call_bytes``, its latency paid by the first chunk.
 
-    RS stages then AG stages (or one AR stage) make an all-reduce; RS alone a reduce-scatter;
-    AG alone an all-gather. The elements are the chunk's (the largest stage's).
+    The call runs the pair chosen for its whole size; NCCL pipelines its own chunks, so C chunks
+    of one collective take the call's time together (C calls would pay the latency C times).
     """
-    ops = {op for _, op, _ in plan}
+    whole = collective_ns(topology, dims, op, call_bytes)
+    transfer = (whole.time_ns - whole.latency_ns) * chunk_bytes / call_bytes if call_bytes else 0.0
+    return transfer + (whole.latency_ns if first else 0.0)
+
+
+CALL = "call"  # the marker a flat topology's chunk plan ends with: ("call", call elements, first chunk)
+
+
+def plan_collective(plan) -> tuple[str, tuple[int, ...], int, int, bool]:
+    """The collective of a chunk's stage plan ``((dim, op, full_elems), ..., [("call", elems, first)])``.
+
+    Returns the op, its dims, the chunk's elements (the largest stage's), the whole call's
+    elements and whether this is the call's first chunk (a plan without the marker is a whole
+    call). RS stages then AG stages (or one AR stage) make an all-reduce; RS alone a
+    reduce-scatter; AG alone an all-gather; A2A stages an all-to-all.
+    """
+    call = [item for item in plan if item[0] == CALL]
+    stages = [item for item in plan if item[0] != CALL]
+    ops = {op for _, op, _ in stages}
     if "AR" in ops or ops == {"RS", "AG"}:
         op = ALL_REDUCE
     elif ops == {"RS"}:
         op = REDUCE_SCATTER
     elif ops == {"AG"}:
         op = ALL_GATHER
+    elif ops == {"A2A"}:
+        op = ALL_TO_ALL
     else:
-        raise ValueError(
-            f"the NCCL-like model times all_reduce, reduce_scatter and all_gather, not {sorted(ops)}"
-        )
-    return op, tuple(sorted({d for d, _, _ in plan})), max(full for _, _, full in plan)
+        raise ValueError(f"the NCCL-like model times one collective per chunk, not {sorted(ops)}")
+    elems = max(full for _, _, full in stages)
+    whole, first = (call[0][1], call[0][2]) if call else (elems, True)
+    return op, tuple(sorted({d for d, _, _ in stages})), elems, whole, first

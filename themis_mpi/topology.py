@@ -142,20 +142,33 @@ class Dim:
 
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-NCCL_ALGOS = ("Ring", "Tree", "NVLS", "NVLSTree")
+NCCL_ALGOS = ("Ring", "Tree", "NVLS", "NVLSTree")  # NCCL's; the default
+ALL_ALGOS = (*NCCL_ALGOS, "MSCCL")  # and RCCL's one-shot (`nccl`)
+# The most of the wire a protocol can carry: LL sends 4 B of data per 8 B (a flag per word), LL128
+# 120 B per 128 B line; Simple all of it.
+PROTOCOL_CAPS = (0.5, 120 / 128, 1.0)
+NCCL_SKIPPABLE = ("tree", "nvls", "nvlstree", "msccl", "ll", "ll128", "simple")
+MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 
 
 @dataclass(frozen=True)
 class NcclParams:
-    """Protocol parameters of the NCCL-like model (`nccl`), written ``NCCL(...)`` in a topology.
+    """Parameters of the NCCL-like model (`nccl`), written ``NCCL(...)`` in a topology.
 
     Attributes:
         base_ns: base latency of a collective per protocol (LL, LL128, Simple), ns.
-        efficiency: share of the bus bandwidth each protocol reaches (Simple's is 1 by definition).
+        efficiency: share of the links' nominal rate each protocol reaches (at most LL 1/2,
+            LL128 120/128, Simple 1: the bytes each puts on the wire besides its flags).
         nvls_base_ns: base latency of NVLS and NVLS-Tree (Simple protocol), ns.
         nvls_efficiency: NVLS all-reduce algbw as a share of dim 0's bandwidth.
-        tree_efficiency: share of the across-node bandwidth a tree (Tree, NVLS-Tree) reaches.
         algos: the algorithms NCCL may pick (``NCCL_ALGO``); all by default.
+        tree_efficiency: share of the across-node bandwidth a tree (Tree, NVLS-Tree) reaches.
+        net_efficiency: share of the NICs' (dims 1 and up) nominal rate any algorithm reaches.
+        channels: the channels NCCL spreads a collective over (`nccl` doc: fewer at small sizes).
+        protocols: the protocols the library has (RCCL on gfx94x: no LL128).
+        rccl: AMD's RCCL: its per-step latencies, no tree correction.
+        skips: ``(item, lo_bytes, hi_bytes)``: sizes where an algorithm or protocol (lower-case
+            names of `NCCL_SKIPPABLE`) is not run, as a log shows NCCL's tuner choosing.
     """
 
     base_ns: tuple[float, float, float] = (6600.0, 14000.0, 8400.0)  # NCCL's Ring base latencies
@@ -164,61 +177,119 @@ class NcclParams:
     nvls_efficiency: float = 0.85
     algos: tuple[str, ...] = NCCL_ALGOS
     tree_efficiency: float = 1.0
+    net_efficiency: float = 1.0
+    channels: float = 16.0
+    protocols: tuple[str, ...] = PROTOCOLS
+    rccl: bool = False
+    skips: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self):
         if len(self.base_ns) != 3 or len(self.efficiency) != 3:
             raise UsageError("NCCL(...) needs a base latency and an efficiency for LL, LL128 and Simple")
-        for proto, base, eff in zip(PROTOCOLS, self.base_ns, self.efficiency):
+        for proto, base, eff, cap in zip(PROTOCOLS, self.base_ns, self.efficiency, PROTOCOL_CAPS):
             in_range(f"NCCL {proto} base latency", base, 0, MAX_LATENCY_NS, "ns")
-            in_range(f"NCCL {proto} efficiency", eff, MIN_INA_EFFICIENCY, 1.0)
+            in_range(f"NCCL {proto} efficiency", eff, MIN_INA_EFFICIENCY, cap)
         in_range("NCCL NVLS base latency", self.nvls_base_ns, 0, MAX_LATENCY_NS, "ns")
-        in_range("NCCL NVLS efficiency", self.nvls_efficiency, MIN_INA_EFFICIENCY, 2.0)
+        in_range("NCCL NVLS efficiency", self.nvls_efficiency, MIN_INA_EFFICIENCY, 1.0)
         in_range("NCCL tree efficiency", self.tree_efficiency, MIN_INA_EFFICIENCY, 1.0)
-        if not self.algos or any(a not in NCCL_ALGOS for a in self.algos):
-            raise UsageError(f"NCCL algos must be some of {'+'.join(NCCL_ALGOS)}, got {'+'.join(self.algos)}")
+        in_range("NCCL net efficiency", self.net_efficiency, MIN_INA_EFFICIENCY, 1.0)
+        in_range("NCCL channels", self.channels, 1.0, MAX_CHANNELS)
+        if not self.algos or any(a not in ALL_ALGOS for a in self.algos):
+            raise UsageError(f"NCCL algos must be some of {'+'.join(ALL_ALGOS)}, got {'+'.join(self.algos)}")
+        if "Simple" not in self.protocols or any(p not in PROTOCOLS for p in self.protocols):
+            raise UsageError(
+                f"NCCL protocols must be Simple and some of LL, LL128, got {'+'.join(self.protocols)}"
+            )
+        for item, lo, hi in self.skips:
+            if item not in NCCL_SKIPPABLE or not 0 < lo <= hi:
+                raise UsageError(
+                    f"NCCL skip {item}@{lo}-{hi}: name one of {', '.join(NCCL_SKIPPABLE)}, "
+                    "and sizes 0 < LO <= HI"
+                )
 
     def spec(self) -> str:
-        """``NCCL(ll=BASE:EFF,ll128=BASE:EFF,simple=BASE:EFF,nvls=BASE:EFF[,tree=EFF][,algos=A+B])``."""
+        """``NCCL(ll=BASE:EFF,ll128=BASE:EFF,simple=BASE:EFF,nvls=BASE:EFF[,tree=EFF][,net=EFF]...)``."""
         items = [f"{p.lower()}={b:g}:{e:g}" for p, b, e in zip(PROTOCOLS, self.base_ns, self.efficiency)]
         items.append(f"nvls={self.nvls_base_ns:g}:{self.nvls_efficiency:g}")
         if self.tree_efficiency != 1.0:
             items.append(f"tree={self.tree_efficiency:g}")
+        if self.net_efficiency != 1.0:
+            items.append(f"net={self.net_efficiency:g}")
+        if self.channels != NcclParams.channels:
+            items.append(f"ch={self.channels:g}")
+        if self.protocols != PROTOCOLS:
+            items.append("protos=" + "+".join(p.lower() for p in self.protocols))
+        if self.rccl:
+            items.append("rccl")
         if self.algos != NCCL_ALGOS:
             items.append("algos=" + "+".join(a.lower() for a in self.algos))
+        if self.skips:
+            items.append("skip=" + "+".join(f"{item}@{lo}-{hi}" for item, lo, hi in self.skips))
         return f"NCCL({','.join(items)})"
 
     @classmethod
     def parse(cls, text: str) -> NcclParams:
-        """The inside of ``NCCL(...)``: ``KEY=BASE_NS:EFF`` (ll, ll128, simple, nvls), ``algos=ring+tree``."""
+        """The inside of ``NCCL(...)``.
+
+        Keys: ``ll``, ``ll128``, ``simple``, ``nvls`` (``=BASE_NS:EFF``), ``tree=EFF``, ``net=EFF``,
+        ``ch=N``, ``protos=ll+simple``, ``rccl``, ``algos=ring+tree``, ``skip=ITEM@LO-HI+...``.
+        """
         base, eff = list(cls.base_ns), list(cls.efficiency)
         nvls = [cls.nvls_base_ns, cls.nvls_efficiency]
-        algos: tuple[str, ...] = NCCL_ALGOS
-        tree = 1.0
-        names = {a.lower(): a for a in NCCL_ALGOS}
+        values: dict = {}
+        names = {a.lower(): a for a in ALL_ALGOS}
         for field in filter(None, (f.strip() for f in text.split(","))):
             key, _, value = field.partition("=")
             key = key.strip().lower()
-            if key == "algos":
+            if key in ("algos", "protos"):
+                table = names if key == "algos" else {p.lower(): p for p in PROTOCOLS}
                 try:
-                    algos = tuple(names[a.strip().lower()] for a in value.split("+"))
+                    values[key] = tuple(table[a.strip().lower()] for a in value.split("+"))
                 except KeyError:
-                    raise UsageError(
-                        f"NCCL algos must be some of {'+'.join(NCCL_ALGOS)}, got {value!r}"
-                    ) from None
-                continue
-            if key == "tree":
-                tree = _number(value, key, field)
-                continue
-            lat_text, _, eff_text = value.partition(":")
-            lat, efficiency = _number(lat_text, key, field), _number(eff_text or "nan", key, field)
-            if key in ("ll", "ll128", "simple"):
-                i = ("ll", "ll128", "simple").index(key)
-                base[i], eff[i] = lat, efficiency
-            elif key == "nvls":
-                nvls = [lat, efficiency]
+                    raise UsageError(f"NCCL {key} must be some of {'+'.join(table)}, got {value!r}") from None
+            elif key in ("tree", "net", "ch"):
+                values[key] = _number(value, key, field)
+            elif key == "rccl":
+                values[key] = value.strip() in ("", "1")
+            elif key == "skip":
+                values[key] = tuple(_skip(item, field) for item in value.split("+"))
+            elif key in ("ll", "ll128", "simple", "nvls"):
+                lat_text, _, eff_text = value.partition(":")
+                lat, efficiency = _number(lat_text, key, field), _number(eff_text or "nan", key, field)
+                if key == "nvls":
+                    nvls = [lat, efficiency]
+                else:
+                    i = ("ll", "ll128", "simple").index(key)
+                    base[i], eff[i] = lat, efficiency
             else:
-                raise UsageError(f"unknown NCCL(...) key {key!r}; use ll, ll128, simple, nvls, tree or algos")
-        return cls((base[0], base[1], base[2]), (eff[0], eff[1], eff[2]), nvls[0], nvls[1], algos, tree)
+                raise UsageError(
+                    f"unknown NCCL(...) key {key!r}; use ll, ll128, simple, nvls, tree, net, ch, protos, "
+                    "rccl, algos or skip"
+                )
+        return cls(
+            (base[0], base[1], base[2]),
+            (eff[0], eff[1], eff[2]),
+            nvls[0],
+            nvls[1],
+            values.get("algos", NCCL_ALGOS),
+            values.get("tree", 1.0),
+            values.get("net", 1.0),
+            values.get("ch", cls.channels),
+            values.get("protos", PROTOCOLS),
+            values.get("rccl", False),
+            values.get("skip", ()),
+        )
+
+
+def _skip(text: str, field: str) -> tuple[str, int, int]:
+    """``ITEM@LO-HI`` (bytes) of an NCCL(...) skip."""
+    item, _, sizes = text.strip().partition("@")
+    lo, _, hi = sizes.partition("-")
+    if not lo.strip().isdigit() or not hi.strip().isdigit():
+        raise UsageError(
+            f"bad NCCL skip {text.strip()!r} in {field!r}: write ITEM@LO-HI in bytes, e.g. nvls@8-512"
+        )
+    return item.strip().lower(), int(lo), int(hi)
 
 
 @dataclass(frozen=True)
@@ -579,12 +650,65 @@ def from_link_bandwidths(topology: Topology) -> Topology:
     return replace(topology, dims=dims)
 
 
+@dataclass(frozen=True)
+class FitFile:
+    """A fit that ``calibrate --json`` wrote, as ``-t`` reads it.
+
+    Attributes:
+        topology: the fitted topology (what ``-t`` takes).
+        chunks: the chunk count the fit assumes: ``-c`` when the command line gives none.
+        args: further options the fit needs (none for calibrate's fits: the topology says all).
+    """
+
+    topology: str
+    chunks: int
+    args: tuple[str, ...] = ()
+
+
+MAX_FIT_BYTES = 64 * 2**20
+
+
+def read_fit(path: str) -> FitFile | None:
+    """The fit in a ``calibrate --json`` file, or None for a path that is no JSON file.
+
+    A JSON file that is no fit (no ``topology`` string, a bad ``chunks``) gets one line.
+    """
+    if not (path.endswith(".json") or os.path.isfile(path)):
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FIT_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"cannot read topology file {path}: {exc.strerror or exc}") from None
+    if not raw.lstrip()[:1] == b"{":
+        return None
+    import json  # only fit files pay for it
+
+    try:
+        doc = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_FIT_BYTES else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"{path}: not a calibrate --json file ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
+        raise UsageError(f"{path}: a JSON file but not a calibrate --json fit (no 'topology' string)")
+    chunks = doc.get("chunks", 1)
+    args = doc.get("args", [])
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise UsageError(f"{path}: 'chunks' must be a whole number >= 1, got {chunks!r}")
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{path}: 'args' must be a list of option strings")
+    return FitFile(doc["topology"], chunks, tuple(args))
+
+
 def parse_topology(text: str) -> Topology:
-    """A preset name, an inline string, or a path to an ASTRA-sim YAML file."""
+    """A preset name, an inline string, a ``calibrate --json`` fit or a path to an ASTRA-sim YAML file."""
     if len(text) > MAX_TOPOLOGY_CHARS:
         raise UsageError(f"topology {_shown(text)} is too long (at most {MAX_TOPOLOGY_CHARS} characters)")
     if text in PRESETS:
         return _preset(PRESETS[text], text)
+    fit = read_fit(text) if not text.endswith((".yml", ".yaml")) else None
+    if fit is not None:
+        parsed = parse_inline(fit.topology)
+        return Topology(parsed.dims, os.path.basename(text), parsed.ports, parsed.nccl)
     if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
         return parse_yaml(text)
     if _SHAPE.match(text):

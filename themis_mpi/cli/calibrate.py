@@ -30,8 +30,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     log = read_nccl_log(args.log, args.op, args.npus, args.table)
     if args.algorithm.lower() == "nccl":
         base = read_base(args.base) if args.base else None
-        in_range("--link-gbps", args.link_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS)
-        flat = fit_nccl(log, base, kind, parse_algos(args.nccl_algo), link_gbps=args.link_gbps)
+        for flag, value in (("--link-gbps", args.link_gbps), ("--nic-gbps", args.nic_gbps)):
+            if value is not None:
+                in_range(flag, value, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS)
+        if args.gpus_per_node is not None:
+            in_range("--gpus-per-node", args.gpus_per_node, 1, 2**20)
+        flat = fit_nccl(
+            log,
+            base,
+            parse_algos(args.nccl_algo),
+            link_gbps=args.link_gbps,
+            nic_gbps=args.nic_gbps,
+            gpus_per_node=args.gpus_per_node,
+        )
         print(format_nccl_fit(log, flat))
         doc = flat.to_dict()
     else:

@@ -21,8 +21,9 @@ from ..network import IDEAL, STORE_FORWARD
 from ..output import STDOUT, check_output_path
 from ..policies import InterPolicy, default_partition_mib
 from ..run.sweep import policy_configs
-from ..topology import Topology, from_link_bandwidths, parse_topology
+from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
+from .parser import DefaultInt, DefaultList
 
 
 def split_list(text: str) -> list[str]:
@@ -43,10 +44,30 @@ def split_list(text: str) -> list[str]:
 
 
 def read_topology(spec: str, args: argparse.Namespace) -> Topology:
-    """A -t item; under --compat astra-sim-2 a YAML file's bandwidths are per link."""
+    """A -t item; under --compat astra-sim-2 a YAML file's bandwidths are per link.
+
+    A ``calibrate --json`` fit brings its chunk count where ``-c`` was not given (the first fit
+    of a list sets it for all).
+    """
+    fit = read_fit(spec)
+    if fit is not None:
+        apply_fit(fit, args, spec)
     topo = parse_topology(spec)
-    yaml_file = spec.endswith((".yml", ".yaml")) or os.path.isfile(spec)
+    yaml_file = spec.endswith((".yml", ".yaml")) or (os.path.isfile(spec) and fit is None)
     return from_link_bandwidths(topo) if getattr(args, "compat", "") == ASTRA_SIM_2 and yaml_file else topo
+
+
+def apply_fit(fit: FitFile, args: argparse.Namespace, path: str) -> None:
+    """A fit's chunk count as ``-c`` when the command line gives none; its options, which must be none."""
+    if fit.args:
+        raise UsageError(
+            f"{path} asks for the options {' '.join(fit.args)}: give them on the command line with -t"
+        )
+    chunks = getattr(args, "chunks", None)
+    if isinstance(chunks, DefaultList):
+        args.chunks = [fit.chunks]
+    elif isinstance(chunks, DefaultInt):
+        args.chunks = fit.chunks
 
 
 def one_topology(args: argparse.Namespace, base: Topology | None = None) -> Topology:

@@ -22,6 +22,14 @@ from ..units import UNITS
 from ..version import __version__
 
 
+class DefaultList(list):
+    """A list default that argparse keeps as it is: a value the command line did not give."""
+
+
+class DefaultInt(int):
+    """An int default that argparse keeps as it is: a value the command line did not give."""
+
+
 def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
     def parse(text: str) -> list:
         items = [x.strip() for x in text.split(",")]
@@ -63,7 +71,11 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
 
 def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
-        "-c", "--chunks", type=_csv(int), default=[64], help="chunks per collective, a comma list sweeps (64)"
+        "-c",
+        "--chunks",
+        type=_csv(int),
+        default=DefaultList([64]),
+        help="chunks per collective, a comma list sweeps (64, or a calibrate fit's given as -t FIT.json)",
     )
     p.add_argument(
         "-p",
@@ -480,10 +492,12 @@ def _calibrate_parser(sub: Any) -> None:
     """`themis-mpi calibrate`."""
     p = sub.add_parser(
         "calibrate",
-        help="fit a dim's latency and bandwidth to an nccl-tests log",
-        description="Read an all_reduce_perf / all_gather_perf / reduce_scatter_perf table and fit the "
-        "latency and bandwidth of one dim of the log's NPU count, by least squares on time vs size; "
-        f"print the fitted topology and the error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
+        help="fit the NCCL-like model (or one dim) to an nccl-tests or rccl-tests log",
+        description="Read an nccl-tests or rccl-tests log as posted (all_reduce, all_gather, reduce_scatter, "
+        "alltoall; every table of it), take the machine from it and from the GPU table, and fit NCCL's or "
+        "RCCL's algorithms and protocols within physical bounds (or, with --algorithm ring..., one dim's "
+        "latency and bandwidth); print the fitted topology, the command that predicts each run and the "
+        f"error per size. Units: {UNITS}; nccl-tests' GB/s are 1e9 B/s.",
     )
     p.add_argument("log", metavar="LOG", help="nccl-tests output (text)")
     p.add_argument(
@@ -514,8 +528,17 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument(
         "--link-gbps",
         type=float,
-        default=450e9 / 2**30,
-        help="dim 0's nominal link rate, GB/s (default NVLink 4)",
+        default=None,
+        help="GPU-to-GPU rate each way, GB/s of 1e9 B (default: the GPU table's row for the log's GPU)",
+    )
+    p.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=None,
+        help="the NIC per GPU, GB/s of 1e9 B (default: the GPU's reference platform, e.g. 50 for 400 Gb/s)",
+    )
+    p.add_argument(
+        "--gpus-per-node", type=int, default=None, help="GPUs per node (default: from the log's host names)"
     )
     p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
 
@@ -580,7 +603,13 @@ def _workload_parser(sub: Any) -> None:
     _add_topology(p, "2x2x2")
     p.add_argument("--out", metavar="PREFIX", help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
-    p.add_argument("-c", "--chunks", type=int, default=4, help="chunks per collective for --run (default 4)")
+    p.add_argument(
+        "-c",
+        "--chunks",
+        type=int,
+        default=DefaultInt(4),
+        help="chunks per collective for --run (default 4, or a calibrate fit's given as -t FIT.json)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,372 @@
+"""Calibration of real machines (issue 47): fits of every shipped log, predictions, -t FIT.json, Themis.
+
+Each fit takes seconds, so these tests are `slow`; the per-log tables of the issue's bounds are
+`reference` tables (one test per log, every failing size printed). Logs live in
+tests/data/nccl-tests (copied from ../shared/hardware-logs with their sources).
+"""
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+from harness import DATA, ROOT
+
+from themis_mpi import api, nccl
+from themis_mpi.calibrate import fit_nccl, machine_of, per_dim, predict, read_nccl_log
+from themis_mpi.calibrate.ncclfit import PARAMS
+from themis_mpi.cli import main
+from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
+from themis_mpi.run.collective import model_collective
+from themis_mpi.topology import NcclParams, parse_topology
+
+pytestmark = pytest.mark.slow
+sys.path.insert(0, str(ROOT / "scripts"))
+from study_hardware import NCCL_PREDICTIONS  # noqa: E402
+
+LOGS = DATA / "nccl-tests"
+NAMES = sorted(p.name for p in LOGS.glob("*.txt"))
+# The issue's bounds on the held-out sizes from 64 KiB (median, 90th percentile, worst) and from 64 MiB
+BOUNDS = {"median_pct": 3.0, "p90_pct": 10.0, "worst_from_64KiB_pct": 15.0, "worst_from_64MiB_pct": 5.0}
+PARTIAL_PCT = 5.0
+# Logs whose fit misses a bound today, and why (strict: a log that starts to pass must leave this list).
+SHORT = {
+    "h100x16_2node_ib_issue309_qoofyk.txt": "64 MiB -8.4 % and 256 MiB -5.6 %: the log's ring is 25 % slower at "
+    "64 MiB than its 32 and 128 MiB let a line through, and NVLS-Tree's latency (about 200 us in the log) is "
+    "capped at 100 us",
+    "h100x16_2node_ib_ring_issue309_gjaion.txt": "128 MiB -5.4 %: the log's ring rate drops there and recovers",
+    "a100x16_2node_oci_roce.txt": "256 KiB -19 %: the log hands LL over to a tree there, the model at 512 KiB",
+    "gb200x8_2tray_mnnvl_NOHEADER.txt": "64 MiB -11 % (the log's 265 us is 30 % above the line through 32 and "
+    "128 MiB) and 1 GiB -8.7 % (NCCL still on Ring where the model's fastest is NVLS: a held-out size on "
+    "NCCL's own switch); median 3.5 %",
+    "mi300x8_1node_rccl.txt": "256 KiB +16 %: RCCL's one-shot MSCCL shares LL's parameters in the model",
+    "mi300x16_2node_roce_rccl.txt": "1 MiB -34 %: the log's 415 us there is 30 % above both neighbours (in "
+    "place too); 64 MiB +7 %",
+}
+MIB = 1 << 20
+_FITS: dict = {}
+
+
+def fitted(name: str):
+    """The log and its fit, computed once per test session."""
+    if name not in _FITS:
+        log = read_nccl_log(str(LOGS / name))
+        _FITS[name] = (log, fit_nccl(log))
+    return _FITS[name]
+
+
+def misses(run: dict) -> list[str]:
+    """Every size and figure of one run that breaks the issue's bounds, as printable lines."""
+    s, rows = run["summary"], run["rows"]
+    if not s["held_out"]:  # a partial run: fitted on all its sizes, each within 5 %
+        return [
+            f"{r['size_bytes']} B: {r['time_error_pct']:+.1f} %"
+            for r in rows
+            if abs(r["time_error_pct"]) > PARTIAL_PCT
+        ]
+    out = [f"{k} {s[k]:.1f} > {bound}" for k, bound in BOUNDS.items() if not s[k] <= bound]
+    judged = [r for r in rows if not r["fitted"] and r["size_bytes"] >= 64 << 10]
+    limit = {True: BOUNDS["worst_from_64MiB_pct"], False: BOUNDS["worst_from_64KiB_pct"]}
+    out += [
+        f"{r['size_bytes']} B: {r['time_error_pct']:+.1f} % ({r['algorithm']}/{r['protocol']})"
+        for r in judged
+        if abs(r["time_error_pct"]) > limit[r["size_bytes"] >= 64 * MIB]
+    ]
+    return out
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=SHORT[n])) if n in SHORT else n
+        for n in NAMES
+    ],
+)
+def test_each_log_fits_within_the_issue_s_bounds_on_its_held_out_sizes(name):
+    """Fitted on the even-indexed sizes, judged on the odd ones from 64 KiB (partial runs: all sizes, 5 %)."""
+    _, fit = fitted(name)
+    failing = [f"{run['label']}: {m}" for run in fit.runs for m in misses(run)]
+    assert not failing, "\n".join(failing)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_fitted_parameter_leaves_its_bounds_or_uses_an_algorithm_the_hardware_lacks(name):
+    """Every fitted value in its bounds (a value on one is reported), every chosen pair one the machine has."""
+    log, fit = fitted(name)
+    machine = machine_of(log)
+    for key, value in fit.fitted.items():
+        lo, hi = machine.link_bounds if key == "link_gbps" else PARAMS[key][:2]
+        assert lo * (1 - 1e-4) <= value <= hi * (1 + 1e-4), (key, value)
+        assert (key in fit.on_bounds) == (min(value - lo, hi - value) <= 0.005 * (hi - lo)), key
+    for run in fit.runs:
+        for r in run["rows"]:
+            assert r["algorithm"] in machine.algos and r["protocol"] in machine.protocols, r
+    if machine.rccl or machine.gpu in ("A100",):
+        assert "NVLS" not in fit.topology.lower() or "algos=" in fit.topology
+
+
+def _synthetic_log(tmp_path, topo, sizes, name: str) -> str:
+    """An nccl-tests all_reduce table of `topo`'s NCCL-like times, with Rank lines naming an H100."""
+    npus = topo.npus
+    lines = [f"#  Rank {k:2d} Group  0 Pid {100 + k} on node{k // 8} device {k % 8} [0x0{k % 8}] NVIDIA H100 80GB HBM3"
+             for k in range(npus)]  # fmt: skip
+    for s in sizes:
+        t_us = nccl.collective_ns(topo, range(len(topo.dims)), "all_reduce", s).time_ns / 1e3
+        algbw = s / t_us / 1e3
+        busbw = algbw * 2 * (npus - 1) / npus
+        lines.append(f"{s:>12} {s // 4:>12} float sum -1 {t_us:.6g} {algbw:.2f} {busbw:.2f} 0 "
+                     f"{t_us:.6g} {algbw:.2f} {busbw:.2f} 0")  # fmt: skip
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+SYNTHETIC = {  # nodes: (parameters, dims, NCCL_ALGO, the parameters the log identifies)
+    1: (
+        NcclParams(
+            (5000.0, 9000.0, 5000.0), (0.2, 0.7, 0.9), 95000.0, 0.55, channels=16
+        ),  # each pair 2+ sizes
+        "SW(8,419.095,600,nccl)",
+        "",
+        {"eff_LL": 0.2, "eff_LL128": 0.7, "eff_Simple": 0.9, "nvls_eff": 0.55, "base_LL": 5000.0},
+    ),
+    2: (
+        NcclParams(
+            (5000.0, 12000.0, 20000.0), (0.3, 0.5, 0.9), algos=("Ring",), channels=16, net_efficiency=0.8
+        ),
+        "SW(8,419.095,600,nccl)_SW(2,46.5661,10000,nccl)",
+        "NCCL_ALGO=Ring\n",
+        {"net_eff": 0.8},
+    ),
+}
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_synthetic_log_of_known_parameters_is_recovered_within_5_percent(tmp_path, nodes):
+    """A log made from known parameters is fitted back: every size within 3 %, the parameters within 5 %.
+
+    The parameters the log identifies: on one node each protocol's share and NVLS's, on two nodes
+    under NCCL_ALGO=Ring the NICs' share and the network step.
+    """
+    params, dims, env, want = SYNTHETIC[nodes]
+    truth = parse_topology(f"{dims}_{params.spec()}")
+    sizes = sorted(
+        {4 * round(2 ** (k / 2)) for k in range(2, 64)}
+    )  # -f 1.41: every regime has 3+ fitted sizes
+    path = _synthetic_log(tmp_path, truth, sizes, f"synthetic{nodes}.txt")
+    with open(path, "a") as f:
+        f.write(env)
+    fit = fit_nccl(read_nccl_log(path))
+    for r in fit.rows:
+        assert abs(r["time_error_pct"]) < 3.0, r
+    for key, value in want.items():
+        assert fit.fitted[key] == pytest.approx(value, rel=0.05), key
+    assert all(PARAMS[k][0] <= v <= PARAMS[k][1] for k, v in fit.fitted.items()), fit.fitted
+    for got, dim in zip(parse_topology(fit.topology).dims, truth.dims):
+        assert (got.kind, got.npus, got.bandwidth_gbps) == (dim.kind, dim.npus, dim.bandwidth_gbps)
+        assert got.latency_ns == pytest.approx(dim.latency_ns, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["h100x8_nvls_dgxc.txt", "h100x16_2node_ib_ring_issue309_gjaion.txt"])
+def test_the_model_command_calibrate_prints_and_t_fit_json_give_calibrate_s_times(tmp_path, capsys, name):
+    """`model -t TOPOLOGY -c CHUNKS ARGS -b S` and `model -t FIT.json -b S` (no -c) give every row's time."""
+    out = tmp_path / "fit.json"
+    assert main(["calibrate", str(LOGS / name), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc) >= {"topology", "chunks", "args", "rows", "fitted", "runs"} and doc["chunks"] == 1
+    capsys.readouterr()
+    for row in doc["rows"][::3]:
+        for topology, chunks in ((doc["topology"], ["-c", str(doc["chunks"]), *doc["args"]]), (str(out), [])):
+            args = [
+                "model",
+                "-t",
+                topology,
+                *chunks,
+                "-b",
+                str(row["size_bytes"]),
+                "-o",
+                doc["op"],
+                "-d",
+                "float32",
+            ]
+            assert main([*args, "-p", "baseline", "--json", str(tmp_path / "m.json")]) == 0
+            (model,) = json.loads((tmp_path / "m.json").read_text())
+            assert model["time_us"] == pytest.approx(row["model_us"], rel=1e-9) and model["chunks"] == 1
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name", ["h100x8_nvls_dgxc.txt", "h100x16_2node_ib_ring_issue309_gjaion.txt"])
+def test_a_calibrated_machine_in_64_chunks_at_64_mib_is_within_10_percent_of_the_log(tmp_path, name):
+    """-c 64 on a fit is one NCCL call in 64 chunks (its latency once): within 10 % of the measured 64 MiB."""
+    log, fit = fitted(name)
+    measured = next(r.time_us for r in log.rows if r.size_bytes == 64 * MIB)
+    (result,) = api.sweep(fit.topology, "64M", "baseline", 64, dtype="float32")
+    assert abs(result.time_us - measured) / measured < 0.10
+    path = tmp_path / "fit.json"
+    path.write_text(json.dumps(fit.to_dict()))
+    (again,) = api.sweep(str(path), "64M", "baseline", dtype="float32")  # the fit's 1 chunk: the same call
+    assert again.chunks == 1 and again.time_us == pytest.approx(result.time_us, rel=1e-9)
+
+
+def test_api_calibrate_is_calibrate():
+    """api.calibrate gives the CLI's fit of a log."""
+    log, fit = fitted("h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt")
+    assert (
+        api.calibrate(str(LOGS / "h100x8_reduce_scatter_ring_issue1047_PARTIAL.txt")).topology == fit.topology
+    )
+
+
+PAIRS = (
+    NCCL_PREDICTIONS  # one node -> more nodes, from different clusters of one product (MI325X: one cluster)
+)
+SHORT_PREDICTIONS = {
+    ("mi300x8_1node_rccl.txt", "mi300x16_2node_roce_rccl.txt", None): "256 MiB -12 %: the 2-node ring's "
+    "latency (about 300 us in the log) is not in the one-node fit or NCCL's nominal network step",
+    ("h100x8_nvls_dgxc.txt", "h100x16_2node_ib_issue309_qoofyk.txt", None): "256 MiB to 1 GiB -19 to -11 %: "
+    "NVLS-Tree on two nodes runs at 0.9 of one node's NVLS rate with about 200 us of latency",
+}
+
+
+def prediction(one: str, more: str, table):
+    """A multi-node log predicted from the one-node fit and the NIC's nominal rate only."""
+    if one == more:  # the one-node run of a log of several
+        base_log = read_nccl_log(str(LOGS / one), table=1)
+        base = fit_nccl(base_log)
+    else:
+        base = fitted(one)[1]
+    return predict(parse_topology(base.topology), read_nccl_log(str(LOGS / more), table=table))
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize(
+    "one,more,table",
+    [
+        pytest.param(*p, marks=pytest.mark.xfail(strict=True, reason=SHORT_PREDICTIONS[p]))
+        if p in SHORT_PREDICTIONS
+        else p
+        for p in PAIRS
+    ],
+    ids=lambda v: str(v),
+)
+def test_more_nodes_are_predicted_within_10_percent_from_256_mib(one, more, table):
+    """The one-node fit plus the NIC's nominal rate predict each size from 256 MiB within 10 %."""
+    p = prediction(one, more, table)
+    failing = [
+        f"{r['size_bytes']} B: {r['time_error_pct']:+.1f} % ({r['algorithm']})"
+        for r in p["rows"]
+        if r["size_bytes"] >= 256 * MIB and abs(r["time_error_pct"]) > 10
+    ]
+    assert not failing, "\n".join(failing)
+
+
+def test_a_per_dim_view_agrees_with_its_fit_at_one_chunk():
+    """On the 2-node fit, the view's one-chunk baseline and Themis take the flat time; its dims keep the fit's ratio."""
+    _, fit = fitted("h100x16_2node_ib_issue309_qoofyk.txt")
+    flat = parse_topology(fit.topology)
+    params = flat.nccl
+    for size in (64 * MIB, 1 << 30):
+        view = per_dim(flat, size)
+        want = nccl.collective_ns(flat, (0, 1), "all_reduce", size).time_ns / 1e3
+        for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
+            coll = Collective("all_reduce", size // 4, "float32", 1, (0, 1))
+            got = model_collective(view, coll, policy, RunConfig(intra=intra))[0].time_us
+            assert got == pytest.approx(want, rel=1e-6)
+        ratio = view.dims[0].bandwidth_gbps / view.dims[1].bandwidth_gbps
+        fit_ratio = (
+            params.efficiency[2]
+            * flat.dims[0].bandwidth_gbps
+            / (params.net_efficiency * flat.dims[1].bandwidth_gbps)
+        )
+        assert ratio == pytest.approx(fit_ratio)
+
+
+def test_the_issue_s_10_ms_case_is_themis_moving_a_whole_chunk_onto_the_slow_dim():
+    """1 GiB in 4 chunks on dims 11.7x apart: Themis's fourth chunk starts on dim 1 and carries all of itself there.
+
+    The tracker's loads (docs/design.md#themis) after three baseline chunks leave dim 1 less loaded,
+    so chunk 3 reduce-scatters its whole 256 MiB over the 2-NPU dim (128 MiB each way of RS and
+    AG) where a baseline chunk sends 32 MiB: 352 MiB on dim 1 instead of 128, and dim 1 alone
+    then needs longer than the baseline's whole collective.
+    """
+    topo = parse_topology("SW(8,419.095,600,ring)_SW(2,35.778,2047.4,ring)")
+    coll = Collective("all_reduce", (1 << 30) // 4, "float32", 4, (0, 1))
+    base, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    themis, engine = model_collective(topo, coll, "themis", RunConfig(intra="scf"))
+    orders = engine.collectives[0].orders.tolist()
+    assert orders == [[0, 1], [0, 1], [0, 1], [1, 0]]
+    chunk = (1 << 30) // 4
+    baseline_dim1 = 4 * (chunk // 8)  # each chunk's AR on dim 1: an RS and an AG of half its 32 MiB
+    assert base.dims[1].bytes == baseline_dim1
+    assert themis.dims[1].bytes == 3 * (chunk // 8) + chunk  # chunk 3: RS and AG of half of 256 MiB
+    dim1_us = themis.dims[1].bytes / (35.778 * 2**30) * 1e6
+    assert themis.time_us > dim1_us > base.time_us
+
+
+def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path):
+    """scripts/study_calibrated.py --quick gives docs/hardware/themis.json's rows for its logs."""
+    import subprocess
+
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "study_calibrated.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+        timeout=600,
+    )
+    new = json.loads((tmp_path / "themis.json").read_text())
+    shipped = json.loads((ROOT / "docs" / "hardware" / "themis.json").read_text())
+    assert new and all(row in shipped for row in new)
+    assert all(
+        math.isclose(r["baseline"], r["themis"]) for r in new if r["part"] == "flat" or r.get("chunks") == 1
+    )
+    assert np.isfinite([r["baseline"] for r in new]).all()
+
+
+def test_an_all_gather_log_is_fitted_and_model_o_all_gather_gives_its_times(tmp_path, capsys):
+    """An all_gather table (DGX's times, busbw 7/8 algbw): calibrate fits it, `model -o all_gather -b SIZE` agrees."""
+    out = []
+    for line in (LOGS / "h100x8_nvls_dgxc.txt").read_text().splitlines():
+        f = line.split()
+        if f and f[0].isdigit() and len(f) == 13:
+            f[3], f[7], f[11] = "none", f"{float(f[6]) * 7 / 8:.2f}", f"{float(f[10]) * 7 / 8:.2f}"
+            line = "  ".join(f)
+        out.append(line.replace("all_reduce", "all_gather"))
+    log = tmp_path / "ag.txt"
+    log.write_text("\n".join(out) + "\n")
+    fit_path = tmp_path / "ag.json"
+    assert main(["calibrate", str(log), "--json", str(fit_path)]) == 0
+    doc = json.loads(fit_path.read_text())
+    assert doc["op"] == "all_gather" and all(r["algorithm"] == "Ring" for r in doc["rows"])
+    for row in doc["rows"][10::6]:
+        args = [
+            "model",
+            "-t",
+            str(fit_path),
+            "-o",
+            "all_gather",
+            "-b",
+            str(row["size_bytes"]),
+            "-d",
+            "float32",
+        ]
+        assert main([*args, "-p", "baseline", "--json", str(tmp_path / "m.json")]) == 0
+        (model,) = json.loads((tmp_path / "m.json").read_text())
+        assert model["time_us"] == pytest.approx(row["model_us"], rel=1e-9)
+    capsys.readouterr()
+
+
+def test_a_multi_node_log_over_a_one_node_fit_fits_only_the_network(tmp_path, capsys):
+    """--base node.json: dim 0 and the protocol shares are the base's; the NICs' parameters are fitted."""
+    base = tmp_path / "node.json"
+    assert main(["calibrate", str(LOGS / "h100x8_nvls_dgxc.txt"), "--json", str(base)]) == 0
+    two = tmp_path / "two.json"
+    log = str(LOGS / "h100x16_2node_ib_ring_issue309_gjaion.txt")
+    assert main(["calibrate", log, "--base", str(base), "--json", str(two)]) == 0
+    node, doc = json.loads(base.read_text()), json.loads(two.read_text())
+    assert doc["topology"].startswith(node["topology"].split("_NCCL")[0] + "_SW(2,")
+    assert {"net_eff", "net_step"} <= set(doc["fitted"]) and "eff_Simple" not in doc["fitted"]
+    assert doc["prediction"] and len(doc["prediction"]["rows"]) == len(doc["rows"])
+    capsys.readouterr()
