@@ -265,7 +265,7 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line in one line, from rank 0 only."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args=None, namespace=None):
         return super().parse_known_args(_join_dash_values(sys.argv[1:] if args is None else args), namespace)
 
     def error(self, message: str):
