@@ -8,6 +8,7 @@ a subprocess); a valid-but-heavy input is refused by a documented cap.
 from __future__ import annotations
 
 import pytest
+from harness import ROOT
 
 from themis_mpi.cli.app import main
 
@@ -64,9 +65,13 @@ def test_values_that_start_with_a_dash_reach_their_check(capsys, argv, words):
 
 
 def test_a_bandwidth_list_of_dashes_keeps_every_default(capsys):
-    """`--bandwidth -,-,-` keeps each dim's bandwidth: the same rows as without it."""
-    argv = ["model", "-b", "1M", "-c", "4", "-q"]
-    assert ran(capsys, [*argv, "--bandwidth", "-,-,-"]).split()[-40:] == ran(capsys, argv).split()[-40:]
+    """`--bandwidth -,-,-` keeps each dim's bandwidth: the same rows as without it (wall_s aside)."""
+
+    def rows(extra: list[str]) -> list[list[str]]:
+        out = ran(capsys, ["model", "-b", "1M", "-c", "4", "-q", *extra])
+        return [line.split()[:-1] for line in out.splitlines() if not line.startswith("#")]
+
+    assert rows(["--bandwidth", "-,-,-"]) == rows([])
 
 
 @pytest.mark.parametrize(
@@ -101,3 +106,74 @@ def test_the_endpoint_model_under_astra_sim_2_names_astra_sim_2(capsys):
     """`--compat astra-sim-2 --hbm-gbps 100` names the compat given, not astra-sim-1.0."""
     err = refused(capsys, ["model", "--compat", "astra-sim-2", "--hbm-gbps", "100"], "--compat astra-sim-2")
     assert "astra-sim-1.0" not in err
+
+
+# --- SimAI workload files ----------------------------------------------------------------------------
+
+SIMAI_HEADER = (
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 2 ep: 1 pp: 1 vpp: 1 ga: {ga} all_gpus: 4 "
+    "checkpoints: 0 checkpoint_initiates: 0\n"
+)
+SIMAI_LINE = "l{i} -1 {fwd} ALLREDUCE {size} 1000 NONE 0 1000 ALLREDUCE 1048576 100\n"
+
+
+def simai_file(tmp_path, count="2", ga="1", fwd="1000", size="1048576", lines=2) -> str:
+    """A SimAI file of `lines` layer lines, the first with forward time `fwd` and size `size`."""
+    path = tmp_path / "w.txt"
+    body = [
+        SIMAI_LINE.format(i=i, fwd=fwd if i == 0 else 1000, size=size if i == 0 else 1) for i in range(lines)
+    ]
+    path.write_text(SIMAI_HEADER.format(ga=ga) + f"{count}\n" + "".join(body))
+    return str(path)
+
+
+def test_a_good_simai_file_is_read(tmp_path, capsys):
+    """The file the bad ones are made from is fine: its census counts both lines' collectives."""
+    out = ran(capsys, ["workload", "simai", simai_file(tmp_path)])
+    assert "DP     2  ALLREDUCE                2        2097152" in out
+
+
+@pytest.mark.parametrize(
+    ("field", "words"),
+    [
+        (dict(size="-1048576"), (":3:", "fwd collective bytes", "'-1048576'")),
+        (dict(size="1.5"), (":3:", "fwd collective bytes", "'1.5'")),
+        (dict(fwd="nan"), (":3:", "fwd compute time", "'nan'")),
+        (dict(fwd="-5"), (":3:", "fwd compute time", "'-5'")),
+        (dict(fwd="inf"), (":3:", "fwd compute time", "'inf'")),
+        (dict(ga="0"), (":1:", "header ga", "'0'")),
+        (dict(count="0"), (":2:", "the number of layers", "'0'")),
+        (dict(count="3"), ("the header says 3 layers, the file has 2",)),
+        (dict(count="1"), (":4:", "more layer lines than the 1 the header says")),
+    ],
+)
+def test_a_bad_simai_field_is_refused_naming_its_line_and_field(tmp_path, capsys, field, words):
+    """A negative size (dropped silently), a NaN or negative time (counted as 0), `ga: 0`: one line each."""
+    refused(capsys, ["workload", "simai", simai_file(tmp_path, **field)], *words)
+
+
+def test_a_binary_simai_file_is_refused(tmp_path, capsys):
+    """A file that is not text: one line naming the line and the byte (a UnicodeDecodeError traceback)."""
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"HYBRID_TRANSFORMER_FWD_IN_BCKWD \xff\xfe\x00\x8c\n" + bytes(range(256)) * 8)
+    refused(capsys, ["workload", "simai", str(path)], ":1:", "not text", "0xff")
+
+
+def test_a_5000_digit_layer_count_is_not_echoed_whole(tmp_path, capsys):
+    """A 4,000- or 5,000-digit count: one short line (the count was echoed whole)."""
+    for digits in (4000, 5000):
+        err = refused(capsys, ["workload", "simai", simai_file(tmp_path, count="9" * digits)], ":2:")
+        assert len(err) < 300, err
+
+
+def test_a_million_layer_simai_file_is_refused_by_the_cap(tmp_path, capsys):
+    """A 10^6-layer file (it ran past 60 s) is refused at its line 2 by the documented cap."""
+    from themis_mpi.workloads.simai import MAX_SIMAI_LINES
+
+    path = tmp_path / "big.txt"
+    with open(path, "w") as f:
+        f.write(SIMAI_HEADER.format(ga=1) + "1000000\n")
+        f.writelines(SIMAI_LINE.format(i=i, fwd=1000, size=1) for i in range(1_000_000))
+    refused(capsys, ["workload", "simai", str(path)], ":2:", f"between 1 and {MAX_SIMAI_LINES}", "a cap")
+    page = " ".join((ROOT / "docs" / "workloads.md").read_text().split())
+    assert f"more than {MAX_SIMAI_LINES:,} layer lines is refused" in page  # the cap is documented
