@@ -7,8 +7,13 @@ a subprocess); a valid-but-heavy input is refused by a documented cap.
 
 from __future__ import annotations
 
+import gzip
+import resource
+import subprocess
+import sys
+
 import pytest
-from harness import ROOT
+from harness import DATA, ROOT
 
 from themis_mpi.cli.app import main
 
@@ -177,3 +182,46 @@ def test_a_million_layer_simai_file_is_refused_by_the_cap(tmp_path, capsys):
     refused(capsys, ["workload", "simai", str(path)], ":2:", f"between 1 and {MAX_SIMAI_LINES}", "a cap")
     page = " ".join((ROOT / "docs" / "workloads.md").read_text().split())
     assert f"more than {MAX_SIMAI_LINES:,} layer lines is refused" in page  # the cap is documented
+
+
+# --- Chakra traces and their communicator groups ----------------------------------------------------
+
+PYTORCH_ET = str(DATA / "chakra-pytorch" / "chakra.0.et.gz")
+
+
+@pytest.mark.parametrize("members", ["[true, false]", "[0, 1.0]", "[]", '"01"'])
+def test_a_communicator_group_of_non_integers_is_refused(tmp_path, capsys, members):
+    """`{"7": [true, false]}` was taken as NPUs [1, 0]: a group lists integers."""
+    path = tmp_path / "groups.json"
+    path.write_text('{"7": ' + members + "}")
+    refused(capsys, ["train", PYTORCH_ET, "--comm-group", str(path)], "group '7'", "NPU ids (integers)")
+
+
+def zeros_gz(path, mib: int) -> str:
+    """`mib` MiB of zero bytes, gzipped (a few KB on disk)."""
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        for _ in range(mib):
+            f.write(bytes(1 << 20))
+    return str(path)
+
+
+def test_a_gzip_of_zeros_is_refused_at_its_first_node(tmp_path, capsys):
+    """16 MiB of zeros decode to millions of empty records (it ran past 60 s): refused at the first."""
+    path = zeros_gz(tmp_path / "zeros.et.gz", 16)
+    refused(capsys, ["train", path], "byte 2: node 0", "an empty record")
+    refused(capsys, ["convert", path, str(tmp_path / "z.txt")], "an empty record")
+
+
+def test_a_gzip_of_zeros_is_refused_under_a_6_gb_address_limit(tmp_path):
+    """32 MiB of zeros in a process limited to 6 GB of address space: one line, exit 2."""
+    path = zeros_gz(tmp_path / "zeros.et.gz", 32)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "themis_mpi", "train", path],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "an empty record" in proc.stderr
