@@ -225,3 +225,23 @@ def test_a_gzip_of_zeros_is_refused_under_a_6_gb_address_limit(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "an empty record" in proc.stderr
+
+
+# --- YAML topologies -----------------------------------------------------------------------------------
+
+NET_YAML = "topology: [{kind}]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n"
+
+
+def test_a_duplicate_yaml_key_is_refused(tmp_path, capsys):
+    """A key given twice kept its last value silently; now one line naming the key and its line."""
+    path = tmp_path / "net.yml"
+    path.write_text(NET_YAML.format(kind="Ring") + "npus_count: [8]\n")
+    refused(capsys, ["model", "-t", str(path)], "line 5", "'npus_count' appears twice")
+
+
+def test_a_megabyte_yaml_kind_is_not_echoed_whole(tmp_path, capsys):
+    """A 1 MB kind is quoted by its start and its length (it was echoed whole)."""
+    path = tmp_path / "net.yml"
+    path.write_text(NET_YAML.format(kind="R" * 1_000_000))
+    err = refused(capsys, ["model", "-t", str(path)], "unknown topology kind", "(1000000 characters)")
+    assert len(err) < 300
