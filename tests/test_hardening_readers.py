@@ -8,6 +8,7 @@ a subprocess); a valid-but-heavy input is refused by a documented cap.
 from __future__ import annotations
 
 import gzip
+import json
 import resource
 import subprocess
 import sys
@@ -245,3 +246,85 @@ def test_a_megabyte_yaml_kind_is_not_echoed_whole(tmp_path, capsys):
     path.write_text(NET_YAML.format(kind="R" * 1_000_000))
     err = refused(capsys, ["model", "-t", str(path)], "unknown topology kind", "(1000000 characters)")
     assert len(err) < 300
+
+
+# --- plot inputs, analyze --plot ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sweep_files(tmp_path_factory):
+    """A small model sweep written as --json, --jsonl and --csv."""
+    folder = tmp_path_factory.mktemp("sweep")
+    out = {fmt: folder / f"s.{fmt}" for fmt in ("json", "jsonl", "csv")}
+    args = ["model", "-b", "1K", "-e", "4K", "-c", "4", "-q"]
+    assert main([*args, *(x for fmt, p in out.items() for x in (f"--{fmt}", str(p)))]) == 0
+    return out
+
+
+def test_plot_reads_a_jsonl_file_as_json_lines(tmp_path, capsys, sweep_files):
+    """A --jsonl file is read as JSON Lines (it was read as CSV, and a whole row was dumped in the error)."""
+    out = tmp_path / "s.png"
+    assert "time against size" in ran(
+        capsys, ["plot", str(sweep_files["jsonl"]), "--y", "time", "--out", str(out)]
+    )
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    err = refused(capsys, ["plot", str(sweep_files["jsonl"]), "--y", "nope"], "row 1 has no column 'nope'")
+    assert len(err) < 300, err
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "axis", "words"),
+    [
+        ("size_bytes", 0, [], ("row 2: size_bytes '0'", "positive", "logarithmic")),
+        ("size_bytes", -5, [], ("row 2: size_bytes '-5'", "positive")),
+        ("size_bytes", float("nan"), [], ("row 2: size_bytes 'nan'",)),
+        ("time_us", -1.0, ["--y", "time"], ("row 2: time_us '-1.0'", "positive")),
+        ("busbw_gbps", float("inf"), [], ("row 2: busbw_gbps 'inf'", "a finite number")),
+        ("busbw_gbps", "x" * 10_000, [], ("row 2: busbw_gbps", "(10000 characters)")),
+    ],
+)
+def test_plot_refuses_values_its_axes_cannot_take(tmp_path, capsys, sweep_files, column, value, axis, words):
+    """A size <= 0 on a log scale was matplotlib's traceback; NaN, inf and text are one line too."""
+    rows = json.loads(sweep_files["json"].read_text())
+    rows[1][column] = value
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    refused(capsys, ["plot", str(path), *axis], *words)
+
+
+def test_plot_names_a_bad_json_line(tmp_path, capsys):
+    """A JSON Lines file with a broken line: one line naming it."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"size_bytes": 1}\n{"size_bytes": \n')
+    refused(capsys, ["plot", str(path)], "rows.jsonl:2: not a JSON row")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a tmpfs of the given options at a fresh folder (root only); skip when mounting is not allowed."""
+    mounted = []
+
+    def mount(options: str):
+        where = tmp_path / f"fs{len(mounted)}"
+        where.mkdir()
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True
+        )
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip() or proc.returncode}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", str(where)], capture_output=True)
+
+
+def test_analyze_plot_on_a_read_only_file_system_is_one_line(tmp_path, capsys, tmpfs):
+    """`analyze --plot` into a read-only file system: one line before any work (it was an OSError traceback)."""
+    trace = tmp_path / "t.h5"
+    assert main(["model", "-b", "1M", "-c", "4", "-q", "--trace", str(trace)]) == 0
+    read_only = tmpfs("size=1m,ro")
+    capsys.readouterr()
+    for target in (read_only, read_only / "new" / "dir"):
+        refused(capsys, ["analyze", str(trace), "--plot", str(target)], "cannot write --plot", "not writable")

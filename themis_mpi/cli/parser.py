@@ -534,11 +534,11 @@ def _plot_parser(sub: Any) -> None:
     """`themis-mpi plot`."""
     p = sub.add_parser(
         "plot",
-        help="plot a sweep's rows (--csv or --json of run, model or train)",
+        help="plot a sweep's rows (--csv, --json or --jsonl of run, model or train)",
         description="One line per value of --hue, --y against --x. Short names: size, time, ideal, busbw, "
         "algbw, util, chunks, iteration; any other column by its name.",
     )
-    p.add_argument("rows", metavar="ROWS", help="a --csv or --json file of run, model or train")
+    p.add_argument("rows", metavar="ROWS", help="a --csv, --json or --jsonl file of run, model or train")
     p.add_argument("--x", default="size", help="the x axis (default size)")
     p.add_argument("--y", default="busbw", help="the y axis (default busbw)")
     p.add_argument("--hue", default="policy", help="one line per value of this column (default policy)")
