@@ -7,8 +7,10 @@ a subprocess); a valid-but-heavy input is refused by a documented cap.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -328,3 +330,133 @@ def test_analyze_plot_on_a_read_only_file_system_is_one_line(tmp_path, capsys, t
     capsys.readouterr()
     for target in (read_only, read_only / "new" / "dir"):
         refused(capsys, ["analyze", str(trace), "--plot", str(target)], "cannot write --plot", "not writable")
+
+
+# --- streams that lose nothing: --jsonl on a full disk ---------------------------------------------
+
+GRID = ["model", "-t", "2x2x2,4x2", "-b", "1K", "-e", "1M", "-f", "4", "-c", "4", "-p", "all", "-q"]
+
+
+def whole_rows(path) -> list[dict]:
+    """Every line of a JSON Lines file, each a whole row (a torn one fails here)."""
+    text = path.read_text()
+    assert text.endswith("\n"), text[-200:]
+    return [json.loads(line) for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_jsonl_on_a_full_16k_tmpfs_is_one_line_and_whole_rows(capsys, tmpfs, workers):
+    """A 16 KiB tmpfs fills mid-sweep: one line, exit 2, every line of the file a whole row."""
+    path = tmpfs("size=16k") / "rows.jsonl"
+    err = refused(
+        capsys, [*GRID, "--workers", workers, "--jsonl", str(path)], "No space left on device", "whole"
+    )
+    rows = whole_rows(path)
+    assert 0 < len(rows) < 72 and f"its {len(rows)} rows so far are whole" in err
+    assert [r["sweep_cell"] for r in rows] == list(range(len(rows)))
+
+
+def test_jsonl_on_a_disk_that_fills_mid_row_cuts_the_torn_row(tmp_path, capsys, monkeypatch):
+    """Without a tmpfs: a file system that takes part of a row and then fails (ENOSPC), faked."""
+    import errno
+
+    from themis_mpi import output
+
+    real_write, budget = os.write, [9000]
+
+    def full_disk(fd: int, data) -> int:
+        if fd <= 2:
+            return real_write(fd, data)
+        if budget[0] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data[: budget[0]]))  # a short write: what fits
+        budget[0] -= n
+        return n
+
+    path = tmp_path / "rows.jsonl"
+    monkeypatch.setattr(output.os, "write", full_disk)
+    refused(capsys, [*GRID, "--jsonl", str(path)], "No space left on device", "torn last one was cut off")
+    monkeypatch.undo()
+    rows = whole_rows(path)
+    assert 0 < len(rows) < 72
+    again = ran(capsys, [*GRID, "--jsonl", str(path), "--resume"])  # the disk has room again
+    assert f"# resumed: {len(rows)} of 72 cells in the files" in again
+    assert [r["sweep_cell"] for r in whole_rows(path)] == list(range(72))
+
+
+# --- --resume checks every row it keeps ------------------------------------------------------------
+
+
+def same_rows(a: list[dict], b: list[dict]) -> bool:
+    """Rows equal but for this machine's wall-clock columns."""
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_s", "decision_s")} for r in rows]  # noqa: E731
+    return strip(a) == strip(b)
+
+
+@pytest.fixture(scope="module")
+def full_sweep(tmp_path_factory):
+    """The 72 rows of GRID, uninterrupted, as JSON Lines."""
+    path = tmp_path_factory.mktemp("full") / "rows.jsonl"
+    assert main([*GRID, "--jsonl", str(path)]) == 0
+    return whole_rows(path)
+
+
+def test_resume_drops_forged_rows_rewrites_the_file_and_says_how_many(tmp_path, capsys, full_sweep):
+    """Negative, NaN and infinite values, a cell outside the sweep, rows written twice: all dropped.
+
+    70 rows for a 66-cell sweep: the file is rewritten without them, one line says how many, and
+    the sweep ends as the uninterrupted one.
+    """
+    rows = [dict(r) for r in full_sweep[:66]]
+    rows[0]["time_us"], rows[1]["time_us"], rows[2]["busbw_gbps"] = -5.0, float("nan"), float("inf")
+    rows += [dict(r) for r in rows[10:13]] + [{**rows[20], "sweep_cell": 500}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([*GRID, "--jsonl", str(path), "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "dropped 10 of 70 rows" in err, err
+    assert "a negative or non-finite number: 3" in err and "a repeated cell: 6" in err
+    assert "outside the sweep's 72 cells: 1" in err
+    assert "# resumed: 60 of 72 cells in the files, 12 left" in out
+    assert same_rows(whole_rows(path), full_sweep)
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_resume_checks_json_and_csv_rows_too(tmp_path, capsys, full_sweep, fmt):
+    """A NaN or negative value in a --json or --csv file is dropped and the file rewritten without it."""
+    path = tmp_path / f"rows.{fmt}"
+    assert main([*GRID, f"--{fmt}", str(path)]) == 0
+    text = path.read_text()
+    if fmt == "json":
+        rows = json.loads(text)
+        rows[3]["time_us"], rows[4]["dims"][0]["busy_us"] = float("nan"), -1.0
+        path.write_text(json.dumps(rows[:40]))
+    else:
+        table = list(csv.reader(text.splitlines()))
+        time, busbw = table[0].index("time_us"), table[0].index("busbw_gbps")
+        table[4][time], table[5][busbw] = "-3.5", "nan"
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows(table[:41])
+    capsys.readouterr()
+    assert main([*GRID, f"--{fmt}", str(path), "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert "dropped 2 of 40 rows" in err and "a negative or non-finite number: 2" in err, err
+    assert "# resumed: 38 of 72 cells in the files, 34 left" in out
+
+
+def test_a_resume_file_nested_100000_deep_is_one_line(tmp_path, capsys):
+    """JSON nested 100,000 deep in a --resume file was a RecursionError traceback."""
+    for fmt in ("json", "jsonl"):
+        path = tmp_path / f"deep.{fmt}"
+        path.write_text("[" * 100_000 + "]" * 100_000 + ("\n{}\n" if fmt == "jsonl" else ""))
+        refused(capsys, [*GRID, f"--{fmt}", str(path), "--resume"], "cannot resume from", str(path))
+
+
+def test_fresh_rows_pass_the_row_check(full_sweep):
+    """The one row check keeps every row a sweep writes (else --resume would run good cells again)."""
+    from themis_mpi.results import flat_row
+    from themis_mpi.run.sweep import check_row
+
+    assert [check_row(flat_row(r)) for r in full_sweep] == [None] * 72
+    assert check_row(flat_row({**full_sweep[0], "time_us": -1.0})) is not None
+    assert check_row({"time_us": "nan"}) is not None and check_row({"time_us": "12.5"}) is None
