@@ -460,3 +460,71 @@ def test_fresh_rows_pass_the_row_check(full_sweep):
     assert [check_row(flat_row(r)) for r in full_sweep] == [None] * 72
     assert check_row(flat_row({**full_sweep[0], "time_us": -1.0})) is not None
     assert check_row({"time_us": "nan"}) is not None and check_row({"time_us": "12.5"}) is None
+
+
+# --- workload gpt and simai: shape flags and the cap ----------------------------------------------
+
+GPT = ["workload", "gpt", "--layers", "8", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "10"]
+GPT += ["-t", "SW(1,100,1)"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--layers", "1000000000"], ("--layers", "1000000000")),
+        (["--layers", "1000000"], ("at most 1000000", "--layers")),
+        (["--global-batch", "1000000000"], ("1000000000 micro-batches", "at most 1000000", "--global-batch")),
+        (["--bytes-per-element", "0"], ("--bytes-per-element", "got 0")),
+        (["--vocab", "0"], ("--vocab must be >= 1",)),
+        (["--ffn", "0"], ("--ffn must be >= 1",)),
+        (["--dp", "0"], ("--dp must be", "got 0")),
+        (["--hidden", "-4"], ("--hidden", "got -4")),
+        (["--peak-tflops", "nan"], ("--peak-tflops", "nan")),
+        (["--efficiency", "inf"], ("--efficiency", "inf")),
+        (["--seq", "16777216", "--micro-batch", "1048576", "--global-batch", "1048576"], ("bytes in one",)),
+        (["--schedule", "interleaved:100000"], ("interleaved:V",)),
+    ],
+)
+def test_workload_gpt_refuses_every_shape_flag_out_of_range(capsys, flags, words):
+    """One line naming the flag, before anything is built.
+
+    1e9 layers or a global batch of 1e9 built past 60 s; 0 bytes per element, vocab or ffn were
+    taken; DP 0 was reported as the global batch.
+    """
+    err = refused(capsys, [*GPT, *flags], *words)
+    assert "--global-batch" not in err or "--global-batch" in flags or "micro-batches" in err
+
+
+def test_workload_gpt_out_is_capped_as_convert_is(tmp_path, capsys):
+    """`--out` of 1,024 ranks of GPT-3 writes more than an ET file's cap in all: refused, nothing written."""
+    argv = ["workload", "gpt", "--preset", "gpt3-175b", "--tp", "8", "--pp", "8", "--dp", "16"]
+    refused(
+        capsys,
+        [*argv, "-t", "HGX-H100-SW_SW_SW", "--out", str(tmp_path / "g")],
+        "--out would write 1024 files",
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_node_count_bounds_every_generated_graph():
+    """`rank_nodes`, which the cap counts, is never below a rank's real graph (and close to it)."""
+    from themis_mpi.workloads.llm import LlmConfig, _line, fit_groups, rank_graph, rank_nodes
+
+    small = dict(layers=8, hidden=64, heads=4, seq=32, vocab=100, micro_batch=2, global_batch=16)
+    for extra in (
+        dict(tp=2, pp=2, dp=2, recompute=True),
+        dict(pp=4, schedule="interleaved", chunks=2),
+        dict(dp=2, ep=2, experts=2, topk=1, zero=3, overlap_dp=True),
+        dict(tp=2, pp=2, zero=1, schedule="gpipe"),
+    ):
+        c = LlmConfig(**small, **extra)
+        layout = fit_groups(c, _line(c.npus))
+        most = max(len(rank_graph(c, layout, r)) for r in range(c.npus))
+        assert most <= rank_nodes(c) <= 1.5 * most, extra
+
+
+@pytest.mark.parametrize("flag", ["--nic-gbps", "--nvlink-gbps"])
+@pytest.mark.parametrize("value", ["nan", "-1", "0"])
+def test_workload_simai_refuses_a_bandwidth_out_of_range(capsys, flag, value):
+    """`--nic-gbps nan|-1` were accepted (on 8 GPUs the NIC was not even looked at)."""
+    refused(capsys, ["workload", "simai", str(DATA / "simai" / "microAllReduce.txt"), flag, value], flag)
