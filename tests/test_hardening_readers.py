@@ -528,3 +528,90 @@ def test_the_node_count_bounds_every_generated_graph():
 def test_workload_simai_refuses_a_bandwidth_out_of_range(capsys, flag, value):
     """`--nic-gbps nan|-1` were accepted (on 8 GPUs the NIC was not even looked at)."""
     refused(capsys, ["workload", "simai", str(DATA / "simai" / "microAllReduce.txt"), flag, value], flag)
+
+
+# --- plugins: orders as integers, a broken plugin under its own group -------------------------------
+
+FLOAT_ORDER = """
+from themis_mpi.policies import InterPolicy
+
+
+class Floats(InterPolicy):
+    name = "floats"
+    description = "returns [0.9, 1.9, 2.9], which int() made 0, 1, 2"
+
+    def order(self, chunk):
+        return [0.9, 1.9, 2.9]
+
+
+class Text(InterPolicy):
+    name = "text"
+    description = "returns '210', which int() made 2, 1, 0"
+
+    def order(self, chunk):
+        return "210"
+"""
+
+GOOD_SCHEDULER = """
+from themis_mpi.policies import CommScheduler
+
+
+class Later(CommScheduler):
+    name = "later"
+    description = "the later collective first"
+
+    def priority(self, coll_id, need, collective):
+        return -coll_id
+"""
+
+
+@pytest.fixture
+def plugins(tmp_path, monkeypatch):
+    """Install one-module plugins (module, source, group, entry line) into a fresh site, in this process."""
+    from themis_mpi.policies import registry
+
+    monkeypatch.setattr(registry, "_loaded", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def install(module: str, source: str, group: str, entry: str) -> None:
+        (tmp_path / f"{module}.py").write_text(source)
+        info = tmp_path / f"{module}-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{entry}\n")
+
+    return install
+
+
+@pytest.mark.parametrize(("name", "shown"), [("floats", "[0.9, 1.9, 2.9]"), ("text", "'210'")])
+def test_a_plugin_order_that_is_not_integers_is_refused(capsys, plugins, name, shown):
+    """Orders [0.9, 1.9, 2.9] and "210" were coerced with int(): now one line naming the policy."""
+    plugins("odd_orders", FLOAT_ORDER, "themis_mpi.policies", f"{name} = odd_orders:{name.title()}")
+    refused(
+        capsys, ["model", "-b", "1M", "-c", "4", "-p", name, "-q"], f"policy {name!r}", shown, "as integers"
+    )
+
+
+def test_a_broken_scheduler_plugin_hides_nothing(capsys, plugins):
+    """A scheduler plugin that fails on import is named once, under the scheduler group; the others stay."""
+    plugins(
+        "broken_sched",
+        "raise ImportError('no such thing')\n",
+        "themis_mpi.schedulers",
+        "bad = broken_sched:X",
+    )
+    plugins("good_sched", GOOD_SCHEDULER, "themis_mpi.schedulers", "later = good_sched:Later")
+    plugins("odd_orders", FLOAT_ORDER, "themis_mpi.policies", "floats = odd_orders:Floats")
+    assert main(["policies"]) == 2
+    out, err = capsys.readouterr()
+    assert "  later " in out and "  floats " in out and "  themis " in out and "  bytescheduler " in out
+    assert err.count("\n") == 1 and "scheduler plugin 'bad'" in err and "failed to load" in err, err
+    assert "policy plugin" not in err
+    # a missing scheduler is unknown, not the broken plugin's fault; the broken one names itself
+    train = ["train", str(ROOT / "traces" / "gnmt.txt"), "-c", "1", "-n", "1"]
+    err = refused(
+        capsys, [*train, "--comm-scheduler", "nope"], "unknown communication scheduler 'nope'", "later"
+    )
+    assert "bad" not in err.split("use one of")[0]
+    refused(capsys, [*train, "--comm-scheduler", "bad"], "scheduler plugin 'bad'", "failed to load")
+    assert "later" in ran(capsys, [*train, "--comm-scheduler", "later"])
