@@ -615,3 +615,19 @@ def test_a_broken_scheduler_plugin_hides_nothing(capsys, plugins):
     assert "bad" not in err.split("use one of")[0]
     refused(capsys, [*train, "--comm-scheduler", "bad"], "scheduler plugin 'bad'", "failed to load")
     assert "later" in ran(capsys, [*train, "--comm-scheduler", "later"])
+
+
+def test_resume_drops_rows_without_a_time_or_of_a_forged_shape(tmp_path, capsys, full_sweep):
+    """A row of a cell and the fingerprint alone, or with its dims forged, is no row to keep."""
+    rows = [dict(r) for r in full_sweep]
+    fingerprint = rows[0]["sweep_fingerprint"]
+    rows[30] = {"sweep_cell": 30, "sweep_fingerprint": fingerprint}
+    rows[31]["dims"] = "forged"
+    rows[32]["sweep_cell"] = True
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main([*GRID, "--jsonl", str(path), "--resume"]) == 0
+    out, err = capsys.readouterr()
+    assert "dropped 3 of 72 rows" in err and "no time_us: 1" in err and "a malformed row: 1" in err, err
+    assert "# resumed: 69 of 72 cells in the files, 3 left" in out
+    assert same_rows(whole_rows(path), full_sweep)

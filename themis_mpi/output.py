@@ -303,7 +303,11 @@ class SweepFiles:
             return f"outside the sweep's {self.cells} cells" if self.cells is not None else "no cell"
         if self.check is None:
             return None
-        return self.check(self.flatten(row) if kind != "csv" and self.flatten else row)
+        try:
+            flat = self.flatten(row) if kind != "csv" and self.flatten else row
+        except (TypeError, AttributeError, KeyError, ValueError):  # (a forged nesting)
+            return "a malformed row"
+        return self.check(flat)
 
     def _checked(self, kind: str, rows: list[dict]) -> tuple[dict[int, dict], dict[str, int]]:
         """The rows of one file that pass, by cell, and how many failed for each reason."""

@@ -131,18 +131,23 @@ def sweep_cells(
 
 
 def check_row(row: dict) -> str | None:
-    """Why a sweep's row may not be written or kept, or None: every number finite and non-negative.
+    """Why a sweep's row may not be written or kept, or None: a time, every number finite and >= 0.
 
     `row` is flat, as CSV holds it (`results.flat_row`; CSV's numbers are text, read as numbers
     here). This is the one check of a row's values: `--resume` drops a row read back that fails
     it (`output.SweepFiles`), so that a kept row is checked as a fresh one is. The cell and the
     sweep's fingerprint are checked by the files themselves.
     """
+    numbers = {}
     for key, value in row.items():
         if key in (CELL, FINGERPRINT) or isinstance(value, bool):
             continue
         if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
             value = float(value)
-        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
-            return "a negative or non-finite number"
+        if isinstance(value, (int, float)):
+            numbers[key] = value
+            if not (math.isfinite(value) and value >= 0):
+                return "a negative or non-finite number"
+    if "time_us" not in numbers:
+        return "no time_us"
     return None
