@@ -278,13 +278,14 @@ def round4_cases(
         ),
         ("themis-mpi policies with a broken scheduler plugin", [*py, "policies"], site),
     ]
-    full = tmpfs(tmp, "full16k", "size=16k", mounts)
-    if full:
-        for workers in ("1", "2"):
+    for workers in ("1", "2"):  # a 16 KiB file system each, which the sweep's rows fill
+        full = tmpfs(tmp, f"full16k-{workers}", "size=16k", mounts)
+        if full:
+            jsonl = os.path.join(full, "rows.jsonl")
             cases.append(
                 (
                     f"--jsonl on a full 16 KiB tmpfs, --workers {workers}",
-                    [*py, *grid, "--workers", workers, "--jsonl", os.path.join(full, f"w{workers}.jsonl")],
+                    [*py, *grid, "--workers", workers, "--jsonl", jsonl],
                 )
             )
     read_only = tmpfs(tmp, "readonly", "size=1m,ro", mounts)
