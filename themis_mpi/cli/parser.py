@@ -62,10 +62,6 @@ DASH_VALUES = (
     "--dims",
     "--ranks",
     "--window",
-    "-b",
-    "--minbytes",
-    "-e",
-    "--maxbytes",
 )
 _DASH_VALUE = re.compile(r"-($|[^-A-Za-z])")  # '-', '-,-', '-1=5'; not '-q' or '--json'
 
