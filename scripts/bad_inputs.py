@@ -10,6 +10,7 @@ its exit status, whether a Python traceback appeared, and the first line of what
 
 import argparse
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -82,7 +83,9 @@ RUNTIME = [
     (
         "a disk that fills, a read-only file system or EIO while writing any output",
         "`cannot write PATH: No space left on device; the previous file, if any, is intact`, exit 2 "
-        "(tests/test_writers.py injects them into every writer)",
+        "(tests/test_writers.py injects them into every writer); a `--jsonl` file appended to keeps its "
+        "whole rows and cuts the torn one off: `its N rows so far are whole (the torn last one was cut "
+        "off); --resume runs the rest` (tests/test_hardening_readers.py, on a 16 KiB tmpfs)",
     ),
     (
         "a plugin that calls sys.exit (on import, in its constructor, while choosing)",
@@ -118,6 +121,181 @@ RUNTIME = [
 ]
 
 
+SIMAI_HEAD = (
+    "HYBRID_TRANSFORMER_FWD_IN_BCKWD model_parallel_NPU_group: 2 ep: 1 pp: 1 vpp: 1 ga: {ga} all_gpus: 4 "
+    "checkpoints: 0 checkpoint_initiates: 0\n{count}\n"
+)
+SIMAI_LAYER = "l{i} -1 {fwd} ALLREDUCE {size} 1000 NONE 0 1000 ALLREDUCE 1048576 100\n"
+PLUGINS = {  # module -> (entry-point group, entry line, source)
+    "odd_orders": (
+        "themis_mpi.policies",
+        "floats = odd_orders:Floats\ntext = odd_orders:Text",
+        "from themis_mpi.policies import InterPolicy\n\n\n"
+        "class Floats(InterPolicy):\n    name = 'floats'\n    description = 'orders of floats'\n\n"
+        "    def order(self, chunk):\n        return [0.9, 1.9, 2.9]\n\n\n"
+        "class Text(InterPolicy):\n    name = 'text'\n    description = 'an order as a string'\n\n"
+        "    def order(self, chunk):\n        return '210'\n",
+    ),
+    "broken_sched": ("themis_mpi.schedulers", "bad = broken_sched:X", "raise ImportError('no such thing')\n"),
+}
+
+
+def plugin_site(folder: str) -> dict:
+    """The probes' plugins laid out as pip does (module, dist-info), and the environment that finds them."""
+    os.makedirs(folder)
+    for module, (group, entry, source) in PLUGINS.items():
+        with open(os.path.join(folder, f"{module}.py"), "w") as f:
+            f.write(source)
+        info = os.path.join(folder, f"{module}-0.1.dist-info")
+        os.makedirs(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+        with open(os.path.join(info, "entry_points.txt"), "w") as f:
+            f.write(f"[{group}]\n{entry}\n")
+    return {"PYTHONPATH": os.pathsep.join([folder, os.environ.get("PYTHONPATH", "")])}
+
+
+def tmpfs(tmp: str, name: str, options: str, mounts: list[str]) -> str | None:
+    """A tmpfs mounted at `tmp/name` (root only), or None where mounting is not allowed."""
+    where = os.path.join(tmp, name)
+    os.makedirs(where)
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", where], capture_output=True
+    ).returncode:
+        return None
+    mounts.append(where)
+    return where
+
+
+def round4_cases(
+    tmp: str, py: list[str], write, pytorch: str, micro_txt: str, mounts: list[str]
+) -> list[tuple]:
+    """Round 4 (issue 46, part 1): readers, streams, resume, workload gpt, flags and plugins."""
+
+    def simai(name: str, count="2", ga="1", fwd="1000", size="1048576", lines=2) -> str:
+        body = "".join(
+            SIMAI_LAYER.format(i=i, fwd=fwd if i == 0 else 1000, size=size if i == 0 else 1)
+            for i in range(lines)
+        )
+        return write(name, SIMAI_HEAD.format(ga=ga, count=count) + body)
+
+    big = os.path.join(tmp, "simai_1e6.txt")
+    with open(big, "w") as f:
+        f.write(SIMAI_HEAD.format(ga=1, count=1_000_000))
+        f.writelines(SIMAI_LAYER.format(i=i, fwd=1000, size=1) for i in range(1_000_000))
+    binary = os.path.join(tmp, "simai_binary.txt")
+    with open(binary, "wb") as f:
+        f.write(b"HYBRID_TRANSFORMER_FWD_IN_BCKWD \xff\xfe\x00\x8c\n" + bytes(range(256)) * 8)
+    zeros = {}
+    for mib in (16, 32):
+        zeros[mib] = os.path.join(tmp, f"zeros{mib}.et.gz")
+        with gzip.open(zeros[mib], "wb", compresslevel=1) as f:
+            for _ in range(mib):
+                f.write(bytes(1 << 20))
+    bool_groups = write("bool_groups.json", '{"7": [true, false]}')
+    dup = write(
+        "dup.yml", "topology: [Ring]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\nnpus_count: [8]\n"
+    )
+    kind = write(
+        "kind.yml", "topology: [" + "R" * 1_000_000 + "]\nnpus_count: [4]\nbandwidth: [50]\nlatency: [500]\n"
+    )
+    grid = ["model", "-t", "2x2x2,4x2", "-b", "1K", "-e", "1M", "-f", "4", "-c", "4", "-p", "all", "-q"]
+    sweep = {ext: os.path.join(tmp, f"sweep.{ext}") for ext in ("json", "jsonl")}
+    subprocess.run([*py, *grid, "--json", sweep["json"], "--jsonl", sweep["jsonl"]], check=True, cwd=ROOT)
+    rows = json.load(open(sweep["json"]))
+    rows[0]["time_us"], rows[1]["time_us"], rows[2]["busbw_gbps"] = -5.0, float("nan"), float("inf")
+    forged = rows[:66] + [dict(r) for r in rows[10:13]] + [{**rows[20], "sweep_cell": 500}]
+    forged_rows = write("forged.jsonl", "".join(json.dumps(r) + "\n" for r in forged))  # 70 rows for 66 cells
+    deep = write("deep100k.json", "[" * 100_000 + "]" * 100_000)
+    rows = json.load(open(sweep["json"]))
+    rows[0]["size_bytes"] = 0
+    size0 = write("size0.json", json.dumps(rows))
+    gpt = "workload gpt --layers 8 --hidden 64 --heads 4 --seq 32 --vocab 10 -t SW(1,100,1)".split()
+    micro = os.path.join(ROOT, "tests", "data", "simai", "microAllReduce.txt")
+    site = plugin_site(os.path.join(tmp, "site"))
+    trace = os.path.join(tmp, "r4.h5")
+    subprocess.run([*py, "model", "-b", "1M", "-c", "4", "-q", "--trace", trace], check=True, cwd=ROOT)
+    limit = ["prlimit", f"--as={6 << 30}"]
+    cases: list[tuple] = [
+        ("SimAI: a negative layer size", [*py, "workload", "simai", simai("s_neg.txt", size="-1048576")]),
+        ("SimAI: a compute time of nan", [*py, "workload", "simai", simai("s_nan.txt", fwd="nan")]),
+        ("SimAI: a compute time of -5", [*py, "workload", "simai", simai("s_m5.txt", fwd="-5")]),
+        ("SimAI: a binary file", [*py, "workload", "simai", binary]),
+        ("SimAI: ga 0", [*py, "workload", "simai", simai("s_ga0.txt", ga="0")]),
+        (
+            "SimAI: a 5,000-digit layer count",
+            [*py, "workload", "simai", simai("s_5000.txt", count="9" * 5000)],
+        ),
+        (
+            "SimAI: a 4,000-digit layer count",
+            [*py, "workload", "simai", simai("s_4000.txt", count="9" * 4000)],
+        ),
+        ("SimAI: 10^6 layers (past the documented cap)", [*py, "workload", "simai", big]),
+        ('--comm-group {"7": [true, false]}', [*py, "train", pytorch, "--comm-group", bool_groups]),
+        ("ET: 16 MiB of zeros gzipped, 6 GB address limit", [*limit, *py, "train", zeros[16]]),
+        ("ET: 32 MiB of zeros gzipped, 6 GB address limit", [*limit, *py, "train", zeros[32]]),
+        ("--resume: a JSON file nested 100,000 deep", [*py, *grid, "--json", deep, "--resume"]),
+        (
+            "--resume: forged rows (NaN, negative, inf, repeated, outside: 70 rows, 66 cells)",
+            [*py, *grid, "--jsonl", forged_rows, "--resume"],
+        ),
+        ("plot: a size of 0 on a log scale", [*py, "plot", size0]),
+        ("plot: a --jsonl file", [*py, "plot", sweep["jsonl"]]),
+        ("plot: a --jsonl file, a column not there", [*py, "plot", sweep["jsonl"], "--y", "nope"]),
+        ("YAML topology: a key given twice", [*py, "model", "-t", dup]),
+        ("YAML topology: a 1 MB kind", [*py, "model", "-t", kind]),
+        ("workload gpt --layers 1000000000", [*py, *gpt, "--layers", "1000000000"]),
+        ("workload gpt --layers 1000000 (past the graph cap)", [*py, *gpt, "--layers", "1000000"]),
+        ("workload gpt --global-batch 1000000000", [*py, *gpt, "--global-batch", "1000000000"]),
+        ("workload gpt --bytes-per-element 0", [*py, *gpt, "--bytes-per-element", "0"]),
+        ("workload gpt --vocab 0", [*py, *gpt, "--vocab", "0"]),
+        ("workload gpt --ffn 0", [*py, *gpt, "--ffn", "0"]),
+        ("workload gpt --dp 0", [*py, *gpt, "--dp", "0"]),
+        ("workload gpt --out ''", [*py, *gpt, "--out", ""]),
+        ("workload simai --nic-gbps nan", [*py, "workload", "simai", micro, "--nic-gbps", "nan"]),
+        ("workload simai --nic-gbps -1", [*py, "workload", "simai", micro, "--nic-gbps", "-1"]),
+        ("--json ''", [*py, "model", "-b", "1M", "--json", ""]),
+        (
+            "--npu-delay-us 1=5 --npu-delay-us 2=7 (both kept)",
+            [*py, "model", "-b", "1M", "-c", "4", "-q", "--npu-delay-us", "1=5", "--npu-delay-us", "2=7"],
+        ),
+        (
+            "--bandwidth -,-,- (every default kept)",
+            [*py, "model", "-b", "1M", "-c", "4", "-q", "--bandwidth", "-,-,-"],
+        ),
+        ("--npu-delay-us -1=5", [*py, "model", "--npu-delay-us", "-1=5"]),
+        ("--compat-scheduling FIFO without --compat", [*py, "model", "--compat-scheduling", "FIFO"]),
+        (
+            "--compat astra-sim-2 --hbm-gbps 100",
+            [*py, "model", "--compat", "astra-sim-2", "--hbm-gbps", "100"],
+        ),
+        ("a plugin's order [0.9, 1.9, 2.9]", [*py, "model", "-b", "1M", "-c", "4", "-p", "floats"], site),
+        ("a plugin's order '210'", [*py, "model", "-b", "1M", "-c", "4", "-p", "text"], site),
+        (
+            "a missing scheduler beside a broken scheduler plugin",
+            [*py, "train", micro_txt, "--comm-scheduler", "nope"],
+            site,
+        ),
+        ("themis-mpi policies with a broken scheduler plugin", [*py, "policies"], site),
+    ]
+    for workers in ("1", "2"):  # a 16 KiB file system each, which the sweep's rows fill
+        full = tmpfs(tmp, f"full16k-{workers}", "size=16k", mounts)
+        if full:
+            jsonl = os.path.join(full, "rows.jsonl")
+            cases.append(
+                (
+                    f"--jsonl on a full 16 KiB tmpfs, --workers {workers}",
+                    [*py, *grid, "--workers", workers, "--jsonl", jsonl],
+                )
+            )
+    read_only = tmpfs(tmp, "readonly", "size=1m,ro", mounts)
+    if read_only:
+        cases.append(
+            ("analyze --plot on a read-only file system", [*py, "analyze", trace, "--plot", read_only])
+        )
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -127,6 +305,16 @@ def main():
     )
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
+    mounts: list[str] = []  # tmpfs folders of the round-4 probes, unmounted at the end
+    try:
+        probe(args, tmp, mounts)
+    finally:
+        for where in mounts:
+            subprocess.run(["umount", where], capture_output=True)
+
+
+def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
+    """Write the probes' inputs into `tmp`, run every probe and write the table."""
     py = [sys.executable, "-m", "themis_mpi"]
     files = {}
 
@@ -454,6 +642,7 @@ def main():
             [*py, "model", "--network", "fair", "--compat", "astra-sim-1.0"],
         ),
     ]
+    cases += round4_cases(tmp, py, write, pytorch, files["micro.txt"], mounts)
     if REF:
         transformer = os.path.join(REF, "Transformer_HybridParallel.txt")
         cases.append(
@@ -472,9 +661,10 @@ def main():
         "| input | command | exit | seconds | traceback | message (first line of stderr) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for what, cmd in cases:
+    for what, cmd, *env in cases:
         start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        extra = {**os.environ, **env[0]} if env else None
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=extra)
         seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)

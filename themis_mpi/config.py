@@ -74,7 +74,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_compat(self.compat)
         if self.compat and self.endpoint.on:
-            raise UsageError("the endpoint model (--hbm-gbps) is not part of --compat astra-sim-1.0")
+            raise UsageError(
+                f"the endpoint model (--hbm-gbps) is not part of --compat {self.compat}; drop one of the two"
+            )
         if self.network not in RULES:
             raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(RULES)}")
         if self.network not in (IDEAL, STORE_FORWARD) and self.compat == ASTRA_SIM_2:
@@ -82,7 +84,9 @@ class RunConfig:
         if self.network != IDEAL and self.compat == ASTRA_SIM_1_0:
             raise UsageError(f"--compat {self.compat} shares no link: it takes --network ideal only")
         if (self.compat_concurrent or self.compat_fifo) and self.compat != ASTRA_SIM_2:
-            raise UsageError("--compat-concurrent and --compat-fifo need --compat astra-sim-2")
+            raise UsageError(
+                "--compat-concurrent and --compat-scheduling FIFO need --compat astra-sim-2; add it"
+            )
         if self.network != IDEAL and self.endpoint.on:
             raise UsageError(
                 f"the endpoint model (--hbm-gbps) is not modelled under --network {self.network}"

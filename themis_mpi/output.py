@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -175,7 +175,9 @@ def _read_json_rows(path: str) -> list[dict]:
         with open(path) as f:
             rows = json.load(f)
     except (OSError, ValueError) as exc:
-        raise _refuse(path, f"it is not a JSON list of rows ({exc})") from None
+        raise _refuse(path, f"it is not a JSON list of rows ({str(exc)[:100]})") from None
+    except RecursionError:
+        raise _refuse(path, "it is not a JSON list of rows (nested too deep)") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise _refuse(path, "it is not a JSON list of rows")
     return rows
@@ -204,7 +206,7 @@ def _read_jsonl_rows(path: str) -> tuple[list[dict], bool]:
     for n, line in enumerate(lines):
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             row = None
         if not isinstance(row, dict):
             if n == len(lines) - 1:  # the last line, cut where a newline happened to be
@@ -215,13 +217,25 @@ def _read_jsonl_rows(path: str) -> tuple[list[dict], bool]:
     return rows, cut
 
 
+def _cell(row: dict) -> int | None:
+    """A row's cell, or None when it has none: an integer (CSV's as its digits)."""
+    cell = row.get(CELL)
+    if isinstance(cell, str) and cell.isascii() and cell.isdigit() and len(cell) < 19:
+        return int(cell)
+    return cell if isinstance(cell, int) and not isinstance(cell, bool) else None
+
+
 class SweepFiles:
     """The ``--json``, ``--csv`` and ``--jsonl`` files of a sweep: its rows by cell, in grid order.
 
     Every row records its cell (`CELL`) and the sweep's fingerprint (`FINGERPRINT`). JSON and CSV
-    are rewritten atomically after every row; JSON Lines get each row appended and flushed. With
-    `resume`, the rows of cells already in every given file are kept (a half-written last JSON
-    line is dropped) and `done` names those cells; a file of another sweep is refused.
+    are rewritten atomically after every row; JSON Lines get each row appended, and a row the file
+    system cannot take (a full disk) is cut off again: every line of the file stays a whole row.
+    With `resume`, the rows already in every given file are read back and checked: a row that
+    fails `check` (its values: what a fresh row must pass), names no cell of the sweep's `cells`,
+    or shares its cell with another row is dropped (a half-written last JSON line too), the file
+    is rewritten without them and `dropped` says how many; `done` names the cells kept in every
+    file. A file of another sweep is refused.
     """
 
     def __init__(
@@ -232,12 +246,16 @@ class SweepFiles:
         jsonl_path: str | None = None,
         flatten: Any = None,
         resume: bool = False,
+        cells: int | None = None,
+        check: Callable[[dict], str | None] | None = None,
     ):
         self.fingerprint, self.flatten = fingerprint, flatten
+        self.cells, self.check = cells, check
         self.paths = {"json": json_path, "csv": csv_path, "jsonl": jsonl_path}
         self.rows: dict[int, dict] = {}  # cell -> its row (as written to JSON: nested)
         self.kept: dict[str, dict[int, dict]] = {}  # rows read back, per format (CSV's as text)
-        self._jsonl: Any = None
+        self.dropped: dict[str, tuple[int, dict[str, int]]] = {}  # path -> (rows read, reason -> rows)
+        self._jsonl: int | None = None  # the JSON Lines file's descriptor, appended to
         self._jsonl_cells: list[int] = []
         self.done: set[int] = set()
         if resume:
@@ -247,35 +265,68 @@ class SweepFiles:
         return [(kind, p) for kind, p in self.paths.items() if p and p != STDOUT]
 
     def _resume(self) -> None:
-        """Read back every given file; the cells in all of them are done."""
+        """Read back every given file and check its rows; the cells kept in all of them are done."""
         found: dict[str, dict[int, dict]] = {}
-        rewrite_jsonl = False
+        rewrite = set()
         for kind, path in self._files():
             if not os.path.exists(path):
                 found[kind] = {}
                 continue
+            torn = False
             if kind == "jsonl":
-                rows, rewrite_jsonl = _read_jsonl_rows(path)
+                rows, torn = _read_jsonl_rows(path)
             else:
                 rows = _read_json_rows(path) if kind == "json" else _read_csv_rows(path)
-            by_cell: dict[int, dict] = {}
-            for row in rows:
-                if str(row.get(FINGERPRINT)) != self.fingerprint:
-                    raise _refuse(path, "it holds rows of another sweep (its grid or options differ)")
-                try:
-                    by_cell[int(row[CELL])] = row
-                except (KeyError, TypeError, ValueError):
-                    raise _refuse(path, f"a row has no {CELL}") from None
-            found[kind] = by_cell
+            if any(str(row.get(FINGERPRINT)) != self.fingerprint for row in rows):
+                raise _refuse(path, "it holds rows of another sweep (its grid or options differ)")
+            found[kind], why = self._checked(kind, rows)
+            if torn:
+                why["a half-written last line"] = 1
+            if why:
+                self.dropped[path] = (len(rows) + torn, why)
+                rewrite.add(kind)
         if not found:
             return
         self.done = set.intersection(*(set(by_cell) for by_cell in found.values()))
         for kind, by_cell in found.items():
             self.kept[kind] = {c: r for c, r in by_cell.items() if c in self.done}
-        if "jsonl" in found and (rewrite_jsonl or len(found["jsonl"]) != len(self.done)):
-            self._rewrite_jsonl()
+            if len(by_cell) != len(self.done):
+                rewrite.add(kind)
+        for kind in rewrite:  # the files hold at most one checked row per cell from now on
+            self._rewrite(kind)
         if "jsonl" in found:
             self._jsonl_cells = sorted(self.kept["jsonl"])
+
+    def _reason(self, kind: str, row: dict, cell: int | None) -> str | None:
+        """Why a row read back cannot be kept (its cell, then `check` on its flat form), or None."""
+        if cell is None or (self.cells is not None and not 0 <= cell < self.cells):
+            return f"outside the sweep's {self.cells} cells" if self.cells is not None else "no cell"
+        if self.check is None:
+            return None
+        try:
+            flat = self.flatten(row) if kind != "csv" and self.flatten else row
+        except (TypeError, AttributeError, KeyError, ValueError):  # (a forged nesting)
+            return "a malformed row"
+        return self.check(flat)
+
+    def _checked(self, kind: str, rows: list[dict]) -> tuple[dict[int, dict], dict[str, int]]:
+        """The rows of one file that pass, by cell, and how many failed for each reason."""
+        why: dict[str, int] = {}
+        by_cell: dict[int, dict] = {}
+        repeated: set[int] = set()
+        for row in rows:
+            cell = _cell(row)
+            reason = self._reason(kind, row, cell)
+            if reason is not None or cell is None:
+                reason = reason or "no cell"
+                why[reason] = why.get(reason, 0) + 1
+            elif cell in by_cell or cell in repeated:  # which copy is the true one is not known
+                why["a repeated cell"] = why.get("a repeated cell", 0) + 1 + (cell in by_cell)
+                by_cell.pop(cell, None)
+                repeated.add(cell)
+            else:
+                by_cell[cell] = row
+        return by_cell, why
 
     def _row(self, cell: int, row: dict) -> dict:
         return {**row, CELL: cell, FINGERPRINT: self.fingerprint}
@@ -286,18 +337,54 @@ class SweepFiles:
         merged = {**self.kept.get(kind, {}), **new}
         return [merged[c] for c in sorted(merged)]
 
+    def _rewrite(self, kind: str) -> None:
+        """One file rewritten (atomically) with the rows kept and new, in cell order."""
+        path = self.paths[kind]
+        assert path is not None
+        if kind == "json":
+            write_json(path, self._ordered("json"))
+        elif kind == "csv":
+            write_csv(path, self._ordered("csv"))
+        else:
+            self._rewrite_jsonl()
+
     def _rewrite_jsonl(self) -> None:
         import json
 
         path = self.paths["jsonl"]
         assert path is not None
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        self._close_jsonl()
         with atomic_path(path) as tmp, open(tmp, "w") as f:
             for row in self._ordered("jsonl"):
                 f.write(json.dumps(row) + "\n")
         self._jsonl_cells = sorted(set(self.kept.get("jsonl", {})) | set(self.rows))
+
+    def _close_jsonl(self) -> None:
+        if self._jsonl is not None:
+            os.close(self._jsonl)
+            self._jsonl = None
+
+    def _append_jsonl(self, path: str, line: str) -> None:
+        """Append one whole line; a file system that cannot take all of it gets none of it, and one line."""
+        if self._jsonl is None:
+            try:
+                self._jsonl = os.open(path, os.O_WRONLY | os.O_APPEND)
+            except OSError as exc:
+                raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        size = os.fstat(self._jsonl).st_size
+        data = memoryview(line.encode())
+        try:
+            while data:
+                data = data[os.write(self._jsonl, data) :]
+        except OSError as exc:  # a full disk, EIO: cut the part of the row that got in
+            try:
+                os.ftruncate(self._jsonl, size)
+            finally:
+                self._close_jsonl()
+            raise UsageError(
+                f"cannot write {path}: {exc.strerror or exc}; its {len(self._jsonl_cells)} rows so far are "
+                "whole (the torn last one was cut off); --resume runs the rest"
+            ) from None
 
     def add(self, cell: int, row: dict) -> None:
         """Record the row of one more cell: JSON and CSV rewritten, a JSON line appended."""
@@ -313,24 +400,19 @@ class SweepFiles:
             if self._jsonl is None and not self._jsonl_cells:  # a new file: complete from its first row
                 self._rewrite_jsonl()
             else:
-                if self._jsonl is None:
-                    self._jsonl = open(path, "a")
-                self._jsonl.write(json.dumps(self.rows[cell]) + "\n")
-                self._jsonl.flush()
+                self._append_jsonl(path, json.dumps(self.rows[cell]) + "\n")
                 self._jsonl_cells.append(cell)
         elif path == STDOUT:
             print(json.dumps(self.rows[cell]), flush=True)
 
     def close(self) -> None:
         """Files left in cell order (a resumed JSON Lines file too); standard output gets its copy."""
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        self._close_jsonl()
         if self._jsonl_cells != sorted(self._jsonl_cells):
             self._rewrite_jsonl()
-        for kind, path in self._files():
+        for kind, _ in self._files():
             if kind != "jsonl" and self.kept.get(kind) and not self.rows:
-                (write_json if kind == "json" else write_csv)(path, self._ordered(kind))
+                self._rewrite(kind)
         if self.paths["json"] == STDOUT:
             write_json(STDOUT, self._ordered("json"))
         if self.paths["csv"] == STDOUT:

@@ -157,6 +157,11 @@ def sweep_lines(rows: list[dict], x: str, y: str, hue: str) -> dict[str, list[tu
     return {label: sorted(points) for label, points in lines.items()}
 
 
+def log_axis(column: str) -> bool:
+    """Whether `sweep_plot` draws a column on a log axis: sizes and times (their values must be > 0)."""
+    return column == "size_bytes" or column.endswith("_us")
+
+
 def sweep_plot(rows: list[dict], x: str, y: str, hue: str, path: str) -> str:
     """One line per value of `hue` (`sweep_lines`), y against x; log axes for sizes and times."""
     plt = _pyplot()
@@ -166,7 +171,7 @@ def sweep_plot(rows: list[dict], x: str, y: str, hue: str, path: str) -> str:
         style = ("-", "--", ":", "-.")[i // 10 % 4]  # the colours repeat after ten lines
         ax.plot([a for a, _ in points], [b for _, b in points], style, marker="o", label=label)
     for col, setter in ((xcol, ax.set_xscale), (ycol, ax.set_yscale)):
-        if col == "size_bytes" or col.endswith("_us"):
+        if log_axis(col):
             setter("log", base=2 if col == "size_bytes" else 10)
     if xcol == "size_bytes":
         ticks = sorted({float(r[xcol]) for r in rows})

@@ -599,6 +599,18 @@ def parse_yaml(path: str) -> Topology:
             finally:
                 self.depth -= 1
 
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key, _ in node.value:
+                if not isinstance(key, yaml.ScalarNode):
+                    continue
+                if key.value in seen:  # (PyYAML keeps the last value, silently)
+                    raise yaml.YAMLError(
+                        f"line {key.start_mark.line + 1}: key {_shown(key.value)} appears twice; give it once"
+                    )
+                seen.add(key.value)
+            return super().construct_mapping(node, deep)
+
     try:
         with open(path) as f:
             doc = yaml.load(f, Loader=Loader)
@@ -614,9 +626,9 @@ def parse_yaml(path: str) -> Topology:
     for kind_text, npus, bw, lat in zip(*lists):
         kind = KIND_ALIASES.get(str(kind_text).lower())
         if kind is None:
-            raise UsageError(f"{path}: unknown topology kind {kind_text!r}")
+            raise UsageError(f"{path}: unknown topology kind {_shown(str(kind_text))}; use Ring, FC or SW")
         if isinstance(npus, bool) or not isinstance(npus, int):
-            raise UsageError(f"{path}: npus_count entries must be integers, got {npus!r}")
+            raise UsageError(f"{path}: npus_count entries must be integers, got {_shown(str(npus))}")
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (bw, lat)):
             raise UsageError(f"{path}: bandwidth and latency entries must be numbers")
         if any(isinstance(v, int) and abs(v) > 2**53 for v in (npus, bw, lat)):

@@ -17,14 +17,25 @@ from ..trace import Trace
 from .options import check_outputs
 
 
+def check_plot_dir(path: str) -> None:
+    """Refuse, before any work, a --plot directory that is no directory or cannot be made or written."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--plot {path}: not a directory")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.access(existing, os.W_OK | os.X_OK):  # (a read-only file system too)
+        raise UsageError(f"cannot write --plot {path}: {existing} is not writable (read-only, or not yours)")
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     """`themis-mpi analyze`: the table, and with ``--plot`` timelines, utilization and queue depth."""
     ranks = args.ranks
     if not ranks or any(r is None or r < 0 for r in ranks):
         raise UsageError("--ranks must list ranks >= 0, e.g. 0 or 0,3")
     check_outputs(args.json, inputs=tuple(args.traces))
-    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
-        raise UsageError(f"--plot {args.plot}: not a directory")
+    if args.plot:
+        check_plot_dir(args.plot)
     traces = [Trace(p) for p in args.traces]
     rows = []
     for trace in traces:
@@ -40,7 +51,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, rows)
     if args.plot:
-        os.makedirs(args.plot, exist_ok=True)
+        try:
+            os.makedirs(args.plot, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write --plot {args.plot}: {exc.strerror or exc}") from None
         written = [utilization_bars(rows, os.path.join(args.plot, "utilization.png"))]
         for t, trace in enumerate(traces):
             stem = f"{t}-{os.path.splitext(os.path.basename(trace.path))[0]}"

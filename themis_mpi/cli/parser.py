@@ -9,7 +9,9 @@ so a flag is spelled and documented once for every command that takes it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..collectives import DTYPES, OPS, REDOPS
@@ -39,6 +41,48 @@ def _csv(kind: Callable[[str], Any]) -> Callable[[str], list]:
             raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
 
     return parse
+
+
+def _path(text: str) -> str:
+    """An output path: an empty one names no file (it was ignored, and nothing was written)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names no file; give a file name")
+    return text
+
+
+class _Joined(argparse.Action):
+    """A ``RANK=VALUE[,...]`` flag given more than once: its items add up (the last no longer wins)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, f"{old},{values}" if old else values)
+
+
+# Flags whose values may start with '-' (``--bandwidth -,-,200``, ``--npu-delay-us -1=5``): argparse
+# takes such a value for an option and says "expected one argument"; `_join_dash_values` joins them.
+DASH_VALUES = (
+    "--bandwidth",
+    "--latency",
+    "--algorithm",
+    "--npu-delay-us",
+    "--link-scale",
+    "--npu-compute-scale",
+    "--dims",
+    "--ranks",
+    "--window",
+)
+_DASH_VALUE = re.compile(r"-($|[^-A-Za-z])")  # '-', '-,-', '-1=5'; not '-q' or '--json'
+
+
+def _join_dash_values(argv: Sequence[str]) -> list[str]:
+    """``--bandwidth -,-,200`` as ``--bandwidth=-,-,200``, so that argparse reads the value as one."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] in DASH_VALUES and _DASH_VALUE.match(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> None:
@@ -122,6 +166,7 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
         "--npu-delay-us",
         metavar="RANK=US[,RANK=US...]",
+        action=_Joined,
         default=None,
         help="late NPUs: each starts its work this many us late (a straggler); the model then runs "
         "every NPU, and each dim starts its stages in the order a run without them agrees on",
@@ -129,6 +174,7 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
     p.add_argument(
         "--link-scale",
         metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        action=_Joined,
         default=None,
         help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
         "link); a message runs at the smaller factor of its two ends",
@@ -190,10 +236,17 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
     )
     p.add_argument(
-        "--json", metavar="PATH", help="write the rows as a JSON list, updated as each row finishes"
+        "--json",
+        metavar="PATH",
+        type=_path,
+        help="write the rows as a JSON list, updated as each row finishes",
     )
-    p.add_argument("--csv", metavar="PATH", help="write the rows as CSV, updated as each row finishes")
-    p.add_argument("--jsonl", metavar="PATH", help="write the rows as JSON Lines, appended as each finishes")
+    p.add_argument(
+        "--csv", metavar="PATH", type=_path, help="write the rows as CSV, updated as each row finishes"
+    )
+    p.add_argument(
+        "--jsonl", metavar="PATH", type=_path, help="write the rows as JSON Lines, appended as each finishes"
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -205,7 +258,9 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
         help="model: run the cells on N local processes, or mpi (an mpi4py.futures pool: mpiexec -n K "
         "python -m mpi4py.futures -m themis_mpi model ...); the rows are the same, in order (default 1)",
     )
-    p.add_argument("--trace", metavar="PATH.h5", help="write an HDF5 trace of every stage (last iteration)")
+    p.add_argument(
+        "--trace", metavar="PATH.h5", type=_path, help="write an HDF5 trace of every stage (last iteration)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--format",
@@ -217,6 +272,9 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad command line in one line, from rank 0 only."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(_join_dash_values(sys.argv[1:] if args is None else args), namespace)
 
     def error(self, message: str):
         if env_rank() == 0:
@@ -299,6 +357,7 @@ def _train_parser(sub: Any) -> None:
     p.add_argument(
         "--npu-compute-scale",
         metavar="RANK=F[,RANK=F...]",
+        action=_Joined,
         default=None,
         help="stragglers: that NPU's compute and update times times F (1.5 = half as fast again)",
     )
@@ -357,7 +416,7 @@ def _train_parser(sub: Any) -> None:
         "--comm-group-configuration)",
     )
     _add_mpi(p)
-    p.add_argument("--json", metavar="PATH", help="write the rows as a JSON list")
+    p.add_argument("--json", metavar="PATH", type=_path, help="write the rows as a JSON list")
     p.add_argument("--workers", default="1", help="model: run the policies on N local processes, or mpi (1)")
 
 
@@ -371,7 +430,7 @@ def _convert_parser(sub: Any) -> None:
         "here came from.",
     )
     p.add_argument("input", metavar="IN", help="text workload or .et file")
-    p.add_argument("output", metavar="OUT", help="output: .et / .et.gz, or a text file")
+    p.add_argument("output", metavar="OUT", type=_path, help="output: .et / .et.gz, or a text file")
     p.add_argument("-t", "--topology", default="2x2x2", help="topology for text -> ET (default 2x2x2)")
     p.add_argument("-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)")
 
@@ -399,8 +458,8 @@ def _replay_parser(sub: Any) -> None:
     _add_topology(p, default=None)
     _add_network(p, "the recorded one")
     _add_mpi(p, clock=False)
-    p.add_argument("--json", metavar="PATH", help="write the comparison as JSON")
-    p.add_argument("--trace", metavar="PATH.h5", help="write the replay's own trace")
+    p.add_argument("--json", metavar="PATH", type=_path, help="write the comparison as JSON")
+    p.add_argument("--trace", metavar="PATH.h5", type=_path, help="write the replay's own trace")
 
 
 def _analyze_parser(sub: Any) -> None:
@@ -417,8 +476,10 @@ def _analyze_parser(sub: Any) -> None:
         default=[0],
         help="ranks whose events give busy times and timelines, comma-separated (default 0)",
     )
-    p.add_argument("--json", metavar="PATH", help="write the analysis as JSON")
-    p.add_argument("--plot", metavar="DIR", help="write PNG timelines, utilization and queue depth")
+    p.add_argument("--json", metavar="PATH", type=_path, help="write the analysis as JSON")
+    p.add_argument(
+        "--plot", metavar="DIR", type=_path, help="write PNG timelines, utilization and queue depth"
+    )
 
 
 def _export_parser(sub: Any) -> None:
@@ -431,11 +492,11 @@ def _export_parser(sub: Any) -> None:
         "it is written.",
     )
     p.add_argument("trace_in", metavar="TRACE.h5", nargs="?", help="the trace (with --perfetto)")
-    p.add_argument("--perfetto", metavar="OUT.json", help="write the trace as trace-event JSON")
+    p.add_argument("--perfetto", metavar="OUT.json", type=_path, help="write the trace as trace-event JSON")
     p.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1 (default all)")
     p.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
     p.add_argument("--collective", type=int, default=None, help="keep one collective")
-    p.add_argument("--msccl", metavar="OUT.xml", help="write a built-in algorithm as MSCCL-IR XML")
+    p.add_argument("--msccl", metavar="OUT.xml", type=_path, help="write a built-in algorithm as MSCCL-IR XML")
     p.add_argument(
         "--algorithm", default="ring", help="with --msccl: ring, direct or halving_doubling (ring)"
     )
@@ -485,7 +546,7 @@ def _synthesize_parser(sub: Any) -> None:
         help="nccl-tests' size: the all-gather's output, the others' input (64M)",
     )
     p.add_argument("--chunks-per-npu", type=int, default=1, help="chunks each NPU's block is cut into (1)")
-    p.add_argument("--out", metavar="FILE.xml", required=True, help="the MSCCL-IR file to write")
+    p.add_argument("--out", metavar="FILE.xml", type=_path, required=True, help="the MSCCL-IR file to write")
 
 
 def _calibrate_parser(sub: Any) -> None:
@@ -540,22 +601,26 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument(
         "--gpus-per-node", type=int, default=None, help="GPUs per node (default: from the log's host names)"
     )
-    p.add_argument("--json", metavar="PATH", help='write {"topology", "chunks", "args", "rows", ...}')
+    p.add_argument(
+        "--json", metavar="PATH", type=_path, help='write {"topology", "chunks", "args", "rows", ...}'
+    )
 
 
 def _plot_parser(sub: Any) -> None:
     """`themis-mpi plot`."""
     p = sub.add_parser(
         "plot",
-        help="plot a sweep's rows (--csv or --json of run, model or train)",
+        help="plot a sweep's rows (--csv, --json or --jsonl of run, model or train)",
         description="One line per value of --hue, --y against --x. Short names: size, time, ideal, busbw, "
         "algbw, util, chunks, iteration; any other column by its name.",
     )
-    p.add_argument("rows", metavar="ROWS", help="a --csv or --json file of run, model or train")
+    p.add_argument("rows", metavar="ROWS", help="a --csv, --json or --jsonl file of run, model or train")
     p.add_argument("--x", default="size", help="the x axis (default size)")
     p.add_argument("--y", default="busbw", help="the y axis (default busbw)")
     p.add_argument("--hue", default="policy", help="one line per value of this column (default policy)")
-    p.add_argument("--out", metavar="PNG", default=None, help="the picture (default: ROWS with .png)")
+    p.add_argument(
+        "--out", metavar="PNG", type=_path, default=None, help="the picture (default: ROWS with .png)"
+    )
 
 
 LLM_PRESETS = ("gpt3-175b", "llama2-70b", "mixtral-8x7b")  # workloads.llm.PRESETS (not imported here)
@@ -601,7 +666,7 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--efficiency", type=float, default=0.5, help="share of the peak reached (default 0.5)")
     p.add_argument("--bytes-per-element", type=int, default=2, help="e: bytes per element (default 2)")
     _add_topology(p, "2x2x2")
-    p.add_argument("--out", metavar="PREFIX", help="write PREFIX.<rank>.et, one file per rank")
+    p.add_argument("--out", metavar="PREFIX", type=_path, help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
     p.add_argument(
         "-c",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..policies import (
+    broken_plugins,
     inter_class,
     inter_names,
     intra_class,
@@ -17,7 +19,11 @@ from ..policies import (
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    """`themis-mpi policies`: every policy and scheduler, with where it comes from."""
+    """`themis-mpi policies`: every policy and scheduler, with where it comes from.
+
+    A plugin that cannot be taken is left out of the lists and named once on stderr, under its
+    own group (exit 2): it never hides the others.
+    """
     inter, intra, schedulers = inter_names(), intra_names(), scheduler_names()
     width = max(map(len, inter + intra + schedulers))
     print(f"# inter-dim policies (--policy); {len(inter)}")
@@ -34,4 +40,7 @@ def cmd_policies(args: argparse.Namespace) -> int:
         scheduler = scheduler_class(name)
         tags = ("slices tensors, " if scheduler.slices else "") + scheduler_origin(name)
         print(f"  {name:<{width}}  {scheduler.description}  [{tags}]")
-    return 0
+    broken = broken_plugins()
+    for line in broken:
+        print(f"themis-mpi: error: {line}", file=sys.stderr)
+    return 2 if broken else 0

@@ -22,7 +22,7 @@ from ..results import CollectiveResult, flat_row, median
 from ..run.backend import open_backend
 from ..run.collective import run_collective
 from ..run.pool import fingerprint, parse_workers, run_cells
-from ..run.sweep import sweep_cells
+from ..run.sweep import check_row, sweep_cells
 from ..topology import Topology
 from ..units import format_size
 from .options import (
@@ -152,8 +152,17 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
     if not quiet:
         check_outputs(args.json, args.csv, args.jsonl, inputs=input_files(*split_list(args.topology)))
     files = SweepFiles(
-        fingerprint(cells, command, 1), args.json, args.csv, args.jsonl, flat_row, args.resume and not quiet
+        fingerprint(cells, command, 1),
+        args.json,
+        args.csv,
+        args.jsonl,
+        flat_row,
+        args.resume and not quiet,
+        cells=len(cells),
+        check=check_row,
     )
+    if files.dropped:
+        _say_dropped(files.dropped)
     todo = [i for i in range(len(cells)) if i not in files.done]
     progress = Lines(
         len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=_data_on_stdout(args)
@@ -182,6 +191,20 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
     if not quiet:
         files.close()
     return 0
+
+
+def _say_dropped(dropped: dict[str, tuple[int, dict[str, int]]]) -> None:
+    """One line: the rows --resume dropped from each file (and why), which it rewrote without them."""
+    parts = []
+    for path, (read, why) in dropped.items():
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in why.items())
+        parts.append(f"{sum(why.values())} of {read} rows of {path} ({reasons})")
+    print(
+        f"themis-mpi: warning: --resume dropped {'; '.join(parts)}, and rewrote the files without them; "
+        "their cells run again",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quiet: bool) -> None:

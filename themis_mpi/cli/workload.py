@@ -14,10 +14,12 @@ import argparse
 
 from ..config import RunConfig
 from ..errors import UsageError
+from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
 from ..model import ModelTransport
 from ..run.training import run_graph
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
+from ..workloads.et import MAX_ET_NODES
 from ..workloads.llm import (
     PARALLELISMS,
     PRESETS,
@@ -29,6 +31,7 @@ from ..workloads.llm import (
     parse_order,
     parse_schedule,
     place_groups,
+    rank_nodes,
     stage_order,
     traffic,
     write_llm,
@@ -57,6 +60,8 @@ def llm_config(args: argparse.Namespace) -> LlmConfig:
     for name in SHAPE:
         value = getattr(args, name)
         if value is not None:
+            if value < 1 and name in ("vocab", "ffn"):  # (0 is the library's "none" and "4 x hidden")
+                raise UsageError(f"--{name} must be >= 1, got {value}")
             shape[name] = value
     missing = [n for n in ("layers", "hidden", "heads", "seq", "vocab") if n not in shape]
     if missing:
@@ -162,7 +167,8 @@ def price_all(
 
 def simai_network(npus: int, args: argparse.Namespace) -> Topology:
     """SimAI's README network for one stage: 8 GPUs per server on NVLink, a NIC per GPU beyond."""
-    nv, nic = args.nvlink_gbps, args.nic_gbps
+    nv = in_range("--nvlink-gbps", args.nvlink_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s")
+    nic = in_range("--nic-gbps", args.nic_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s")
     servers, per = max(1, npus // 8), min(8, npus)
     spec = f"SW({per},{nv:g},0)" + (f"_SW({servers},{nic:g},0)" if servers > 1 else "")
     return parse_topology(spec)
@@ -272,6 +278,11 @@ def cmd_workload(args: argparse.Namespace) -> int:
     for line in summary(c, layout):
         print(line)
     if args.out:
+        if rank_nodes(c) * c.npus > MAX_ET_NODES:
+            raise UsageError(
+                f"--out would write {c.npus} files of up to {rank_nodes(c)} nodes each; at most "
+                f"{MAX_ET_NODES} nodes in all, as convert writes (fewer NPUs, or a smaller shape)"
+            )
         write_llm(c, layout.topology, args.out)
         print(
             f"# wrote {args.out}.0.et .. {args.out}.{c.npus - 1}.et ({c.npus} files, pipeline schedule in "

@@ -34,6 +34,7 @@ from .inter import ThemisTracker
 from .registry import (
     ENTRY_POINT_GROUP,
     SCHEDULER_GROUP,
+    broken_plugins,
     default_partition_mib,
     inter_class,
     inter_names,
@@ -57,6 +58,7 @@ __all__ = [
     "SCHEDULER_GROUP",
     "UNKNOWN",
     "CommScheduler",
+    "broken_plugins",
     "Chunk",
     "InterPolicy",
     "IntraPolicy",

@@ -16,6 +16,7 @@ entry-point group.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -201,15 +202,22 @@ class InterPolicy:
 
 
 def checked_order(policy: InterPolicy, order, n_dims: int, chunk: Chunk) -> list[int]:
-    """The order as a list of ints, or a `PolicyError` naming the policy when it is no permutation."""
-    try:
-        values = [int(d) for d in order]
-    except (TypeError, ValueError):
-        values = None
+    """The order as a list of ints, or a `PolicyError` naming the policy when it is no permutation.
+
+    Its items must be integers: a float (0.9) or a string ("210") is refused, not rounded or split.
+    """
+    values = None
+    if not isinstance(order, (str, bytes)):
+        try:
+            items = list(order)
+        except TypeError:
+            items = []
+        if items and all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in items):
+            values = [int(d) for d in items]
     if values is None or sorted(values) != list(range(n_dims)):
         raise PolicyError(
-            f"policy {policy.name!r} returned order {order!r} for chunk {chunk.index}; "
-            f"it must be a permutation of the {n_dims} dims 0..{n_dims - 1}"
+            f"policy {policy.name!r} returned order {reprlib.repr(order)} for chunk {chunk.index}; "
+            f"it must be a permutation of the {n_dims} dims 0..{n_dims - 1}, as integers"
         )
     return values
 

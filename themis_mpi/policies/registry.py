@@ -11,12 +11,14 @@ Entry points are read once, when a name that is not built in is looked up or the
 listed: a built-in name resolves without them, since reading every installed distribution's
 metadata (and importing ``importlib.metadata``) cost each MPI rank about a third of the package's
 import time. A plugin that fails to load, is not a policy class, or takes a built-in's name is
-refused with one line naming it whenever they are read.
+left out and named, under its own group, when its name is asked for or the plugins are listed;
+it never hides the other plugins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from .base import InterPolicy, IntraPolicy
@@ -39,40 +41,75 @@ BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
 BUILTIN_INTRA: tuple[type[IntraPolicy], ...] = (Fifo, Scf, Rg, Lrpf)
 _BUILTIN: dict[str, type] = {p.name: p for p in BUILTIN_INTER} | {p.name: p for p in BUILTIN_INTRA}
 
-_loaded: dict[str, tuple[dict[str, type], dict[str, str]]] = {}
+GROUP_WHAT = {ENTRY_POINT_GROUP: "policy", SCHEDULER_GROUP: "scheduler"}
 
 
-def _plugin_error(ep, why: str) -> UsageError:
-    dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
-    return UsageError(f"policy plugin {ep.name!r} ({ep.value}, from {dist}) {why}")
+@dataclass
+class Plugins:
+    """One entry-point group read: name -> class and origin of every policy, and the broken plugins.
+
+    A plugin that fails to load, is not of the group's kind, or takes a taken name is kept out,
+    under its entry point's name, with the one line that says why (`broken`): it is reported when
+    its name is asked for, or by `themis-mpi policies`, and never hides the others.
+    """
+
+    classes: dict[str, type]
+    origin: dict[str, str]
+    broken: dict[str, str] = field(default_factory=dict)
 
 
-def _registry() -> tuple[dict[str, type], dict[str, str]]:
-    """Name -> class of every policy, and name -> where it comes from ("builtin" or the plugin)."""
-    if "all" in _loaded:
-        return _loaded["all"]
+_loaded: dict[str, Plugins] = {}
+
+
+def _read(group: str, builtin: dict[str, type], base: type | tuple[type, ...], kind: str) -> Plugins:
+    """The built-in classes, then the group's plugins that load and are `base` subclasses."""
+    if group in _loaded:
+        return _loaded[group]
     from importlib import metadata
 
-    classes: dict[str, type] = dict(_BUILTIN)
-    origin: dict[str, str] = dict.fromkeys(_BUILTIN, "builtin")
-    for ep in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    found = Plugins(dict(builtin), dict.fromkeys(builtin, "builtin"))
+    what = GROUP_WHAT[group]
+    for ep in sorted(metadata.entry_points(group=group), key=lambda e: e.name):
+        dist = getattr(getattr(ep, "dist", None), "name", None) or "unknown distribution"
+        where = f"{what} plugin {ep.name!r} ({ep.value}, from {dist}, entry-point group {group})"
         try:
             cls = ep.load()
         except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
-            raise _plugin_error(ep, f"failed to load: {type(exc).__name__}: {exc}") from None
-        if not (isinstance(cls, type) and issubclass(cls, (InterPolicy, IntraPolicy))):
-            raise _plugin_error(ep, "is not a subclass of InterPolicy or IntraPolicy")
+            found.broken[ep.name] = f"{where} failed to load: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            found.broken[ep.name] = f"{where} is not a subclass of {kind}"
+            continue
         name = getattr(cls, "name", "") or ep.name
-        if name in classes and classes[name] is not cls:
-            raise _plugin_error(ep, f"takes the name {name!r}, which {origin[name]} policy already has")
-        classes[name], origin[name] = cls, f"plugin {ep.value}"
-    _loaded["all"] = (classes, origin)
-    return classes, origin
+        if name in found.classes and found.classes[name] is not cls:
+            found.broken[ep.name] = f"{where} takes the name {name!r}, which {found.origin[name]} {what} has"
+            continue
+        found.classes[name], found.origin[name] = cls, f"plugin {ep.value}"
+    _loaded[group] = found
+    return found
+
+
+def _registry() -> Plugins:
+    """The policies: the built-in ones, then the plugins of `ENTRY_POINT_GROUP`."""
+    return _read(ENTRY_POINT_GROUP, _BUILTIN, (InterPolicy, IntraPolicy), "InterPolicy or IntraPolicy")
+
+
+def broken_plugins() -> list[str]:
+    """One line for every plugin of either group that could not be taken (`Plugins.broken`)."""
+    return [*_registry().broken.values(), *_scheduler_registry().broken.values()]
 
 
 def _lookup(name: str) -> type | None:
-    """A policy class by name: a built-in one without reading the entry points, else the registry's."""
-    return _BUILTIN.get(name) or _registry()[0].get(name)
+    """A policy class by name: a built-in one without reading the entry points, else the registry's.
+
+    A broken plugin of that name is its own error.
+    """
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    plugins = _registry()
+    if name in plugins.broken:
+        raise UsageError(plugins.broken[name])
+    return plugins.classes.get(name)
 
 
 def is_inter(name: str) -> bool:
@@ -89,19 +126,17 @@ def is_intra(name: str) -> bool:
 
 def inter_names() -> list[str]:
     """Names of the inter-dim policies: the built-in ones first, then plugins."""
-    classes, _ = _registry()
-    return [n for n, c in classes.items() if issubclass(c, InterPolicy)]
+    return [n for n, c in _registry().classes.items() if issubclass(c, InterPolicy)]
 
 
 def intra_names() -> list[str]:
     """Names of the intra-dim policies: the built-in ones first, then plugins."""
-    classes, _ = _registry()
-    return [n for n, c in classes.items() if issubclass(c, IntraPolicy)]
+    return [n for n, c in _registry().classes.items() if issubclass(c, IntraPolicy)]
 
 
 def origin(name: str) -> str:
     """Where a policy comes from: "builtin" or "plugin module:Class"."""
-    return "builtin" if name in _BUILTIN else _registry()[1][name]
+    return "builtin" if name in _BUILTIN else _registry().origin[name]
 
 
 def _policy_class(name: str, base: type, what: str, names: Callable[[], list[str]]) -> type:
@@ -145,45 +180,32 @@ def make_intra(name: str) -> IntraPolicy:
 
 # --- communication schedulers (their own group and names) --------------------------------------
 
-_BUILTIN_SCHEDULERS: dict[str, type[CommScheduler]] = {s.name: s for s in BUILTIN_SCHEDULERS}
+_BUILTIN_SCHEDULERS: dict[str, type] = {s.name: s for s in BUILTIN_SCHEDULERS}
 
 
-def _scheduler_registry() -> tuple[dict[str, type[CommScheduler]], dict[str, str]]:
-    """Name -> class of every scheduler, and name -> where it comes from."""
-    if "schedulers" in _loaded:
-        return _loaded["schedulers"]
-    from importlib import metadata
-
-    classes: dict[str, type[CommScheduler]] = dict(_BUILTIN_SCHEDULERS)
-    where: dict[str, str] = dict.fromkeys(_BUILTIN_SCHEDULERS, "builtin")
-    for ep in sorted(metadata.entry_points(group=SCHEDULER_GROUP), key=lambda e: e.name):
-        try:
-            cls = ep.load()
-        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
-            raise _plugin_error(ep, f"failed to load: {type(exc).__name__}: {exc}") from None
-        if not (isinstance(cls, type) and issubclass(cls, CommScheduler)):
-            raise _plugin_error(ep, "is not a subclass of CommScheduler")
-        name = getattr(cls, "name", "") or ep.name
-        if name in classes and classes[name] is not cls:
-            raise _plugin_error(ep, f"takes the name {name!r}, which {where[name]} scheduler already has")
-        classes[name], where[name] = cls, f"plugin {ep.value}"
-    _loaded["schedulers"] = (classes, where)
-    return classes, where
+def _scheduler_registry() -> Plugins:
+    """The communication schedulers: the built-in ones, then the plugins of `SCHEDULER_GROUP`."""
+    return _read(SCHEDULER_GROUP, _BUILTIN_SCHEDULERS, CommScheduler, "CommScheduler")
 
 
 def scheduler_names() -> list[str]:
     """Names of the communication schedulers: the built-in ones first, then plugins."""
-    return list(_scheduler_registry()[0])
+    return list(_scheduler_registry().classes)
 
 
 def scheduler_origin(name: str) -> str:
     """Where a scheduler comes from: "builtin" or "plugin module:Class"."""
-    return "builtin" if name in _BUILTIN_SCHEDULERS else _scheduler_registry()[1][name]
+    return "builtin" if name in _BUILTIN_SCHEDULERS else _scheduler_registry().origin[name]
 
 
 def scheduler_class(name: str) -> type[CommScheduler]:
     """The scheduler class of a name; one line naming the choices when unknown."""
-    cls = _BUILTIN_SCHEDULERS.get(name) or _scheduler_registry()[0].get(name)
+    if name in _BUILTIN_SCHEDULERS:
+        return _BUILTIN_SCHEDULERS[name]
+    plugins = _scheduler_registry()
+    if name in plugins.broken:
+        raise UsageError(plugins.broken[name])
+    cls = plugins.classes.get(name)
     if cls is None:
         raise UsageError(
             f"unknown communication scheduler {name!r}; use one of {', '.join(scheduler_names())} "

@@ -8,6 +8,8 @@ state it keeps between collectives (roundRobin's counter) carries on, as on a re
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -17,11 +19,13 @@ from ..collectives import Collective
 from ..config import RunConfig
 from ..errors import UsageError
 from ..network import check_rule
+from ..output import CELL, FINGERPRINT
 from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
 from ..topology import Topology
 from ..verify import check_range
 
 BOTH = ("baseline", "themis")  # what `-p both` (the default) names
+_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?(nan|inf|infinity)", re.I)
 
 
 @dataclass(frozen=True)
@@ -124,3 +128,26 @@ def sweep_cells(
         for coll in collectives(topo, sizes_bytes, chunks, op=op, dtype=dtype, dims=dims, redop=redop)
         for policy, config in configs
     ]
+
+
+def check_row(row: dict) -> str | None:
+    """Why a sweep's row may not be written or kept, or None: a time, every number finite and >= 0.
+
+    `row` is flat, as CSV holds it (`results.flat_row`; CSV's numbers are text, read as numbers
+    here). This is the one check of a row's values: `--resume` drops a row read back that fails
+    it (`output.SweepFiles`), so that a kept row is checked as a fresh one is. The cell and the
+    sweep's fingerprint are checked by the files themselves.
+    """
+    numbers = {}
+    for key, value in row.items():
+        if key in (CELL, FINGERPRINT) or isinstance(value, bool):
+            continue
+        if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            value = float(value)
+        if isinstance(value, (int, float)):
+            numbers[key] = value
+            if not (math.isfinite(value) and value >= 0):
+                return "a negative or non-finite number"
+    if "time_us" not in numbers:
+        return "no time_us"
+    return None

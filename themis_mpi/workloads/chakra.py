@@ -51,7 +51,7 @@ from ..engine import Engine, Event, ProcessGenerator
 from ..errors import UsageError
 from ..limits import MAX_TIME_NS
 from ..policies import UNKNOWN, Need, Schedule
-from ..topology import Topology
+from ..topology import Topology, _shown
 from .et import (
     COMM_COLL_NODE,
     COMM_RECV_NODE,
@@ -173,8 +173,15 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
         raise UsageError(f"{path}: communicator groups must be an object of id -> list of NPUs")
     out = {}
     for name, members in doc.items():
-        if not isinstance(members, list) or not members or not all(isinstance(m, int) for m in members):
-            raise UsageError(f"{path}: group {name!r} must be a non-empty list of NPU ids")
+        if (
+            not isinstance(members, list)
+            or not members
+            or not all(isinstance(m, int) and not isinstance(m, bool) for m in members)
+        ):
+            raise UsageError(
+                f"{path}: group {_shown(name)} must be a non-empty list of NPU ids (integers), "
+                f"got {_shown(json.dumps(members))}"
+            )
         out[str(name)] = tuple(members)
     return out
 

@@ -431,6 +431,8 @@ def parse_et_bytes(data: bytes, path: str = "<bytes>") -> EtTrace:
             else:
                 if len(trace.nodes) >= MAX_ET_NODES:
                     raise _Malformed(start, f"more than {MAX_ET_NODES} nodes")
+                if length == 0:  # (a run of zero bytes is a run of these: refused at the first)
+                    raise _Malformed(start, "an empty record (no id, no type) is no Chakra node")
                 node = Node(id=0)
                 _node(body, node)
                 trace.nodes.append(node)

@@ -36,10 +36,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
+from ..limits import MAX_NPUS, MAX_SIZE_BYTES, MAX_TIME_NS, in_range
 from ..topology import Dim, Topology
 from .et import COMM_COLL_NODE, COMM_RECV_NODE, COMM_SEND_NODE, COMP_NODE, Attr, EtTrace, Node, write_et
 
 ALL_REDUCE, ALL_GATHER, ALL_TO_ALL, REDUCE_SCATTER = 0, 2, 6, 7
+# Each shape flag's range (`check_config`): wider than any model trained so far. The degrees come
+# first, so that a default made of them (the global batch) is never blamed for them.
+RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("tp", "pp", "dp", "ep"), (1, MAX_NPUS)),
+    "layers": (1, 1 << 20),
+    "hidden": (1, 1 << 20),
+    "heads": (1, 1 << 16),
+    "seq": (1, 1 << 24),
+    "vocab": (0, 1 << 24),  # 0: no embedding or output layer
+    "ffn": (0, 1 << 24),  # 0: 4 * hidden
+    "experts": (0, 1 << 16),  # 0: dense
+    "topk": (1, 1 << 16),
+    "micro_batch": (1, 1 << 20),
+    "global_batch": (1, 1 << 40),
+    "bytes_per_element": (1, 16),
+}
+MAX_VIRTUAL_CHUNKS = 1024  # interleaved:V
+MIN_TFLOPS, MAX_TFLOPS = 1e-6, 1e9  # --peak-tflops
+# One rank's graph (`rank_nodes`): the GPT-3 175B preset on 8 x 8 x 16 GPUs holds about 10,000
+# nodes, and building a million takes tens of seconds, so a shape past it is refused.
+MAX_LLM_NODES = 1_000_000
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PARALLELISMS = ("TP", "PP", "DP", "EP")
 GROUPS = ("tp", "dp", "pp")
@@ -187,19 +209,26 @@ class LlmConfig:
 
 
 def check_config(c: LlmConfig) -> None:
-    """Refuse a shape that does not divide, with one line."""
+    """Refuse a shape out of range, one that does not divide, or a graph past the cap, with one line.
+
+    The line names the flag (`RANGES`); the cap is `MAX_LLM_NODES` nodes in one rank's graph.
+    """
     parse_order(c.order)
-    for name in ("layers", "hidden", "heads", "seq", "micro_batch", "global_batch", "tp", "pp", "dp", "ep"):
-        if getattr(c, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(c, name)}")
-    if c.vocab < 0 or c.experts < 0 or c.ffn < 0:
-        raise UsageError("--vocab, --experts and --ffn must be >= 0")
+    for name, (lo, hi) in RANGES.items():  # the degrees first: a default below is made of them
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be an integer between {lo} and {hi}, got {value!r}"
+            )
     if c.schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule {c.schedule!r}; use gpipe, 1f1b or interleaved:V")
+    if isinstance(c.chunks, bool) or not isinstance(c.chunks, int) or not 1 <= c.chunks <= MAX_VIRTUAL_CHUNKS:
+        raise UsageError(f"interleaved:V needs V between 1 and {MAX_VIRTUAL_CHUNKS}, got {c.chunks!r}")
     if c.zero not in (0, 1, 2, 3):
         raise UsageError(f"--zero must be 0, 1, 2 or 3, got {c.zero}")
-    if not (c.peak_tflops > 0 and 0 < c.efficiency <= 1):
-        raise UsageError("--peak-tflops must be > 0 and --efficiency in (0, 1]")
+    in_range("--peak-tflops", c.peak_tflops, MIN_TFLOPS, MAX_TFLOPS, "TFLOP/s")
+    if not (isinstance(c.efficiency, (int, float)) and 0 < c.efficiency <= 1):  # (NaN fails it)
+        raise UsageError(f"--efficiency must be in (0, 1], got {c.efficiency!r}")
     if c.hidden % c.heads:
         raise UsageError(f"hidden size {c.hidden} is not divisible by {c.heads} heads")
     if c.heads % c.tp:
@@ -221,6 +250,47 @@ def check_config(c: LlmConfig) -> None:
         raise UsageError(f"EP {c.ep} must divide DP {c.dp} and the {c.experts} experts")
     if c.moe and not 1 <= c.topk <= c.experts:
         raise UsageError(f"--topk must be in 1..{c.experts}, got {c.topk}")
+    check_size(c)
+
+
+def check_size(c: LlmConfig) -> None:
+    """Refuse a shape whose messages, gradients or kernels leave their ranges, or whose graph is too big."""
+    biggest = max(
+        c.activation_bytes * c.topk, max(sum(c.stage_params(s)) for s in (0, c.pp - 1)) * c.bytes_per_element
+    )
+    if biggest > MAX_SIZE_BYTES:
+        raise UsageError(
+            f"this shape moves {biggest} bytes in one collective; at most {MAX_SIZE_BYTES} (2^50): "
+            "a smaller --hidden, --seq, --micro-batch or --ffn, or more --pp"
+        )
+    longest = max(c.layer_forward_ns * (3 if c.recompute else 2), c.head_forward_ns * 3)
+    if longest > MAX_TIME_NS:
+        raise UsageError(
+            f"one kernel of this shape takes {longest:g} ns; at most {MAX_TIME_NS:g} (a day): "
+            "a larger --peak-tflops or a smaller shape"
+        )
+    nodes = rank_nodes(c)
+    if nodes > MAX_LLM_NODES:
+        raise UsageError(
+            f"one rank's graph of this shape holds up to {nodes} nodes ({c.micro_batches} micro-batches "
+            f"of {c.layers_per_stage * c.chunks} layers per device); workload gpt builds at most "
+            f"{MAX_LLM_NODES}: fewer --layers or a smaller --global-batch, or more --pp or --dp"
+        )
+
+
+def rank_nodes(c: LlmConfig) -> int:
+    """At most how many nodes one rank's graph holds (`rank_graph`), from the shape alone.
+
+    Per micro-batch, chunk and layer: the forward's two kernels, two TP all-reduces (TP > 1), two
+    all-to-alls (EP > 1) and ZeRO-3's all-gathers (DP > 1); the backward's the same, twice with
+    recompute; per micro-batch and chunk two heads and four messages (PP > 1); the gradient
+    buckets of --overlap-dp and the step's collectives.
+    """
+    per_pass = 2 + 2 * (c.tp > 1) + 2 * (c.moe and c.ep > 1)
+    gathers = (c.zero == 3) * ((c.dp > 1) + (c.moe and c.dp > c.ep))
+    layer = 2 * gathers + per_pass * (3 if c.recompute else 2)
+    units = c.micro_batches * c.chunks
+    return units * (c.layers_per_stage * layer + 2 + 4 * (c.pp > 1)) + 2 * c.chunks * c.layers_per_stage + 4
 
 
 def parse_order(text: str) -> tuple[str, ...]:

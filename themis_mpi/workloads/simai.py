@@ -25,10 +25,14 @@ the generated-GPT path's schedule and builder (`llm.message_units`, `llm._Builde
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
+from ..limits import MAX_NPUS, MAX_SIZE_BYTES, MAX_TIME_NS
+from ..topology import _shown
 from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
 from .llm import Layout, _Builder, message_units
 
@@ -44,6 +48,15 @@ HEADER_KEYS = (
     "checkpoints",
     "checkpoint_initiates",
 )
+# Each header value's range (others: 0 up to `MAX_NPUS`): parallel degrees and counts are >= 1.
+HEADER_RANGES = {
+    **dict.fromkeys(("model_parallel_NPU_group", "ep", "pp", "vpp", "ga", "all_gpus"), (1, MAX_NPUS)),
+    "pp_comm": (0, MAX_SIZE_BYTES),
+}
+# Layer lines of a file: AICB's hold a few thousand; more is refused (docs/workloads.md#simais-workloads).
+MAX_SIMAI_LINES = 100_000
+MAX_LINE_BYTES = 4096  # a layer line is 12 short fields
+_INT = re.compile(r"-?[0-9]{1,18}")  # (a longer one is out of every range)
 
 
 @dataclass(frozen=True)
@@ -80,27 +93,77 @@ class SimaiWorkload:
         return self.all_gpus // (self.tp * self.pp)
 
 
-def parse_simai(path: str) -> SimaiWorkload:
-    """Read a SimAI workload file; a malformed one is refused with one line naming file and line."""
+def _lines(path: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, tokens) of each line, read a line at a time; a line that is no text is refused."""
     try:
-        with open(path) as f:
-            lines = [line.split() for line in f]
+        with open(path, "rb") as f:
+            for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), start=1):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise UsageError(
+                        f"{path}:{n}: a line longer than {MAX_LINE_BYTES} bytes; not a SimAI workload"
+                    )
+                try:
+                    yield n, raw.decode("utf-8").split()
+                except UnicodeDecodeError as exc:
+                    raise UsageError(
+                        f"{path}:{n}: not text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+                        "a SimAI workload is a text file"
+                    ) from None
     except OSError as exc:
-        raise UsageError(f"cannot read SimAI workload {path}: {exc.strerror}") from None
-    if not lines or not lines[0] or lines[0][0] != "HYBRID_TRANSFORMER_FWD_IN_BCKWD":
+        raise UsageError(f"cannot read SimAI workload {path}: {exc.strerror or exc}") from None
+
+
+def _integer(token: str, what: str, lo: int, hi: int, where: str, why: str = "") -> int:
+    """An integer token in [lo, hi]; one line naming the field and the range (and `why`) otherwise."""
+    if not _INT.fullmatch(token) or not lo <= int(token) <= hi:
+        raise UsageError(
+            f"{where}: {what} must be an integer between {lo} and {hi}{why}, got {_shown(token)}"
+        )
+    return int(token)
+
+
+def _time_ns(token: str, what: str, where: str) -> float:
+    """A compute time in ns: a finite number between 0 and a day."""
+    try:
+        value = float(token)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_TIME_NS:  # (NaN fails it)
+        raise UsageError(
+            f"{where}: {what} must be a time between 0 and {MAX_TIME_NS:g} ns, got {_shown(token)}"
+        )
+    return value
+
+
+def _collective(tokens: list[str], at: int, phase: str, where: str) -> tuple[str, int]:
+    """A phase's (type, bytes): a known type, and a size between 0 and `MAX_SIZE_BYTES`."""
+    kind = tokens[at]
+    if kind != "NONE" and split_type(kind, phase)[0] not in OPS:
+        raise UsageError(
+            f"{where}: {phase} collective type {_shown(kind)} is unknown "
+            f"(NONE, or {', '.join(OPS)} with an optional _EP or _DP_EP)"
+        )
+    return kind, _integer(tokens[at + 1], f"{phase} collective bytes", 0, MAX_SIZE_BYTES, where)
+
+
+def parse_simai(path: str) -> SimaiWorkload:
+    """Read a SimAI workload file; a malformed one is refused with one line naming file, line and field.
+
+    Every number is checked as it is read (sizes, times and header values in range, finite), and
+    a file of more than `MAX_SIMAI_LINES` layer lines is refused from its second line on.
+    """
+    lines = _lines(path)
+    _, first = next(lines, (1, []))
+    if not first or first[0] != "HYBRID_TRANSFORMER_FWD_IN_BCKWD":
         raise UsageError(f"{path}:1: a SimAI workload starts with HYBRID_TRANSFORMER_FWD_IN_BCKWD")
-    head = lines[0][1:]
+    head = first[1:]
     values: dict[str, int] = {}
-    i = 0
-    while i < len(head):
+    for i in range(0, len(head), 2):
         key = head[i].rstrip(":")
         if i + 1 >= len(head):
-            raise UsageError(f"{path}:1: header key {key!r} has no value")
-        try:
-            values[key] = int(head[i + 1])
-        except ValueError:
-            raise UsageError(f"{path}:1: header {key}: expected an integer, got {head[i + 1]!r}") from None
-        i += 2
+            raise UsageError(f"{path}:1: header key {_shown(key)} has no value")
+        lo, hi = HEADER_RANGES.get(key, (0, MAX_NPUS))
+        values[key] = _integer(head[i + 1], f"header {key}", lo, hi, f"{path}:1")
     tp = values.get("model_parallel_NPU_group")
     if tp is None or "all_gpus" not in values:
         raise UsageError(f"{path}:1: the header needs model_parallel_NPU_group: and all_gpus:")
@@ -114,38 +177,37 @@ def parse_simai(path: str) -> SimaiWorkload:
         values["all_gpus"],
         values.get("pp_comm", 0),
     )
-    if min(wl.tp, wl.ep, wl.pp, wl.ga, wl.all_gpus) < 1 or wl.all_gpus % (wl.tp * wl.pp) or wl.dp % wl.ep:
+    if wl.all_gpus % (wl.tp * wl.pp) or wl.dp % wl.ep:
         raise UsageError(
             f"{path}:1: TP {wl.tp} x PP {wl.pp} must divide all_gpus {wl.all_gpus}, and EP {wl.ep} the DP"
         )
-    try:
-        count = int(lines[1][0])
-    except (IndexError, ValueError):
-        raise UsageError(f"{path}:2: expected the number of layers") from None
-    body = [t for t in lines[2:] if t]
-    if len(body) != count:
-        raise UsageError(f"{path}: the header says {count} layers, the file has {len(body)}")
-    for n, t in enumerate(body, start=3):
+    _, second = next(lines, (2, []))
+    if not second:
+        raise UsageError(f"{path}:2: expected the number of layers")
+    cap = " (a cap of this reader: AICB's files hold a few thousand)"
+    count = _integer(second[0], "the number of layers", 1, MAX_SIMAI_LINES, f"{path}:2", cap)
+    for n, t in lines:
+        if not t:
+            continue
+        where = f"{path}:{n}"
+        if len(wl.layers) == count:
+            raise UsageError(f"{where}: more layer lines than the {count} the header says")
         if len(t) != 12:
-            raise UsageError(f"{path}:{n}: a layer line has 12 fields, got {len(t)}")
-        try:
-            wl.layers.append(
-                SimaiLayer(
-                    t[0],
-                    float(t[2]),
-                    (t[3], int(t[4])),
-                    float(t[5]),
-                    (t[6], int(t[7])),
-                    float(t[8]),
-                    (t[9], int(t[10])),
-                    float(t[11]),
-                )
+            raise UsageError(f"{where}: a layer line has 12 fields, got {len(t)}")
+        wl.layers.append(
+            SimaiLayer(
+                t[0],
+                _time_ns(t[2], "fwd compute time", where),
+                _collective(t, 3, "fwd", where),
+                _time_ns(t[5], "ig compute time", where),
+                _collective(t, 6, "ig", where),
+                _time_ns(t[8], "wg compute time", where),
+                _collective(t, 9, "wg", where),
+                _time_ns(t[11], "update time", where),
             )
-        except ValueError as exc:
-            raise UsageError(f"{path}:{n}: {exc}") from None
-        for kind, _ in (wl.layers[-1].fwd, wl.layers[-1].ig, wl.layers[-1].wg):
-            if kind != "NONE" and split_type(kind, "fwd")[0] not in OPS:
-                raise UsageError(f"{path}:{n}: unknown collective {kind}")
+        )
+    if len(wl.layers) != count:
+        raise UsageError(f"{path}: the header says {count} layers, the file has {len(wl.layers)}")
     return wl
 
 
