@@ -496,7 +496,9 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("--ranks", type=_csv(int), default=None, help="ranks to keep, e.g. 0,1 (default all)")
     p.add_argument("--window", type=_csv(float), default=None, help="time window start,end in us")
     p.add_argument("--collective", type=int, default=None, help="keep one collective")
-    p.add_argument("--msccl", metavar="OUT.xml", type=_path, help="write a built-in algorithm as MSCCL-IR XML")
+    p.add_argument(
+        "--msccl", metavar="OUT.xml", type=_path, help="write a built-in algorithm as MSCCL-IR XML"
+    )
     p.add_argument(
         "--algorithm", default="ring", help="with --msccl: ring, direct or halving_doubling (ring)"
     )
