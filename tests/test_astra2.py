@@ -8,7 +8,7 @@ tests pin each rule of `cost`, `network.Astra2Network`, `npunet` and `engine` th
 import math
 
 import pytest
-from harness import DATA, check_rows, local, run_cases
+from harness import DATA, check_rows, in_process, run_cases
 
 from themis_mpi.astra import compare_row_2, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan
@@ -146,14 +146,14 @@ def test_the_compat_refuses_what_it_does_not_have():
 
 def test_bad_compat_flag_is_one_line_and_exit_2():
     """--compat-concurrent without --compat astra-sim-2 exits 2 with one line."""
-    proc = local(["model", "-t", "SW(8,50,500)", "-b", "1M", "--compat-concurrent"])
+    proc = in_process(["model", "-t", "SW(8,50,500)", "-b", "1M", "--compat-concurrent"])
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_cli_reads_2x_yaml_as_it_is():
     """themis-mpi model -t net_Ring8.yml --compat astra-sim-2 --network ideal gives the README's 2194.65 us."""
-    proc = local(
+    proc = in_process(
         ["model", "-t", f"{NETWORKS}/net_Ring8.yml", "-b", "64M", "-c", "1", "--algorithm", "ring"]
         + ["-p", "baseline", "--compat", "astra-sim-2", "--network", "ideal"]
     )

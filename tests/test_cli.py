@@ -1,11 +1,9 @@
-"""Rules for the `themis-mpi` command line, run under mpiexec exactly as a user would."""
+"""Rules for the `themis-mpi` command line: under mpiexec exactly as a user would, or in-process where no process is needed."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from harness import ROOT, cli, local, mpi_env
+from harness import cli, in_process, local
 
 
 def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
@@ -83,31 +81,43 @@ def test_json_rows_hold_the_documented_fields(tmp_path):
         assert {"busy_us", "bytes", "utilization"} <= set(r["dims"][0])
 
 
-@pytest.mark.parametrize(
-    "ranks,args,fragment",
-    [
-        (4, ["run", "-t", "2x2x2"], "but 4 MPI ranks were started"),
-        (2, ["run", "-t", "no-such-preset"], "unknown topology preset"),
-        (2, ["run", "-t", "SW(2,100"], "malformed topology dim"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be between 1 and"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be between 1 and"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-b", "0"], "size must be positive"),
-        (2, ["run", "-t", "Ring(2,1,1)", "--minbytes=-4M"], "bad size"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-b", "-4M"], "expected one argument"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
-        (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
-        (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
-        (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "unknown policy 'greedy'"),
-        (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
-    ],
-)
-def test_bad_input_gets_one_line_and_nonzero_exit_on_every_rank(ranks, args, fragment):
-    """A user mistake prints one error line, no traceback, and the job exits non-zero."""
-    proc = cli(ranks, args, timeout_s=60)
+BAD_INPUTS = [
+    (4, ["run", "-t", "2x2x2"], "but 4 MPI ranks were started"),
+    (2, ["run", "-t", "no-such-preset"], "unknown topology preset"),
+    (2, ["run", "-t", "SW(2,100"], "malformed topology dim"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-c", "0"], "chunks must be between 1 and"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-c", "-3"], "chunks must be between 1 and"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-b", "0"], "size must be positive"),
+    (2, ["run", "-t", "Ring(2,1,1)", "--minbytes=-4M"], "bad size"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-b", "-4M"], "expected one argument"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-b", "12X"], "bad size"),
+    (2, ["run", "-t", "Ring(2,1,1)", "-b", "2", "-d", "float64"], "smaller than one float64"),
+    (6, ["run", "-t", "SW(6,100,700,hd)"], "power-of-two"),
+    (2, ["run", "-t", "Ring(2,1,1)", "--policy", "greedy"], "unknown policy 'greedy'"),
+    (2, ["run", "-t", "Ring(2,1,1)", "--dims", "3"], "--dims must list"),
+]
+
+
+def one_error_line(proc, fragment: str) -> None:
+    """Non-zero exit, one line on standard error that holds `fragment`, no traceback."""
     assert proc.returncode != 0
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert fragment in lines[0] and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("ranks,args,fragment", [BAD_INPUTS[i] for i in (0, 2, 3, 7)])
+def test_bad_input_gets_one_line_and_nonzero_exit_on_every_rank(ranks, args, fragment):
+    """A user mistake prints one error line, no traceback, and the job exits non-zero (a mismatch, a parse, a value, argparse)."""
+    one_error_line(cli(ranks, args, timeout_s=60), fragment)
+
+
+@pytest.mark.parametrize("ranks,args,fragment", BAD_INPUTS[1:])
+def test_bad_input_gets_one_line_and_exit_2_before_mpi_starts(ranks, args, fragment):
+    """Each mistake is found before MPI starts (in this process, no MPI): one line and exit 2."""
+    proc = in_process(args)
+    one_error_line(proc, fragment)
+    assert proc.returncode == 2
 
 
 def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
@@ -144,25 +154,7 @@ def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
 def test_model_command_prints_the_same_columns_without_mpi(tmp_path):
     """`themis-mpi model` runs in one process and writes the same JSON fields as `run`."""
     out = tmp_path / "model.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "themis_mpi",
-            "model",
-            "-t",
-            "3D-SW_SW_SW_hetero",
-            "-b",
-            "1G",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=mpi_env(),
-        cwd=ROOT,
-        timeout=60,
-    )
+    proc = in_process(["model", "-t", "3D-SW_SW_SW_hetero", "-b", "1G", "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert {r["policy"] for r in rows} == {"baseline", "themis"}

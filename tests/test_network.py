@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from harness import cli, local
+from harness import cli, in_process, local
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -346,7 +346,7 @@ def test_stages_behind_the_hgx_nic_end_as_step_by_step_in_about_one_network_even
 )
 def test_the_header_names_a_shared_nic_and_what_ideal_leaves_out(args, nic, note):
     """A shared NIC gets its own header line; ideal says once that it lets links overdraw, where they can."""
-    proc = local(["model", *args, "-b", "1M", "-c", "4", "-p", "baseline"])
+    proc = in_process(["model", *args, "-b", "1M", "-c", "4", "-p", "baseline"])
     assert proc.returncode == 0, proc.stderr
     header = [line for line in proc.stdout.splitlines() if line.startswith("#   ")]
     assert any(line.startswith("#   NIC(1+2,46.57): dims 1 and 2") for line in header) == nic

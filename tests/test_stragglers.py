@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, in_process, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -201,7 +201,7 @@ def test_a_scaled_link_outside_the_topology_is_refused():
 )
 def test_the_cli_refuses_a_malformed_straggler_in_one_line(flag, value):
     """A malformed ``--npu-delay-us`` or ``--link-scale`` exits 2 with one line naming the flag."""
-    proc = local(["model", "-t", "4x2", flag, value, "-b", "1M"])
+    proc = in_process(["model", "-t", "4x2", flag, value, "-b", "1M"])
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and flag in proc.stderr
 
