@@ -1,9 +1,13 @@
 """Rules for the `themis-mpi` command line: under mpiexec exactly as a user would, or in-process where no process is needed."""
 
 import json
+import runpy
+import sys
 
 import pytest
 from harness import cli, in_process, local
+
+from themis_mpi.topology import parse_topology
 
 
 def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
@@ -163,7 +167,73 @@ def test_model_command_prints_the_same_columns_without_mpi(tmp_path):
 
 def test_info_names_every_version():
     """`themis-mpi info` reports the package, numpy, mpi4py, h5py and MPI library versions."""
-    proc = local(["info"], timeout_s=60)
+    proc = in_process(["info"])
     assert proc.returncode == 0, proc.stderr
     for name in ("themis-mpi", "numpy", "mpi4py", "h5py", "MPI"):
         assert f"{name}:" in proc.stdout
+
+
+def test_every_listed_preset_is_its_inline_form():
+    """`themis-mpi topologies`: each preset's inline form parses to the preset's dims and NPU count."""
+    proc = in_process(["topologies"])
+    assert proc.returncode == 0, proc.stderr
+    rows = [
+        line.split()
+        for line in proc.stdout.splitlines()
+        if line.startswith("  ") and line.split()[0][0] != "#"
+    ]
+    assert len(rows) >= 5
+    for name, npus, inline in rows:
+        preset, spelled = parse_topology(name), parse_topology(inline)
+        assert spelled.dims == preset.dims and preset.npus == int(npus), name
+
+
+def test_every_listed_policy_runs_on_the_model():
+    """`themis-mpi policies`: each inter-dim policy it lists is taken by `model -p` and runs."""
+    proc = in_process(["policies"])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("# intra-dim")[0].splitlines()
+    names = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert {"baseline", "themis"} <= set(names)
+    for name in names:
+        ran = in_process(
+            ["model", "-t", "Ring(4,100,20)_SW(2,50,700)", "-b", "64K", "-c", "4", "-p", name, "-q"]
+        )
+        assert ran.returncode == 0 and f" {name} " in ran.stdout, (name, ran.stderr)
+
+
+def test_a_model_trace_replays_to_the_models_times(tmp_path):
+    """`model --trace` then `replay`: every collective's replayed time is the time the model printed."""
+    trace, rows, replayed = tmp_path / "m.h5", tmp_path / "m.json", tmp_path / "r.json"
+    args = [
+        "model",
+        "-t",
+        "2x2x2",
+        "-b",
+        "1M",
+        "-c",
+        "8",
+        "-p",
+        "both",
+        "--trace",
+        str(trace),
+        "--json",
+        str(rows),
+    ]
+    assert in_process(args).returncode == 0
+    proc = in_process(["replay", str(trace), "--json", str(replayed)])
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(replayed.read_text())
+    assert report["unchanged"] and report["max_event_diff_us"] == 0.0
+    got = [c["replay_us"] for c in report["collectives"]]
+    assert got == [r["time_us"] for r in json.loads(rows.read_text())] and len(got) == 2
+
+
+def test_python_m_runs_the_command_and_a_worker_import_does_not(capsys, monkeypatch):
+    """`python -m themis_mpi ARGS` is the command (its exit code); imported by another name it runs nothing."""
+    monkeypatch.setattr(sys, "argv", ["themis_mpi", "model", "-t", "SW(2,100", "-q"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("themis_mpi", run_name="__main__")
+    assert done.value.code == 2 and "malformed topology dim" in capsys.readouterr().err
+    runpy.run_module("themis_mpi", run_name="__worker__")  # as mpi4py.futures' workers import it
+    assert capsys.readouterr() == ("", "")
