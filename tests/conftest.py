@@ -87,6 +87,7 @@ def _references(code: types.CodeType, scope: dict, cls: type | None) -> Iterator
         elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and isinstance(held, (types.ModuleType, type)):
             held = getattr(held, ins.argval, None)
         else:
+            held = None
             continue
         yield held
     for const in code.co_consts:
@@ -100,8 +101,10 @@ def _functions(obj: object) -> list[types.FunctionType]:
     obj = getattr(getattr(obj, "hypothesis", None), "inner_test", None) or obj  # a @given test
     if isinstance(obj, (types.MethodType, staticmethod, classmethod)):
         obj = obj.__func__
-    if isinstance(obj, types.FunctionType):
-        return [obj] if _in(obj.__code__.co_filename, HELPERS) else []
+    if isinstance(obj, types.FunctionType):  # (this file is the reader, not a helper)
+        return (
+            [obj] if _in(obj.__code__.co_filename, HELPERS) and obj.__code__.co_filename != __file__ else []
+        )
     if isinstance(obj, type) and _in(
         getattr(sys.modules.get(obj.__module__), "__file__", None) or "", HELPERS
     ):
