@@ -20,6 +20,7 @@ from __future__ import annotations
 import builtins
 import dis
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -46,21 +47,10 @@ HELPERS = tuple(str(harness.ROOT / d) + os.sep for d in ("tests", "scripts"))  #
 OURS = (*HELPERS, str(harness.ROOT / "themis_mpi") + os.sep)  # code whose process starts count
 STDLIB, SITE = os.path.dirname(os.__file__) + os.sep, os.sep + "site-packages" + os.sep
 STARTERS = {
-    getattr(module, name)
-    for module, names in (
-        (subprocess, ("Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput")),
-        (
-            os,
-            [
-                n
-                for n in dir(os)
-                if n in ("system", "popen", "posix_spawn", "posix_spawnp") or n[:4] in ("exec", "spaw")
-            ],
-        ),
-    )
-    for name in names
-    if hasattr(module, name)
+    *(getattr(subprocess, n) for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput")),
+    *(getattr(os, n) for n in dir(os) if n.startswith(("system", "popen", "posix_spawn", "exec", "spawn"))),
 }  # not os.fork: a fork runs this process's own code (`trace.in_child`), nothing else
+ARGV_AT = {"subprocess.Popen": 1, "os.posix_spawn": 1, "os.exec": 1, "os.spawn": 2, "os.system": 0}
 
 
 class UnmarkedProcess(Exception):
@@ -142,8 +132,6 @@ def _hashable(obj: object) -> bool:
 
 
 def _recorded() -> dict[str, float]:
-    import json
-
     if not DURATIONS.exists():
         return {}
     return json.loads(DURATIONS.read_text())["tests"]
@@ -161,20 +149,25 @@ def pytest_collection_modifyitems(config, items):
     """Apply mpi and subprocess (from the code), and slow (those, docs, and recorded durations)."""
     durations = _recorded()
     for item in items:
-        fixtures = [d[-1].func for d in item._fixtureinfo.name2fixturedefs.values() if d]
-        for kind in sorted(process_kinds([getattr(item, "function", None), *fixtures], item.cls)):
+        info = getattr(item, "_fixtureinfo", None)
+        fixtures = [d[-1].func for d in info.name2fixturedefs.values() if d] if info else []
+        for kind in sorted(
+            process_kinds([getattr(item, "function", None), *fixtures], getattr(item, "cls", None))
+        ):
             item.add_marker(kind)
         marks = {m.name for m in item.iter_markers()}
         if marks & {"mpi", "subprocess", "docs"} or durations.get(item.nodeid, 0.0) > SLOW_S:
             item.add_marker("slow")
         else:
-            _running["quick"].add(item.nodeid)
+            _quick.add(item.nodeid)
 
 
-# While a test runs: the item and its marker names; after each, the processes it started and its seconds.
-_running: dict = {"item": None, "marks": set(), "quick": set()}
+# While a test runs: the item and its marker names. After each: the processes it started, its seconds.
+_running: dict = {"item": None, "marks": set()}
 _started: dict[str, set[str]] = {}
 _seconds: dict[str, float] = {}
+_quick: set[str] = set()
+_hooked: list = []
 
 
 def _origin() -> str:
@@ -191,15 +184,14 @@ def _origin() -> str:
 
 def _audit(event: str, args: tuple) -> None:
     """Fail a test that starts a process its markers do not declare (see the module's docstring)."""
-    if _running["item"] is None or not event.startswith(
-        ("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn")
-    ):
+    if event not in ARGV_AT or _running["item"] is None:
         return
     if not _in(_origin(), OURS):  # a library's own helper (matplotlib's fc-list) is not the test's
         return
-    argv = args[1] if event in ("subprocess.Popen", "os.posix_spawn") else args[:1]
-    first = (argv.split() or [""])[0] if isinstance(argv, (str, bytes)) else (list(argv) or [""])[0]
-    name = os.path.basename(os.fsdecode(first))
+    argv = args[ARGV_AT[event]]
+    if isinstance(argv, (str, bytes, os.PathLike)):  # a command line (os.system, shell=True)
+        argv = os.fsdecode(argv).split()
+    name = os.path.basename(os.fsdecode(next(iter(argv), "")))
     kind = "mpi" if name.startswith(("mpiexec", "mpirun")) else "subprocess"
     _started.setdefault(_running["item"].nodeid, set()).add(kind)
     if "mpi" in _running["marks"] or kind in _running["marks"]:
@@ -212,9 +204,9 @@ def _audit(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config):
-    if not _running.get("hooked"):  # an audit hook stays for the process's life
+    if _audit not in _hooked:  # an audit hook stays for the process's life
         sys.addaudithook(_audit)
-        _running["hooked"] = True
+        _hooked.append(_audit)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -244,7 +236,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Name the quick tests that took over SLOW_S here: a hint to re-record, never a failure."""
-    over = sorted((s, n) for n, s in _seconds.items() if n in _running["quick"] and s > SLOW_S)
+    over = sorted((s, n) for n, s in _seconds.items() if n in _quick and s > SLOW_S)
     if over:
         names = ", ".join(f"{n} ({s:.1f} s)" for s, n in over[-5:])
         terminalreporter.write_line(
