@@ -4,7 +4,7 @@ import gzip
 import json
 
 import pytest
-from harness import DATA, ROOT, cli, in_process, local
+from harness import DATA, ROOT, cli, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -349,7 +349,7 @@ def test_the_cli_converts_both_ways_and_refuses_a_general_graph(tmp_path):
 
 def model_rows(args, out):
     """`themis-mpi ARGS --json out` in one process (the model); the rows."""
-    proc = local([*args, "--json", str(out)])
+    proc = in_process([*args, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 

@@ -5,7 +5,7 @@ import runpy
 import sys
 
 import pytest
-from harness import cli, in_process, local
+from harness import cli, in_process
 
 from themis_mpi.topology import parse_topology
 
@@ -146,7 +146,7 @@ def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
         ],
     )
     assert proc.returncode == 0, proc.stderr
-    model = local(["model", *args, "--json", str(model_out)], timeout_s=60)
+    model = in_process(["model", *args, "--json", str(model_out)])
     assert model.returncode == 0, model.stderr
     virtual = {r["policy"]: r["time_us"] for r in json.loads(model_out.read_text())}
     for r in json.loads(wall_out.read_text()):

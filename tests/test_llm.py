@@ -4,7 +4,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from harness import DATA, cli, in_process, local
+from harness import DATA, cli, in_process
 
 from themis_mpi.cli.parser import LLM_PRESETS
 from themis_mpi.cli.workload import price
@@ -367,7 +367,7 @@ def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_tim
     topo = parse_topology("2x2x2")
     write_llm(c, topo, prefix)
     args = ["train", prefix, "-t", "2x2x2", "-c", "4"]
-    emu, model = cli(8, args), local(args)
+    emu, model = cli(8, args), in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = rows(emu.stdout), rows(model.stdout)
     assert [r[:4] for r in got] == [r[:4] for r in want] and len(got) == 2
