@@ -205,22 +205,8 @@ def test_every_listed_policy_runs_on_the_model():
 def test_a_model_trace_replays_to_the_models_times(tmp_path):
     """`model --trace` then `replay`: every collective's replayed time is the time the model printed."""
     trace, rows, replayed = tmp_path / "m.h5", tmp_path / "m.json", tmp_path / "r.json"
-    args = [
-        "model",
-        "-t",
-        "2x2x2",
-        "-b",
-        "1M",
-        "-c",
-        "8",
-        "-p",
-        "both",
-        "--trace",
-        str(trace),
-        "--json",
-        str(rows),
-    ]
-    assert in_process(args).returncode == 0
+    args = ["model", "-t", "2x2x2", "-b", "1M", "-c", "8", "-p", "both"]
+    assert in_process([*args, "--trace", str(trace), "--json", str(rows)]).returncode == 0
     proc = in_process(["replay", str(trace), "--json", str(replayed)])
     assert proc.returncode == 0, proc.stderr
     report = json.loads(replayed.read_text())
