@@ -2,6 +2,9 @@
 
 The environment set here lets the job run as root and with more ranks than cores under either
 MPICH (the PyPI wheel, default) or Open MPI, so nothing depends on how the machine was set up.
+Also: the command in one process of its own (`local`) or in the test's (`in_process`), and
+reference tables checked row by row with one report (`check_rows`). Which helper a test calls
+gives it its markers (tests/conftest.py).
 """
 
 from __future__ import annotations
