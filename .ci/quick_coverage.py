@@ -42,6 +42,7 @@ def percentages(data_file: str) -> dict[str, float | None]:
 
 
 def main(argv: list[str]) -> int:
+    """Run the quick subset under coverage, print each module's share, and return 1 if one is at 0 %."""
     with tempfile.TemporaryDirectory() as tmp:
         data_file = os.path.join(tmp, "coverage")
         cmd = [sys.executable, "-m", "coverage", "run", f"--data-file={data_file}", "--source=themis_mpi"]
@@ -60,7 +61,9 @@ def main(argv: list[str]) -> int:
     if zero:
         print(f"{len(zero)} module(s) of themis_mpi/ at 0 % in the quick subset:", *zero, sep="\n  ")
         return 1
-    print(f"every one of {len(shown)} modules of themis_mpi/ is above 0 % in the quick subset ({took_s:.0f} s)")
+    print(
+        f"every one of {len(shown)} modules of themis_mpi/ is above 0 % in the quick subset ({took_s:.0f} s)"
+    )
     return 0
 
 
