@@ -2,14 +2,21 @@
 
 The environment set here lets the job run as root and with more ranks than cores under either
 MPICH (the PyPI wheel, default) or Open MPI, so nothing depends on how the machine was set up.
+Also: the command in one process of its own (`local`) or in the test's (`in_process`), and
+reference tables checked row by row with one report (`check_rows`). Which helper a test calls
+gives it its markers (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 
 from themis_mpi.launch import job_env, mpiexec_path
@@ -65,6 +72,56 @@ def local(args, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
 def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
     """`themis-mpi ARGS` under mpiexec with n ranks."""
     return mpirun(n, ["-m", "themis_mpi", *args], **kw)
+
+
+def in_process(args: list[str], cwd=None) -> subprocess.CompletedProcess:
+    """`themis-mpi ARGS` in this process (`themis_mpi.cli.main`), as `local` gives it: exit code, output.
+
+    For checks that need no process of their own (parsing, help, refused input, a small model
+    run): no interpreter start-up, and the code runs under the test's coverage. Runs from `cwd`
+    (the checkout by default), as `local` does.
+    """
+    from themis_mpi.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd or ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as exc:  # argparse: --help, or a flag it refuses
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+ROWS_ENV = "THEMIS_MPI_ROWS"
+
+
+def check_rows(
+    rows: Iterable[dict], row_id: Callable[[dict], str], check: Callable[[dict], str | None]
+) -> None:
+    """Check every row of a reference table; one failure lists each failing row: its id and values.
+
+    `check` returns why a row fails, or None. ``THEMIS_MPI_ROWS=PATTERN[,PATTERN...]`` (shell
+    patterns on the ids) checks only the matching rows, to debug one.
+    """
+    import pytest
+
+    patterns = [p for p in os.environ.get(ROWS_ENV, "").split(",") if p]
+    chosen = [r for r in rows if not patterns or any(fnmatch(row_id(r), p) for p in patterns)]
+    if not chosen:
+        pytest.skip(f"no row matches {ROWS_ENV}={','.join(patterns)}")
+    failed = []
+    for row in chosen:
+        try:
+            why = check(row)
+        except Exception as exc:  # one row that raises hides no other
+            why = f"raised {type(exc).__name__}: {exc}"
+        if why:
+            failed.append(f"{row_id(row)}: {why}")
+    assert not failed, f"{len(failed)} of {len(chosen)} rows fail:\n" + "\n".join(failed)
 
 
 def run_cases(n: int, spec: dict, tmp_path) -> list[dict]:

@@ -8,7 +8,7 @@ tests pin each rule of `cost`, `network.Astra2Network`, `npunet` and `engine` th
 import math
 
 import pytest
-from harness import DATA, local, run_cases
+from harness import DATA, check_rows, in_process, run_cases
 
 from themis_mpi.astra import compare_row_2, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan
@@ -32,12 +32,43 @@ def test_the_development_set_has_2752_rows():
     assert sum(r["section"] == "1_allreduce_grid" for r in ROWS) == 2592
 
 
-@pytest.mark.parametrize("row", [pytest.param(r, id=r["run_id"]) for r in ROWS])
-def test_every_reference_row_is_exact_to_the_ns(row):
-    """Finish time and every collective's end (node0_end_ns, node1_end_ns) equal ASTRA-sim 2.x's."""
-    got = compare_row_2(row, NETWORKS)
-    assert got["finish_ns"] == got["ref_finish_ns"], got
-    assert got["ends_ns"] == got["ref_ends_ns"], got
+SECTIONS = sorted({r["section"] for r in ROWS})
+
+
+def row_differs(row: dict, networks: str = NETWORKS) -> str | None:
+    """Why the model's finish or a collective's end differs from the row's, to the ns (None: equal)."""
+    got = compare_row_2(row, networks)
+    if got["finish_ns"] == got["ref_finish_ns"] and got["ends_ns"] == got["ref_ends_ns"]:
+        return None
+    setup = " ".join(
+        f"{k}={got[k]}" for k in ("topology", "backend", "variant", "implementation", "active", "splits")
+    )
+    return (
+        f"finish {got['finish_ns']} ns, ASTRA-sim {got['ref_finish_ns']} ns; "
+        f"ends {got['ends_ns']}, ASTRA-sim {got['ref_ends_ns']} ({setup})"
+    )
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_reference_row_is_exact_to_the_ns(section):
+    """Finish time and every collective's end (node0_end_ns, node1_end_ns) equal ASTRA-sim 2.x's, row by row."""
+    check_rows([r for r in ROWS if r["section"] == section], lambda r: r["run_id"], row_differs)
+
+
+def test_a_wrong_row_is_reported_with_its_id_and_values():
+    """A planted error in two rows fails the table check with both ids and their values, and only them."""
+    rows = [dict(r) for r in ROWS if r["section"] == "2_allreduce_then_dependent_allreduce"][:3]
+    rows[0]["finish_ns"] = str(int(rows[0]["finish_ns"]) + 1)
+    rows[2]["node1_end_ns"] = "7"
+    with pytest.raises(AssertionError) as failure:
+        check_rows(rows, lambda r: r["run_id"], row_differs)
+    lines = str(failure.value).splitlines()
+    assert lines[0] == "2 of 3 rows fail:"
+    assert lines[1].startswith(
+        f"{rows[0]['run_id']}: finish {int(rows[0]['finish_ns']) - 1} ns, ASTRA-sim {rows[0]['finish_ns']} ns"
+    )
+    assert lines[2].startswith(f"{rows[2]['run_id']}: finish ") and ", 7]" in lines[2] and len(lines) == 3
 
 
 def test_the_readmes_ring_example_in_closed_form():
@@ -115,14 +146,14 @@ def test_the_compat_refuses_what_it_does_not_have():
 
 def test_bad_compat_flag_is_one_line_and_exit_2():
     """--compat-concurrent without --compat astra-sim-2 exits 2 with one line."""
-    proc = local(["model", "-t", "SW(8,50,500)", "-b", "1M", "--compat-concurrent"])
+    proc = in_process(["model", "-t", "SW(8,50,500)", "-b", "1M", "--compat-concurrent"])
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_the_cli_reads_2x_yaml_as_it_is():
     """themis-mpi model -t net_Ring8.yml --compat astra-sim-2 --network ideal gives the README's 2194.65 us."""
-    proc = local(
+    proc = in_process(
         ["model", "-t", f"{NETWORKS}/net_Ring8.yml", "-b", "64M", "-c", "1", "--algorithm", "ring"]
         + ["-p", "baseline", "--compat", "astra-sim-2", "--network", "ideal"]
     )

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, local, mpi_env
+from harness import DATA, ROOT, cli, in_process, mpi_env
 
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel
@@ -181,7 +181,7 @@ def test_bucket_sizes_out_of_range_are_refused(kwargs, match):
 def test_buckets_on_a_chakra_trace_are_refused(tmp_path):
     """A Chakra graph has its own collectives: --bucket-mib is refused with one line and exit 2."""
     et = DATA / "astra-sim-chakra-et" / "all_reduce" / "8npus_1MB" / "all_reduce.0.et"
-    proc = local(["train", str(et), "--bucket-mib", "25"], timeout_s=60)
+    proc = in_process(["train", str(et), "--bucket-mib", "25"])
     assert proc.returncode == 2 and "text workloads only" in proc.stderr
 
 
@@ -205,7 +205,7 @@ def test_emulator_with_buckets_equals_the_model(tmp_path, workload, topology, ra
     proc = cli(ranks, [*args, "--json", str(out_emu)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gradient buckets" in proc.stdout
-    model = local([*args, "--json", str(out_model)])
+    model = in_process([*args, "--json", str(out_model)])
     assert model.returncode == 0, model.stderr
     emu, mod = json.loads(out_emu.read_text()), json.loads(out_model.read_text())
     assert len(emu) == len(mod) == 2

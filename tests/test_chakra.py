@@ -4,7 +4,7 @@ import gzip
 import json
 
 import pytest
-from harness import DATA, ROOT, cli, local
+from harness import DATA, ROOT, cli, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -155,7 +155,7 @@ def test_a_corrupt_file_is_refused_by_the_cli_with_exit_2(tmp_path):
     """`themis-mpi train` on a corrupt .et prints one line and exits 2."""
     path = tmp_path / "bad.et"
     path.write_bytes(b"\x07\x0a\x05" + b"0.0.4" + b"\x04\x08\x01\x1f\x00")  # node with wire type 7
-    proc = local(["train", str(path)], timeout_s=60)
+    proc = in_process(["train", str(path)])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "bad.et: byte 11: node 0 (id 1): field 3 has unsupported wire type 7" in proc.stderr
 
@@ -337,10 +337,10 @@ def test_the_cli_converts_both_ways_and_refuses_a_general_graph(tmp_path):
     """`convert` text -> .et -> text gives the file back; a microbenchmark ET has no layer table (exit 2)."""
     et, txt = tmp_path / "g.et", tmp_path / "g.txt"
     for args in (["convert", str(ROOT / "traces" / "gnmt.txt"), str(et)], ["convert", str(et), str(txt)]):
-        proc = local([*args], timeout_s=60)
+        proc = in_process([*args])
         assert proc.returncode == 0, proc.stderr
     assert txt.read_text() == (ROOT / "traces" / "gnmt.txt").read_text()
-    proc = local(["convert", str(ET_FILES[0]), str(tmp_path / "x.txt")], timeout_s=60)
+    proc = in_process(["convert", str(ET_FILES[0]), str(tmp_path / "x.txt")])
     assert proc.returncode == 2 and "no layer table" in proc.stderr and not (tmp_path / "x.txt").exists()
 
 
@@ -349,7 +349,7 @@ def test_the_cli_converts_both_ways_and_refuses_a_general_graph(tmp_path):
 
 def model_rows(args, out):
     """`themis-mpi ARGS --json out` in one process (the model); the rows."""
-    proc = local([*args, "--json", str(out)])
+    proc = in_process([*args, "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 

@@ -203,6 +203,7 @@ def test_pages_show_examples():
     assert len(SERIAL) >= 20 and len(MPI) >= 3, (len(SERIAL), len(MPI))
 
 
+@pytest.mark.docs
 @pytest.mark.parametrize("example", SERIAL, ids=[e.name for e in SERIAL])
 def test_example_reproduces(example, shipped):
     """A pasted command without MPI prints what its page shows, wall-clock columns aside."""
@@ -216,6 +217,7 @@ def test_mpi_examples_fit_the_ci_job():
 
 if RUN_MPI:
 
+    @pytest.mark.docs
     @pytest.mark.parametrize("example", MPI, ids=[e.name for e in MPI])
     def test_mpi_example_reproduces(example, shipped):
         """A pasted mpiexec command prints what its page shows, wall-clock columns aside."""
@@ -292,6 +294,7 @@ def test_cited_documents_exist():
     assert not missing, sorted(missing)
 
 
+@pytest.mark.docs
 def test_allreduce_study_regenerates(tmp_path):
     """The all-reduce study's documented command rewrites its shipped data, timings aside."""
     subprocess.run(

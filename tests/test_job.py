@@ -38,7 +38,9 @@ MODEL = [sys.executable, "-m", "themis_mpi", "model", "-t", "3D-SW_SW_SW_hetero"
 EMULATOR = [mpiexec_path(), "-n", "4", sys.executable, *RUN, "-t", "Ring(4,100,20)"]
 
 
-@pytest.mark.parametrize("cmd", [MODEL, EMULATOR], ids=["model", "emulator-4-ranks"])
+@pytest.mark.parametrize(
+    "cmd", [MODEL, pytest.param(EMULATOR, marks=pytest.mark.mpi)], ids=["model", "emulator-4-ranks"]
+)
 def test_ctrl_c_mid_run_is_one_line_and_exit_130(cmd):
     """Ctrl-C once the run is under way (the table's header is out): `themis-mpi: interrupted` once, exit 130.
 

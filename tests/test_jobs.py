@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, local, mpi_env
+from harness import DATA, ROOT, cli, in_process, mpi_env
 
 from themis_mpi.cli.app import main
 from themis_mpi.config import RunConfig
@@ -171,7 +171,7 @@ def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tm
         args += ["--job", job.replace("C", c, 1).replace("R", str(RESNET), 1)]
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr[-2000:]
-    model = local([*args, "--json", str(tmp_path / "model.json")])
+    model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
     (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
     assert [j["wrong"] for j in e["jobs"]] == [0] * len(jobs)

@@ -4,7 +4,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, in_process
 
 from themis_mpi.cli.parser import LLM_PRESETS
 from themis_mpi.cli.workload import price
@@ -187,7 +187,7 @@ def test_gpt3_175b_has_its_parameter_count_and_narayanan_flops():
 def test_a_shape_that_does_not_divide_is_refused_with_one_line(flags, message):
     """`workload gpt` refuses heads not divisible by TP, layers by PP, the batch by b*DP: one line, exit 2."""
     base = ["--layers", "8", "--hidden", "48", "--heads", "12", "--seq", "16", "--vocab", "10"]
-    proc = local(["workload", "gpt", *base, *flags, "-t", "SW(4,100,500)"])
+    proc = in_process(["workload", "gpt", *base, *flags, "-t", "SW(4,100,500)"])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]
@@ -276,7 +276,7 @@ def test_an_order_whose_group_does_not_fit_the_dims_is_refused():
 def test_a_malformed_order_is_refused_at_the_cli_with_one_line(order):
     """`workload gpt --order` must list tp, dp and pp once each: one line, exit 2."""
     base = ["--layers", "8", "--hidden", "48", "--heads", "12", "--seq", "16", "--vocab", "10"]
-    proc = local(["workload", "gpt", *base, "--tp", "2", "--pp", "2", "--order", order, "-t", "2x2"])
+    proc = in_process(["workload", "gpt", *base, "--tp", "2", "--pp", "2", "--order", order, "-t", "2x2"])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--order must list tp, dp and pp" in lines[0]
@@ -367,7 +367,7 @@ def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_tim
     topo = parse_topology("2x2x2")
     write_llm(c, topo, prefix)
     args = ["train", prefix, "-t", "2x2x2", "-c", "4"]
-    emu, model = cli(8, args), local(args)
+    emu, model = cli(8, args), in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = rows(emu.stdout), rows(model.stdout)
     assert [r[:4] for r in got] == [r[:4] for r in want] and len(got) == 2
@@ -390,7 +390,7 @@ def test_simai_files_parse_to_their_header_and_collectives_per_group():
 
 def test_micro_all_reduce_takes_compute_plus_2_n_minus_1_over_n_bytes_over_nvlink():
     """microAllReduce.txt: 2 x 556 us + 2 (n-1)/n x 80 MiB / 360 GB/s, within 0.1% of SimAI's 1,492 us."""
-    proc = local(["workload", "simai", str(SIMAI / "microAllReduce.txt"), "--run"])
+    proc = in_process(["workload", "simai", str(SIMAI / "microAllReduce.txt"), "--run"])
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"])
     want_us = 2 * 556 + 2 * 7 / 8 * (16 + 64) * 2**20 / (360 * 2**30) * 1e6
@@ -403,7 +403,7 @@ def test_a_malformed_simai_file_is_refused_with_one_line(tmp_path):
     bad = tmp_path / "bad.txt"
     text = (SIMAI / "microAllReduce.txt").read_text().splitlines()
     bad.write_text("\n".join([*text[:2], text[2].rsplit(None, 1)[0], text[3]]) + "\n")
-    proc = local(["workload", "simai", str(bad)])
+    proc = in_process(["workload", "simai", str(bad)])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"themis-mpi: error: {bad}:3: a layer line has 12 fields, got 11"

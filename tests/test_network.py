@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from harness import cli, local
+from harness import cli, in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -223,13 +223,13 @@ def test_the_emulator_equals_the_model_under_sharing(tmp_path, network, active):
     trace = str(tmp_path / "emu.h5")
     emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json"), "--trace", trace])
     assert emu.returncode == 0, emu.stderr
-    model = local(["model", *args, "--json", str(tmp_path / "model.json")])
+    model = in_process(["model", *args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
     e, m = json.loads((tmp_path / "emu.json").read_text()), json.loads((tmp_path / "model.json").read_text())
     assert [r["time_us"] for r in e] == [r["time_us"] for r in m]
     assert [r["wrong"] for r in e] == [0] * len(e)
     assert all(r["network"] == network for r in e)
-    replay = local(["replay", trace])  # the model replays the emulator's trace under the recorded rule
+    replay = in_process(["replay", trace])  # the model replays the emulator's trace under the recorded rule
     assert replay.returncode == 0 and "reproduces all" in replay.stdout, replay.stdout + replay.stderr
 
 
@@ -240,7 +240,7 @@ def test_a_trace_under_sharing_keeps_every_link_and_replays_exactly(tmp_path, ne
     from themis_mpi.trace import Trace
 
     out, trace = tmp_path / "rows.json", str(tmp_path / "t.h5")
-    run = local(["model", "-t", spec, "-b", "64M", "-c", "16", "-p", "baseline,themis", "--active-chunks-per-dim",
+    run = in_process(["model", "-t", spec, "-b", "64M", "-c", "16", "-p", "baseline,themis", "--active-chunks-per-dim",
                  "2", "--network", network, "--json", str(out), "--trace", trace, "-q"])  # fmt: skip
     assert run.returncode == 0, run.stderr
     rows, t = json.loads(out.read_text()), Trace(trace)
@@ -251,14 +251,14 @@ def test_a_trace_under_sharing_keeps_every_link_and_replays_exactly(tmp_path, ne
         assert list(mine["bytes"]) == [x["bytes"] for x in row["links"]]
         assert list(mine["busy_pct"]) == [x["busy_pct"] for x in row["links"]]
         assert (mine["busy_pct"] <= 100 * (1 + 1e-9)).all()
-    analyzed = local(["analyze", trace, "--json", str(tmp_path / "a.json")])
+    analyzed = in_process(["analyze", trace, "--json", str(tmp_path / "a.json")])
     assert analyzed.returncode == 0 and "links of one NPU under --network " + network in analyzed.stdout
     for row, a in zip(rows, json.loads((tmp_path / "a.json").read_text())):
         assert [d["utilization"] for d in a["dims"]] == pytest.approx([d["utilization"] for d in row["dims"]])
         assert [x["name"] for x in a["links"]] == [x["name"] for x in row["links"]]
-    same = local(["replay", trace])
+    same = in_process(["replay", trace])
     assert same.returncode == 0 and "reproduces all" in same.stdout, same.stdout + same.stderr
-    other = local(["replay", trace, "--network", "ideal", "--json", str(tmp_path / "r.json")])
+    other = in_process(["replay", trace, "--network", "ideal", "--json", str(tmp_path / "r.json")])
     assert other.returncode == 0 and "(changed)" in other.stdout, other.stdout + other.stderr
     for r in json.loads((tmp_path / "r.json").read_text())["collectives"]:
         assert r["row"]["network"] == "ideal" and r["replay_us"] <= r["recorded_us"] * (1 + 1e-12)
@@ -346,7 +346,7 @@ def test_stages_behind_the_hgx_nic_end_as_step_by_step_in_about_one_network_even
 )
 def test_the_header_names_a_shared_nic_and_what_ideal_leaves_out(args, nic, note):
     """A shared NIC gets its own header line; ideal says once that it lets links overdraw, where they can."""
-    proc = local(["model", *args, "-b", "1M", "-c", "4", "-p", "baseline"])
+    proc = in_process(["model", *args, "-b", "1M", "-c", "4", "-p", "baseline"])
     assert proc.returncode == 0, proc.stderr
     header = [line for line in proc.stdout.splitlines() if line.startswith("#   ")]
     assert any(line.startswith("#   NIC(1+2,46.57): dims 1 and 2") for line in header) == nic

@@ -9,7 +9,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from harness import DATA, ROOT, local, run_cases
+from harness import DATA, ROOT, in_process, run_cases
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -142,7 +142,7 @@ def test_runs_that_are_not_a_single_collective_are_refused_on_an_uneven_dim():
 
 def test_training_on_an_uneven_dim_is_one_line_and_exit_2():
     """themis-mpi train on Ring8 halving-doubling under 2.x store-forward exits 2 with one line."""
-    proc = local(
+    proc = in_process(
         [
             "train",
             str(ROOT / "traces" / "resnet152.txt"),

@@ -4,15 +4,15 @@ import json
 import os
 
 import pytest
-from harness import local
+from harness import in_process
 
 from themis_mpi.errors import UsageError
 from themis_mpi.output import atomic_path, check_output_path, write_json
 
 
 def themis(*args):
-    """`themis-mpi ARGS` in one process."""
-    return local(args)
+    """`themis-mpi ARGS` in this process."""
+    return in_process(args)
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -222,7 +222,7 @@ def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(tmp_path, 
         "--active-chunks-per-dim",
         str(active),
     ]
-    emu, model = cli(8, args), local(args)
+    emu, model = cli(8, args), in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = table(emu.stdout), table(model.stdout)
     assert len(got) == 2 and [r[:4] + r[5:] for r in got] == [r[:4] + r[5:] for r in want]

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from harness import local
+from harness import in_process
 
 from themis_mpi.plots import sweep_lines
 
@@ -43,7 +43,7 @@ def test_requested_chunks_split_lines_but_chosen_ones_do_not():
 def test_plot_writes_a_png_of_a_model_sweep(tmp_path, fmt):
     """`model --csv/--json` then `plot` writes a PNG (its magic bytes) and says so in one line."""
     data = tmp_path / f"sweep.{fmt}"
-    proc = local(
+    proc = in_process(
         [
             "model",
             "-t",
@@ -62,7 +62,7 @@ def test_plot_writes_a_png_of_a_model_sweep(tmp_path, fmt):
         ]
     )
     assert proc.returncode == 0, proc.stderr
-    proc = local(["plot", str(data), "--y", "time", "--hue", "policy"])
+    proc = in_process(["plot", str(data), "--y", "time", "--hue", "policy"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"# wrote {tmp_path / 'sweep.png'}: time against size by policy"
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -80,6 +80,6 @@ def test_plot_refuses_bad_columns_and_its_own_input_with_one_line(tmp_path, args
     data = tmp_path / "rows.json"
     data.write_text(json.dumps(rows("baseline", "A", 4)))
     before = data.read_bytes()
-    proc = local(["plot", str(data), *[a.format(rows=data) for a in args]])
+    proc = in_process(["plot", str(data), *[a.format(rows=data) for a in args]])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr
     assert data.read_bytes() == before

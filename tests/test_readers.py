@@ -10,7 +10,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from harness import DATA, ROOT, local
+from harness import DATA, ROOT, in_process
 
 from themis_mpi.errors import UsageError
 from themis_mpi.trace import checksum
@@ -55,14 +55,14 @@ def test_a_hostile_yaml_topology_is_one_line(tmp_path, text, words):
     """YAML aliases (a YAML bomb), deep nesting and numbers beyond any float are refused."""
     path = tmp_path / "net.yml"
     path.write_text(text)
-    one_line(local(["model", "-t", str(path), "-b", "1M", "-q"], timeout_s=30), *words)
+    one_line(in_process(["model", "-t", str(path), "-b", "1M", "-q"]), *words)
 
 
 def test_a_deeply_nested_comm_group_file_is_one_line(tmp_path):
     """--comm-group JSON nested 3,000 deep: one line, not a RecursionError."""
     path = tmp_path / "groups.json"
     path.write_text("[" * 3000 + "]" * 3000)
-    proc = local(["train", str(DATA / "chakra-pytorch" / "chakra.0.et.gz"), "--comm-group", str(path)])
+    proc = in_process(["train", str(DATA / "chakra-pytorch" / "chakra.0.et.gz"), "--comm-group", str(path)])
     one_line(proc, "nested too deep")
 
 
@@ -95,7 +95,7 @@ def test_an_absurd_node_duration_is_one_line(tmp_path, duration_ns):
     path = tmp_path / "w.et"
     node = et.Node(1, "c", et.COMP_NODE, attrs=[et.Attr("themis_duration_ns", "double", duration_ns)])
     et.write_et(str(path), et.EtTrace(str(path), "0.0.4", [], [node]))
-    one_line(local(["train", str(path), "-t", "2x2x2", "-c", "1"]), "duration", "out of range")
+    one_line(in_process(["train", str(path), "-t", "2x2x2", "-c", "1"]), "duration", "out of range")
 
 
 def test_control_dependency_cycles_are_broken_one_pass_over_the_graph():
@@ -133,24 +133,24 @@ def forged_trace(tmp_path, table: str, column: str, value) -> str:
 )
 def test_a_forged_trace_with_a_value_out_of_range_is_refused(tmp_path, table, column, value):
     """A trace edited and re-checksummed (so the digest matches) is still refused, one line."""
-    one_line(local(["analyze", forged_trace(tmp_path, table, column, value)]), "damaged trace")
+    one_line(in_process(["analyze", forged_trace(tmp_path, table, column, value)]), "damaged trace")
 
 
 def test_the_forging_helper_leaves_a_readable_trace_when_nothing_is_out_of_range(tmp_path):
     """The same edit with an in-range value reads: the refusals above are about the ranges."""
-    proc = local(["analyze", forged_trace(tmp_path, "collectives", "time_us", 600.0)])
+    proc = in_process(["analyze", forged_trace(tmp_path, "collectives", "time_us", 600.0)])
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_topology_string_too_long_is_refused_without_echoing_it():
     """A 120 kB topology string: one short line (its start and length), not the whole string back."""
-    proc = local(["model", "-t", "SW(8,100,700)_" * 8000 + "SW(8,100,700)"])
+    proc = in_process(["model", "-t", "SW(8,100,700)_" * 8000 + "SW(8,100,700)"])
     one_line(proc, "too long", "characters")
     assert len(proc.stderr) < 300
 
 
 def test_convert_refuses_more_iterations_than_an_et_file_holds(tmp_path):
     """`convert --iters 1000000`: refused at once with the largest count that fits, not a minute of work."""
-    proc = local(["convert", "traces/resnet152.txt", str(tmp_path / "w.et"), "--iters", "1000000"])
+    proc = in_process(["convert", "traces/resnet152.txt", str(tmp_path / "w.et"), "--iters", "1000000"])
     one_line(proc, "at most")
     assert not (tmp_path / "w.et").exists()

@@ -3,7 +3,7 @@
 import argparse
 
 import pytest
-from harness import local
+from harness import in_process
 
 from themis_mpi.cli.workload import simai_network
 from themis_mpi.config import RunConfig
@@ -81,7 +81,7 @@ def test_gpipe_and_1f1b_agree_with_free_communication(tmp_path):
 def test_interleaved_that_does_not_divide_is_refused_with_one_line(tmp_path):
     """Interleaved needs micro-batches divisible by PP: exit 2 and one line."""
     path = write(tmp_path, 4, 3, dp=2)
-    proc = local(["workload", "simai", str(path), "--run", "--schedule", "interleaved:2"])
+    proc = in_process(["workload", "simai", str(path), "--run", "--schedule", "interleaved:2"])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "themis-mpi: error: interleaved needs micro-batches (3) divisible by PP 4"
@@ -141,7 +141,7 @@ def test_a_file_that_does_not_cut_into_ga_micro_batches_replays_as_one(tmp_path)
     path = write(tmp_path, 2, 1, dp=4)
     path.write_text(path.read_text().replace("ga: 1 ", "ga: 3 "))
     assert len(split_micro_batches(parse_simai(str(path))).micro_batches) == 1
-    proc = local(["workload", "simai", str(path)])
+    proc = in_process(["workload", "simai", str(path)])
     assert proc.returncode == 0, proc.stderr
     assert "not cut into its ga 3 micro-batches: replayed as one" in proc.stdout
 
@@ -149,7 +149,7 @@ def test_a_file_that_does_not_cut_into_ga_micro_batches_replays_as_one(tmp_path)
 def test_the_cli_reports_compute_and_the_1f1b_bubble_of_a_stage(tmp_path):
     """--run: compute m (t_f + t_b) plus the step, bubble (p - 1)(t_f + t_b), PP exposed > 0."""
     pp, ga = 4, 6
-    proc = local(["workload", "simai", str(write(tmp_path, pp, ga, dp=2, step=True)), "--run"])
+    proc = in_process(["workload", "simai", str(write(tmp_path, pp, ga, dp=2, step=True)), "--run"])
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"])
     head = next(line.split() for line in proc.stdout.splitlines() if "bubble_us" in line)[1:]

@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -201,7 +201,7 @@ def test_a_scaled_link_outside_the_topology_is_refused():
 )
 def test_the_cli_refuses_a_malformed_straggler_in_one_line(flag, value):
     """A malformed ``--npu-delay-us`` or ``--link-scale`` exits 2 with one line naming the flag."""
-    proc = local(["model", "-t", "4x2", flag, value, "-b", "1M"])
+    proc = in_process(["model", "-t", "4x2", flag, value, "-b", "1M"])
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and flag in proc.stderr
 
@@ -225,7 +225,7 @@ def emulator_rows_equal_the_models(tmp_path, args) -> int:
     common = [*args, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
     emu = cli(8, ["run", *common, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr[-2000:]
-    model = local(["model", *common, "--json", str(tmp_path / "model.json")])
+    model = in_process(["model", *common, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
     emu_rows = json.loads((tmp_path / "emu.json").read_text())
     model_rows = json.loads((tmp_path / "model.json").read_text())
@@ -356,7 +356,7 @@ def test_compute_jitter_is_seeded_and_has_mean_one():
 
 def test_stragglers_are_refused_on_chakra_graphs():
     """A Chakra graph replay refuses stragglers with one line instead of ignoring them."""
-    proc = local(
+    proc = in_process(
         [
             "train",
             str(DATA / "astra-sim-chakra-et/all_reduce/8npus_1MB/all_reduce"),
@@ -398,7 +398,7 @@ def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tm
     ]
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr[-2000:]
-    model = local([*args, "--json", str(tmp_path / "model.json")])
+    model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
     (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
     assert e["wrong"] == 0

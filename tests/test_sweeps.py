@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from harness import ROOT, local, mpi_env, mpirun
+from harness import ROOT, in_process, local, mpi_env, mpirun
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -130,14 +130,14 @@ def test_a_resumed_finished_sweep_runs_nothing(tmp_path):
 def test_run_refuses_workers_and_resume():
     """The emulator's sweep stays serial: `run --workers 2` and `run --resume` are one line and exit 2."""
     for flag in (["--workers", "2"], ["--resume"]):
-        proc = local(["run", *flag])
+        proc = in_process(["run", *flag])
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "run is serial" in proc.stderr
 
 
 def test_bad_workers_and_a_resume_without_files_are_one_line_and_exit_2():
     """`--workers 0`, `x`, `mpi` outside mpi4py.futures, and `--resume` without a file: one line, exit 2."""
     for flags in (["--workers", "0"], ["--workers", "x"], ["--workers", "mpi"], ["--resume"]):
-        proc = local(["model", *flags, "-q"])
+        proc = in_process(["model", *flags, "-q"])
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
 
 

@@ -5,7 +5,7 @@ import json
 import h5py
 import numpy as np
 import pytest
-from harness import cli, local
+from harness import cli, in_process
 
 from themis_mpi.analysis import analyze_trace
 from themis_mpi.errors import UsageError
@@ -23,7 +23,7 @@ def traces(tmp_path_factory):
         ["run", *RUN_ARGS, "-n", "1", "-w", "0", "--trace", str(d / "run.h5"), "--json", str(d / "run.json")],
     )
     assert proc.returncode == 0, proc.stderr
-    proc = local(["model", *RUN_ARGS, "--trace", str(d / "model.h5"), "--json", str(d / "model.json")])
+    proc = in_process(["model", *RUN_ARGS, "--trace", str(d / "model.h5"), "--json", str(d / "model.json")])
     assert proc.returncode == 0, proc.stderr
     return d
 
@@ -84,7 +84,7 @@ def test_analyze_equals_the_runs_own_summary(traces, name):
 
 def test_analyze_writes_readable_plots(traces, tmp_path):
     """`analyze --plot` writes PNG timelines, utilization bars and queue depths."""
-    proc = local(["analyze", str(traces / "run.h5"), str(traces / "model.h5"), "--plot", str(tmp_path)])
+    proc = in_process(["analyze", str(traces / "run.h5"), str(traces / "model.h5"), "--plot", str(tmp_path)])
     assert proc.returncode == 0, proc.stderr
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
     assert "utilization.png" in pngs and sum("timeline" in p for p in pngs) == 4
@@ -114,7 +114,7 @@ def test_perfetto_events_have_the_required_fields_and_nest(traces):
 def test_perfetto_filters_ranks_and_window(traces, tmp_path):
     """--ranks and --window keep only the asked-for slices."""
     out = tmp_path / "p.json"
-    proc = local(
+    proc = in_process(
         [
             "export",
             "--perfetto",
@@ -136,7 +136,7 @@ def test_perfetto_filters_ranks_and_window(traces, tmp_path):
 def test_model_replay_of_an_emulator_trace_reproduces_every_event(traces, tmp_path):
     """Unchanged, a replay (model) reproduces every recorded event time and says so."""
     out = tmp_path / "replay.json"
-    proc = local(["replay", str(traces / "run.h5"), "--json", str(out)])
+    proc = in_process(["replay", str(traces / "run.h5"), "--json", str(out)])
     assert proc.returncode == 0, proc.stderr
     assert f"reproduces all {8 * 8 * (5 + 6)} recorded stage events exactly" in proc.stdout
     assert json.loads(out.read_text())["max_event_diff_us"] == 0
@@ -154,7 +154,7 @@ def test_emulator_replay_reproduces_every_event(traces, tmp_path):
 def test_replay_with_doubled_bandwidth_changes_only_that_dim(traces, tmp_path):
     """Doubling dim 1's bandwidth halves the bandwidth term of dim-1 stages and nothing else."""
     out = tmp_path / "fast.h5"
-    proc = local(["replay", str(traces / "model.h5"), "--bandwidth", ",200,", "--trace", str(out)])
+    proc = in_process(["replay", str(traces / "model.h5"), "--bandwidth", ",200,", "--trace", str(out)])
     assert proc.returncode == 0, proc.stderr
     before, after = Trace(str(traces / "model.h5")), Trace(str(out))
     key = ("collective", "chunk", "stage")
@@ -183,7 +183,7 @@ def test_truncated_and_foreign_files_get_one_clear_line(traces, tmp_path):
     ):
         with pytest.raises(UsageError, match=fragment):
             Trace(str(tmp_path / name))
-        proc = local(["analyze", str(tmp_path / name)])
+        proc = in_process(["analyze", str(tmp_path / name)])
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and fragment in proc.stderr
 

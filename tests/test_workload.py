@@ -5,7 +5,7 @@ import hashlib
 import json
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, in_process
 
 from themis_mpi.errors import UsageError
 from themis_mpi.run.training import model_training
@@ -178,7 +178,7 @@ def test_emulator_iteration_time_equals_the_model(tmp_path, name, topology, rank
     out_emu, out_model = tmp_path / "emu.json", tmp_path / "model.json"
     proc = cli(ranks, [*args, "--json", str(out_emu)])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    model = local([*args, "--json", str(out_model)])
+    model = in_process([*args, "--json", str(out_model)])
     assert model.returncode == 0, model.stderr
     emu, mod = json.loads(out_emu.read_text()), json.loads(out_model.read_text())
     for e, m in zip(emu, mod):
