@@ -14,7 +14,7 @@ import pytest
 from harness import DATA, ROOT
 
 from themis_mpi import api, nccl
-from themis_mpi.calibrate import fit_nccl, machine_of, per_dim, predict, read_nccl_log
+from themis_mpi.calibrate import busbw_of, fit_nccl, machine_of, per_dim, predict, read_nccl_log
 from themis_mpi.calibrate.ncclfit import PARAMS
 from themis_mpi.cli import main
 from themis_mpi.collectives import Collective
@@ -108,16 +108,18 @@ def test_no_fitted_parameter_leaves_its_bounds_or_uses_an_algorithm_the_hardware
         assert "NVLS" not in fit.topology.lower() or "algos=" in fit.topology
 
 
-def _synthetic_log(tmp_path, topo, sizes, name: str) -> str:
-    """An nccl-tests all_reduce table of `topo`'s NCCL-like times, with Rank lines naming an H100."""
+def _synthetic_log(tmp_path, topo, sizes, name: str, op: str = "all_reduce") -> str:
+    """An nccl-tests table of `topo`'s NCCL-like times of `op`, with Rank lines naming an H100."""
     npus = topo.npus
-    lines = [f"#  Rank {k:2d} Group  0 Pid {100 + k} on node{k // 8} device {k % 8} [0x0{k % 8}] NVIDIA H100 80GB HBM3"
-             for k in range(npus)]  # fmt: skip
+    lines = [f"# ./build/{op}_perf -b {sizes[0]} -e {sizes[-1]}"]
+    lines += [f"#  Rank {k:2d} Group  0 Pid {100 + k} on node{k // 8} device {k % 8} [0x0{k % 8}] NVIDIA H100 80GB HBM3"
+              for k in range(npus)]  # fmt: skip
+    redop, root = ("sum", -1) if op == "all_reduce" else ("none", 0)
     for s in sizes:
-        t_us = nccl.collective_ns(topo, range(len(topo.dims)), "all_reduce", s).time_ns / 1e3
+        t_us = nccl.collective_ns(topo, range(len(topo.dims)), op, s).time_ns / 1e3
         algbw = s / t_us / 1e3
-        busbw = algbw * 2 * (npus - 1) / npus
-        lines.append(f"{s:>12} {s // 4:>12} float sum -1 {t_us:.6g} {algbw:.2f} {busbw:.2f} 0 "
+        busbw = algbw * busbw_of(op, npus)
+        lines.append(f"{s:>12} {s // 4:>12} float {redop} {root} {t_us:.6g} {algbw:.2f} {busbw:.2f} 0 "
                      f"{t_us:.6g} {algbw:.2f} {busbw:.2f} 0")  # fmt: skip
     path = tmp_path / name
     path.write_text("\n".join(lines) + "\n")
@@ -352,6 +354,34 @@ def test_an_all_gather_log_is_fitted_and_model_o_all_gather_gives_its_times(tmp_
             "-d",
             "float32",
         ]
+        assert main([*args, "-p", "baseline", "--json", str(tmp_path / "m.json")]) == 0
+        (model,) = json.loads((tmp_path / "m.json").read_text())
+        assert model["time_us"] == pytest.approx(row["model_us"], rel=1e-9)
+    capsys.readouterr()
+
+
+def test_a_broadcast_log_is_fitted_back_and_model_o_broadcast_gives_its_times(tmp_path, capsys):
+    """A broadcast_perf table of known parameters (busbw = algbw): fitted within 3 %, each protocol's share within 5 %.
+
+    Broadcast exposes NCCL's ring (its only algorithm for it): every protocol's base latency and
+    share of the links; `model -t FIT.json -o broadcast -b SIZE` reproduces calibrate's rows.
+    """
+    truth = parse_topology(
+        "SW(8,419.095,600,nccl)_"
+        + NcclParams((5000.0, 9000.0, 12000.0), (0.25, 0.7, 0.8), channels=16).spec()
+    )
+    sizes = sorted({4 * round(2 ** (k / 2)) for k in range(2, 64)})
+    log = read_nccl_log(_synthetic_log(tmp_path, truth, sizes, "bcast.txt", "broadcast"))
+    assert (log.op, log.npus, log.op_source) == ("broadcast", 8, "header")
+    out = tmp_path / "bcast.json"
+    assert main(["calibrate", log.path, "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["op"] == "broadcast" and all(r["algorithm"] == "Ring" for r in doc["rows"])
+    assert all(abs(r["time_error_pct"]) < 3.0 for r in doc["rows"])
+    for key, value in {"eff_LL": 0.25, "eff_LL128": 0.7, "eff_Simple": 0.8}.items():
+        assert doc["fitted"][key] == pytest.approx(value, rel=0.05), key
+    for row in doc["rows"][20::9]:
+        args = ["model", "-t", str(out), "-o", "broadcast", "-b", str(row["size_bytes"]), "-d", "float32"]
         assert main([*args, "-p", "baseline", "--json", str(tmp_path / "m.json")]) == 0
         (model,) = json.loads((tmp_path / "m.json").read_text())
         assert model["time_us"] == pytest.approx(row["model_us"], rel=1e-9)
