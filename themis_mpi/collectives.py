@@ -20,7 +20,8 @@ from .limits import MAX_CHUNKS, MAX_SIZE_BYTES
 from .nccl import CALL
 from .topology import Topology
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")  # broadcast: nccl dims only
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+PER_DIM_OPS = OPS[:4]  # what per-dim stages run: broadcast only on nccl dims (the NCCL-like model)
 DTYPES = ("float32", "float64", "int32", "int64")
 REDOPS = ("sum", "max", "min")
 AR_EVERY_DIM = 2  # `fuse_last` value of ASTRA-sim 2.x's baseline: a full AR stage on every dim
