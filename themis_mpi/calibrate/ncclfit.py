@@ -585,6 +585,7 @@ def nccl_rows(log: NcclLog, topo: Topology, fitted: set[int]) -> list[dict]:
                 "size_bytes": r.size_bytes,
                 "fitted": r.size_bytes in fitted,
                 "measured_us": r.time_us,
+                "in_place_us": r.time_in_place_us,
                 "model_us": model_us,
                 "time_error_pct": 100 * (model_us - r.time_us) / r.time_us,
                 "measured_busbw": factor * r.size_bytes / r.time_us / 1e3,
