@@ -295,17 +295,16 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
     def x_of(v: dict[str, float]) -> np.ndarray:
         return np.clip(np.array([math.log(v[n]) if s else v[n] for n, s in zip(names, scale)]), lo, hi)
 
+    def found_of(x) -> list[list[Pair]]:
+        v = values_of(x)
+        return [model.pairs(v, run, run.sizes[keep]) for run, keep in runs]
+
     def times(x) -> list[np.ndarray]:
         """Per run, every pair's time at its sizes (inf for a protocol this stage leaves out)."""
-        v = values_of(x)
-        out = []
-        for run, keep in runs:
-            found = model.pairs(v, run, run.sizes[keep])
-            t = np.array(
-                [p.times_ns if p.protocol in protocols else np.full(keep.sum(), np.inf) for p in found]
-            )
-            out.append(t)
-        return out
+        return [
+            np.array([p.times_ns if p.protocol in protocols else np.full(len(p.times_ns), np.inf) for p in f])
+            for f in found_of(x)
+        ]
 
     def losses(x) -> list[np.ndarray]:
         """Per run, each size's (rows) loss on each pair (columns), plus `SLOWER_COST` off the fastest."""
@@ -335,11 +334,7 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
 
     def orders(x) -> list[list[tuple[str, int]]]:
         """Per run, each pair's algorithm and protocol index (`_segments`)."""
-        v = values_of(x)
-        return [
-            [(p.algorithm, PROTOCOLS.index(p.protocol)) for p in model.pairs(v, run, run.sizes[keep])]
-            for run, keep in runs
-        ]
+        return [[(p.algorithm, PROTOCOLS.index(p.protocol)) for p in f] for f in found_of(x)]
 
     def fastest(x):
         return [np.argmin(t, axis=0) for t in times(x)]
@@ -371,7 +366,7 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
         y, cost = lm(x0, None, SCREEN_ITERS)
         screened.append((y, cost, fastest(y)))
     for x0, _, _ in sorted(screened, key=lambda t: t[1])[:2]:  # each algorithm from each size on
-        for labels in _starts_of(model, runs, x0, values_of, protocols):
+        for labels in _starts_of(found_of(x0), times(x0), protocols):
             screened.append((*lm(x0, labels, SCREEN_ITERS), labels))
     finalists = sorted(screened, key=lambda t: t[1])[:FINALISTS]
     x, _, labels = min((relabel(x, lab, 30) for x, _, lab in finalists), key=lambda t: t[1])
@@ -379,29 +374,22 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
     return values_of(x), labels, cost
 
 
-def _starts_of(model: _Model, runs, x, values_of, protocols) -> list[list[np.ndarray]]:
+def _starts_of(found: list[list[Pair]], times: list[np.ndarray], protocols) -> list[list[np.ndarray]]:
     """Labellings that switch to NVLS, NVLS-Tree or Tree at some size (the fastest other pair below).
 
-    The algorithms NCCL switches to at large sizes: each size is tried as the switch, as NCCL's
-    tuner may switch where the model's parameters do not yet say so.
+    `found` and `times` hold each run's pairs and their times (`_fit_stage`). These are the
+    algorithms NCCL switches to at large sizes: each size is tried as the switch, as NCCL's tuner
+    may switch where the model's parameters do not yet say so.
     """
-    v = values_of(x)
     out = []
     for name in ("NVLS", "NVLSTree", "Tree"):
         for protocol in protocols:
             per_run = []
-            for run, keep in runs:
-                found = model.pairs(v, run, run.sizes[keep])
-                t = np.array(
-                    [p.times_ns if p.protocol in protocols else np.full(keep.sum(), np.inf) for p in found]
-                )
-                col = next(
-                    (k for k, p in enumerate(found) if (p.algorithm, p.protocol) == (name, protocol)), None
-                )
-                others = np.where(np.array([p.algorithm != name for p in found])[:, None], t, np.inf)
-                per_run.append(
-                    (col, np.argmin(others, axis=0) if np.isfinite(others).any() else np.argmin(t, axis=0))
-                )
+            for pairs_here, t in zip(found, times):
+                names = [(p.algorithm, p.protocol) for p in pairs_here]
+                col = names.index((name, protocol)) if (name, protocol) in names else None
+                others = np.where(np.array([a != name for a, _ in names])[:, None], t, np.inf)
+                per_run.append((col, np.argmin(others if np.isfinite(others).any() else t, axis=0)))
             if all(col is None for col, _ in per_run):
                 continue
             for start in range(max(len(below) for _, below in per_run)):
@@ -563,7 +551,7 @@ def predict(base: Topology, log: NcclLog, nic_gbps: float | None = None) -> dict
     """A multi-node log predicted from a single-node fit, the NICs' nominal rate and NCCL's step latency.
 
     Nothing of the multi-node log is fitted: its nodes and NIC rate (the log's GPU's platform, or
-    `nic_gbps`) only; the single-node skips are dropped (the tuner decides anew on more nodes).
+    `nic_gbps`) only; the single-node `uses` are dropped (the tuner decides anew on more nodes).
     """
     machine, fixed, _ = _over_base(log, base, None, nic_gbps)
     params = replace(fixed, net_efficiency=1.0, tree_efficiency=1.0)
