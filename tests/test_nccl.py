@@ -7,6 +7,7 @@ The fits of the real logs, their reference tables, the predictions and the Themi
 import json
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -66,18 +67,82 @@ def test_one_level_ring_time_is_base_plus_steps_plus_bytes_over_the_protocol_sha
         assert got[("Ring", proto)] == pytest.approx(want)
 
 
-def test_the_fastest_pair_is_chosen_per_size_ll_small_nvls_large_and_skips_leave_pairs_out():
-    """On one switch LL wins at 8 B and NVLS at 1 GiB; skipping NVLS up to 1 GiB hands that size to Ring."""
+def test_the_fastest_pair_runs_unless_a_log_s_uses_say_which_pair_ran_over_which_sizes():
+    """LL wins at 8 B and NVLS at 1 GiB; `uses` ranges hand their sizes to their pair (NCCL's tuner).
+
+    Between two ranges the faster of their pairs runs; below the first range and above the last
+    the fastest pair that no range further in claims (each pair wins over one range of sizes).
+    """
     topo = parse_topology("SW(8,400,600,nccl)_" + PARAMS.spec())
+    lv = nccl.levels(topo, (0,))
     for size, want in ((8, ("Ring", "LL")), (1 << 30, ("NVLS", "Simple"))):
         c = nccl.collective_ns(topo, (0,), "all_reduce", size)
         assert (c.algorithm, c.protocol) == want
-        assert c.time_ns == min(times(PARAMS, nccl.levels(topo, (0,)), "all_reduce", size).values())
-    skipped = parse_topology("SW(8,400,600,nccl)_" + PARAMS.spec().replace(")", f",skip=nvls@1-{1 << 30})"))
-    c = nccl.collective_ns(skipped, (0,), "all_reduce", 1 << 30)
+        assert c.time_ns == min(times(PARAMS, lv, "all_reduce", size).values())
+    uses = (("Ring", "LL", 64, 256 * KIB), ("Ring", "Simple", 4 * MIB, 1 << 30))
+    used = parse_topology("SW(8,400,600,nccl)_" + replace(PARAMS, uses=uses).spec())
+    assert used.nccl.uses == uses
+
+    def ran(size):
+        c = nccl.collective_ns(used, (0,), "all_reduce", size)
+        return c.algorithm, c.protocol
+
+    assert ran(1 << 30) == ("Ring", "Simple") and ran(128) == ("Ring", "LL")  # inside a range
+    gap = times(PARAMS, lv, "all_reduce", MIB)
+    assert ran(MIB) == min((("Ring", "LL"), ("Ring", "Simple")), key=gap.get)  # between: the faster
+    assert ran(2 << 30) == ("NVLS", "Simple")  # above: not Ring/LL, which ran below
+    below = times(PARAMS, lv, "all_reduce", 8)
+    assert ran(8) == min((k for k in below if k != ("Ring", "Simple")), key=below.get)
+
+
+def test_nvls_runs_in_waves_of_chunks_that_shrink_at_nccl_s_thresholds():
+    """NVLS's chunk halves below 64, 8 and 2 waves of channels x heads chunks (enqueue.cc), NVLS-Tree's below 4 and 1.
+
+    Its time is (S + 2 min(S, W)) (1/algbw + cost / (channels chunk)) past its latency, W a wave
+    (three waves in flight for NVLS-Tree): with no chunk cost, twice S takes twice the time of
+    S plus the pipeline's fill, which is what gives NVLS its apparent latency.
+    """
+    ops = 32 * 8  # Blackwell: 32 NVLS channels, 8 heads
+    sizes = np.array([16, 128, 2048, 4096], dtype=float) * MIB
+    assert nccl.nvls_chunk_bytes(1, 8, 32, sizes - 1).tolist() == [16 * KIB, 32 * KIB, 64 * KIB, 128 * KIB]
+    assert nccl.nvls_chunk_bytes(1, 8, 32, sizes).tolist() == [32 * KIB, 64 * KIB, 128 * KIB, 128 * KIB]
+    assert 2 * ops * 32 * KIB == 16 * MIB and 64 * ops * 128 * KIB == 2048 * MIB
+    tree = nccl.nvls_chunk_bytes(2, 8, 16, np.array([8 * MIB - 1, 8 * MIB, 64 * MIB - 1, 64 * MIB]))
+    assert tree.tolist() == [32 * KIB, 64 * KIB, 64 * KIB, 128 * KIB]
+    params = NcclParams(nvls_chunk_ns=0.0, nvls_channels=32)
+    level = nccl.Level(8, 100 * GB, 500.0, True)
+    wave = 32 * 8 * 128 * KIB
+    s = 64 * wave  # chunks of 128 KiB from 64 waves
+    got = nccl.nvls_transfer_ns(params, level, 1, 50 * GB, [s, 2 * s])
+    assert got.tolist() == pytest.approx([(s + 2 * wave) / (50 * GB), (2 * s + 2 * wave) / (50 * GB)])
+    got = nccl.nvls_transfer_ns(replace(params, nvls_chunk_ns=1000.0), level, 2, 50 * GB, [s])
+    assert got[0] == pytest.approx((s + 3 * wave) * (1 / (50 * GB) + 1000.0 / (32 * 128 * KIB)))
+
+
+def test_a_broadcast_is_a_ring_that_moves_s_through_every_port_once():
+    """Broadcast/p on 8 NPUs: base_p + 7 L0 f_p + S / (eff_p B); Ring only, whatever NCCL_ALGO says."""
+    lv = [nccl.Level(8, 100 * GB, 500.0, True)]
+    s = 3 * MIB
+    params = NcclParams(PARAMS.base_ns, PARAMS.efficiency, algos=("NVLS",), channels=4)
+    got = times(params, lv, "broadcast", s)
+    assert {a for a, _ in got} == {"Ring"}
+    for k, proto in enumerate(("LL", "LL128", "Simple")):
+        step = 500.0 * nccl.STEP_FACTORS[False]["Ring"][k]
+        want = PARAMS.base_ns[k] + 7 * step + s / (PARAMS.efficiency[k] * 100 * GB)
+        assert got[("Ring", proto)] == pytest.approx(want)
+
+
+def test_model_o_broadcast_runs_on_nccl_dims_only(capsys):
+    """`model -o broadcast` on a fit gives the NCCL-like time with busbw = algbw; per-dim dims refuse it in one line."""
+    topo = "SW(8,400,600,nccl)_" + PARAMS.spec()
     assert (
-        c.algorithm == "Ring" and nccl.collective_ns(skipped, (0,), "all_reduce", 2 << 30).algorithm == "NVLS"
+        main(["model", "-t", topo, "-o", "broadcast", "-b", "64M", "-p", "baseline", "--format", "nccl"]) == 0
     )
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    want = nccl.collective_ns(parse_topology(topo), (0,), "broadcast", 64 * MIB).time_ns / 1e3
+    assert row[4] == "0" and float(row[5]) == pytest.approx(want, rel=1e-3) and row[6] == row[7]
+    assert main(["model", "-t", "2x2x2", "-o", "broadcast", "-b", "1M"]) == 2
+    assert "nccl dims" in error_line(capsys)
 
 
 def test_a_flat_ring_across_nodes_uses_every_level_by_its_share_of_the_ring_s_hops():
@@ -143,10 +208,23 @@ def test_nccl_dims_are_all_or_none_and_not_part_of_astra_compat():
 
 
 @pytest.mark.parametrize(
-    "item", ["ll=1000:0.6", "ll128=1000:0.95", "simple=1000:1.1", "skip=nvls@9-8", "skip=ring@1-2", "ch=65"]
+    "item",
+    [
+        "ll=1000:0.6",
+        "ll128=1000:0.95",
+        "simple=1000:1.1",
+        "use=nvls.simple@9-8",
+        "use=ring.ll@1-8+ring.simple@4-16",
+        "use=ring@1-2",
+        "use=pat.simple@1-2",
+        "ch=65",
+        "nvch=2.5",
+        "nvls=1000:0.5:-1",
+        "ll=1000:0.5:7",
+    ],
 )
 def test_nccl_parameters_beyond_their_physical_bounds_are_refused(item):
-    """LL above half the wire, LL128 above 120/128, Simple above 1, a reversed or unknown skip, 65 channels."""
+    """Protocols beyond their share of the wire, a reversed, overlapping or unknown use, 65 channels, ..."""
     with pytest.raises(UsageError):
         parse_topology(f"SW(8,400,600,nccl)_NCCL({item})")
 
@@ -155,7 +233,7 @@ def test_the_nccl_item_reads_back_to_the_same_parameters():
     """spec() of a topology with every NCCL(...) key parses back to an equal topology."""
     params = NcclParams(
         PARAMS.base_ns, (0.1, 0.5, 0.9), 3000.0, 0.6, ("Ring", "Tree"), 0.7, 0.8, 12.5, ("LL", "Simple"), True,
-        (("tree", 1024, 1 << 20), ("ll", 8, 64)),
+        (("Ring", "LL", 8, 64), ("Tree", "Simple", 1024, 1 << 20)), 250.0, 32,
     )  # fmt: skip
     topo = parse_topology("FC(8,400,800,nccl)_SW(2,46.5,2700,nccl)_" + params.spec())
     assert parse_topology(topo.spec()) == topo and topo.nccl == params

@@ -5,7 +5,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from themis_mpi.collectives import DTYPES, OPS, Collective, active_dims, chunk_stages
+from themis_mpi.collectives import DTYPES, PER_DIM_OPS, Collective, active_dims, chunk_stages
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import CostModel, ideal_time_us
 from themis_mpi.policies import chunk_orders
@@ -38,7 +38,7 @@ def runs(draw):
     n = len(topo.dims)
     involved = tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=1))))
     coll = Collective(
-        draw(st.sampled_from(OPS)),
+        draw(st.sampled_from(PER_DIM_OPS)),
         draw(st.integers(1, 300_000)),
         draw(st.sampled_from(DTYPES)),
         draw(st.integers(1, 96)),

@@ -6,7 +6,7 @@ from harness import run_cases
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from themis_mpi.collectives import DTYPES, OPS
+from themis_mpi.collectives import DTYPES, PER_DIM_OPS
 from themis_mpi.topology import is_power_of_two
 
 KIND = {"Ring": "Ring", "FullyConnected": "FC", "Switch": "SW"}
@@ -30,7 +30,7 @@ def small_topologies(draw):
 
 cases = st.fixed_dictionaries(
     {
-        "op": st.sampled_from(OPS),
+        "op": st.sampled_from(PER_DIM_OPS),
         "count": st.integers(1, 60_000),
         "dtype": st.sampled_from(DTYPES),
         "chunks": st.integers(1, 24),

@@ -10,16 +10,18 @@ the output of an all-gather, so that the algbw/busbw of nccl-tests apply unchang
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .cost import A2A, AG, AR, RS, block_elems
 from .errors import UsageError
 from .limits import MAX_CHUNKS, MAX_SIZE_BYTES
+from .nccl import CALL
 from .topology import Topology
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
+PER_DIM_OPS = OPS[:4]  # what per-dim stages run: broadcast only on nccl dims (the NCCL-like model)
 DTYPES = ("float32", "float64", "int32", "int64")
 REDOPS = ("sum", "max", "min")
 AR_EVERY_DIM = 2  # `fuse_last` value of ASTRA-sim 2.x's baseline: a full AR stage on every dim
@@ -143,7 +145,7 @@ def owned_region(p: int, c: int, lo: int, hi: int) -> tuple[int, int]:
 
 def chunk_plan(
     topology: Topology, collective: Collective, chunk_elems: int, order, fuse_last: int = False
-) -> list[tuple[int, str, int]]:
+) -> list[tuple]:
     """A chunk's stages as ``(dim, op, full_elems)``, in execution order.
 
     All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
@@ -156,8 +158,18 @@ def chunk_plan(
     is one AR stage of the whole chunk on every dim in turn.
     Reduce-scatter: RS along `order`. All-gather: AG along `order`, growing to `chunk_elems`.
     All-to-all: one A2A stage per dim along `order`, size unchanged.
+    Broadcast (nccl dims only: the NCCL-like model times it): an all-gather's stages, then a
+    ``(CALL, "broadcast", 0)`` item that names the call's collective to `nccl.plan_collective`.
     """
     op = collective.op
+    if op == "broadcast":
+        if not topology.flat:
+            raise UsageError(
+                "broadcast is timed by the NCCL-like model only: give a topology of nccl dims "
+                "(e.g. a calibrate fit, -t FIT.json); per-dim stages have no broadcast"
+            )
+        gather = replace(collective, op="all_gather")
+        return [*chunk_plan(topology, gather, chunk_elems, order, fuse_last), (CALL, op, 0)]
     if op == "all_to_all":
         return [(d, A2A, chunk_elems) for d in active_dims(topology, collective, order)]
     down = rs_dims(topology, collective, order)
@@ -181,12 +193,14 @@ def plan_stages(
     """The `Stage` objects of one chunk's plan (`chunk_plan`).
 
     `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call elements, first
-    chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call.
+    chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call; a plan's own
+    `CALL` items (a broadcast's) go there too.
     """
-    n, whole = len(plan), tuple(plan) + tuple(call)
+    stages = [item for item in plan if item[0] != CALL]
+    n, whole = len(stages), tuple(stages) + tuple(call) + tuple(item for item in plan if item[0] == CALL)
     return [
         Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize, whole)
-        for i, (d, kind, full) in enumerate(plan)
+        for i, (d, kind, full) in enumerate(stages)
     ]
 
 

@@ -542,8 +542,9 @@ def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
     """Bandwidth-only lower bound of a collective on the involved dims (docs/design.md#metric).
 
     All-reduce: ``2 S (N-1)/N / sum(B_d)``; reduce-scatter and all-gather: half of that;
-    all-to-all: ``S (N-1)/N / sum(B_d)``. S is the per-NPU size in bytes. Dims that leave the
-    NPU through one shared port (`topology.Port`) count together as at most the port's rate.
+    all-to-all: ``S (N-1)/N / sum(B_d)``; broadcast: ``S / sum(B_d)``. S is the per-NPU size in
+    bytes. Dims that leave the NPU through one shared port (`topology.Port`) count together as at
+    most the port's rate.
     """
     n = topology.group_npus(dims)
     if n == 1:
@@ -553,7 +554,7 @@ def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
     for port in topology.ports:
         through = sum(topology.dims[d].bandwidth_bytes_per_ns for d in involved if d in port.dims)
         bandwidth += min(through, port.bandwidth_bytes_per_ns) if through else 0.0
-    factor = 2.0 if op == "all_reduce" else 1.0
+    factor = 2.0 if op == "all_reduce" else n / (n - 1) if op == "broadcast" else 1.0  # broadcast: S in
     return factor * size_bytes * (n - 1) / n / bandwidth / 1e3
 
 

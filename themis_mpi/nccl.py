@@ -22,21 +22,30 @@ With ``P_j`` NPUs per level (dims with more than one NPU, lowest first), ``N = p
   ``e_j G_j B_j``): twice a ring's rate across nodes, busbw above the NICs' rate. On NVIDIA
   NCCL's ``treeCorrectionFactor`` scales its bandwidth at medium sizes, as NCCL's tuner does.
 - NVLS (all-reduce, one Switch level, Simple): the switch reduces; algbw ``nvls_eff * B_0``.
+  NCCL pipelines it in waves of ``channels x heads`` chunks (16 channels on Hopper, 32 on
+  Blackwell; a head per GPU), the chunk 128 KiB and halved at NCCL's thresholds below 64, 8 and
+  2 waves (enqueue.cc): each chunk costs its channel ``nvls_chunk`` besides its bytes, and the
+  scatter, reduce and gather stages hold two more waves in flight: ``base + (S + 2 min(S, W)) *
+  (1/algbw + nvls_chunk / (channels * chunk))``. The jumps of a log's busbw at those thresholds
+  (GB200: 128 MiB and 2 GiB) and NVLS's apparent 100-200 us latency come from there.
 - NVLS-Tree (all-reduce, a Switch dim 0 and more levels, Simple): NVLS inside, a tree across
-  (on two nodes twice the NICs' rate, as NCCL's tuner has it).
+  (on two nodes twice the NICs' rate, as NCCL's tuner has it); NVLS-Tree's own chunk thresholds,
+  and a fourth stage (the tree across nodes): three waves in flight.
 - MSCCL (RCCL, all-reduce on one full-mesh node, LL): the one-shot algorithm RCCL runs for small
   all-reduces on MI300-class nodes: one step, each GPU sending S to every peer over that peer's link.
 - All-to-all: every NPU sends ``S/N`` to each peer at once, Simple's share of each level's rate.
+- Broadcast (Ring only, as NCCL runs it): the root's S pipelined along the ring, ``N-1`` steps,
+  each NPU's port moving S once: algbw = busbw = the ring's bus bandwidth.
 
 Channels: NCCL spreads a collective over ``ch`` channels, but uses fewer while a channel would get
 less than its threads' share (``nBytes < nc * nThreads * threadThreshold`` in ``enqueue.cc``: 32
 KiB for Simple, 5 KiB for LL128, 4 KiB times N for Ring LL), so below ``ch`` shares the time
 stays near the one-share time: ``lat + S ch / (nc(S) bw)``, ``nc = clamp(S / share, 1, ch)``.
 
-The pair is the fastest one the parameters allow (NCCL's rule), except where a `NcclParams.skips`
-range leaves an algorithm or protocol out: the sizes where a log shows that NCCL did not run the
-pair this model finds fastest (its tuner misjudges them; calibrate fits those ranges). The engine
-moves data dim by dim as usual; `cost.CostModel` gives a chunk its share of the whole call's time.
+The pair is the fastest one the parameters allow (NCCL's rule), unless `NcclParams.uses` records
+the pairs a log showed the library running, each over a range of sizes (calibrate fits them: its
+tuner, with its own constants, may run a pair this model finds slower): then `uses_index`. The
+engine moves data dim by dim as usual; `cost.CostModel` gives a chunk its share of the call's time.
 """
 
 from __future__ import annotations
@@ -50,7 +59,7 @@ from .topology import PROTOCOLS, NcclParams, Topology
 from .units import BYTES_PER_GB
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
-ALL_TO_ALL = "all_to_all"
+ALL_TO_ALL, BROADCAST = "all_to_all", "broadcast"
 # Per-step latency of a step across level 0, as a factor of dim 0's latency (its LL step): NCCL's
 # hwLatencies[NVLINK] (LL 0.6, LL128 1.9 / 1.25, Simple 3.4 / 4.0 us for Ring / Tree) and RCCL's
 # tuning model for xGMI (LL 0.8, Simple 2.1 / 2.3 us; no LL128 on gfx94x).
@@ -66,6 +75,15 @@ TREE_CORRECTION = {
 }  # fmt: skip
 # Bytes a channel needs before NCCL adds the next one: nThreads * threadThreshold (comm.h, device.h).
 CHANNEL_SHARE_BYTES = {"LL": 512 * 8, "LL128": 640 * 8, "Simple": 512 * 64}
+# NVLS (enqueue.cc, nvls.cc): NCCL_NVLS_CHUNKSIZE, the (waves, smaller chunk) steps of
+# calcCollChunking for NVLS on one node and NVLS-Tree across nodes, NCCL_MAX_NVLS_ARITY, and the
+# waves a call's pipeline holds besides its own: NVLS's scatter, reduce and gather warps are three
+# stages (two more waves), NVLS-Tree's tree across nodes a fourth (all_reduce.h).
+NVLS_CHUNK_BYTES = 128 * 1024
+NVLS_CHUNK_STEPS = ((64, 65536.0), (8, 32768.0), (2, 16384.0))
+NVLS_TREE_CHUNK_STEPS = ((32, 262144.0), (16, 131072.0), (4, 65536.0), (1, 32768.0))
+NVLS_MAX_ARITY = 32
+NVLS_FILL_WAVES = {False: 2, True: 3}
 
 
 @dataclass(frozen=True)
@@ -121,14 +139,9 @@ class Pair:
     latency_ns: float
     times_ns: np.ndarray
 
-    @property
-    def names(self) -> tuple[str, str]:
-        """The lower-case names a skip matches: the algorithm's and the protocol's."""
-        return self.algorithm.lower(), self.protocol.lower()
-
 
 def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
-    """Every algorithm and protocol the library has here, timed at each size (module doc; no skips)."""
+    """Every algorithm and protocol the library has here, timed at each size (module doc)."""
     sizes = np.asarray(sizes, dtype=float)
     if not lv:
         return [Pair("none", "none", 0.0, np.zeros_like(sizes))]
@@ -162,7 +175,7 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         if p not in protocols:
             continue
         eff, base = params.efficiency[k], params.base_ns[k]
-        if "Ring" in params.algos:
+        if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
             hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
             cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)  # x eff
             steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
@@ -171,7 +184,9 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
                 for j, (st, level) in enumerate(zip(steps, lv))
             )
             slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
-            add("Ring", p, latency, eff * cap * n / (twice * (n - 1)), slower)
+            # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
+            algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))
+            add("Ring", p, latency, algbw, slower)
         if op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos:
             algbw = eff * params.tree_efficiency * min(lv[0].bytes_per_ns / 2, inter) * np.ones_like(sizes)
             if not params.rccl:
@@ -189,36 +204,93 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         )
     if op == ALL_REDUCE and lv[0].switch and "Simple" in protocols:
         nvls = params.nvls_efficiency * lv[0].bytes_per_ns
+        nodes = n // lv[0].npus
         if "NVLS" in params.algos and len(lv) == 1:
-            add("NVLS", "Simple", params.nvls_base_ns + 2 * lv[0].latency_ns, nvls)
+            latency = params.nvls_base_ns + 2 * lv[0].latency_ns
+            out.append(
+                Pair("NVLS", "Simple", latency, latency + nvls_transfer_ns(params, lv[0], nodes, nvls, sizes))
+            )
         if "NVLSTree" in params.algos and len(lv) > 1:
-            tree = inter * params.efficiency[2] * params.tree_efficiency * (2 if n // lv[0].npus == 2 else 1)
-            add("NVLSTree", "Simple", params.nvls_base_ns + 2 * (lv[0].latency_ns + across), min(nvls, tree))
+            tree = inter * params.efficiency[2] * params.tree_efficiency * (2 if nodes == 2 else 1)
+            latency = params.nvls_base_ns + 2 * (lv[0].latency_ns + across)
+            transfer = nvls_transfer_ns(params, lv[0], nodes, min(nvls, tree), sizes)
+            out.append(Pair("NVLSTree", "Simple", latency, latency + transfer))
     return out
 
 
-def skipped(params: NcclParams, pair: Pair, sizes) -> np.ndarray:
-    """Where a `NcclParams.skips` range leaves this pair out."""
+def nvls_chunk_bytes(nodes: int, heads: int, channels: int, sizes) -> np.ndarray:
+    """The chunk NCCL's NVLS (one node) or NVLS-Tree (more) moves per head and channel at these sizes.
+
+    enqueue.cc ``calcCollChunking``: ``NCCL_NVLS_CHUNKSIZE`` (128 KiB), halved while the call is
+    smaller than a few waves of ``channels x heads`` chunks (NVLS: 64, 8 and 2 waves for 64, 32 and
+    16 KiB; NVLS-Tree: 4 and 1 waves for 64 and 32 KiB, 64 KiB at most from four nodes).
+    """
     sizes = np.asarray(sizes, dtype=float)
-    names = pair.names
-    out = np.zeros(sizes.shape, dtype=bool)
-    for item, lo, hi in params.skips:
-        if item in names:
-            out |= (sizes >= lo) & (sizes <= hi)
-    return out
+    ops = channels * heads
+    chunk = np.full(sizes.shape, float(NVLS_CHUNK_BYTES))
+    if nodes >= 4:
+        chunk = np.minimum(chunk, 65536.0)
+    steps = NVLS_CHUNK_STEPS if nodes == 1 else NVLS_TREE_CHUNK_STEPS
+    for waves, smaller in steps:
+        chunk = np.where((sizes < waves * ops * chunk) & (chunk > smaller), smaller, chunk)
+    return chunk
+
+
+def nvls_transfer_ns(params: NcclParams, level: Level, nodes: int, algbw: float, sizes) -> np.ndarray:
+    """NVLS's or NVLS-Tree's time besides its latency: a pipeline of waves of chunks (module doc).
+
+    A wave is ``channels x heads`` chunks (one loop of every channel); each chunk costs its channel
+    `NcclParams.nvls_chunk_ns` besides its bytes, and the pipeline's stages (scatter, reduce,
+    gather; NVLS-Tree adds the tree across nodes) hold `NVLS_FILL_WAVES` more waves in flight.
+    """
+    sizes = np.asarray(sizes, dtype=float)
+    heads = min(level.npus, NVLS_MAX_ARITY)
+    channels = params.nvls_channels
+    chunk = nvls_chunk_bytes(nodes, heads, channels, sizes)
+    wave = channels * heads * chunk
+    fill = NVLS_FILL_WAVES[nodes > 1] * np.minimum(sizes, wave)
+    return (sizes + fill) * (1.0 / algbw + params.nvls_chunk_ns / (channels * chunk))
 
 
 def choose(params: NcclParams, lv: list[Level], op: str, sizes) -> tuple[list[Pair], np.ndarray]:
-    """The pairs and, per size, the index of the fastest one the skips leave (all pairs if none)."""
+    """The pairs and, per size, the index of the one the library runs (`uses_index`)."""
     found = pairs(params, lv, op, sizes)
+    return found, uses_index(params.uses, found, sizes)
+
+
+def uses_index(uses, found: list[Pair], sizes) -> np.ndarray:
+    """Per size, the index in `found` of the pair NCCL runs, given the pairs a log showed it running.
+
+    NCCL's tuner times each pair as latency + size / bandwidth and runs the fastest, so a pair
+    wins over one range of sizes. Inside a range of `uses` its pair runs; between two ranges the
+    faster of their pairs; below the first range and above the last, the fastest pair that no
+    range further in claims. With no `uses`, the fastest pair.
+    """
+    sizes = np.asarray(sizes, dtype=float)
     times = np.array([p.times_ns for p in found])
-    kept = np.where(np.array([~skipped(params, p, sizes) for p in found]), times, np.inf)
-    kept = np.where(np.isinf(kept.min(axis=0)), times, kept)
-    return found, kept.argmin(axis=0)
+    index = {(p.algorithm, p.protocol): k for k, p in enumerate(found)}
+    ranges = [(index[(a, p)], lo, hi) for a, p, lo, hi in uses if (a, p) in index]
+    if not ranges:
+        return times.argmin(axis=0)
+    allowed = np.ones(times.shape, dtype=bool)
+    for i, (k, lo, hi) in enumerate(ranges):
+        inside = (sizes >= lo) & (sizes <= hi)
+        allowed[:, inside] = False
+        allowed[k, inside] = True
+        if i + 1 < len(ranges):
+            gap = (sizes > hi) & (sizes < ranges[i + 1][1])
+            allowed[:, gap] = False
+            allowed[k, gap] = allowed[ranges[i + 1][0], gap] = True
+    below, above = sizes < ranges[0][1], sizes > ranges[-1][2]
+    for k in {k for k, _, _ in ranges[1:]} - {ranges[0][0]}:
+        allowed[k, below] = False
+    for k in {k for k, _, _ in ranges[:-1]} - {ranges[-1][0]}:
+        allowed[k, above] = False
+    return np.where(allowed, times, np.inf).argmin(axis=0)
 
 
 def best(params: NcclParams, lv: list[Level], op: str, size_bytes: float) -> Choice:
-    """The pair NCCL runs at this size: the fastest one the skips leave."""
+    """The pair NCCL runs at this size (`uses_index`)."""
     found, index = choose(params, lv, op, [size_bytes])
     pair = found[int(index[0])]
     return Choice(float(pair.times_ns[0]), pair.latency_ns, pair.algorithm, pair.protocol)
@@ -241,7 +313,7 @@ def chunk_ns(topology: Topology, dims, op: str, call_bytes: float, chunk_bytes: 
     return transfer + (whole.latency_ns if first else 0.0)
 
 
-CALL = "call"  # the marker a flat topology's chunk plan ends with: ("call", call elements, first chunk)
+CALL = "call"  # a flat topology's plan ends with ("call", call elements, first chunk) [, ("call", op, 0)]
 
 
 def plan_collective(plan) -> tuple[str, tuple[int, ...], int, int, bool]:
@@ -249,13 +321,17 @@ def plan_collective(plan) -> tuple[str, tuple[int, ...], int, int, bool]:
 
     Returns the op, its dims, the chunk's elements (the largest stage's), the whole call's
     elements and whether this is the call's first chunk (a plan without the marker is a whole
-    call). RS stages then AG stages (or one AR stage) make an all-reduce; RS alone a
+    call). A ``("call", op, 0)`` item names the collective (a broadcast's stages are an
+    all-gather's); without one, RS stages then AG stages (or one AR stage) make an all-reduce; RS alone a
     reduce-scatter; AG alone an all-gather; A2A stages an all-to-all.
     """
-    call = [item for item in plan if item[0] == CALL]
+    named = [item[1] for item in plan if item[0] == CALL and isinstance(item[1], str)]
+    call = [item for item in plan if item[0] == CALL and not isinstance(item[1], str)]
     stages = [item for item in plan if item[0] != CALL]
     ops = {op for _, op, _ in stages}
-    if "AR" in ops or ops == {"RS", "AG"}:
+    if named:
+        op = named[0]
+    elif "AR" in ops or ops == {"RS", "AG"}:
         op = ALL_REDUCE
     elif ops == {"RS"}:
         op = REDUCE_SCATTER

@@ -169,6 +169,6 @@ def format_nccl(rows: Sequence[CollectiveResult], npus: int) -> str:
             half = f"{_nccl_time(r.time_us):>8} {algbw:>7.2f} {busbw:>7.2f} {wrong:>6}"
             lines.append(
                 f"{r.size_bytes:>12} {r.count:>13} {NCCL_TYPE_OF_DTYPE.get(r.dtype, r.dtype):>9} {redop:>7} "
-                f"{-1:>7} {half} {half}"
+                f"{0 if r.op == 'broadcast' else -1:>7} {half} {half}"  # nccl-tests' root: 0 for broadcast
             )
     return "\n".join(lines)

@@ -28,6 +28,8 @@ def busbw_factor(op: str, npus: int) -> float:
     """nccl-tests' bus-bandwidth factor for an op over npus NPUs."""
     if npus <= 1:
         return 0.0
+    if op == "broadcast":  # every NPU but the root receives S: busbw = algbw
+        return 1.0
     return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
 
 

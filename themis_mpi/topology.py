@@ -147,7 +147,6 @@ ALL_ALGOS = (*NCCL_ALGOS, "MSCCL")  # and RCCL's one-shot (`nccl`)
 # The most of the wire a protocol can carry: LL sends 4 B of data per 8 B (a flag per word), LL128
 # 120 B per 128 B line; Simple all of it.
 PROTOCOL_CAPS = (0.5, 120 / 128, 1.0)
-NCCL_SKIPPABLE = ("tree", "nvls", "nvlstree", "msccl", "ll", "ll128", "simple")
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
 
 
@@ -161,14 +160,17 @@ class NcclParams:
             LL128 120/128, Simple 1: the bytes each puts on the wire besides its flags).
         nvls_base_ns: base latency of NVLS and NVLS-Tree (Simple protocol), ns.
         nvls_efficiency: NVLS all-reduce algbw as a share of dim 0's bandwidth.
+        nvls_chunk_ns: what each NVLS chunk costs a channel besides its bytes, ns (`nccl` doc:
+            NCCL's NVLS chunks shrink at smaller sizes, and the rate with them).
+        nvls_channels: NCCL's NVLS channels (``NVLS_NCHANNELS``: 16 on Hopper, 32 on Blackwell).
         algos: the algorithms NCCL may pick (``NCCL_ALGO``); all by default.
         tree_efficiency: share of the across-node bandwidth a tree (Tree, NVLS-Tree) reaches.
         net_efficiency: share of the NICs' (dims 1 and up) nominal rate any algorithm reaches.
         channels: the channels NCCL spreads a collective over (`nccl` doc: fewer at small sizes).
         protocols: the protocols the library has (RCCL on gfx94x: no LL128).
         rccl: AMD's RCCL: its per-step latencies, no tree correction.
-        skips: ``(item, lo_bytes, hi_bytes)``: sizes where an algorithm or protocol (lower-case
-            names of `NCCL_SKIPPABLE`) is not run, as a log shows NCCL's tuner choosing.
+        uses: ``(algorithm, protocol, lo_bytes, hi_bytes)``, ascending: the pair a log shows the
+            library running from one size to another (`nccl.choose`); none: the fastest pair.
     """
 
     base_ns: tuple[float, float, float] = (6600.0, 14000.0, 8400.0)  # NCCL's Ring base latencies
@@ -181,7 +183,9 @@ class NcclParams:
     channels: float = 16.0
     protocols: tuple[str, ...] = PROTOCOLS
     rccl: bool = False
-    skips: tuple[tuple[str, int, int], ...] = ()
+    uses: tuple[tuple[str, str, int, int], ...] = ()
+    nvls_chunk_ns: float = 500.0
+    nvls_channels: int = 16
 
     def __post_init__(self):
         if len(self.base_ns) != 3 or len(self.efficiency) != 3:
@@ -191,6 +195,8 @@ class NcclParams:
             in_range(f"NCCL {proto} efficiency", eff, MIN_INA_EFFICIENCY, cap)
         in_range("NCCL NVLS base latency", self.nvls_base_ns, 0, MAX_LATENCY_NS, "ns")
         in_range("NCCL NVLS efficiency", self.nvls_efficiency, MIN_INA_EFFICIENCY, 1.0)
+        in_range("NCCL NVLS chunk cost", self.nvls_chunk_ns, 0, MAX_LATENCY_NS, "ns")
+        in_range("NCCL NVLS channels", self.nvls_channels, 1, MAX_CHANNELS)
         in_range("NCCL tree efficiency", self.tree_efficiency, MIN_INA_EFFICIENCY, 1.0)
         in_range("NCCL net efficiency", self.net_efficiency, MIN_INA_EFFICIENCY, 1.0)
         in_range("NCCL channels", self.channels, 1.0, MAX_CHANNELS)
@@ -200,17 +206,22 @@ class NcclParams:
             raise UsageError(
                 f"NCCL protocols must be Simple and some of LL, LL128, got {'+'.join(self.protocols)}"
             )
-        for item, lo, hi in self.skips:
-            if item not in NCCL_SKIPPABLE or not 0 < lo <= hi:
+        last = 0
+        for algo, proto, lo, hi in self.uses:
+            if algo not in ALL_ALGOS or proto not in PROTOCOLS or not last < lo <= hi:
                 raise UsageError(
-                    f"NCCL skip {item}@{lo}-{hi}: name one of {', '.join(NCCL_SKIPPABLE)}, "
-                    "and sizes 0 < LO <= HI"
+                    f"NCCL use {algo.lower()}.{proto.lower()}@{lo}-{hi}: name an algorithm of "
+                    f"{'+'.join(a.lower() for a in ALL_ALGOS)}, a protocol of "
+                    f"{'+'.join(p.lower() for p in PROTOCOLS)}, and ascending sizes 0 < LO <= HI"
                 )
+            last = hi
 
     def spec(self) -> str:
-        """``NCCL(ll=BASE:EFF,ll128=BASE:EFF,simple=BASE:EFF,nvls=BASE:EFF[,tree=EFF][,net=EFF]...)``."""
+        """``NCCL(ll=BASE:EFF,ll128=BASE:EFF,simple=BASE:EFF,nvls=BASE:EFF:CHUNK[,tree=EFF]...)``."""
         items = [f"{p.lower()}={b:g}:{e:g}" for p, b, e in zip(PROTOCOLS, self.base_ns, self.efficiency)]
-        items.append(f"nvls={self.nvls_base_ns:g}:{self.nvls_efficiency:g}")
+        items.append(f"nvls={self.nvls_base_ns:g}:{self.nvls_efficiency:g}:{self.nvls_chunk_ns:g}")
+        if self.nvls_channels != NcclParams.nvls_channels:
+            items.append(f"nvch={self.nvls_channels:d}")
         if self.tree_efficiency != 1.0:
             items.append(f"tree={self.tree_efficiency:g}")
         if self.net_efficiency != 1.0:
@@ -223,19 +234,22 @@ class NcclParams:
             items.append("rccl")
         if self.algos != NCCL_ALGOS:
             items.append("algos=" + "+".join(a.lower() for a in self.algos))
-        if self.skips:
-            items.append("skip=" + "+".join(f"{item}@{lo}-{hi}" for item, lo, hi in self.skips))
+        if self.uses:
+            items.append(
+                "use=" + "+".join(f"{a.lower()}.{p.lower()}@{lo}-{hi}" for a, p, lo, hi in self.uses)
+            )
         return f"NCCL({','.join(items)})"
 
     @classmethod
     def parse(cls, text: str) -> NcclParams:
         """The inside of ``NCCL(...)``.
 
-        Keys: ``ll``, ``ll128``, ``simple``, ``nvls`` (``=BASE_NS:EFF``), ``tree=EFF``, ``net=EFF``,
-        ``ch=N``, ``protos=ll+simple``, ``rccl``, ``algos=ring+tree``, ``skip=ITEM@LO-HI+...``.
+        Keys: ``ll``, ``ll128``, ``simple`` (``=BASE_NS:EFF``), ``nvls`` (``=BASE_NS:EFF[:CHUNK_NS]``),
+        ``nvch=N``, ``tree=EFF``, ``net=EFF``, ``ch=N``, ``protos=ll+simple``, ``rccl``,
+        ``algos=ring+tree``, ``use=ALGO.PROTO@LO-HI+...``.
         """
         base, eff = list(cls.base_ns), list(cls.efficiency)
-        nvls = [cls.nvls_base_ns, cls.nvls_efficiency]
+        nvls = [cls.nvls_base_ns, cls.nvls_efficiency, cls.nvls_chunk_ns]
         values: dict = {}
         names = {a.lower(): a for a in ALL_ALGOS}
         for field in filter(None, (f.strip() for f in text.split(","))):
@@ -249,22 +263,31 @@ class NcclParams:
                     raise UsageError(f"NCCL {key} must be some of {'+'.join(table)}, got {value!r}") from None
             elif key in ("tree", "net", "ch"):
                 values[key] = _number(value, key, field)
+            elif key == "nvch":
+                count = _number(value, key, field)
+                if not math.isfinite(count) or count != int(count):
+                    raise UsageError(f"NCCL nvch must be a whole number of channels, got {value!r}")
+                values[key] = int(count)
             elif key == "rccl":
                 values[key] = value.strip() in ("", "1")
-            elif key == "skip":
-                values[key] = tuple(_skip(item, field) for item in value.split("+"))
+            elif key == "use":
+                values[key] = tuple(_use(item, field) for item in value.split("+"))
             elif key in ("ll", "ll128", "simple", "nvls"):
-                lat_text, _, eff_text = value.partition(":")
+                lat_text, _, rest = value.partition(":")
+                eff_text, _, chunk_text = rest.partition(":")
                 lat, efficiency = _number(lat_text, key, field), _number(eff_text or "nan", key, field)
                 if key == "nvls":
-                    nvls = [lat, efficiency]
+                    chunk = _number(chunk_text, key, field) if chunk_text else cls.nvls_chunk_ns
+                    nvls = [lat, efficiency, chunk]
+                elif chunk_text:
+                    raise UsageError(f"NCCL {key} takes BASE_NS:EFF, got {value!r}")
                 else:
                     i = ("ll", "ll128", "simple").index(key)
                     base[i], eff[i] = lat, efficiency
             else:
                 raise UsageError(
-                    f"unknown NCCL(...) key {key!r}; use ll, ll128, simple, nvls, tree, net, ch, protos, "
-                    "rccl, algos or skip"
+                    f"unknown NCCL(...) key {key!r}; use ll, ll128, simple, nvls, nvch, tree, net, ch, "
+                    "protos, rccl, algos or use"
                 )
         return cls(
             (base[0], base[1], base[2]),
@@ -277,19 +300,26 @@ class NcclParams:
             values.get("ch", cls.channels),
             values.get("protos", PROTOCOLS),
             values.get("rccl", False),
-            values.get("skip", ()),
+            values.get("use", ()),
+            nvls[2],
+            values.get("nvch", cls.nvls_channels),
         )
 
 
-def _skip(text: str, field: str) -> tuple[str, int, int]:
-    """``ITEM@LO-HI`` (bytes) of an NCCL(...) skip."""
-    item, _, sizes = text.strip().partition("@")
+def _use(text: str, field: str) -> tuple[str, str, int, int]:
+    """``ALGO.PROTO@LO-HI`` (bytes) of an NCCL(...) use."""
+    pair, _, sizes = text.strip().partition("@")
+    algo, _, proto = pair.partition(".")
     lo, _, hi = sizes.partition("-")
-    if not lo.strip().isdigit() or not hi.strip().isdigit():
+    algos = {a.lower(): a for a in ALL_ALGOS}
+    protos = {p.lower(): p for p in PROTOCOLS}
+    key_a, key_p = algo.strip().lower(), proto.strip().lower()
+    if key_a not in algos or key_p not in protos or not lo.strip().isdigit() or not hi.strip().isdigit():
         raise UsageError(
-            f"bad NCCL skip {text.strip()!r} in {field!r}: write ITEM@LO-HI in bytes, e.g. nvls@8-512"
+            f"bad NCCL use {text.strip()!r} in {field!r}: write ALGO.PROTO@LO-HI in bytes, e.g. "
+            "nvls.simple@8-512"
         )
-    return item.strip().lower(), int(lo), int(hi)
+    return algos[key_a], protos[key_p], int(lo), int(hi)
 
 
 @dataclass(frozen=True)

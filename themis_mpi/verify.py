@@ -134,6 +134,8 @@ def check_range(dtype, npus: int) -> None:
 
 def fill_input(buffer: np.ndarray, topology: Topology, collective: Collective, coords, orders, bounds=None):
     """Write this NPU's closed-form input; an all-gather fills only its own blocks (of `bounds`)."""
+    if collective.op == "broadcast":
+        raise UsageError("the emulator moves no broadcast: themis-mpi model times it on nccl dims")
     n = topology.group_npus(collective.dims)
     check_range(buffer.dtype, n)
     rank = group_rank(topology, collective.dims, coords)

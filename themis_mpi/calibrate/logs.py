@@ -1,13 +1,14 @@
 """nccl-tests and rccl-tests logs, read as posted: the tables, the collective, the NPUs, the machine.
 
-`read_nccl_log` reads the tables ``all_reduce_perf``, ``all_gather_perf``, ``reduce_scatter_perf``
-and ``alltoall_perf`` print: size, count, type, [redop], [root], then time, algbw, busbw and #wrong
-out of place and in place (nccl-tests since 2.13 and rccl-tests: 13 columns; older nccl-tests: no
-root column, an error value instead of #wrong, no redop for all_gather; newer: per-iteration
-columns). Besides the rows it takes what the log says about the machine: the GPU model, host names
-and device indices of the "Using devices" lines, NCCL INFO lines (``rank R nranks N cudaDev D``),
-``N-node`` section titles, ``-g N``, ``NCCL_ALGO``/``NCCL_PROTO`` settings and the library (RCCL
-or NCCL). nccl-tests' GB/s are 1e9 B/s; this package's are 2^30 B/s.
+`read_nccl_log` reads the tables ``all_reduce_perf``, ``all_gather_perf``, ``reduce_scatter_perf``,
+``alltoall_perf`` and ``broadcast_perf`` print: size, count, type, [redop], [root], then time,
+algbw, busbw and #wrong out of place and in place (nccl-tests since 2.13 and rccl-tests: 13
+columns; older nccl-tests: no root column, an error value instead of #wrong, no redop for
+all_gather; newer: per-iteration columns). Besides the rows it takes what the log says about the
+machine: the GPU model, host names and device indices of the "Using devices" lines, NCCL INFO
+lines (``rank R nranks N cudaDev D``), ``N-node`` section titles, ``-g N``,
+``NCCL_ALGO``/``NCCL_PROTO`` settings and the library (RCCL or NCCL). nccl-tests' GB/s are 1e9
+B/s; this package's are 2^30 B/s.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from ..errors import UsageError
 from ..limits import MAX_DIM_NPUS, MAX_SIZE_BYTES
 from .hardware import VENDOR_MARKS
 
-NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 PERF_NAMES = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
-PERF_NAMES["alltoall"] = "all_to_all"
+PERF_NAMES |= {"alltoall": "all_to_all", "broadcast": "broadcast"}
 NCCL_TYPES = {  # nccl-tests' type name -> (bytes, dtype the model runs with)
     "float": (4, "float32"),
     "float32": (4, "float32"),
@@ -400,7 +401,7 @@ def _run(path: str, t: _Table, k: int, tables: int, op, npus, vendor: str, envs:
     if op not in NCCL_OPS:
         raise UsageError(
             f"{path}: {op}_perf has no collective of that name in the model; "
-            "use all_reduce, all_gather, reduce_scatter or alltoall logs"
+            "use all_reduce, all_gather, reduce_scatter, alltoall or broadcast logs"
         )
     npus_source = "given"
     if npus is None:

@@ -21,6 +21,9 @@ XGMI_STEP_NS = 800.0  # RCCL's xGMI step latency of LL (tuning.cc, tuning models
 NET_STEP_NS = 14000.0  # NCCL's network step latency of Ring Simple: the nominal step across nodes
 DEFAULT_NIC_GBITS = 400.0
 DEFAULT_NODE = 8
+# NCCL's NVLS channels (nvls.cc NVLS_NCHANNELS_SM90 / _SM100): Blackwell and later run 32
+NVLS_CHANNELS = {"blackwell": 32}
+DEFAULT_NVLS_CHANNELS = 16
 
 
 def parse_algos(text: str | None) -> tuple[str, ...] | None:
@@ -63,6 +66,7 @@ class Machine:
         algos: the algorithms the library may run.
         protocols: the protocols it has.
         sources: one line per fact: what it is and where it came from.
+        nvls_channels: NCCL's NVLS channels on this GPU generation (16, Blackwell 32).
     """
 
     vendor: str
@@ -75,6 +79,7 @@ class Machine:
     algos: tuple[str, ...]
     protocols: tuple[str, ...]
     sources: list[str] = field(default_factory=list)
+    nvls_channels: int = DEFAULT_NVLS_CHANNELS
 
     @property
     def rccl(self) -> bool:
@@ -177,6 +182,35 @@ def machine_of(
     chosen = tuple(a for a in (algos or have) if a in have) or ("Ring",)
     if not nvls:
         sources.append("no NVLS (NVLink SHARP needs Hopper or later and NVSwitch)")
+    arch, arch_how = _generation(log, row) if vendor == "nvidia" else ("", "")
+    nvls_channels = NVLS_CHANNELS.get(arch, DEFAULT_NVLS_CHANNELS)
+    if any(a.startswith("NVLS") for a in chosen):
+        sources.append(f"{nvls_channels} NVLS channels (NCCL's on {arch}: {arch_how})")
     return Machine(
-        vendor, row.name if row else "", fabric, per, link, bounds, nic, chosen, protocols, sources
+        vendor,
+        row.name if row else "",
+        fabric,
+        per,
+        link,
+        bounds,
+        nic,
+        chosen,
+        protocols,
+        sources,
+        nvls_channels,
     )
+
+
+def _generation(log: NcclLog, row) -> tuple[str, str]:
+    """An NVIDIA log's GPU generation and why: the GPU's row, else the log's peak rate.
+
+    A log that names no GPU gets the first NVLink generation whose links carry its peak algbw (an
+    all-reduce moves S into and out of each GPU: algbw stays below the link rate).
+    """
+    if row:
+        return row.arch, f"the GPU is {row.name}"
+    peak = max(r.size_bytes / r.time_us / 1e3 for run in log.runs or [log] for r in run.rows)
+    for gpu in sorted((g for g in GPUS if g.nvls), key=lambda g: g.link_gbps):
+        if gpu.link_gbps >= peak:
+            return gpu.arch, f"algbw {peak:.4g} GB/s needs {gpu.name}-class links"
+    return "blackwell", f"algbw {peak:.4g} GB/s is beyond every NVLink generation's links"

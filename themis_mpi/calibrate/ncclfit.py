@@ -3,16 +3,19 @@
 The machine (`machine.Machine`: GPU, links, nodes, NICs, algorithms) is given; the fit finds the
 library's parameters, each within physical bounds (`PARAMS`): base latencies 0.1-100 us, the
 shares of the links' nominal rates each protocol reaches (at most LL 1/2, LL128 120/128, Simple
-1), the channel count, NVLS's latency and share, and across nodes the NICs' share, the network
-step latency and the trees' share. Where the log shows NCCL not running the pair the parameters
-make fastest, the fit leaves that algorithm or protocol out over those sizes (`NcclParams.skips`).
+1), the channel count, NVLS's latency, share and cost per chunk, and across nodes the NICs'
+share, the network step latency and the trees' share; and the pair the library ran at each
+fitted size (`NcclParams.uses`), which need not be the one the parameters make fastest (NCCL's
+tuner uses its own constants).
 
-Residuals are relative (log of model / measured time) on the out-of-place times of the
-even-indexed sizes of each run (all sizes of a run with fewer than six); sizes below 64 KiB weigh
-less, and a soft-L1 loss keeps single outliers from steering. The fit goes from the large sizes
-down: first the Simple pairs on the sizes from 64 MiB (trying each size as the start of NVLS or a
-tree), then from 1 MiB, then all; after each stage a greedy search adds the skip range that lowers
-the cost most, refitting, while one lowers it by more than `SKIP_GAIN`.
+Residuals are relative (log of model / measured time) on the even-indexed sizes of each run (all
+sizes of a run with fewer than six), each size's time the faster of its out-of-place and in-place
+runs; sizes below 64 KiB weigh less, and a soft-L1 loss keeps single outliers from steering. The
+fit goes from the large sizes down: first the Simple pairs on the sizes from 64 MiB, then from
+1 MiB, then all. In each stage, starts (random, and with NVLS, NVLS-Tree or Tree from each size
+on) are fitted with every size on its fastest pair, then labelling the sizes (`_segments`: each
+pair on one range, an algorithm's protocols in NCCL's order, a cost per range and per size off the
+fastest pair) and fitting alternate until the labels hold.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import numpy as np
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS
 from ..nccl import Pair, pairs
-from ..topology import NCCL_SKIPPABLE, PROTOCOL_CAPS, PROTOCOLS, NcclParams, Topology, parse_topology
+from ..results import busbw_factor
+from ..topology import PROTOCOL_CAPS, PROTOCOLS, NcclParams, Topology, parse_topology
 from ..units import BYTES_PER_GB
 from .logs import NCCL_TYPES, NcclLog
 from .machine import NET_STEP_NS, Machine, machine_of
@@ -45,6 +49,7 @@ PARAMS: dict[str, tuple[float, float, bool, str]] = {
     "channels": (1.0, 64.0, True, "channels NCCL spreads a collective over"),
     "nvls_base": (0.1 * US, 100 * US, False, "NVLS base latency, ns"),
     "nvls_eff": (0.05, 1.0, False, "NVLS algbw / dim 0's nominal rate"),
+    "nvls_chunk": (0.01 * US, 10 * US, False, "what an NVLS chunk costs its channel besides its bytes, ns"),
     "net_eff": (0.05, 1.0, False, "share of the NICs' nominal rate"),
     "net_step": (0.1 * US, 100 * US, False, "per-step latency across nodes, ns"),
     "tree_eff": (0.05, 1.0, False, "share of the across-node rate a tree reaches"),
@@ -65,6 +70,7 @@ PRIORS = {
     "channels": 16.0,
     "nvls_base": 25 * US,
     "nvls_eff": 0.6,
+    "nvls_chunk": 0.5 * US,
     "net_eff": 0.85,
     "net_step": 14 * US,
     "tree_eff": 0.85,
@@ -73,18 +79,21 @@ PRIOR_WEIGHT = 0.005
 SMALL_BYTES = 64 * 2**10  # sizes below weigh `SMALL_WEIGHT` in the fit (the issue's bands start here)
 SMALL_WEIGHT = 0.2
 DELTA = 0.03  # soft-L1 scale: residuals past ~3 % count linearly
-SKIP_GAIN = 0.003  # a skip range must lower the cost by this much (one size ~5.5 % better)
+# What a fit pays for each range of sizes on one pair, and for each size where that pair is not
+# the fastest (NCCL's tuner misjudging it): one size about 5 % further off.
+SEGMENT_COST = 0.0005
+SLOWER_COST = 0.002
 STARTS = 8
 RESTARTS = 2  # whole staged fits from other random starts; the cheapest wins
 SCREEN_ITERS = 10  # LM iterations of a starting point before the best few go on
-FINALISTS = 3
+FINALISTS = 5
 STAGES = ((64 * 2**20, ("Simple",)), (2**20, ("LL128", "Simple")), (0, PROTOCOLS))
 BOUND_SHARE = 0.005  # a parameter this close to a bound (share of its range) is reported as on it
 
 
 def busbw_of(op: str, npus: int) -> float:
-    """nccl-tests' bus-bandwidth factor: 2(n-1)/n for all-reduce, (n-1)/n otherwise."""
-    return 2.0 * (npus - 1) / npus if op == "all_reduce" else (npus - 1) / npus
+    """nccl-tests' bus-bandwidth factor (`results.busbw_factor`)."""
+    return busbw_factor(op, npus)
 
 
 @dataclass
@@ -154,7 +163,7 @@ class _Model:
     def __init__(self, machine: Machine, runs: list[_Run], base: dict[str, float], fixed: NcclParams):
         self.machine, self.runs, self.base, self.fixed = machine, runs, base, fixed
 
-    def params(self, values: dict[str, float], skips=()) -> tuple[NcclParams, float, float]:
+    def params(self, values: dict[str, float], uses=()) -> tuple[NcclParams, float, float]:
         """The library's parameters, dim 0's rate (GB/s of 1e9) and the network step (ns)."""
         v = {**self.base, **values}
         f = self.fixed
@@ -168,16 +177,17 @@ class _Model:
             ),
             nvls_base_ns=v.get("nvls_base", f.nvls_base_ns),
             nvls_efficiency=v.get("nvls_eff", f.nvls_efficiency),
+            nvls_chunk_ns=v.get("nvls_chunk", f.nvls_chunk_ns),
             tree_efficiency=v.get("tree_eff", f.tree_efficiency),
             net_efficiency=v.get("net_eff", f.net_efficiency),
             channels=v.get("channels", f.channels),
-            skips=tuple(skips),
+            uses=tuple(uses),
         )
         return params, v.get("link_gbps", self.machine.link_gbps), v.get("net_step", NET_STEP_NS)
 
-    def topology(self, values: dict[str, float], npus: int, skips=()) -> Topology:
+    def topology(self, values: dict[str, float], npus: int, uses=()) -> Topology:
         """The nccl topology of a run of `npus` NPUs."""
-        params, link, step = self.params(values, skips)
+        params, link, step = self.params(values, uses)
         return self.machine.topology(npus, params, link, step)
 
     def pairs(self, values: dict[str, float], run: _Run, sizes=None) -> list[Pair]:
@@ -185,31 +195,6 @@ class _Model:
         params, link, step = self.params(values)
         lv = self.machine.levels(run.log.npus, link, step)
         return pairs(params, lv, run.log.op, run.sizes if sizes is None else sizes)
-
-
-def _allowed(found: list[Pair], skips, sizes: np.ndarray) -> np.ndarray:
-    mask = np.ones((len(found), len(sizes)), dtype=bool)
-    for k, pair in enumerate(found):
-        names = (pair.algorithm.lower(), pair.protocol.lower())
-        for item, lo, hi in skips:
-            if item in names:
-                mask[k] &= ~((sizes >= lo) & (sizes <= hi))
-    return mask
-
-
-_MASKS: dict = {}  # (pair names, skips, sizes) -> where each pair may run: the same few per fit
-
-
-def _chosen(found: list[Pair], skips, sizes: np.ndarray, protocols) -> np.ndarray:
-    """The time of the fastest pair left per size (inf where none is left)."""
-    keep = [p for p in found if p.protocol in protocols] or found
-    key = (tuple(p.names for p in keep), tuple(skips), sizes.tobytes())
-    mask = _MASKS.get(key)
-    if mask is None:
-        if len(_MASKS) > 4096:
-            _MASKS.clear()
-        mask = _MASKS[key] = _allowed(keep, skips, sizes)
-    return np.where(mask, np.array([p.times_ns for p in keep]), np.inf).min(axis=0)
 
 
 def _names(machine: Machine, runs: list[_Run], protocols, base: bool) -> list[str]:
@@ -221,7 +206,7 @@ def _names(machine: Machine, runs: list[_Run], protocols, base: bool) -> list[st
     names = [f"base_{p}" for p in PROTOCOLS if p in protocols and p in machine.protocols]
     if not base:
         names += [f"eff_{p}" for p in PROTOCOLS if p in protocols and p in machine.protocols] + ["channels"]
-        names += ["nvls_eff"] if nvls else []
+        names += ["nvls_eff", "nvls_chunk"] if nvls else []
         names += ["link_gbps"] if not machine.link_gbps else []
     names += ["nvls_base"] if nvls else []
     names += ["net_eff", "net_step"] if multi else []
@@ -229,22 +214,78 @@ def _names(machine: Machine, runs: list[_Run], protocols, base: bool) -> list[st
     return names
 
 
-def _bounds(machine: Machine, name: str) -> tuple[float, float]:
+def param_bounds(machine: Machine, name: str) -> tuple[float, float]:
+    """A parameter's bounds on this machine: `PARAMS`', or for a fitted link rate its vendor's rows."""
     lo, hi, _, _ = PARAMS[name]
     return machine.link_bounds if name == "link_gbps" else (lo, hi)
 
 
-def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, values, skips, rng, seeds):
-    """One stage: multi-start bounded LM on the sizes from `lo_bytes`, then the greedy skip search."""
+def _segments(loss: np.ndarray, penalty: float, pairs_of: list[tuple[str, int]]) -> np.ndarray:
+    """Per size (rows, ascending) the pair (columns) NCCL ran, each pair on one range of sizes.
+
+    The labels that minimise the summed loss plus `penalty` per range, as NCCL's tuner would have
+    them (`nccl.uses_index`: it picks the fastest of straight lines): no pair on two ranges, and
+    one algorithm's protocols in their order LL, LL128, Simple (each has a higher latency and a
+    higher rate than the one before). `pairs_of` gives each column's algorithm and protocol index.
+    A dynamic programme over the last pair and the pairs used so far.
+    """
+    n, m = loss.shape
+
+    def may(used: int, q: int) -> bool:
+        algo, rank = pairs_of[q]
+        return not any(used >> u & 1 and pairs_of[u][0] == algo and pairs_of[u][1] > rank for u in range(m))
+
+    layer = {(p, 1 << p): float(loss[0, p]) + penalty for p in range(m) if np.isfinite(loss[0, p])}
+    back: list[dict] = [{}]
+    for i in range(1, n):
+        new: dict = {}
+        prev: dict = {}
+        row = loss[i]
+        for (p, used), cost in layer.items():
+            moves = [(p, used, cost + row[p])] if np.isfinite(row[p]) else []
+            moves += [
+                (q, used | 1 << q, cost + penalty + row[q])
+                for q in range(m)
+                if not used >> q & 1 and np.isfinite(row[q]) and may(used, q)
+            ]
+            for q, u, c in moves:
+                if c < new.get((q, u), math.inf):
+                    new[(q, u)], prev[(q, u)] = float(c), (p, used)
+        layer = new
+        back.append(prev)
+    key = min(layer, key=lambda k: layer[k])
+    labels = [key[0]]
+    for i in range(n - 1, 0, -1):
+        key = back[i][key]
+        labels.append(key[0])
+    return np.array(labels[::-1])
+
+
+def _uses(found: list[Pair], labels: np.ndarray, sizes: np.ndarray) -> tuple:
+    """The `NcclParams.uses` of per-size labels: each pair with its first and last size."""
+    out: list[tuple[str, str, int, int]] = []
+    for k, size in zip(labels, sizes):
+        pair = found[int(k)]
+        if out and out[-1][:2] == (pair.algorithm, pair.protocol):
+            out[-1] = (*out[-1][:3], int(size))
+        else:
+            out.append((pair.algorithm, pair.protocol, int(size), int(size)))
+    return tuple(out)
+
+
+def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, values, rng, seeds):
+    """One stage: multi-start bounded LM on the sizes from `lo_bytes`, the pairs relabelled in turn.
+
+    Each start is fitted with every size on its fastest pair, then fits and `_segments` labellings
+    alternate until the labels hold. Returns the values, each run's labels and the cost.
+    """
     machine = model.machine
     scale = [PARAMS[n][2] for n in names]
-    lo = np.array(
-        [math.log(_bounds(machine, n)[0]) if s else _bounds(machine, n)[0] for n, s in zip(names, scale)]
-    )
-    hi = np.array(
-        [math.log(_bounds(machine, n)[1]) if s else _bounds(machine, n)[1] for n, s in zip(names, scale)]
-    )
+    bounds = [param_bounds(machine, n) for n in names]
+    lo = np.array([math.log(a) if s else a for (a, _), s in zip(bounds, scale)])
+    hi = np.array([math.log(b) if s else b for (_, b), s in zip(bounds, scale)])
     runs = [(r, r.sizes >= lo_bytes) for r in model.runs]
+    runs = [(r, keep) for r, keep in runs if keep.any()]
 
     def values_of(x) -> dict[str, float]:
         out = dict(values)
@@ -254,99 +295,136 @@ def _fit_stage(model: _Model, names: list[str], protocols, lo_bytes: float, valu
     def x_of(v: dict[str, float]) -> np.ndarray:
         return np.clip(np.array([math.log(v[n]) if s else v[n] for n, s in zip(names, scale)]), lo, hi)
 
-    def residual(x, sk) -> np.ndarray:
+    def found_of(x) -> list[list[Pair]]:
         v = values_of(x)
+        return [model.pairs(v, run, run.sizes[keep]) for run, keep in runs]
+
+    def times(x) -> list[np.ndarray]:
+        """Per run, every pair's time at its sizes (inf for a protocol this stage leaves out)."""
+        return [
+            np.array([p.times_ns if p.protocol in protocols else np.full(len(p.times_ns), np.inf) for p in f])
+            for f in found_of(x)
+        ]
+
+    def losses(x) -> list[np.ndarray]:
+        """Per run, each size's (rows) loss on each pair (columns), plus `SLOWER_COST` off the fastest."""
         out = []
-        for run, keep in runs:
-            if keep.any():
-                sizes = run.sizes[keep]
-                t = _chosen(model.pairs(v, run, sizes), sk, sizes, protocols)
-                out.append(np.log(np.minimum(t, 1e30) / run.measured[keep]) * run.weights[keep])
+        for t, (run, keep) in zip(times(x), runs):
+            loss = soft_l1(np.log(np.minimum(t, 1e30) / run.measured[keep]) * run.weights[keep], DELTA)
+            out.append((loss + np.where(t > t.min(axis=0), SLOWER_COST, 0.0)).T)
+        return out
+
+    def residual(x, labels) -> np.ndarray:
+        """Log errors of each size on its labelled pair (with no labels its fastest), and the priors."""
+        out = []
+        for k, (t, (run, keep)) in enumerate(zip(times(x), runs)):
+            chosen = t.min(axis=0) if labels is None else t[labels[k], np.arange(t.shape[1])]
+            out.append(np.log(np.minimum(chosen, 1e30) / run.measured[keep]) * run.weights[keep])
+        v = values_of(x)
         out.append(np.array([PRIOR_WEIGHT * math.log(v[n] / PRIORS[n]) for n in names if n in PRIORS]))
         return np.concatenate(out)
 
-    def lm(x, sk, iters):
-        return fit_box(lambda y: residual(y, sk), x, lo, hi, DELTA, iters)
+    def lm(x, labels, iters):
+        y, cost = fit_box(lambda z: residual(z, labels), x, lo, hi, DELTA, iters)
+        now = fastest(y)
+        slower = 0 if labels is None else sum(int((lab != f).sum()) for lab, f in zip(labels, now))
+        return y, cost + SEGMENT_COST * sum(
+            len(_runs_of(lab)) for lab in labels or now
+        ) + SLOWER_COST * slower
+
+    def orders(x) -> list[list[tuple[str, int]]]:
+        """Per run, each pair's algorithm and protocol index (`_segments`)."""
+        return [[(p.algorithm, PROTOCOLS.index(p.protocol)) for p in f] for f in found_of(x)]
+
+    def fastest(x):
+        return [np.argmin(t, axis=0) for t in times(x)]
+
+    def relabel(x, labels, iters):
+        cost = math.inf
+        for _ in range(6):
+            new = [_segments(loss, SEGMENT_COST, order) for loss, order in zip(losses(x), orders(x))]
+            if all(np.array_equal(a, b) for a, b in zip(new, labels)) and math.isfinite(cost):
+                break
+            labels = new
+            x, cost = lm(x, labels, iters)
+        return x, cost, labels
 
     starts = [x_of(values)] if all(n in values for n in names) else []
+    guesses = []
     for _ in range(STARTS):
         guess = dict(values)
         for n, s in zip(names, scale):
             if n not in values:
-                a, b = _bounds(machine, n)
+                a, b = param_bounds(machine, n)
                 guess[n] = (
                     math.exp(rng.uniform(math.log(a), math.log(b))) if s or a > 0 else rng.uniform(a, b)
                 )
-        starts.append(x_of(guess))
-    screened = [(*lm(x, skips, SCREEN_ITERS), tuple(skips)) for x in starts]
-    opened = sorted(screened, key=lambda t: t[1])[:2]
-    for item, lo_size, seed in seeds:  # an algorithm that starts at some size: each start tried
-        tried = tuple(skips) + ((item, 1, lo_size),)
-        guesses = [x for x, _, _ in opened] + ([x_of({**values_of(opened[0][0]), **seed})] if seed else [])
-        screened += [(*lm(x0, tried, SCREEN_ITERS), tried) for x0 in guesses]
+        guesses.append(guess)
+    starts += [x_of(g) for g in guesses] + [x_of({**guesses[0], **seed}) for seed in seeds]
+    screened = []
+    for x0 in starts:  # each size on its fastest pair, whichever that becomes
+        y, cost = lm(x0, None, SCREEN_ITERS)
+        screened.append((y, cost, fastest(y)))
+    for x0, _, _ in sorted(screened, key=lambda t: t[1])[:2]:  # each algorithm from each size on
+        for labels in _starts_of(found_of(x0), times(x0), protocols):
+            screened.append((*lm(x0, labels, SCREEN_ITERS), labels))
     finalists = sorted(screened, key=lambda t: t[1])[:FINALISTS]
-    best = min(((*lm(x, sk, 60), sk) for x, _, sk in finalists), key=lambda t: t[1])
-    x, cost, skips = best
-    fitted = sorted({s for run, keep in runs for s in run.sizes[keep]})
-    present = {n for run, _ in runs for p in model.pairs(values_of(x), run) for n in p.names}
-    names_here = sorted(present & set(NCCL_SKIPPABLE))
-    for _ in range(8):  # greedy: the skip range that lowers the cost most, while one does
-        frozen = [(run, keep, model.pairs(values_of(x), run, run.sizes[keep])) for run, keep in runs]
-
-        def cost_of(sk, frozen=frozen) -> float:
-            total = 0.0
-            for run, keep, found in frozen:
-                if keep.any():
-                    sizes = run.sizes[keep]
-                    t = _chosen(found, sk, sizes, protocols)
-                    if not np.all(np.isfinite(t)):
-                        return math.inf
-                    total += float(np.sum(soft_l1(np.log(t / run.measured[keep]) * run.weights[keep], DELTA)))
-            return total
-
-        trials = []
-        # ranges from the smallest size or between sizes from 64 KiB: no skip fits a small size's noise
-        ends = [s for s in fitted if s >= SMALL_BYTES]
-        for item in names_here:
-            for a in [1] + ends:
-                for b in [e for e in ends if e >= a]:
-                    tried = tuple(skips) + ((item, int(a), int(b)),)
-                    trials.append((cost_of(tried), tried))
-        trials.sort(key=lambda t: t[0])
-        got = None
-        for _, tried in trials[:4]:
-            x2, c2 = lm(x, tried, 25)
-            if c2 < cost - SKIP_GAIN and (got is None or c2 < got[1]):
-                got = (x2, c2, tried)
-        if got is None:
-            break
-        x, cost, skips = got
-    x, cost = lm(x, skips, 150)
-    return values_of(x), tuple(skips), cost
+    x, _, labels = min((relabel(x, lab, 30) for x, _, lab in finalists), key=lambda t: t[1])
+    x, cost = lm(x, labels, 150)
+    return values_of(x), labels, cost
 
 
-def _seeds(model: Machine, runs: list[_Run], values: dict, lo_bytes: float) -> list:
-    """(item, first size, parameter guess) for each algorithm that may start at some fitted size."""
+def _starts_of(found: list[list[Pair]], times: list[np.ndarray], protocols) -> list[list[np.ndarray]]:
+    """Labellings that switch to NVLS, NVLS-Tree or Tree at some size (the fastest other pair below).
+
+    `found` and `times` hold each run's pairs and their times (`_fit_stage`). These are the
+    algorithms NCCL switches to at large sizes: each size is tried as the switch, as NCCL's tuner
+    may switch where the model's parameters do not yet say so.
+    """
     out = []
-    sizes = sorted({s for r in runs for s in r.sizes if s >= lo_bytes})
-    for item in ("nvls", "nvlstree", "tree"):
-        name = {"nvls": "NVLS", "nvlstree": "NVLSTree", "tree": "Tree"}[item]
-        if name not in model.algos:
-            continue
-        for k in range(len(sizes) - 1):
-            above = [(s, t) for r in runs for s, t in zip(r.sizes, r.measured) if s > sizes[k]]
-            algbw = max(s / t for s, t in above)  # bytes per ns at the sizes it would carry
-            seed = {"nvls_eff": min(max(algbw / (model.link_gbps or 450.0), 0.06), 0.99)}
-            seed |= {"nvls_base": 50 * US, "tree_eff": 0.8}
-            out.append((item, int(sizes[k]), seed))
+    for name in ("NVLS", "NVLSTree", "Tree"):
+        for protocol in protocols:
+            per_run = []
+            for pairs_here, t in zip(found, times):
+                names = [(p.algorithm, p.protocol) for p in pairs_here]
+                col = names.index((name, protocol)) if (name, protocol) in names else None
+                others = np.where(np.array([a != name for a, _ in names])[:, None], t, np.inf)
+                per_run.append((col, np.argmin(others if np.isfinite(others).any() else t, axis=0)))
+            if all(col is None for col, _ in per_run):
+                continue
+            for start in range(max(len(below) for _, below in per_run)):
+                labels = []
+                for col, below in per_run:
+                    lab = below.copy()
+                    if col is not None:
+                        lab[start:] = col
+                    labels.append(lab)
+                out.append(labels)
     return out
 
 
-def _staged(model: _Model, runs: list[_Run], over_base: bool, rng) -> tuple[dict, tuple, float]:
-    """The stages from the large sizes down (module doc): the values, the skips and the final cost."""
+def _runs_of(labels) -> list[int]:
+    """The pair of each range of equal labels, in order."""
+    return [int(k) for i, k in enumerate(labels) if i == 0 or labels[i - 1] != k]
+
+
+def _seeds(machine: Machine, runs: list[_Run], lo_bytes: float) -> list[dict]:
+    """Starting values for NVLS's and the trees' parameters, from the algbw of the largest sizes."""
+    if not any(a in machine.algos for a in ("NVLS", "NVLSTree", "Tree")):
+        return []
+    big = [(s, t) for r in runs for s, t in zip(r.sizes, r.measured) if s >= lo_bytes]
+    algbw = max(s / t for s, t in big) if big else 1.0  # bytes per ns
+    eff = min(max(algbw / (machine.link_gbps or 450.0), 0.06), 0.99)
+    return [
+        {"nvls_eff": eff, "nvls_base": 10 * US, "nvls_chunk": 0.5 * US, "tree_eff": t} for t in (0.5, 0.9)
+    ]
+
+
+def _staged(model: _Model, runs: list[_Run], over_base: bool, rng) -> tuple[dict, list, float]:
+    """The stages from the large sizes down (module doc): the values, each run's labels, the cost."""
     machine = model.machine
     values: dict[str, float] = {}
-    skips: tuple = ()
+    labels: list = []
     cost = math.inf
     biggest = max(r.sizes.max() for r in runs)
     stages = STAGES if biggest >= 256 * 2**20 else STAGES[-1:]
@@ -357,10 +435,10 @@ def _staged(model: _Model, runs: list[_Run], over_base: bool, rng) -> tuple[dict
         if sum(int((r.sizes >= lo_bytes).sum()) for r in runs) < 2:
             continue
         names = _names(machine, runs, protocols, over_base)
-        seeds = [] if seeded else _seeds(machine, runs, values, lo_bytes)
+        seeds = [] if seeded else _seeds(machine, runs, lo_bytes)
         seeded = True
-        values, skips, cost = _fit_stage(model, names, protocols, lo_bytes, values, skips, rng, seeds)
-    return values, skips, cost
+        values, labels, cost = _fit_stage(model, names, protocols, lo_bytes, values, rng, seeds)
+    return values, labels, cost
 
 
 def fit_nccl(
@@ -394,26 +472,34 @@ def fit_nccl(
     else:
         machine = machine_of(log, link_gbps, nic_gbps, gpus_per_node, algos)
         fixed, base_values = (
-            NcclParams(algos=machine.algos, protocols=machine.protocols, rccl=machine.rccl),
+            NcclParams(
+                algos=machine.algos,
+                protocols=machine.protocols,
+                rccl=machine.rccl,
+                nvls_channels=machine.nvls_channels,
+            ),
             {},
         )
     runs = []
     for r in runs_logs:
         keep = [i for i in range(len(r.rows)) if not holdout or r.partial or i % 2 == 0]
         sizes = np.array([r.rows[i].size_bytes for i in keep], dtype=float)
-        measured = np.array([r.rows[i].time_us * US for i in keep])
+        measured = np.array([_best_time_us(r.rows[i]) * US for i in keep])
         runs.append(_Run(r, sizes, measured, np.where(sizes < SMALL_BYTES, SMALL_WEIGHT, 1.0)))
     model = _Model(machine, runs, base_values, fixed)
     tries = [_staged(model, runs, base is not None, np.random.default_rng(seed + k)) for k in range(RESTARTS)]
-    values, skips, _ = min(tries, key=lambda t: t[2])
+    values, labels, _ = min(tries, key=lambda t: t[2])
     values = {k: float(f"{v:.5g}") for k, v in values.items()}
     on_bounds = {}
     for name, value in values.items():
-        a, b = _bounds(machine, name)
+        a, b = param_bounds(machine, name)
         for bound in (a, b):
             if abs(value - bound) <= BOUND_SHARE * (b - a) and b > a:
                 on_bounds[name] = bound
-    tops = [parse_topology(model.topology(values, r.log.npus, skips).spec()) for r in runs]
+    tops = []
+    for run, lab in zip(runs, labels):
+        found = model.pairs(values, run)
+        tops.append(parse_topology(model.topology(values, run.log.npus, _uses(found, lab, run.sizes)).spec()))
     main = max(range(len(runs)), key=lambda k: runs[k].log.npus)
     out_runs: list[dict] = []
     for run, topo in zip(runs, tops):
@@ -439,6 +525,15 @@ def fit_nccl(
     return result
 
 
+def _best_time_us(row) -> float:
+    """The time a fit takes for a size: the faster of its out-of-place and in-place runs.
+
+    nccl-tests runs them back to back on the same buffers' sizes; a hiccup of the machine only
+    ever adds time, so the faster of the two is the better estimate of what the algorithm takes.
+    """
+    return min(row.time_us, row.time_in_place_us or math.inf)
+
+
 def _over_base(log: NcclLog, base: Topology, algos, nic_gbps) -> tuple[Machine, NcclParams, dict]:
     """The machine and the fixed parameters of a fit over a single-node fit."""
     d0 = base.dims[0]
@@ -448,7 +543,7 @@ def _over_base(log: NcclLog, base: Topology, algos, nic_gbps) -> tuple[Machine, 
         )
     assert base.nccl is not None
     machine = machine_of(log, d0.bandwidth_gbps * BYTES_PER_GB / 1e9, nic_gbps, d0.npus, algos)
-    fixed = replace(base.nccl, algos=machine.algos, skips=())
+    fixed = replace(base.nccl, algos=machine.algos, uses=())
     return replace(machine, fabric=d0.kind), fixed, {"eff_Simple": base.nccl.efficiency[2]}
 
 
@@ -456,7 +551,7 @@ def predict(base: Topology, log: NcclLog, nic_gbps: float | None = None) -> dict
     """A multi-node log predicted from a single-node fit, the NICs' nominal rate and NCCL's step latency.
 
     Nothing of the multi-node log is fitted: its nodes and NIC rate (the log's GPU's platform, or
-    `nic_gbps`) only; the single-node skips are dropped (the tuner decides anew on more nodes).
+    `nic_gbps`) only; the single-node `uses` are dropped (the tuner decides anew on more nodes).
     """
     machine, fixed, _ = _over_base(log, base, None, nic_gbps)
     params = replace(fixed, net_efficiency=1.0, tree_efficiency=1.0)
@@ -478,6 +573,7 @@ def nccl_rows(log: NcclLog, topo: Topology, fitted: set[int]) -> list[dict]:
                 "size_bytes": r.size_bytes,
                 "fitted": r.size_bytes in fitted,
                 "measured_us": r.time_us,
+                "in_place_us": r.time_in_place_us,
                 "model_us": model_us,
                 "time_error_pct": 100 * (model_us - r.time_us) / r.time_us,
                 "measured_busbw": factor * r.size_bytes / r.time_us / 1e3,
