@@ -16,12 +16,12 @@ from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
 from .model import ModelTransport
-from .network import check_rule
 from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
 from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training, run_graph
+from .timing.rules import check_rule
 from .topology import parse_topology
 from .units import parse_size
 from .workloads.chakra import is_et_source, load_graph
