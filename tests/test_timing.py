@@ -190,7 +190,7 @@ class _Host:
         pass
 
     def through(self, flow):
-        self.rule.resume(flow)
+        return True
 
     def ended(self, owner):
         self.ends.append((owner, self.loop.now_ns))
@@ -198,9 +198,9 @@ class _Host:
 
 def _run(links, flows, **params):
     host = _Host()
-    host.rule = StoreForward(links, host, **params)
+    rule = StoreForward(links, host, **params)
     for flow in flows:
-        host.rule.start(flow)
+        rule.start(flow)
     host.loop.drain()
     return dict(host.ends)
 

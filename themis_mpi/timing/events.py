@@ -47,18 +47,22 @@ class EventLoop:
 
     def idle(self, rule: Any) -> bool:
         """Nothing is due and nothing moves on the rule's links."""
-        return not self._heap and rule.idle()
+        return not self._heap and (not rule.moving or rule.idle())
 
     def next_ns(self, rule: Any) -> float:
         """When the next event is, the rule's own included (inf: none)."""
         t = self._heap[0][0] if self._heap else math.inf
-        mine = rule.next_ns()
-        return mine if mine < t else t
+        if rule.moving:
+            mine = rule.next_ns()
+            if mine < t:
+                return mine
+        return t
 
     def advance(self, t_ns: float, rule: Any) -> None:
         """Time moves on to t_ns with nothing due before (a horizon): the rule's transfers progress."""
         if t_ns > self.now_ns:
-            rule.advance(t_ns)
+            if rule.moving:
+                rule.advance(t_ns)
             self.now_ns = t_ns
 
     def fire(self, t_ns: float, rule: Any) -> None:
@@ -68,9 +72,12 @@ class EventLoop:
             self.now_ns = t
             fn(arg)
             return
-        rule.advance(t_ns)
-        self.now_ns = t_ns
-        rule.fire(t_ns)
+        if rule.moving:
+            rule.advance(t_ns)
+            self.now_ns = t_ns
+            rule.fire(t_ns)
+        else:
+            self.now_ns = t_ns
         heap = self._heap
         while heap and heap[0][0] <= t_ns:
             _, _, fn, arg = heapq.heappop(heap)

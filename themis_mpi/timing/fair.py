@@ -149,10 +149,11 @@ class Fair(LinkModel):
     """
 
     name = "fair"
+    moving = True
     solo = True  # (a test turns the shortcuts off to compare them with the step-wise path)
 
-    def __init__(self, links: tuple[Link, ...], host: Host):
-        super().__init__(links, host)
+    def __init__(self, links: tuple[Link, ...], host: Host, *, count_bytes: bool = True):
+        super().__init__(links, host, count_bytes=count_bytes)
         self._moving: list[Flow] = []  # transfers in progress (solo stages too)
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
@@ -208,8 +209,8 @@ class Fair(LinkModel):
                 if f.solo_ns >= 0:  # a solo stage is over
                     self._passed(f, len(f.steps) - 1)
                     self.host.ended(f.owner)
-                else:
-                    self.host.through(f)
+                elif self.host.through(f):
+                    self.resume(f)
 
     def _delay_over(self, flow: Flow) -> None:
         flow.k += 1
@@ -230,8 +231,9 @@ class Fair(LinkModel):
 
     def _passed(self, flow: Flow, k: int) -> None:
         """A solo stage's steps after the one it went solo in, up to k, are over: count their bytes."""
-        for j in range(flow.solo_k + 1, k + 1):
-            self._count(flow.steps[j])
+        if self.count_bytes:
+            for j in range(flow.solo_k + 1, k + 1):
+                self._count(flow.steps[j])
 
     # --- fair sharing ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ scaled bandwidth (`greenlets`, `vectors`, and the emulator's ranks themselves).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from ..cost import CostModels
@@ -26,10 +27,17 @@ class Ideal(LinkModel):
 
     def start(self, flow: Flow) -> None:
         """Schedule the flow's end: no step of it waits for anything."""
-        end_ns = flow.start_ns
-        for step in flow.steps:
-            end_ns = end_ns + step.alone_ns
-        self.loop.at(end_ns, self.host.ended, flow.owner)
+        self.loop.at(
+            self.end_ns(flow.start_ns, [step.alone_ns for step in flow.steps]), self.host.ended, flow.owner
+        )
+
+    @staticmethod
+    def end_ns(start_ns: float, times_ns: Sequence[float]) -> float:
+        """The end of steps of these times from start_ns, summed one by one as the emulator sums them."""
+        end_ns = start_ns
+        for step_ns in times_ns:
+            end_ns = end_ns + step_ns
+        return end_ns
 
     def resume(self, flow: Flow) -> None:
         """Never asked: an ideal flow's steps wait for nothing (every NPU runs the per-message rule)."""

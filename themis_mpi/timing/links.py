@@ -23,7 +23,6 @@ in (every NPU's links: `world`).
 from __future__ import annotations
 
 import math
-import weakref
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -152,7 +151,7 @@ def rated(step: Step, capacity) -> Step:
     return Step(step.transfers, step.delay_ns, step.alone_ns, rate)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Flow:
     """A stage (or a message) on the links: its steps, the one it is in, and its rule's state.
 
@@ -191,11 +190,13 @@ class Host(Protocol):
     def begin(self, flow: Flow) -> None:
         """Step ``flow.k`` starts: its transfers leave now."""
 
-    def through(self, flow: Flow) -> None:
-        """Step ``flow.k``'s own transfers are through: `LinkModel.resume` it when it may go on.
+    def through(self, flow: Flow) -> bool:
+        """Step ``flow.k``'s own transfers are through: whether it goes on now (the rule resumes it).
 
-        One NPU's view resumes it at once; every NPU's links wait for what the step receives too.
+        One NPU's view says yes; every NPU's links wait for what the step receives too, and
+        `LinkModel.resume` it (and the steps that waited for it) themselves, then say no.
         """
+        ...
 
     def ended(self, owner: Any) -> None:
         """A flow's last step and its delay are over."""
@@ -206,10 +207,11 @@ class LinkModel(ABC):
 
     Made with ``Rule(links, host)`` (`rules.make_rule`; a rule may take parameters of its own).
     It runs each flow's steps in turn on the host's event loop: a step's transfers leave at once
-    (`Host.begin`); when they are through (`Host.through`) and the host resumes it (`resume`),
-    its delay passes and the next step leaves; after the last, `Host.ended`. A flow's steps count
-    towards `carried` when they leave. Events whose time moves with others (a fair share) it
-    reports by `next_ns` and runs in `fire`; all others it puts on the loop.
+    (`Host.begin`); when they are through (`Host.through`) it goes on (`resume`) at once or when
+    the host says, its delay passes and the next step leaves; after the last, `Host.ended`. A
+    flow's steps count towards `carried` when they leave (where `count_bytes`). A rule whose
+    events' times move with others (a fair share: `moving`) reports the next by `next_ns` and runs
+    it in `fire`; all others it puts on the loop.
 
     Attributes:
         name: its ``--network`` name.
@@ -217,19 +219,23 @@ class LinkModel(ABC):
             (`Step.alone_ns`), as ``ideal`` takes it.
         per_event: the container takes stage ends after each event rather than each instant
             (ASTRA-sim's handlers run at once).
+        moving: it has events of its own (`next_ns`, `advance`, `fire`): the loop asks it.
         carried: bytes each link has carried (their busy time at their rate: `busy_ns`).
+        count_bytes: whether `carried` is kept (one NPU's view counts its links' bytes from its
+            stages instead, `results.link_results`).
     """
 
     name: ClassVar[str] = ""
     routes: ClassVar[bool] = True
+    moving: ClassVar[bool] = False
     per_event = False
 
-    def __init__(self, links: tuple[Link, ...], host: Host):
-        self.host = weakref.proxy(host)  # (the host holds the rule: no cycle for the collector)
-        self.loop = host.loop
+    def __init__(self, links: tuple[Link, ...], host: Host, *, count_bytes: bool = True):
+        self.host, self.loop = host, host.loop
         self.links = links
         self.capacity = [link.bytes_per_ns for link in links]
         self.carried = [0.0] * len(links)
+        self.count_bytes = count_bytes
 
     @abstractmethod
     def start(self, flow: Flow) -> None:
@@ -258,9 +264,10 @@ class LinkModel(ABC):
         return [b / c for b, c in zip(self.carried, self.capacity)]
 
     def _count(self, step: Step) -> None:
-        carried = self.carried
-        for link, nbytes in step.loads:
-            carried[link] += nbytes
+        if self.count_bytes:
+            carried = self.carried
+            for link, nbytes in step.loads:
+                carried[link] += nbytes
 
     def _leaving(self, flow: Flow) -> Step | None:
         """Step ``flow.k`` leaves now (its bytes count, the host hears); None after the last: it ended."""
@@ -291,7 +298,11 @@ class Unshared(LinkModel):
     def _begin(self, flow: Flow) -> None:
         step = self._leaving(flow)
         if step is not None:
-            self.loop.at(self.loop.now_ns + self.transfer_ns(step), self.host.through, flow)
+            self.loop.at(self.loop.now_ns + self.transfer_ns(step), self._through, flow)
+
+    def _through(self, flow: Flow) -> None:
+        if self.host.through(flow):
+            self.resume(flow)
 
     def resume(self, flow: Flow) -> None:
         """Its delay, then the next step."""

@@ -49,10 +49,12 @@ def check_rule(topology: Topology, rule: str) -> None:
         )
 
 
-def make_rule(name: str, links: tuple[Link, ...], host: Host, topology: Topology, compat: str) -> LinkModel:
+def make_rule(
+    name: str, links: tuple[Link, ...], host: Host, topology: Topology, compat: str, count_bytes: bool = True
+) -> LinkModel:
     """The rule of a name on these links, in this host (`store-forward` under 2.x: its backend's details)."""
     cls = rule_class(name)
     check_rule(topology, name)
     if compat == ASTRA_SIM_2 and name == STORE_FORWARD:
-        return StoreForward.astra2(links, host, topology)
-    return cls(links, host)
+        return StoreForward.astra2(links, host, topology, count_bytes)
+    return cls(links, host, count_bytes=count_bytes)

@@ -58,20 +58,24 @@ class StoreForward(LinkModel):
         self,
         links: tuple[Link, ...],
         host: Host,
+        *,
         trunc: bool = False,
         latency_ns: Sequence[float] | None = None,
         per_event: bool = False,
+        count_bytes: bool = True,
     ):
-        super().__init__(links, host)
+        super().__init__(links, host, count_bytes=count_bytes)
         self.trunc, self.latency_ns, self.per_event = trunc, latency_ns, per_event
         self._queue: list[deque[tuple[_Part, float]]] = [deque() for _ in links]
-        self._busy = [False] * len(links)
+        self._serving: list[_Part | None] = [None] * len(links)  # what each link holds (None: free)
 
     @classmethod
-    def astra2(cls, links: tuple[Link, ...], host: Host, topology: Topology) -> StoreForward:
+    def astra2(
+        cls, links: tuple[Link, ...], host: Host, topology: Topology, count_bytes: bool = True
+    ) -> StoreForward:
         """ASTRA-sim 2.x's congestion-aware backend: whole ns, its dims' latencies pipelined, per event."""
         latency = [topology.dims[link.dim].latency_ns if link.dim >= 0 else 0.0 for link in links]
-        return cls(links, host, trunc=True, latency_ns=latency, per_event=True)
+        return cls(links, host, trunc=True, latency_ns=latency, per_event=True, count_bytes=count_bytes)
 
     def start(self, flow: Flow) -> None:
         """The flow's first step leaves now, or after its lead delay."""
@@ -101,37 +105,40 @@ class StoreForward(LinkModel):
 
     def _enter(self, part: _Part) -> None:
         """The part's current hop: each of its links takes its share now, or queues it."""
-        hop = part.transfer.hops[part.hop]
+        transfer = part.transfer
+        hop = transfer.hops[part.hop]
         part.waiting = len(hop)
+        serving = self._serving
         for link, share in hop:
-            if self._busy[link]:
-                self._queue[link].append((part, part.transfer.bytes * share))
+            if serving[link] is not None:
+                self._queue[link].append((part, transfer.bytes * share))
             else:
-                self._take(link, part, part.transfer.bytes * share)
+                self._take(link, part, transfer.bytes * share)
 
     def _take(self, link: int, part: _Part, nbytes: float) -> None:
         """The link takes the bytes: free after their serialization, delivered then (or a latency later)."""
-        self._busy[link] = True
+        self._serving[link] = part
         serial = nbytes / self.capacity[link]
-        now = self.loop.now_ns
+        loop = self.loop
+        now = loop.now_ns
         if self.latency_ns is None:
-            self.loop.at(now + (math.floor(serial) if self.trunc else serial), self._served, (link, part))
+            loop.at(now + (math.floor(serial) if self.trunc else serial), self._served, link)
             return
         arrive = self.latency_ns[link] + serial
-        self.loop.at(now + (math.floor(arrive) if self.trunc else arrive), self._arrive, part)
-        self.loop.at(now + (math.floor(serial) if self.trunc else serial), self._free, link)
+        loop.at(now + (math.floor(arrive) if self.trunc else arrive), self._arrive, part)
+        loop.at(now + (math.floor(serial) if self.trunc else serial), self._free, link)
 
     def _free(self, link: int) -> None:
-        self._busy[link] = False
+        self._serving[link] = None
         queue = self._queue[link]
         if queue:
             self._take(link, *queue.popleft())
 
-    def _served(self, item: tuple[int, _Part]) -> None:
+    def _served(self, link: int) -> None:
         """Serialized and delivered at once: the link serves its next, then the part has crossed it."""
-        link, part = item
+        part = self._serving[link]
         self._free(link)
-        self._arrive(part)
+        self._arrive(part)  # type: ignore[arg-type]
 
     def _arrive(self, part: _Part) -> None:
         """One link of the part's hop is done; with all, on to the next hop, or the transfer is through."""
@@ -144,5 +151,5 @@ class StoreForward(LinkModel):
             return
         flow = part.flow
         flow.parts -= 1
-        if flow.parts == 0:
-            self.host.through(flow)
+        if flow.parts == 0 and self.host.through(flow):
+            self.resume(flow)

@@ -8,8 +8,8 @@ Point-to-point messages and per-rank graphs under a sharing rule load NPUs uneve
 on every NPU's links (`world`); so does ASTRA-sim 2.x's backend on an uneven dim
 (`routes.uneven_dims`), where this view refuses to be made.
 
-Shortcuts: ``ideal`` takes a stage as one event (its end summed from the cost model's step
-times); ``fair`` sums solo stages ahead (`fair`).
+Shortcuts: ``ideal`` takes a stage as one event, its end summed from the cost model's step times
+(`ideal.Ideal.end_ns`) without a flow; ``fair`` sums solo stages ahead (`fair`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from typing import Any, Protocol
 
 from ..config import RunConfig
 from ..cost import ASTRA_SIM_2, CostModels
+from ..engine import MessageRun
 from ..errors import UsageError
 from ..topology import Topology
 from .events import EventLoop
+from .ideal import Ideal
 from .links import Flow, Step, physical_links
-from .routes import astra2_steps, step_planner, uneven_dims
+from .routes import StepPlanner, astra2_steps, step_planner, uneven_dims
 from .rules import STORE_FORWARD, make_rule
 
 
@@ -52,6 +54,30 @@ def one_npu_exact(topology: Topology, config: RunConfig) -> bool:
     return not (config.compat == ASTRA_SIM_2 and config.network == STORE_FORWARD and uneven_dims(topology))
 
 
+class _Sink:
+    """The host of one NPU's rule: its loop and where stage ends go; a step waits for nothing else.
+
+    It holds no reference to the rule, so a finished run is freed without the garbage collector.
+    """
+
+    __slots__ = ("loop", "ended_runs")
+
+    def __init__(self) -> None:
+        self.loop = EventLoop()
+        self.ended_runs: list = []
+
+    def begin(self, flow: Flow) -> None:
+        """Nothing to note."""
+
+    def through(self, flow: Flow) -> bool:
+        """A step waits for nothing else here: its peers' transfers are its own."""
+        return True
+
+    def ended(self, owner: Any) -> None:
+        """A stage is over."""
+        self.ended_runs.append(owner)
+
+
 class Symmetric:
     """A symmetric run's stages on one NPU's links under the run's rule (`RunConfig.network`).
 
@@ -74,71 +100,75 @@ class Symmetric:
                 "use --network ideal or another algorithm"
             )
         self.topology, self.config, self.cost = topology, config, cost
-        self.loop = EventLoop()
-        self.rule = make_rule(config.network, physical_links(topology), self, topology, config.compat)
+        self._sink = sink = _Sink()
+        self.loop = sink.loop
+        links = physical_links(topology)
+        self.rule = make_rule(config.network, links, sink, topology, config.compat, count_bytes=False)
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
-        self._ended: list = []
-        self._alone: dict[tuple, tuple[Step, ...]] = {}  # steps by their times alone (`ideal`)
-        self._routed: dict[tuple, tuple[tuple[Step, ...], bool]] = {}  # 2.x's steps by stage shape
-
-    # --- the host of the rule ----------------------------------------------------------------------
-
-    def begin(self, flow: Flow) -> None:
-        """Nothing to note."""
-
-    def through(self, flow: Flow) -> None:
-        """A step waits for nothing else here: its peers' transfers are its own."""
-        self.rule.resume(flow)
+        self._alone = not self.rule.routes  # (``ideal``: a stage's end in one event, `Ideal.end_ns`)
+        self._times: dict[tuple, tuple[float, ...]] = {}  # step times alone, by stage shape
+        self._planners: dict[int, StepPlanner] = {}  # by element size
+        self._routed: dict[tuple, tuple[Step, ...]] = {}  # 2.x's steps by stage shape
 
     def ended(self, owner: Any) -> None:
-        """A stage is over."""
-        self._ended.append(owner)
-
-    # --- the timer -----------------------------------------------------------------------------------
+        """End a stage or message now (a message of the linked ranks, `run.linked`)."""
+        self._sink.ended_runs.append(owner)
 
     def start(self, run: Any) -> None:
         """A stage (or, under ``ideal``, a message) starts now (``run.start_ns``, the engine's time)."""
-        if self.loop.idle(self.rule):  # a new run's engine may start from 0
-            self.loop.now_ns = run.start_ns
-        steps, uniform, lead = self._steps(run)
-        self.rule.start(Flow(run, steps, uniform, run.start_ns, lead))
-
-    def _steps(self, run: Any) -> tuple[tuple[Step, ...], bool, float | None]:
-        """The stage's steps as the rule takes them: alone (``ideal``), or over its links."""
+        if self._alone:  # (one event: its end from its steps' times alone)
+            self.loop.at(Ideal.end_ns(run.start_ns, self._alone_ns(run)), self._sink.ended, run)
+            return
+        if isinstance(run, MessageRun):
+            raise UsageError(  # (the planner runs them on every NPU's links: `world.World`)
+                f"point-to-point messages under --network {self.config.network} run on every NPU's "
+                "links (world.World), not on one NPU's"
+            )
+        loop = self.loop
+        if loop.idle(self.rule):  # a new run's engine may start from 0
+            loop.now_ns = run.start_ns
         s = run.stage
-        if getattr(run, "path", None) is not None:  # a point-to-point message (`engine.MessageRun`)
-            if self.rule.routes:
-                raise UsageError(  # (the planner runs them on every NPU's links: `world.World`)
-                    f"point-to-point messages under --network {self.config.network} run on every NPU's "
-                    "links (world.World), not on one NPU's"
-                )
-            return (Step((), alone_ns=self.cost(1).p2p_ns(run.path, run.nbytes)),), False, None
-        if not self.rule.routes:
-            first, last = s.index == 0, s.index == s.n_stages - 1
-            plan = s.plan if self.topology.flat else None  # the NCCL-like model times a stage by its plan
-            key: tuple = (s.itemsize, s.dim, s.op, s.full_elems, first, last, run.mem_shared, plan)
-            alone = self._alone.get(key)
-            if alone is None:
-                times = self.cost(s.itemsize).run_steps_ns(run)
-                alone = self._alone[key] = tuple(Step((), alone_ns=t) for t in times)
-            return alone, False, None
-        planner = step_planner(self.topology, self.cost(s.itemsize))
-        if not self.astra2:
-            steps, uniform = planner.stage_plan(s.dim, s.op, s.full_elems)
-            return steps, uniform, None
-        key = (s.itemsize, s.dim, s.op, s.full_elems)
-        routed = self._routed.get(key)
-        if routed is None:
-            routed = self._routed[key] = (astra2_steps(planner, s.dim, s.op, s.full_elems), False)
-        return routed[0], False, self.cost(s.itemsize).endpoint_delay_ns
+        planner = self._planners.get(s.itemsize)
+        if planner is None:
+            planner = self._planners[s.itemsize] = step_planner(self.topology, self.cost(s.itemsize))
+        if self.astra2:  # (a transfer per message, after the stage's first endpoint delay)
+            steps = self._routed.get((s.itemsize, s.dim, s.op, s.full_elems))
+            if steps is None:
+                steps = astra2_steps(planner, s.dim, s.op, s.full_elems)
+                self._routed[(s.itemsize, s.dim, s.op, s.full_elems)] = steps
+            self.rule.start(Flow(run, steps, False, run.start_ns, self.cost(s.itemsize).endpoint_delay_ns))
+            return
+        steps, uniform = planner.stage_plan(s.dim, s.op, s.full_elems)
+        self.rule.start(Flow(run, steps, uniform, run.start_ns))
+
+    def _alone_ns(self, run: Any) -> tuple[float, ...]:
+        """The step times alone of a stage (`cost.CostModel.run_steps_ns`) or a message (its path's)."""
+        if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
+            return (self.cost(1).p2p_ns(run.path, run.nbytes),)
+        s = run.stage
+        plan = s.plan if self.topology.flat else None  # the NCCL-like model times a stage by its plan
+        key = (
+            s.itemsize,
+            s.dim,
+            s.op,
+            s.full_elems,
+            s.index == 0,
+            s.index == s.n_stages - 1,
+            run.mem_shared,
+            plan,
+        )
+        times = self._times.get(key)
+        if times is None:
+            times = self._times[key] = tuple(self.cost(s.itemsize).run_steps_ns(run))
+        return times
 
     def next(self, horizon_ns: float) -> tuple[float, list]:
         """Advance to the earliest stage end at or before the horizon: (t, stages), or (horizon, [])."""
-        loop, rule = self.loop, self.rule
+        loop, rule, sink = self.loop, self.rule, self._sink
         while True:
-            if self._ended:
-                ended, self._ended = self._ended, []
+            if sink.ended_runs:
+                ended, sink.ended_runs = sink.ended_runs, []
                 return loop.now_ns, ended
             t = loop.next_ns(rule)
             if t > horizon_ns:

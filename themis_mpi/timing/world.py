@@ -70,9 +70,9 @@ class _Owner:
     def begin(self, world: World, flow: Flow) -> None:
         """A step leaves: it expects nothing (a stage's step expects what it receives)."""
 
-    def through(self, world: World, flow: Flow) -> None:
-        """Its transfers are through: it goes on."""
-        world.rule.resume(flow)
+    def through(self, world: World, flow: Flow) -> bool:
+        """Its transfers are through: it goes on now."""
+        return True
 
     def ended(self, world: World) -> None:
         """It is over: nothing waits for it."""
@@ -90,8 +90,9 @@ class _Stage(_Owner):
     def begin(self, world: World, flow: Flow) -> None:
         world.expect(flow)
 
-    def through(self, world: World, flow: Flow) -> None:
+    def through(self, world: World, flow: Flow) -> bool:
         world.transfer_done(flow)
+        return False
 
     def ended(self, world: World) -> None:
         world.npu_ended(self.rank, self.run)
@@ -121,8 +122,9 @@ class _Arrival(_Owner):
     def __init__(self, key: tuple):
         self.key = key
 
-    def through(self, world: World, flow: Flow) -> None:
+    def through(self, world: World, flow: Flow) -> bool:
         world.message_in(self.key)
+        return False
 
 
 class _Astra2Stage:
@@ -207,9 +209,9 @@ class World(Greenlets):
             else:
                 self._sent[tag] = left - 1
 
-    def through(self, flow: Flow) -> None:
-        """A flow's transfers are through: its owner says what that means."""
-        flow.owner.through(self, flow)
+    def through(self, flow: Flow) -> bool:
+        """A flow's transfers are through: its owner says what that means (and whether it goes on now)."""
+        return flow.owner.through(self, flow)
 
     def ended(self, owner: Any) -> None:
         """A flow is over: its NPUs' stages or messages end."""
