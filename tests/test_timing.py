@@ -119,6 +119,17 @@ def test_the_check_fails_on_a_planted_choice():
     assert len(hits) == 2 and "NpuVectors" in hits[0] and "type(transport)" in hits[1], hits
 
 
+def test_no_function_of_the_run_layer_is_longer_than_60_lines():
+    """The run drivers ask the planner and run the per-NPU bodies; none grows back into a chooser."""
+    long = [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((PACKAGE / "run").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > 60
+    ]
+    assert long == []
+
+
 # --- the toy rule of docs/design.md#adding-a-rule ----------------------------------------------------
 
 
