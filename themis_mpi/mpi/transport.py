@@ -675,37 +675,64 @@ class MpiTransport:
             self._post(ex)
         return True
 
+    def _test(self) -> list[int] | None:
+        """Test every pending request once: the indices of those that completed (None: none)."""
+        try:
+            return MPI.Request.Testsome(self._reqs)
+        except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
+            raise Stalled(
+                f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
+                f"{self._waiting_for()}; a peer died"
+            ) from None
+
+    def _completed(self, done: list[int]) -> None:
+        """Requests that completed: their stages' counts go down, the steps they finish are due."""
+        reqs, owner = self._reqs, self._owner
+        for i in done:
+            ex = owner[i]
+            ex.pending -= 1
+            if ex.pending == 0:
+                self._due.append(ex)
+        if len(done) == len(reqs):
+            self._reqs, self._owner, self._peers = [], [], []
+        else:
+            finished = set(done)
+            keep = [i for i in range(len(reqs)) if i not in finished]
+            self._reqs = [reqs[i] for i in keep]
+            self._owner = [owner[i] for i in keep]
+            self._peers = [self._peers[i] for i in keep]
+
+    def _await(self, backoff) -> None:
+        """Pause and test until a request completes: under the virtual clock nothing else can move.
+
+        The tightest loop of a waiting rank (one per step and peer it waits for): a pause, which
+        yields the core or sleeps, and one ``Testsome``.
+        """
+        pause, test = backoff.pause, self._test
+        while True:
+            pause()
+            if self._reqs:
+                done = test()
+                if done:
+                    self._completed(done)
+                    return
+
     def _progress(self) -> bool:
         """Test every pending request once; apply the steps that are complete.
 
         Returns whether anything moved: a request completed or a step was applied.
         """
         moved = False
-        reqs = self._reqs
-        if reqs:
-            try:
-                done = MPI.Request.Testsome(reqs)
-            except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
-                raise Stalled(
-                    f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
-                    f"{self._waiting_for()}; a peer died"
-                ) from None
+        if self._reqs:
+            done = self._test()
             if done:
                 moved = True
-                owner = self._owner
-                for i in done:
-                    ex = owner[i]
-                    ex.pending -= 1
-                    if ex.pending == 0:
-                        self._due.append(ex)
-                if len(done) == len(reqs):
-                    self._reqs, self._owner, self._peers = [], [], []
-                else:
-                    finished = set(done)
-                    keep = [i for i in range(len(reqs)) if i not in finished]
-                    self._reqs = [reqs[i] for i in keep]
-                    self._owner = [owner[i] for i in keep]
-                    self._peers = [self._peers[i] for i in keep]
+                self._completed(done)
+        return self._apply_due() or moved
+
+    def _apply_due(self) -> bool:
+        """Apply the steps whose requests are all done (and keep stages whose sends are); whether one was."""
+        moved = False
         if not self._due:
             return moved
         due, self._due = self._due, []
@@ -801,11 +828,14 @@ class MpiTransport:
                 continue
             if backoff is None:
                 backoff = self.grid.watchdog.backoff(self._waiting_for)
-            wait_s = None
-            if self._wall:
-                wait_s = self.clock.seconds_until(min(self._deadline_ns(), horizon_ns))
-                if wait_s == math.inf:
-                    wait_s = None
+            if not self._wall:  # only a message can move things: wait for one, then apply it
+                self._await(backoff)
+                self._apply_due()
+                progressed = True
+                backoff.reset()
+                continue
+            until_s = self.clock.seconds_until(min(self._deadline_ns(), horizon_ns))
+            wait_s = None if until_s == math.inf else until_s
             backoff.pause(wait_s)
             if wait_s is not None and wait_s > 0:
                 backoff.reset()  # waiting for our own deadline: silence counts from when it passes
