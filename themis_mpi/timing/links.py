@@ -202,10 +202,20 @@ class Host(Protocol):
         """A flow's last step and its delay are over."""
 
 
+class Settings(Protocol):
+    """What a rule may read of a run's settings when it is made (`config.RunConfig` has it)."""
+
+    @property
+    def compat(self) -> str:
+        """The compat mode (empty, or ASTRA-sim's), whose details a rule may follow."""
+        ...
+
+
 class LinkModel(ABC):
     """A sharing rule: how transfers that overlap in time share the links (docs/design.md#link-rules).
 
-    Made with ``Rule(links, host)`` (`rules.make_rule`; a rule may take parameters of its own).
+    Made by `made` (`rules.make_rule`), which a rule with parameters of its own (an MTU, a compat
+    mode's details) overrides to take them from the topology or the run's settings.
     It runs each flow's steps in turn on the host's event loop: a step's transfers leave at once
     (`Host.begin`); when they are through (`Host.through`) it goes on (`resume`) at once or when
     the host says, its delay passes and the next step leaves; after the last, `Host.ended`. A
@@ -236,6 +246,18 @@ class LinkModel(ABC):
         self.capacity = [link.bytes_per_ns for link in links]
         self.carried = [0.0] * len(links)
         self.count_bytes = count_bytes
+
+    @classmethod
+    def made(
+        cls,
+        links: tuple[Link, ...],
+        host: Host,
+        topology: Topology,
+        settings: Settings,
+        count_bytes: bool = True,
+    ) -> LinkModel:
+        """The rule for a run on these links: `cls(links, host)` unless the rule takes parameters."""
+        return cls(links, host, count_bytes=count_bytes)
 
     @abstractmethod
     def start(self, flow: Flow) -> None:

@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..topology import Topology
 from .fair import Fair
 from .ideal import Ideal
-from .links import Host, Link, LinkModel
+from .links import Host, Link, LinkModel, Settings
 from .store_forward import StoreForward
 
 IDEAL, FAIR, STORE_FORWARD = Ideal.name, Fair.name, StoreForward.name
@@ -50,11 +50,14 @@ def check_rule(topology: Topology, rule: str) -> None:
 
 
 def make_rule(
-    name: str, links: tuple[Link, ...], host: Host, topology: Topology, compat: str, count_bytes: bool = True
+    name: str,
+    links: tuple[Link, ...],
+    host: Host,
+    topology: Topology,
+    settings: Settings,
+    count_bytes: bool = True,
 ) -> LinkModel:
-    """The rule of a name on these links, in this host (`store-forward` under 2.x: its backend's details)."""
+    """The rule of a name on these links, in this host, with its parameters (`LinkModel.made`)."""
     cls = rule_class(name)
     check_rule(topology, name)
-    if compat == ASTRA_SIM_2 and name == STORE_FORWARD:
-        return StoreForward.astra2(links, host, topology, count_bytes)
-    return cls(links, host, count_bytes=count_bytes)
+    return cls.made(links, host, topology, settings, count_bytes)

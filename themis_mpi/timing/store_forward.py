@@ -27,8 +27,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from ..cost import ASTRA_SIM_2
 from ..topology import Topology
-from .links import Flow, Host, Link, LinkModel, Transfer
+from .links import Flow, Host, Link, LinkModel, Settings, Transfer
 
 
 class _Part:
@@ -68,6 +69,20 @@ class StoreForward(LinkModel):
         self.trunc, self.latency_ns, self.per_event = trunc, latency_ns, per_event
         self._queue: list[deque[tuple[_Part, float]]] = [deque() for _ in links]
         self._serving: list[_Part | None] = [None] * len(links)  # what each link holds (None: free)
+
+    @classmethod
+    def made(
+        cls,
+        links: tuple[Link, ...],
+        host: Host,
+        topology: Topology,
+        settings: Settings,
+        count_bytes: bool = True,
+    ) -> LinkModel:
+        """This project's rule, or ASTRA-sim 2.x's backend under ``--compat astra-sim-2`` (`astra2`)."""
+        if settings.compat == ASTRA_SIM_2:
+            return cls.astra2(links, host, topology, count_bytes)
+        return cls(links, host, count_bytes=count_bytes)
 
     @classmethod
     def astra2(

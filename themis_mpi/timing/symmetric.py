@@ -103,7 +103,7 @@ class Symmetric:
         self._sink = sink = _Sink()
         self.loop = sink.loop
         links = physical_links(topology)
-        self.rule = make_rule(config.network, links, sink, topology, config.compat, count_bytes=False)
+        self.rule = make_rule(config.network, links, sink, topology, config, count_bytes=False)
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
         self._alone = not self.rule.routes  # (``ideal``: a stage's end in one event, `Ideal.end_ns`)

@@ -161,7 +161,7 @@ class World(Greenlets):
         self.cost = config.costs(topology)
         self.routes = NpuRoutes(topology, config.link_scale)
         self.loop = EventLoop()
-        self.rule = make_rule(config.network, self.routes.links, self, topology, config.compat)
+        self.rule = make_rule(config.network, self.routes.links, self, topology, config)
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
         self.replayable = replayable
