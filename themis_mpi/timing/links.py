@@ -309,9 +309,9 @@ class Unshared(LinkModel):
     transfers end, the host resumes the step, its delay passes, the next step leaves.
     """
 
+    @abstractmethod
     def transfer_ns(self, step: Step) -> float:
         """How long the step's transfers take alone."""
-        raise NotImplementedError
 
     def start(self, flow: Flow) -> None:
         """The flow's first step leaves now."""
