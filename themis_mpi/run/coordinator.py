@@ -52,10 +52,14 @@ def model_oracle(topology: Topology, config: RunConfig):
     The collective as NPUs alike run it (`RunConfig.alike`), on what the planner runs it on; where
     every NPU runs, from the first issue to the last end.
     """
-    alike = config.alike()
-    timing = plan(Run(topology, alike))
+    planned: list = []  # (the plan, made when first asked: most policies never ask)
 
     def evaluate_collective(collective: Collective, schedule: Schedule) -> float:
+        if not planned:
+            alike = config.alike()
+            planned.append((alike, plan(Run(topology, alike))))
+        alike, timing = planned[0]
+
         def issue(transport: Transport) -> CollectiveRun:
             engine = Engine(topology, transport, alike)
             run = engine.issue(collective, schedule)

@@ -83,6 +83,17 @@ class EventLoop:
             _, _, fn, arg = heapq.heappop(heap)
             fn(arg)
 
+    def step(self, horizon_ns: float, rule: Any) -> bool:
+        """Run what is due next if by the horizon (`fire`), else move on to the horizon: whether it ran."""
+        t = self.next_ns(rule)
+        if t > horizon_ns:
+            self.advance(horizon_ns, rule)
+            return False
+        if t == math.inf:
+            return False
+        self.fire(t, rule)
+        return True
+
     def drain(self) -> None:
         """Run every event, in order (the links alone, with nothing else waiting: tools and tests)."""
         while self._heap:

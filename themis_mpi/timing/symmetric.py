@@ -14,7 +14,6 @@ Shortcuts: ``ideal`` takes a stage as one event, its end summed from the cost mo
 
 from __future__ import annotations
 
-import math
 from typing import Any, Protocol
 
 from ..config import RunConfig
@@ -26,7 +25,7 @@ from .events import EventLoop
 from .ideal import Ideal
 from .links import Flow, Step, physical_links
 from .routes import StepPlanner, astra2_steps, step_planner, uneven_dims
-from .rules import STORE_FORWARD, make_rule
+from .rules import STORE_FORWARD, make_rule, rule_class
 
 
 class Timer(Protocol):
@@ -64,7 +63,7 @@ class _Sink:
 
     def __init__(self) -> None:
         self.loop = EventLoop()
-        self.ended_runs: list = []
+        self.ended_runs: list = []  # (one list for the run: its `append` ends a stage)
 
     def begin(self, flow: Flow) -> None:
         """Nothing to note."""
@@ -102,23 +101,25 @@ class Symmetric:
         self.topology, self.config, self.cost = topology, config, cost
         self._sink = sink = _Sink()
         self.loop = sink.loop
-        links = physical_links(topology)
+        links = physical_links(topology) if rule_class(config.network).routes else ()
         self.rule = make_rule(config.network, links, sink, topology, config, count_bytes=False)
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
         self._alone = not self.rule.routes  # (``ideal``: a stage's end in one event, `Ideal.end_ns`)
+        self._flat = topology.flat  # (the NCCL-like model times a stage by its chunk's plan)
+        self._at, self._end = self.loop.at, sink.ended_runs.append  # (bound once: a stage's hot path)
         self._times: dict[tuple, tuple[float, ...]] = {}  # step times alone, by stage shape
         self._planners: dict[int, StepPlanner] = {}  # by element size
         self._routed: dict[tuple, tuple[Step, ...]] = {}  # 2.x's steps by stage shape
 
     def ended(self, owner: Any) -> None:
         """End a stage or message now (a message of the linked ranks, `run.linked`)."""
-        self._sink.ended_runs.append(owner)
+        self._end(owner)
 
     def start(self, run: Any) -> None:
         """A stage (or, under ``ideal``, a message) starts now (``run.start_ns``, the engine's time)."""
         if self._alone:  # (one event: its end from its steps' times alone)
-            self.loop.at(Ideal.end_ns(run.start_ns, self._alone_ns(run)), self._sink.ended, run)
+            self._at(Ideal.end_ns(run.start_ns, self.alone_ns(run)), self._end, run)
             return
         if isinstance(run, MessageRun):
             raise UsageError(  # (the planner runs them on every NPU's links: `world.World`)
@@ -142,12 +143,12 @@ class Symmetric:
         steps, uniform = planner.stage_plan(s.dim, s.op, s.full_elems)
         self.rule.start(Flow(run, steps, uniform, run.start_ns))
 
-    def _alone_ns(self, run: Any) -> tuple[float, ...]:
+    def alone_ns(self, run: Any) -> tuple[float, ...]:
         """The step times alone of a stage (`cost.CostModel.run_steps_ns`) or a message (its path's)."""
         if isinstance(run, MessageRun):  # the peer issues its side at the same time (symmetry)
             return (self.cost(1).p2p_ns(run.path, run.nbytes),)
         s = run.stage
-        plan = s.plan if self.topology.flat else None  # the NCCL-like model times a stage by its plan
+        plan = s.plan if self._flat else None
         key = (
             s.itemsize,
             s.dim,
@@ -165,18 +166,13 @@ class Symmetric:
 
     def next(self, horizon_ns: float) -> tuple[float, list]:
         """Advance to the earliest stage end at or before the horizon: (t, stages), or (horizon, [])."""
-        loop, rule, sink = self.loop, self.rule, self._sink
-        while True:
-            if sink.ended_runs:
-                ended, sink.ended_runs = sink.ended_runs, []
-                return loop.now_ns, ended
-            t = loop.next_ns(rule)
-            if t > horizon_ns:
-                loop.advance(horizon_ns, rule)
+        loop, rule, ended = self.loop, self.rule, self._sink.ended_runs
+        while not ended:
+            if not loop.step(horizon_ns, rule):
                 return horizon_ns, []
-            if t == math.inf:
-                return horizon_ns, []
-            loop.fire(t, rule)
+        out = ended[:]
+        ended.clear()
+        return loop.now_ns, out
 
     def number(self, run: Any) -> int:
         """Its start number on its dim: every NPU starts the dim's stages in one order here."""
