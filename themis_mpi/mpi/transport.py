@@ -334,9 +334,10 @@ class MpiTransport:
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec | _MessageExec] = []
         # every pending request, with its stage (or message) and its peer's world rank
-        self._reqs: list[MPI.Request] = []
+        self._reqs: list[MPI.Request] = []  # (completed ones stay, null, until the lists are compacted)
         self._owner: list[_StageExec | _MessageExec | _Sends] = []
         self._peers: list[int] = []
+        self._live = 0  # requests not completed yet
         # steps whose requests are all done, not yet applied (a wall deadline ahead), and stages
         # whose sends are all done
         self._due: list[_StageExec | _MessageExec | _Sends] = []
@@ -564,7 +565,7 @@ class MpiTransport:
         for twin in self._twins:
             twin.drain(what)
         backoff = self.grid.watchdog.backoff(lambda: f"in {what} {self._waiting_for()}")
-        while self._reqs:
+        while self._live:
             if self._progress():
                 backoff.reset()
             else:
@@ -592,6 +593,7 @@ class MpiTransport:
         self._reqs += reqs
         self._owner += [ex] * len(reqs)
         self._peers += [peer] * len(reqs)
+        self._live += len(reqs)
         ex.pending = len(reqs)
         self._active.append(ex)
 
@@ -636,6 +638,7 @@ class MpiTransport:
         ex.sending.pending += len(owners) - step.n_must
         self._owner += owners
         self._peers += step.peers
+        self._live += len(owners)
         if step.n_must == 0:
             self._due.append(ex)
 
@@ -686,18 +689,23 @@ class MpiTransport:
             ) from None
 
     def _completed(self, done: list[int]) -> None:
-        """Requests that completed: their stages' counts go down, the steps they finish are due."""
-        reqs, owner = self._reqs, self._owner
+        """Requests that completed: their stages' counts go down, the steps they finish are due.
+
+        A completed request stays in the lists, null (``Testsome`` skips it), until none is left
+        or they are mostly null: the lists are rebuilt now and then, not at every completion.
+        """
+        owner, due = self._owner, self._due
         for i in done:
             ex = owner[i]
             ex.pending -= 1
             if ex.pending == 0:
-                self._due.append(ex)
-        if len(done) == len(reqs):
+                due.append(ex)
+        self._live -= len(done)
+        reqs = self._reqs
+        if not self._live:
             self._reqs, self._owner, self._peers = [], [], []
-        else:
-            finished = set(done)
-            keep = [i for i in range(len(reqs)) if i not in finished]
+        elif len(reqs) > 4 * self._live + 16:
+            keep = [i for i, req in enumerate(reqs) if req]
             self._reqs = [reqs[i] for i in keep]
             self._owner = [owner[i] for i in keep]
             self._peers = [self._peers[i] for i in keep]
@@ -711,7 +719,7 @@ class MpiTransport:
         pause, test = backoff.pause, self._test
         while True:
             pause()
-            if self._reqs:
+            if self._live:
                 done = test()
                 if done:
                     self._completed(done)
@@ -723,7 +731,7 @@ class MpiTransport:
         Returns whether anything moved: a request completed or a step was applied.
         """
         moved = False
-        if self._reqs:
+        if self._live:
             done = self._test()
             if done:
                 moved = True
@@ -750,9 +758,11 @@ class MpiTransport:
 
     def _waiting_for(self) -> str:
         """What this rank waits for: the peers of its incomplete messages, and their stages."""
-        peers = sorted(set(self._peers))
-        waiting = [o for o in self._owner if not isinstance(o, _Sends)]  # rather than sends
-        first = waiting[0] if waiting else self._owner[0] if self._owner else None
+        live = [i for i, req in enumerate(self._reqs) if req]  # (completed ones are null)
+        peers = sorted({self._peers[i] for i in live})
+        owners = [self._owner[i] for i in live]
+        waiting = [o for o in owners if not isinstance(o, _Sends)]  # rather than sends
+        first = waiting[0] if waiting else owners[0] if owners else None
         ex = first.ex if isinstance(first, _Sends) else first
         if ex is None:
             ex = self._active[0] if self._active else None
