@@ -348,6 +348,7 @@ class MpiTransport:
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
         self.timer = timer
         self._untimed = rule_class(config.network).routes  # a sharing rule: its timer must say
+        self._flat = self.topology.flat
         if self.timer is not None and self._wall:
             raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
         self._timed: tuple[float, list[StageRun]] | None = None  # ends the timer gave, data pending
@@ -452,7 +453,7 @@ class MpiTransport:
             s.index == s.n_stages - 1,
             run.mem_shared,
             data.collective.dims if op == A2A else None,
-            self.topology.flat and s.plan,  # the NCCL-like model times a stage by its chunk's plan
+            self._flat and s.plan,  # the NCCL-like model times a stage by its chunk's plan
         )
         shape = self._shapes.get(key)
         if shape is None:
