@@ -13,6 +13,8 @@ partners, which makes some Ring dims uneven (`uneven_dims`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, steps
@@ -158,10 +160,40 @@ def uneven_dims(topology: Topology) -> tuple[int, ...]:
     )
 
 
-def astra2_messages(
-    cost: CostModel, dim_index: int, op: str, full_elems: int
-) -> tuple[tuple[int, tuple[int, ...], int, float], ...]:
-    """A stage's steps as ASTRA-sim 2.x sends them: (message bytes, peer distances, XOR mask, delay).
+class Astra2Step(NamedTuple):
+    """A step of a stage as ASTRA-sim 2.x sends it, seen from NPU 0.
+
+    Attributes:
+        nbytes: bytes of each message.
+        distances: the peers it sends to, as distances ahead on the dim.
+        mask: the XOR partner's mask of a halving-doubling step (0 for other steps).
+        delay_ns: after the step's last arrival: the endpoint delay and the local reduction.
+    """
+
+    nbytes: int
+    distances: tuple[int, ...]
+    mask: int
+    delay_ns: float
+
+
+class NpuStep(NamedTuple):
+    """A step of a stage at one coordinate of its dim (2.x): its bytes, whom it sends to and hears from.
+
+    Attributes:
+        nbytes: bytes of each message.
+        sends: the coordinates it sends to.
+        recvs: the coordinates it receives from.
+        delay_ns: after the step's last receipt: the endpoint delay and the local reduction.
+    """
+
+    nbytes: int
+    sends: tuple[int, ...]
+    recvs: tuple[int, ...]
+    delay_ns: float
+
+
+def astra2_messages(cost: CostModel, dim_index: int, op: str, full_elems: int) -> tuple[Astra2Step, ...]:
+    """A stage's steps as ASTRA-sim 2.x sends them (`Astra2Step`).
 
     The messages and their order are `cost.astra_steps`'s. A direct or all-to-all step sends to
     every peer at once (distances 1 .. P-1), a ring step to the next NPU (1), a halving-doubling
@@ -186,7 +218,7 @@ def astra2_messages(
                 mask = 1 << k if half == RS else p >> (k + 1)
                 distances = (mask,)
             after = gaps[i][1:] if i == 0 else gaps[i]  # (message, endpoint[, reduction])
-            out.append((nbytes, distances, mask, sum(after[1:])))
+            out.append(Astra2Step(nbytes, distances, mask, sum(after[1:])))
             i += 1
     return tuple(out)
 
@@ -196,37 +228,34 @@ def astra2_steps(planner: StepPlanner, dim_index: int, op: str, full_elems: int)
     dim = planner.topology.dims[dim_index]
     index = planner.index
     out = []
-    for nbytes, distances, _, delay in astra2_messages(planner.cost, dim_index, op, full_elems):
+    for step in astra2_messages(planner.cost, dim_index, op, full_elems):
         transfers = tuple(
-            Transfer(float(nbytes), tuple(((index[f"dim{dim_index}.{name}"], 1.0),) for name in route))
-            for route in (astra2_route(dim.kind, dim.npus, d) for d in distances)
+            Transfer(float(step.nbytes), tuple(((index[f"dim{dim_index}.{name}"], 1.0),) for name in route))
+            for route in (astra2_route(dim.kind, dim.npus, d) for d in step.distances)
         )
-        out.append(Step(transfers, delay))
+        out.append(Step(transfers, step.delay_ns))
     return tuple(out)
-
-
-NpuStep = tuple[int, tuple[int, ...], tuple[int, ...], float]  # bytes, send peers, recv peers, delay
 
 
 def npu_stage_steps(
     cost: CostModel, dim_index: int, op: str, full_elems: int, coord: int
 ) -> tuple[NpuStep, ...]:
-    """The stage's steps at one coordinate: (message bytes, peers sent to, peers received from, delay).
+    """The stage's steps at one coordinate (`NpuStep`).
 
     Peers are coordinates on the dim: `astra2_messages`'s distances ahead (sent to) and behind
     (received from), or the XOR partner of a halving-doubling step.
     """
     p = cost.topology.dims[dim_index].npus
     out = []
-    for nbytes, distances, mask, delay in astra2_messages(cost, dim_index, op, full_elems):
+    for step in astra2_messages(cost, dim_index, op, full_elems):
         sends: tuple[int, ...]
         recvs: tuple[int, ...]
-        if mask:
-            sends = recvs = (coord ^ mask,)
+        if step.mask:
+            sends = recvs = (coord ^ step.mask,)
         else:
-            sends = tuple((coord + d) % p for d in distances)
-            recvs = tuple((coord - d) % p for d in distances)
-        out.append((nbytes, sends, recvs, delay))
+            sends = tuple((coord + d) % p for d in step.distances)
+            recvs = tuple((coord - d) % p for d in step.distances)
+        out.append(NpuStep(step.nbytes, sends, recvs, step.delay_ns))
     return tuple(out)
 
 

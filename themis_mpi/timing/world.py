@@ -311,14 +311,15 @@ class World(Greenlets):
             return
         peers = tuple(
             (tuple(base + q * stride for q in sends), tuple(base + q * stride for q in recvs))
-            for _, sends, recvs, _ in steps
+            for _, sends, recvs, _ in steps  # (`NpuStep`s)
         )
         stage = _Astra2Stage(rank, run, stage_key(run), steps, peers)
         self.loop.at(run.start_ns + cost.endpoint_delay_ns, self._send, stage)
 
     def _send(self, stage: _Astra2Stage) -> None:
         """Step k: send its messages, then post its receives (`HalvingDoubling::ready`)."""
-        nbytes, sends, _, _ = stage.steps[stage.k]
+        step = stage.steps[stage.k]
+        nbytes, sends = step.nbytes, step.sends
         send_ranks, recv_ranks = stage.peers[stage.k]
         dim = stage.run.stage.dim
         for q, dst in zip(sends, send_ranks):
@@ -362,7 +363,7 @@ class World(Greenlets):
     def _received(self, stage: _Astra2Stage) -> None:
         stage.pending -= 1
         if stage.pending == 0:
-            self.loop.at(self.loop.now_ns + stage.steps[stage.k][3], self._step_done, stage)
+            self.loop.at(self.loop.now_ns + stage.steps[stage.k].delay_ns, self._step_done, stage)
 
     def _step_done(self, stage: _Astra2Stage) -> None:
         stage.k += 1
