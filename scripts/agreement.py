@@ -29,6 +29,7 @@ from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
 from themis_mpi.output import write_json
 from themis_mpi.run.collective import model_collective, run_collective
+from themis_mpi.timing.planner import emulator_timer
 from themis_mpi.topology import parse_topology
 
 REL_TOL = 1e-3
@@ -112,7 +113,9 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
             clock = replace(
                 config, clock=case.get("clock", "virtual"), time_scale=case.get("time_scale", 1.0)
             )
-            emu, engine = run_collective(MpiTransport(grid, clock), coll, case["policy"])
+            emu, engine = run_collective(
+                MpiTransport(grid, clock, emulator_timer(topo, clock)), coll, case["policy"]
+            )
             model, _ = model_collective(topo, coll, case["policy"], config)
             cost = CostModel(topo, coll.itemsize, config.endpoint_delay_ns, endpoint=config.endpoint)
             sums = stage_cost_sums_us(engine, topo, cost)

@@ -19,9 +19,9 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
   NPU <= every NPU at 1.5x (`--compute-scale 1.5`, the one-NPU model), which must hold. Target:
   a paper topology under 120 s.
 
-Both run every NPU at once (`themis_mpi.npus.NpuVectors`, equal to running every NPU's engine:
+Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
-(`themis_mpi.npunet.SharedWorld`, one event loop over every NPU's engine). Prints the tables
+(`themis_mpi.timing.world.World`, one event loop over every NPU's engine). Prints the tables
 and the process's peak memory, and writes bench_npus.json and bench_npus.png (CPU against NPUs,
 log-log) into --out.
 """

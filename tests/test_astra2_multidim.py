@@ -2,7 +2,7 @@
 
 The rows (tests/data/astra-sim-reference-2/runs-multidim.csv, 432 runs at 64 MiB) come from an
 unmerged multi-dim branch of 2.x's network backend; the README there says how they were made and
-why an all-reduce's all-gather stages run anticlockwise (`network.astra2_anticlockwise`).
+why an all-reduce's all-gather stages run anticlockwise (`timing.routes.astra2_anticlockwise`).
 """
 
 import math
@@ -10,7 +10,6 @@ import math
 import pytest
 from harness import DATA, run_cases
 
-from themis_mpi import network
 from themis_mpi.api import sweep
 from themis_mpi.astra import RUNS_2_MULTIDIM, compare_row_2, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan, plan_stages
@@ -18,9 +17,11 @@ from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, ASTRA_SIM_2, RS, link_bytes_per_ns
 from themis_mpi.engine import Engine
 from themis_mpi.model import ModelTransport
-from themis_mpi.network import STORE_FORWARD, astra2_anticlockwise, uneven_dims
-from themis_mpi.npunet import Astra2World
 from themis_mpi.policies.base import baseline_order, fixed_schedule
+from themis_mpi.timing import symmetric, world
+from themis_mpi.timing.routes import astra2_anticlockwise, uneven_dims
+from themis_mpi.timing.rules import STORE_FORWARD
+from themis_mpi.timing.world import World
 from themis_mpi.topology import parse_topology
 
 REF = DATA / "astra-sim-reference-2"
@@ -125,7 +126,7 @@ def test_a_direct_step_on_a_ring_of_4_ends_min_latency_serialization_earlier_ant
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 def test_every_npus_links_apply_the_rule_as_one_npus_view(algorithm):
-    """R_FC_SW_4x4x4, 4 chunks, 2 active: `npunet.Astra2World` gives NPU 0 the one-NPU view's stage times.
+    """R_FC_SW_4x4x4, 4 chunks, 2 active: `timing.world.World` (every NPU's links) gives NPU 0 the one-NPU view's stage times.
 
     The rule changes these rows (a ring AG stage leaves on the other links than the RS stage of
     its dim beside it), so both paths must apply it alike for emulator == model to hold there.
@@ -156,7 +157,7 @@ def test_every_npus_links_apply_the_rule_as_one_npus_view(algorithm):
         )
 
     one = play(ModelTransport(topo, config))
-    every = Astra2World(topo, config).run(play)
+    every = World(topo, config).run(play)
     assert times(every[0]) == times(one)
     assert max(e.collectives[0].end_ns for e in every) == one.collectives[0].end_ns == int(row["finish_ns"])
 
@@ -190,7 +191,8 @@ def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(tmp_path, monke
 
     with_rule = model_us()
     with monkeypatch.context() as m:
-        m.setattr(network, "astra2_anticlockwise", lambda stage: False)
+        for module in (symmetric, world):  # (where the one-NPU view and every NPU's links ask it)
+            m.setattr(module, "astra2_anticlockwise", lambda stage: False)
         assert all(a != b for a, b in zip(model_us(), with_rule))
     rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
     assert [r["model"]["time_us"] for r in rows] == with_rule

@@ -4,8 +4,9 @@ import pytest
 
 from themis_mpi.collectives import Collective, chunk_stages
 from themis_mpi.config import RunConfig
-from themis_mpi.cost import AG, RS, CostModel, ideal_time_us, steps
+from themis_mpi.cost import AG, RS, CostModel, steps
 from themis_mpi.policies import inter_class
+from themis_mpi.results import ideal_time_us
 from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import Dim, parse_topology
 

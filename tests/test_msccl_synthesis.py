@@ -9,13 +9,13 @@ from harness import shared
 
 import themis_mpi
 from themis_mpi.cli.app import main
-from themis_mpi.cost import ideal_time_us
 from themis_mpi.msccl.check import check
 from themis_mpi.msccl.execute import prove
 from themis_mpi.msccl.ir import read_algorithm
 from themis_mpi.msccl.program import programs
 from themis_mpi.msccl.synthesis import synthesize_all_gather, to_algorithm
 from themis_mpi.msccl.timing import AlphaBeta, time_programs
+from themis_mpi.results import ideal_time_us
 from themis_mpi.topology import parse_topology
 
 TORUS_2D = "Ring(4,100,500)_Ring(4,100,500)"

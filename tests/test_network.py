@@ -1,4 +1,4 @@
-"""Rules of links that concurrent traffic shares (`themis_mpi.network`): closed forms and physics."""
+"""Rules of links that concurrent traffic shares (`themis_mpi.timing`): closed forms and physics."""
 
 import json
 
@@ -13,10 +13,12 @@ from themis_mpi.cost import CostModels
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.network import Network, max_min_rates, physical_links
 from themis_mpi.policies import fixed_schedule
 from themis_mpi.results import link_results
 from themis_mpi.run.collective import model_collective
+from themis_mpi.timing.events import EventLoop
+from themis_mpi.timing.fair import Fair, max_min_rates
+from themis_mpi.timing.links import physical_links
 from themis_mpi.topology import Dim, Port, Topology, parse_topology
 
 GIB = 1 << 30
@@ -293,11 +295,11 @@ def test_a_solo_stage_ends_where_the_step_wise_path_ends_it(topo, policy, chunks
     coll = Collective("all_reduce", (4 << 20) // 4, "float32", chunks, tuple(range(len(topo.dims))))
     config = RunConfig(intra="fifo" if policy == "baseline" else "scf", active_per_dim=active, network="fair")
     fast_result, fast = model_collective(topo, coll, policy, config)
-    Network.solo = False
+    Fair.solo = False
     try:
         slow_result, slow = model_collective(topo, coll, policy, config)
     finally:
-        Network.solo = True
+        Fair.solo = True
 
     def times(records):  # (by stage: two that end at one instant may be recorded in either order)
         return {(r.stage.coll, r.stage.chunk, r.stage.index): (r.start_ns, r.end_ns) for r in records}
@@ -316,16 +318,16 @@ def test_stages_behind_the_hgx_nic_end_as_step_by_step_in_about_one_network_even
     coll = Collective("all_reduce", (64 << 20) // 4, "float32", 64, (0, 1, 2))
     config = RunConfig(intra="fifo" if policy == "baseline" else "scf", network="fair")
     events = [0]
-    fire = Network._fire
+    fire = EventLoop.fire
 
-    def counted(self, t_ns):
+    def counted(self, t_ns, rule):
         events[0] += 1
-        fire(self, t_ns)
+        fire(self, t_ns, rule)
 
-    monkeypatch.setattr(Network, "_fire", counted)
+    monkeypatch.setattr(EventLoop, "fire", counted)
     fast_result, fast = model_collective(topo, coll, policy, config)
     fast_events, events[0] = events[0], 0
-    monkeypatch.setattr(Network, "solo", False)
+    monkeypatch.setattr(Fair, "solo", False)
     slow_result, slow = model_collective(topo, coll, policy, config)
     assert fast_events < 1.5 * len(fast.records) < events[0]
     assert fast_result.time_us == pytest.approx(slow_result.time_us, rel=1e-9)

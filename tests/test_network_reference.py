@@ -11,7 +11,7 @@ import pytest
 from harness import DATA
 
 from themis_mpi.api import sweep
-from themis_mpi.network import FAIR, STORE_FORWARD
+from themis_mpi.timing.rules import FAIR, STORE_FORWARD
 from themis_mpi.topology import parse_topology
 
 REF = DATA / "network-reference"

@@ -1,4 +1,4 @@
-"""Every NPU's links under ASTRA-sim 2.x's congestion-aware backend (`npunet`): rules and agreement.
+"""Every NPU's links under ASTRA-sim 2.x's congestion-aware backend (`timing.world`): rules and agreement.
 
 The 36 development rows it exists for (halving-doubling on Ring8, 2 or 4 active chunks) are in
 tests/test_astra2.py with every other row; here are its link rules in closed form, the one-NPU
@@ -17,10 +17,12 @@ from themis_mpi.cost import ASTRA_SIM_2
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.network import uneven_dims
-from themis_mpi.npunet import Astra2World, every_npu, npu_route
 from themis_mpi.policies.base import fixed_schedule
-from themis_mpi.run.collective import model_collective, run_collective
+from themis_mpi.run.collective import collective_on, model_collective
+from themis_mpi.run.coordinator import share_schedules
+from themis_mpi.timing.planner import WORLD, Run, plan
+from themis_mpi.timing.routes import NpuRoutes, uneven_dims
+from themis_mpi.timing.world import World
 from themis_mpi.topology import from_link_bandwidths, parse_topology
 
 NETWORKS = DATA / "astra-sim-reference-2" / "network"
@@ -41,10 +43,14 @@ def config(active: int = 1) -> RunConfig:
 
 def test_xor_partners_go_both_ways_round_a_ring():
     """On Ring8 the message 0 -> 2 goes clockwise through NPU 1, 2 -> 0 counter-clockwise; a tie (0 -> 4) clockwise."""
-    topo = ring8()
-    assert npu_route(topo, 0, 0, 2) == ((0, 0, "cw"), (1, 0, "cw"))
-    assert npu_route(topo, 2, 0, 0) == ((2, 0, "ccw"), (1, 0, "ccw"))
-    assert npu_route(topo, 0, 0, 4) == tuple((r, 0, "cw") for r in range(4))
+    routes = NpuRoutes(ring8())
+
+    def names(rank, peer):
+        return [routes.links[link].name for ((link, _),) in routes.astra2_route(rank, 0, peer)]
+
+    assert names(0, 2) == ["npu0.dim0.cw", "npu1.dim0.cw"]
+    assert names(2, 0) == ["npu2.dim0.ccw", "npu1.dim0.ccw"]
+    assert names(0, 4) == [f"npu{r}.dim0.cw" for r in range(4)]
 
 
 def test_a_message_per_link_and_two_queued_on_one_link_in_closed_form():
@@ -52,11 +58,11 @@ def test_a_message_per_link_and_two_queued_on_one_link_in_closed_form():
     nbytes = 1 << 20
     hop_ns = math.floor(LATENCY_NS + nbytes / B_PER_NS)
     serial_ns = math.floor(nbytes / B_PER_NS)
-    world = Astra2World(ring8(), config())
-    world.message(1, 0, 2, nbytes, (2, 1, "first"))  # link 1->2, alone at 0
-    world.message(1, 0, 2, nbytes, (2, 1, "queued"))  # behind it on link 1->2
-    world.message(0, 0, 2, nbytes, (2, 0, "two hops"))  # 0->1, then 1->2 behind both
-    world.message(2, 0, 0, nbytes, (0, 2, "other way"))  # 2->1->0: none of those links, alone: 2T
+    world = World(ring8(), config())
+    world.astra2_message(1, 0, 2, nbytes, (2, 1, "first"))  # link 1->2, alone at 0
+    world.astra2_message(1, 0, 2, nbytes, (2, 1, "queued"))  # behind it on link 1->2
+    world.astra2_message(0, 0, 2, nbytes, (2, 0, "two hops"))  # 0->1, then 1->2 behind both
+    world.astra2_message(2, 0, 0, nbytes, (0, 2, "other way"))  # 2->1->0: none of those links, alone: 2T
     world.drain()
     got = world.arrival_ns
     assert got[(2, 1, "first")] == hop_ns
@@ -66,16 +72,19 @@ def test_a_message_per_link_and_two_queued_on_one_link_in_closed_form():
 
 
 def test_only_halving_doubling_on_a_ring_of_more_than_2_is_uneven():
-    """uneven_dims names Ring dims with halving-doubling and P > 2; every_npu needs store-forward under 2.x too."""
+    """uneven_dims names Ring dims with halving-doubling and P > 2; every NPU runs under 2.x store-forward only."""
     assert uneven_dims(ring8()) == (0,)
     assert uneven_dims(parse_topology("Ring(2,100,500,hd)_SW(4,50,500)")) == ()
     assert uneven_dims(parse_topology("SW(4,50,500)_Ring(4,100,500,hd)")) == (1,)
     for algorithm in ("ring", "direct"):
         assert uneven_dims(ring8(algorithm)) == ()
     assert uneven_dims(parse_topology("SW(8,50,500,hd)_FC(4,50,500,hd)")) == ()
-    assert every_npu(ring8(), config())
-    assert not every_npu(ring8(), RunConfig(endpoint_delay_ns=10, compat=ASTRA_SIM_2, network="ideal"))
-    assert not every_npu(ring8(), RunConfig(network="store-forward"))
+    assert plan(Run(ring8(), config())).simulator == WORLD
+    assert (
+        plan(Run(ring8(), RunConfig(endpoint_delay_ns=10, compat=ASTRA_SIM_2, network="ideal"))).simulator
+        != WORLD
+    )
+    assert plan(Run(ring8(), RunConfig(network="store-forward"))).simulator != WORLD
 
 
 def stage_ends(engine: Engine) -> dict:
@@ -108,7 +117,7 @@ def test_every_npu_equals_one_npu_on_symmetric_collectives(topology, active):
         return engine
 
     one = stage_ends(play(ModelTransport(topo, cfg)))
-    every = [stage_ends(e) for e in Astra2World(topo, cfg).run(play)]
+    every = [stage_ends(e) for e in World(topo, cfg).run(play)]
     assert all(ends == one for ends in every)
 
 
@@ -124,7 +133,7 @@ def test_uneven_loads_end_npus_at_different_times_and_the_model_reports_the_last
         engine.run()
         return run.end_ns
 
-    ends = Astra2World(topo, cfg).run(play)
+    ends = World(topo, cfg).run(play)
     assert min(ends) < max(ends)
     result, _ = model_collective(topo, coll, "baseline", cfg, schedule)
     assert result.time_us == max(ends) / 1e3
@@ -164,8 +173,9 @@ def test_npus_may_start_a_dims_stages_in_different_orders_and_share_their_number
     """Ring4 halving-doubling x SW2, themis/scf, 2 active: an NPU starts a dim's stages in another order; numbers agree."""
     topo, cfg = parse_topology(MULTI), replace(config(2), intra="scf")
     coll = Collective("all_reduce", (1 << 20) // 4, "float32", 8, (0, 1))
-    world = Astra2World(topo, cfg)
-    world.run(lambda npu: run_collective(npu, coll, "themis", check=False))
+    (schedule,), _ = share_schedules(ModelTransport(topo, cfg), "themis", [coll])
+    world = World(topo, cfg)
+    world.run(lambda npu: collective_on(npu, coll, schedule, False, None, True))
     assert any(order != world.order[0] for order in world.order)
     numbers = [world.replay(rank).numbers for rank in range(topo.npus)]
     assert all(n == numbers[0] for n in numbers)

@@ -1,6 +1,6 @@
-"""Every NPU's links under --network fair|store-forward (`npunet.SharedWorld`): point-to-point traffic.
+"""Every NPU's links under --network fair|store-forward (`timing.world.World`): point-to-point traffic.
 
-The one-NPU `network.Network` times symmetric collectives; messages and per-rank graphs run on
+One NPU's view (`timing.symmetric`) times symmetric collectives; messages and per-rank graphs run on
 every NPU's links. Here: both give the same times where NPUs are alike, the closed forms of a
 message beside a collective, and emulator == model with messages under both rules.
 """
@@ -14,15 +14,15 @@ from harness import DATA, cli, in_process
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
-from themis_mpi.errors import UsageError
+from themis_mpi.errors import Stalled, UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npunet import SharedWorld
-from themis_mpi.npus import Stalled
 from themis_mpi.policies.base import fixed_schedule
 from themis_mpi.run.collective import model_collective
-from themis_mpi.run.training import run_graph
+from themis_mpi.run.coordinator import share_orders
+from themis_mpi.run.training import graph_on, run_graph
+from themis_mpi.timing.world import World
 from themis_mpi.topology import parse_topology
-from themis_mpi.workloads.chakra import coords, load_graph
+from themis_mpi.workloads.chakra import coords, graph_collectives, load_graph
 from themis_mpi.workloads.et import COMM_RECV_NODE, COMM_SEND_NODE, Attr, EtTrace, Node, write_et
 from themis_mpi.workloads.llm import LlmConfig, write_llm
 from themis_mpi.workloads.training import TrainingSpec
@@ -68,7 +68,7 @@ def test_every_npu_equals_one_npu_where_npus_are_alike(topology, rule, active):
         return engine
 
     one = stage_times(play(ModelTransport(topo, cfg)))
-    every = [stage_times(engine) for engine in SharedWorld(topo, cfg).run(play)]
+    every = [stage_times(engine) for engine in World(topo, cfg).run(play)]
     assert len(one) > 7 and all(times == one for times in every)
 
 
@@ -87,7 +87,7 @@ def test_every_npu_equals_one_npu_on_the_hgx_preset_with_its_shared_nic(rule):
         return stage_times(engine)
 
     one = play(ModelTransport(topo, cfg))
-    every = SharedWorld(topo, cfg).run(play)
+    every = World(topo, cfg).run(play)
     assert len(every) == 1024 and all(times == one for times in every)
 
 
@@ -117,8 +117,8 @@ def beside(op: str, message_bytes: int, count: int) -> tuple[float, float, float
         engine.run()
         return run.end_ns, msg.end_ns if msg else None
 
-    alone = SharedWorld(topo, cfg).run(lambda t: play(t, False))
-    both = SharedWorld(topo, cfg).run(lambda t: play(t, True))
+    alone = World(topo, cfg).run(lambda t: play(t, False))
+    both = World(topo, cfg).run(lambda t: play(t, True))
     assert alone[0] == alone[1] and both[0] == both[1]  # (both NPUs end together)
     assert both[0][1] == both[1][1]  # the message ends on both sides at once
     return alone[0][0], both[0][0], both[0][1]
@@ -153,7 +153,7 @@ def test_a_message_alone_takes_its_route_once_under_fair_and_per_link_under_stor
         engine.run()
         return None if run is None else run.end_ns
 
-    ends = SharedWorld(topo, cfg).run(play)
+    ends = World(topo, cfg).run(play)
     delay_ns = hops * dim.latency_ns + 10.0
     transfers = 1 if rule == "fair" else links
     assert ends[0] == ends[dst] == pytest.approx(transfers * nbytes / rate + delay_ns, rel=1e-12)
@@ -240,16 +240,18 @@ def test_a_pipeline_under_sharing_takes_at_least_its_ideal_time_and_no_link_is_o
     shared = run_graph(ModelTransport(topo, cfg), graph, "baseline", spec)
     assert shared.iteration_us >= ideal.iteration_us * (1 - 1e-12)
     assert shared.links and max(link.busy_pct for link in shared.links) <= 100 * (1 + 1e-9)
-    world = SharedWorld(topo, cfg)
-    ends = world.run(lambda npu: run_graph(npu, graph, "baseline", spec).iteration_us)
+    collectives = graph_collectives(graph, topo, spec, range(topo.npus))
+    schedules = dict(zip(collectives, share_orders(ModelTransport(topo, cfg), "baseline", collectives)))
+    world = World(topo, cfg)
+    ends = world.run(lambda npu: graph_on(npu, graph, "baseline", spec, schedules).iteration_us)
     assert max(ends) == shared.iteration_us  # (the last rank's end; the model's row is rank 0's)
     span_ns = shared.iteration_us * 1e3
-    links = world.links
-    busy = [b / (cap * span_ns) for b, cap in zip(links.carried, links.capacity)]
+    rule, links = world.rule, world.routes.links
+    busy = [b / (cap * span_ns) for b, cap in zip(rule.carried, rule.capacity)]
     assert max(busy) <= 1 + 1e-9
-    pp = [link for link in links.links if ".dim2." in link.name]  # (PP crosses dim 2 only)
-    assert sum(links.carried[links.links.index(link)] for link in pp) > 0
-    assert not (links._moving or links._timers or links._sent or links._waiting)  # (nothing left in flight)
+    pp = [i for i, link in enumerate(links) if ".dim2." in link.name]  # (PP crosses dim 2 only)
+    assert sum(rule.carried[i] for i in pp) > 0
+    assert world.loop.idle(world.rule) and not (world._sent or world._waiting)  # (nothing left in flight)
 
 
 def test_a_neighbour_shift_runs_under_fair_over_one_direction_of_the_ring(tmp_path):
@@ -342,11 +344,11 @@ def test_random_messages_beside_random_collectives_keep_every_link_within_its_ra
         engine.run()
         return engine.now_ns
 
-    world = SharedWorld(topo, cfg)
+    world = World(topo, cfg)
     span_ns = max(world.run(play))
-    links = world.links
-    assert max(b / (cap * span_ns) for b, cap in zip(links.carried, links.capacity)) <= 1 + 1e-9
-    assert not (links._moving or links._timers or links._sent or links._waiting or world._posted)
+    rule = world.rule
+    assert max(b / (cap * span_ns) for b, cap in zip(rule.carried, rule.capacity)) <= 1 + 1e-9
+    assert world.loop.idle(world.rule) and not (world._sent or world._waiting or world._posted)
 
 
 def test_npus_that_start_a_dims_stages_in_different_orders_are_named():
@@ -374,4 +376,4 @@ def test_npus_that_start_a_dims_stages_in_different_orders_are_named():
         engine.run()
 
     with pytest.raises(Stalled, match="started its stages in different orders"):
-        SharedWorld(topo, cfg).run(play)
+        World(topo, cfg).run(play)

@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from themis_mpi.collectives import DTYPES, PER_DIM_OPS, Collective, active_dims, chunk_stages
 from themis_mpi.config import RunConfig
-from themis_mpi.cost import CostModel, ideal_time_us
+from themis_mpi.cost import CostModel
 from themis_mpi.policies import chunk_orders
+from themis_mpi.results import ideal_time_us
 from themis_mpi.run.collective import model_collective
 from themis_mpi.topology import Dim, Topology, is_power_of_two
 

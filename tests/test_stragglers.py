@@ -14,10 +14,11 @@ from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
-from themis_mpi.npus import NpuVectors, NpuWorld
 from themis_mpi.run.collective import model_collective, run_collective, symmetric_run
 from themis_mpi.run.coordinator import share_schedules
 from themis_mpi.run.training import model_training, run_training
+from themis_mpi.timing.greenlets import NpuWorld
+from themis_mpi.timing.vectors import NpuVectors
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
 from themis_mpi.workloads.training import TrainingSpec
@@ -140,7 +141,7 @@ def every_npu(topo, coll, policy, config):
 def test_the_vectorised_model_equals_running_every_npu(
     topo_spec, policy, intra, op, count, chunks, late, links
 ):
-    """`model` times stragglers for all NPUs at once (`npus.NpuVectors`); it must equal running every NPU exactly."""
+    """`model` times stragglers for all NPUs at once (`timing.vectors.NpuVectors`); it must equal running every NPU exactly."""
     topo = parse_topology(topo_spec)
     coll = collective(topo, op=op, count=count, chunks=chunks)
     config = RunConfig(intra=intra, npu_delay_ns=late, link_scale=links)
@@ -156,7 +157,7 @@ def test_the_vectorised_model_equals_running_every_npu(
     engine.now_ns = vectors.issue_ns
     engine.issue(coll, schedule, False)
     engine.run()
-    last_ns = vectors.npu0(engine)
+    _, last_ns = vectors.span_ns(engine)
     plain_ends = per_npu_end_ns(topo, coll, policy, config)
     assert vectors.npu_end_ns.tolist() == plain_ends
     assert last_ns == max(plain_ends)
@@ -274,7 +275,7 @@ def train_every_npu(workload, topo_spec, policy="themis", config=None, **spec):
 )  # fmt: skip
 @pytest.mark.parametrize("policy", ["baseline", "themis"])
 def test_training_on_every_npu_at_once_equals_running_every_npu(workload, topo_spec, config, spec, policy):
-    """`model` trains stragglers with vector times (`npus.NpuVectors`); every field equals running every NPU's engine."""
+    """`model` trains stragglers with vector times (`timing.vectors.NpuVectors`); every field equals running every NPU's engine."""
     fast = train(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
     plain = train_every_npu(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
     assert fast.pop("transport") == "model" and plain.pop("transport") == "npus"

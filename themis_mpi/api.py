@@ -16,7 +16,6 @@ from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
 from .model import ModelTransport
-from .network import check_rule
 from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
 
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
 from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training, run_graph
+from .timing.rules import check_rule
 from .topology import PRESETS, parse_topology, read_fit
 from .units import parse_size
 from .workloads.chakra import is_et_source, load_graph

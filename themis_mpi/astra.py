@@ -21,12 +21,11 @@ from .config import RunConfig
 from .cost import ASTRA_ENDPOINT_DELAY_NS, ASTRA_SIM_1_0, ASTRA_SIM_2
 from .engine import Engine, Transport
 from .errors import UsageError
-from .model import ModelTransport
-from .network import IDEAL, STORE_FORWARD
-from .npunet import Astra2World, every_npu
 from .policies.base import baseline_order, fixed_schedule
 from .results import astra_busy_pct
 from .run.collective import model_collective
+from .timing.planner import Run, each_npu, plan
+from .timing.rules import IDEAL, STORE_FORWARD
 from .topology import Topology, from_link_bandwidths, parse_topology
 
 # The issue's bounds: relative finish-time error per policy class, busy share in points.
@@ -46,17 +45,22 @@ COLUMNS = (
 )
 
 
-def reference_rows(path: str) -> list[dict]:
-    """The CSV rows as dicts of strings; a file without the columns is refused in one line."""
+def read_rows(path: str, columns: Sequence[str], what: str) -> list[dict]:
+    """A CSV's rows as dicts of strings; a file without the columns is refused in one line naming `what`."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    missing = set(COLUMNS) - set(rows[0] if rows else ())
+    missing = set(columns) - set(rows[0] if rows else ())
     if missing:
-        raise UsageError(f"{path}: not an ASTRA-sim reference table (missing {', '.join(sorted(missing))})")
+        raise UsageError(f"{path}: not {what} (missing {', '.join(sorted(missing))})")
     return rows
+
+
+def reference_rows(path: str) -> list[dict]:
+    """The 1.0 reference CSV's rows (`COLUMNS`)."""
+    return read_rows(path, COLUMNS, "an ASTRA-sim reference table")
 
 
 def topology_of(row: dict) -> Topology:
@@ -154,21 +158,13 @@ OPTIMIZATIONS_2 = {"localBWAware": True, "baseline": AR_EVERY_DIM}  # `Schedule.
 
 
 def reference_rows_2(path: str) -> list[dict]:
-    """A 2.x run table's rows as dicts of strings; a file without the columns is refused in one line.
+    """A 2.x run table's rows (`COLUMNS_2`) as dicts of strings.
 
     Both tables of the folder have the same columns: `RUNS_2` and `RUNS_2_MULTIDIM` (section
     ``X_multidim_branch_allreduce_grid``, ``binary_variant`` ``multidim_branch``), and
     `compare_row_2` models a row of either.
     """
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    missing = set(COLUMNS_2) - set(rows[0] if rows else ())
-    if missing:
-        raise UsageError(f"{path}: not an ASTRA-sim 2.x run table (missing {', '.join(sorted(missing))})")
-    return rows
+    return read_rows(path, COLUMNS_2, "an ASTRA-sim 2.x run table")
 
 
 def topology_of_2(row: dict, network_dir: str) -> Topology:
@@ -180,9 +176,9 @@ def topology_of_2(row: dict, network_dir: str) -> Topology:
 def run_row_2(row: dict, network_dir: str) -> list[Engine]:
     """Model one 2.x row: its collectives on one engine under ``compat="astra-sim-2"``.
 
-    Where the congestion-aware backend's links carry uneven loads (`npunet.every_npu`), every
-    NPU runs its engine on its own links and all the engines are returned, by rank; otherwise
-    one NPU stands for all (the one engine).
+    Where the congestion-aware backend's links carry uneven loads (`timing.routes.uneven_dims`),
+    every NPU runs its engine on its own links and all the engines are returned, by rank;
+    otherwise one NPU stands for all (the one engine). The planner says which.
     """
     topo = topology_of_2(row, network_dir)
     config = RunConfig(
@@ -218,9 +214,7 @@ def run_row_2(row: dict, network_dir: str) -> list[Engine]:
         engine.run()
         return engine
 
-    if every_npu(topo, config):
-        return Astra2World(topo, config).run(play)
-    return [play(ModelTransport(topo, config))]
+    return each_npu(plan(Run(topo, config)), config, play)
 
 
 def compare_row_2(row: dict, network_dir: str) -> dict:

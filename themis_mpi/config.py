@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cost import ASTRA_SIM_1_0, ASTRA_SIM_2, NO_ENDPOINT, Endpoint, check_compat
+from .cost import ASTRA_SIM_1_0, ASTRA_SIM_2, NO_ENDPOINT, CostModels, Endpoint, check_compat
 from .errors import UsageError
 from .limits import (
     MAX_LINK_SCALE,
@@ -20,7 +20,8 @@ from .limits import (
     MIN_LINK_SCALE,
     in_range,
 )
-from .network import IDEAL, RULES, STORE_FORWARD
+from .timing.rules import DEFAULT_RULE, IDEAL, STORE_FORWARD, rule_names
+from .topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
 
@@ -39,8 +40,8 @@ class RunConfig:
         compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
             semantics where they are modelling choices (see `cost` and `engine`).
         endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
-        network: how stages that run at once share links (`network`): ideal (they share
-            nothing: the cost model alone, ASTRA-sim 1.0's rule), fair or store-forward.
+        network: how stages that run at once share links, a rule's name (`timing.rules`): ideal
+            (they share nothing: the cost model alone, ASTRA-sim 1.0's rule), fair or store-forward.
         compat_concurrent: under ``astra-sim-2``, let collectives be in flight together (its
             ``hwres_multi_comm`` build); by default one runs at a time per NPU, as its workload layer.
         compat_fifo: under ``astra-sim-2``, its ``scheduling-policy: FIFO`` (the earlier collective
@@ -51,8 +52,9 @@ class RunConfig:
         credit_bytes: bytescheduler's credit, bytes of stages running per dim (0: its default).
         npu_delay_ns: late NPUs, ``(rank, ns)`` pairs: each starts its work that much later.
         link_scale: ``(dim, rank, factor)``: that NPU's links in that dim run at factor times
-            their bandwidth (`cost.LinkScales`). With either, the model runs every NPU (`npus`),
-            and each dim starts its stages in one agreed order (`engine.Engine.agree`).
+            their bandwidth (`timing.ideal.LinkScales`). With either, the model runs every NPU
+            (`timing.planner`), and each dim starts its stages in one agreed order
+            (`engine.Engine.agree`).
     """
 
     intra: str = "fifo"
@@ -63,7 +65,7 @@ class RunConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     compat: str = ""
     endpoint: Endpoint = NO_ENDPOINT
-    network: str = IDEAL
+    network: str = DEFAULT_RULE
     compat_concurrent: bool = False
     compat_fifo: bool = False
     comm_scheduler: str = ""
@@ -77,8 +79,8 @@ class RunConfig:
             raise UsageError(
                 f"the endpoint model (--hbm-gbps) is not part of --compat {self.compat}; drop one of the two"
             )
-        if self.network not in RULES:
-            raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(RULES)}")
+        if self.network not in rule_names():
+            raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(rule_names())}")
         if self.network not in (IDEAL, STORE_FORWARD) and self.compat == ASTRA_SIM_2:
             raise UsageError(f"--compat {self.compat} takes --network store-forward or ideal")
         if self.network != IDEAL and self.compat == ASTRA_SIM_1_0:
@@ -128,6 +130,14 @@ class RunConfig:
     def alike(self) -> RunConfig:
         """These settings with every NPU alike, on the virtual clock: the run NPUs agree with."""
         return replace(self, npu_delay_ns=(), link_scale=(), clock="virtual", time_scale=1.0)
+
+    def costs(self, topology: Topology) -> CostModels:
+        """The cost models of a run of these settings on a topology (each element size's)."""
+        return CostModels(topology, self.endpoint_delay_ns, self.compat, self.endpoint)
+
+    def late_ns(self, rank: int) -> float:
+        """When NPU `rank` starts its work: its ``--npu-delay-us``, else 0."""
+        return dict(self.npu_delay_ns).get(rank, 0.0)
 
     @property
     def asymmetric(self) -> bool:

@@ -48,7 +48,7 @@ scheduling decisions (padding in time, as a real implementation pads in memory).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import wraps
 
 from .errors import UsageError
@@ -388,7 +388,7 @@ class CostModel:
         return float(math.floor(hops * dim.latency_ns + msg_bytes / rate))
 
     @memo_method
-    def _astra_gaps(self, dim_index: int, op: str, full_elems: int) -> tuple[tuple[float, ...], ...]:
+    def astra_gaps(self, dim_index: int, op: str, full_elems: int) -> tuple[tuple[float, ...], ...]:
         """Per step, the delays between ASTRA-sim's events: (send to receipt, endpoint[, reduce]).
 
         The first step starts with the stage's own endpoint delay (the first packet's bundle).
@@ -412,7 +412,7 @@ class CostModel:
         registered it, and so on back to the stage's start.
         """
         key, t = [], end_ns
-        for step in reversed(self._astra_gaps(dim_index, op, full_elems)):
+        for step in reversed(self.astra_gaps(dim_index, op, full_elems)):
             for gap in reversed(step):
                 t -= gap
                 key.append(t)
@@ -424,7 +424,7 @@ class CostModel:
     ) -> tuple[float, ...]:
         dim = self.topology.dims[dim_index]
         if self.astra:
-            return tuple(sum(g) for g in self._astra_gaps(dim_index, op, full_elems))
+            return tuple(sum(g) for g in self.astra_gaps(dim_index, op, full_elems))
         mem = self.memory_ns(dim_index, op, full_elems, first, last, shared)
         if dim.algorithm == "ina" and op != A2A and dim.npus > 1:
             return (self.ina_step_ns(dim, op, full_elems, mem[0]),)
@@ -536,104 +536,3 @@ class CostModels:
                 self.topology, itemsize, self.endpoint_delay_ns, self.compat, self.endpoint
             )
         return self._models[itemsize]
-
-
-def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
-    """Bandwidth-only lower bound of a collective on the involved dims (docs/design.md#metric).
-
-    All-reduce: ``2 S (N-1)/N / sum(B_d)``; reduce-scatter and all-gather: half of that;
-    all-to-all: ``S (N-1)/N / sum(B_d)``; broadcast: ``S / sum(B_d)``. S is the per-NPU size in
-    bytes. Dims that leave the NPU through one shared port (`topology.Port`) count together as at
-    most the port's rate.
-    """
-    n = topology.group_npus(dims)
-    if n == 1:
-        return 0.0
-    involved = [d for d in dims if topology.dims[d].npus > 1]
-    bandwidth = sum(topology.dims[d].bandwidth_bytes_per_ns for d in involved if topology.port_of(d) is None)
-    for port in topology.ports:
-        through = sum(topology.dims[d].bandwidth_bytes_per_ns for d in involved if d in port.dims)
-        bandwidth += min(through, port.bandwidth_bytes_per_ns) if through else 0.0
-    factor = 2.0 if op == "all_reduce" else n / (n - 1) if op == "broadcast" else 1.0  # broadcast: S in
-    return factor * size_bytes * (n - 1) / n / bandwidth / 1e3
-
-
-class LinkScales:
-    """Single NPUs' links that run at F times their dim's bandwidth (``--link-scale DIM:RANK=F``).
-
-    A scaled NPU's links in the dim run at F both ways (to a Switch: its up- and down-link), so a
-    message between two NPUs runs at the smaller factor of its ends. A step waits for its slowest
-    message: a message over a scaled link costs the step's time at the scaled bandwidth, which
-    `extra_ns` gives as the difference to the unscaled step.
-
-    Args:
-        costs: the run's unscaled cost models.
-        scales: ``(dim, rank, factor)`` triples.
-    """
-
-    def __init__(self, costs: CostModels, scales: tuple[tuple[int, int, float], ...]):
-        self.costs = costs
-        self.factors = {(d, rank): f for d, rank, f in scales}
-        topo = costs.topology
-        for d, rank, _ in scales:
-            if not 0 <= d < len(topo.dims) or not 0 <= rank < topo.npus:
-                raise UsageError(
-                    f"--link-scale names dim {d} of rank {rank}, but {topo.label()} has "
-                    f"{len(topo.dims)} dims and {topo.npus} NPUs"
-                )
-        if scales and topo.flat:
-            raise UsageError("--link-scale does not apply to nccl dims")
-        self._scaled: dict[tuple[int, float], CostModels] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.factors)
-
-    def factor(self, dim: int, a: int, b: int) -> float:
-        """The rate factor of the link between NPUs a and b in the dim."""
-        return min(self.factors.get((dim, a), 1.0), self.factors.get((dim, b), 1.0))
-
-    def factor_extra_ns(self, run, itemsize: int, f: float) -> tuple[float, ...]:
-        """Per step of a started stage, what a message over a link at factor f adds to it."""
-        base = self.costs(itemsize).run_steps_ns(run)
-        if f == 1.0:
-            return (0.0,) * len(base)
-        scaled = self._model(run.stage.dim, f)(itemsize).run_steps_ns(run)
-        return tuple(s - b for s, b in zip(scaled, base))
-
-    def extra_ns(self, run, itemsize: int, rank: int, peers) -> tuple[tuple[float, ...], ...]:
-        """Per step of a started stage, per message received from ``peers[k][i]`` (ranks): its added time."""
-        d = run.stage.dim
-        extras: dict[float, tuple[float, ...]] = {}
-        rows = []
-        for k, step_peers in enumerate(peers):
-            row = []
-            for peer in step_peers:
-                f = self.factor(d, rank, peer)
-                if f not in extras:
-                    extras[f] = self.factor_extra_ns(run, itemsize, f)
-                row.append(extras[f][k])
-            rows.append(tuple(row))
-        return tuple(rows)
-
-    def step_times(self, run, itemsize: int, rank: int, recv_peers, send_peers, costs):
-        """What a started stage's steps wait for, beside their receives' send times plus `costs`.
-
-        Returns, per step, the time its own sends take (a step ends once they are done too:
-        ``-inf`` without sends) and, per receive, what a scaled link adds to it (None: nothing
-        is scaled). `recv_peers` and `send_peers` hold each step's peers as ranks.
-        """
-        send_ns = [c if peers else -math.inf for c, peers in zip(costs, send_peers)]
-        if not self.factors:
-            return tuple(send_ns), None
-        for k, row in enumerate(self.extra_ns(run, itemsize, rank, send_peers)):
-            if row:
-                send_ns[k] += max(row)
-        return tuple(send_ns), self.extra_ns(run, itemsize, rank, recv_peers)
-
-    def _model(self, d: int, f: float) -> CostModels:
-        if (d, f) not in self._scaled:
-            topo, c = self.costs.topology, self.costs
-            dims = list(topo.dims)
-            dims[d] = replace(dims[d], bandwidth_gbps=dims[d].bandwidth_gbps * f)
-            self._scaled[(d, f)] = CostModels(topo.with_dims(dims), c.endpoint_delay_ns, c.compat, c.endpoint)
-        return self._scaled[(d, f)]

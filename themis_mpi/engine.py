@@ -69,7 +69,7 @@ from .watchdog import watch
 
 
 def later(a: Any, b: Any) -> Any:
-    """The later of two times; elementwise for times that hold one value per NPU (`npus.NpuVectors`)."""
+    """The later of two times; elementwise for times that hold one value per NPU (`timing.vectors`)."""
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return a if a >= b else b
@@ -330,6 +330,21 @@ class Transport(Protocol):
     check_s: float  # wall seconds spent checking results since the run started (not run time)
 
     @property
+    def issue_ns(self) -> Any:
+        """When this NPU starts its work (a late NPU later); a vector of every NPU's at once."""
+        ...
+
+    @property
+    def ranks(self) -> Any:
+        """This NPU's rank, or every NPU's (a vector transport times them all at once)."""
+        ...
+
+    @property
+    def link_bytes(self) -> list[float] | None:
+        """Bytes each of this NPU's links carried, where its timing knows them (every NPU's links)."""
+        ...
+
+    @property
     def cost(self) -> Callable[[int], CostModel]:
         """The cost model of one element size (`cost.CostModels`)."""
         ...
@@ -365,6 +380,26 @@ class Transport(Protocol):
 
     def close(self, run: CollectiveRun) -> None:
         """A collective finished: check its data (set ``run.wrong``) and release it."""
+
+    def span_ns(self, engine: Engine) -> tuple[float, float]:
+        """Once the run is over: its first issue and last end over every NPU it spans.
+
+        Reduced over the ranks (or a world's NPUs); a vector transport takes them from its
+        vectors and leaves NPU 0's view of the times in the engine.
+        """
+        ...
+
+    def replaying(self, timer: Any) -> Transport:
+        """This transport's twin, timed by a recorded run of every NPU (`timing.replay.Replay`)."""
+        ...
+
+
+def reduced_span(reduce: Callable[..., np.ndarray], engine: Engine) -> tuple[float, float]:
+    """This NPU's first issue and last event, reduced over every NPU (`Transport.span_ns`)."""
+    first_ns = min((c.issued_ns for c in engine.collectives), default=0.0)
+    last_ns = max([engine.now_ns, engine.last_timer_ns] + [r.end_ns for r in engine.records])
+    first = float(reduce([first_ns], "min", "the run's first issue")[0])
+    return first, float(reduce([last_ns], "max", "the run's last end")[0])
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -413,7 +448,7 @@ class Engine:
         self._fifo = self.intra_policy("fifo")
         self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
         self.started = [0] * n
-        self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `npus.NpuVectors`
+        self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
         self.messages: list[MessageRun] = []

@@ -16,11 +16,11 @@ import numpy as np
 from .collectives import Collective
 from .config import RunConfig
 from .errors import UsageError
-from .network import check_rule
 from .policies import Schedule, inter_class, is_inter
 from .results import CollectiveResult
 from .run.backend import Backend
 from .run.collective import run_collective
+from .timing.rules import check_rule
 from .topology import Topology
 from .trace import Trace, TraceRecorder
 from .units import format_size

@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from .cost import CostModel, ideal_time_us
+from .cost import CostModel
 from .engine import CollectiveRun, MessageRun, StageRun
-from .network import IDEAL, StepPlanner, physical_links, step_planner
+from .timing.links import physical_links
+from .timing.routes import StepPlanner, step_planner
+from .timing.rules import IDEAL
 from .topology import Topology
 from .units import BYTES_PER_GB
 
@@ -213,7 +215,7 @@ def link_results(
 ) -> list[LinkResult]:
     """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us.
 
-    `carried`: the bytes themselves, where every NPU's links ran (`npunet.SharedWorld`: messages
+    `carried`: the bytes themselves, where every NPU's links ran (`timing.world.World`: messages
     and the peers' transfers into this NPU's down-links included).
     """
     links = physical_links(topology)
@@ -255,6 +257,26 @@ def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
 def finite_or_none(value: float) -> float | None:
     """The value, or None for NaN and infinities (JSON has neither)."""
     return value if math.isfinite(value) else None
+
+
+def ideal_time_us(op: str, size_bytes: int, topology: Topology, dims) -> float:
+    """Bandwidth-only lower bound of a collective on the involved dims (docs/design.md#metric).
+
+    All-reduce: ``2 S (N-1)/N / sum(B_d)``; reduce-scatter and all-gather: half of that;
+    all-to-all: ``S (N-1)/N / sum(B_d)``; broadcast: ``S / sum(B_d)``. S is the per-NPU size in
+    bytes. Dims that leave the NPU through one shared port (`topology.Port`) count together as at
+    most the port's rate.
+    """
+    n = topology.group_npus(dims)
+    if n == 1:
+        return 0.0
+    involved = [d for d in dims if topology.dims[d].npus > 1]
+    bandwidth = sum(topology.dims[d].bandwidth_bytes_per_ns for d in involved if topology.port_of(d) is None)
+    for port in topology.ports:
+        through = sum(topology.dims[d].bandwidth_bytes_per_ns for d in involved if d in port.dims)
+        bandwidth += min(through, port.bandwidth_bytes_per_ns) if through else 0.0
+    factor = 2.0 if op == "all_reduce" else n / (n - 1) if op == "broadcast" else 1.0  # broadcast: S in
+    return factor * size_bytes * (n - 1) / n / bandwidth / 1e3
 
 
 def summarize(

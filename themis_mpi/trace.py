@@ -39,24 +39,21 @@ import datetime
 import hashlib
 import json
 import os
-import pickle
 import platform
-import select
-import signal
 import sys
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
 
 import numpy as np
 
+from .child import in_child
 from .cost import CostModel
 from .engine import Engine
 from .errors import UsageError
 from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
-from .network import IDEAL, RULES, physical_links
 from .output import atomic_path
 from .results import CollectiveResult
+from .timing.links import physical_links
+from .timing.rules import IDEAL, rule_names
 from .topology import parse_inline
 from .version import __version__
 
@@ -411,7 +408,6 @@ READ_TIMEOUT_S = 60.0
 WRITE_TIMEOUT_S = 3600.0
 DATASETS = ("topology", "collectives", "schedule", "summary_dims", "events")  # every trace has them
 OPTIONAL_DATASETS = ("summary_links",)  # newer traces have them
-T = TypeVar("T")
 
 
 def checksum(table: np.ndarray) -> str:
@@ -429,60 +425,6 @@ def _read(path: str):
     if not os.path.exists(path):
         raise UsageError(f"{path}: no such trace file")
     return in_child(lambda: _read_file(path), f"{path}: damaged trace", READ_TIMEOUT_S)
-
-
-def in_child(
-    fn: Callable[[], T], failed: str, timeout_s: float, service: Callable[[], None] | None = None
-) -> T:
-    """Run `fn` in a forked child and return its result; a crash, hang or error there is one line.
-
-    HDF5 can abort or segfault its process on a damaged file or a full disk. Run in a child, that
-    becomes a `UsageError` starting with `failed`. `service` is called while waiting (an MPI rank
-    answers liveness pings meanwhile).
-    """
-    if not hasattr(os, "fork"):
-        return fn()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            os.close(r)
-            try:
-                payload: tuple[str, Any] = ("ok", fn())
-            except UsageError as exc:
-                payload = ("error", str(exc))
-            except Exception as exc:  # h5py raises many kinds
-                first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                payload = ("error", f"{failed} ({first})")
-            with os.fdopen(w, "wb") as out:
-                pickle.dump(payload, out, protocol=pickle.HIGHEST_PROTOCOL)
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks, deadline = [], time.monotonic() + timeout_s
-    with os.fdopen(r, "rb") as pipe:
-        while True:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise UsageError(f"{failed} (it did not finish in {timeout_s:g} s)")
-            if service is not None:
-                service()
-            ready, _, _ = select.select([pipe], [], [], 0.01)
-            if not ready:
-                continue
-            data = os.read(pipe.fileno(), 1 << 20)
-            if not data:
-                break
-            chunks.append(data)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status) or not chunks:
-        signal_note = f", signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else ""
-        raise UsageError(f"{failed} (the HDF5 library crashed{signal_note})")
-    kind, value = pickle.loads(b"".join(chunks))
-    if kind == "error":
-        raise UsageError(value)
-    return value
 
 
 def _read_file(path: str):
@@ -597,7 +539,7 @@ def _read_open(path: str, f):
     if links.dtype.names is None or set(LINK_DTYPE.names or ()) - set(links.dtype.names):
         raise UsageError(f"{path}: damaged trace (the summary_links table lacks columns)")
     _check_ranges(path, attrs, *tables[:5])
-    if str(attrs.get("network", IDEAL)) not in RULES:
+    if str(attrs.get("network", IDEAL)) not in rule_names():
         raise UsageError(f"{path}: damaged trace (unknown network {attrs['network']!r})")
     if (
         (links["collective"] < 0).any()

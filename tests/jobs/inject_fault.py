@@ -14,8 +14,7 @@ from mpi4py import MPI
 
 from themis_mpi import cli
 from themis_mpi.cli import sweep
-from themis_mpi.errors import UsageError
-from themis_mpi.mpi.progress import Stalled
+from themis_mpi.errors import Stalled, UsageError
 from themis_mpi.mpi.transport import MpiBackend
 from themis_mpi.trace import TraceRecorder
 

@@ -21,7 +21,7 @@ import time
 import traceback
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import Stalled, UsageError
 from ..launch import env_rank
 from ..output import remove_partials
 from .parser import build_parser
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as exc:
         world = _world()
-        if type(exc).__name__ == "Stalled" and world is not None:
+        if isinstance(exc, Stalled) and world is not None:
             remove_partials()
             # ranks that see the same silence at once speak in rank order: the first one's abort
             # ends the others before they print, so the job says it once

@@ -18,7 +18,7 @@ from ..collectives import DTYPES, OPS, REDOPS
 from ..config import DEFAULT_TIMEOUT_S
 from ..cost import ASTRA_SIM_1_0, ASTRA_SIM_2
 from ..launch import env_rank
-from ..network import RULES
+from ..timing.rules import rule_names
 from ..topology import ALGORITHMS
 from ..units import UNITS
 from ..version import __version__
@@ -439,7 +439,7 @@ def _add_network(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument(
         "--network",
         default=None,
-        choices=RULES,
+        choices=rule_names(),
         help="how stages that run at once share the links: fair (max-min fair, cut-through), "
         "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
         f"it) or ideal (they share nothing: ASTRA-sim 1.0's rule) (default {default})",

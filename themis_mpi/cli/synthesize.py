@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from ..cost import ideal_time_us
 from ..msccl.check import require
 from ..msccl.execute import prove
 from ..msccl.ir import write_algorithm
 from ..msccl.synthesis import synthesize_all_gather, to_algorithm
 from ..msccl.timing import AlphaBeta, time_programs
+from ..results import ideal_time_us
 from ..units import format_size, parse_size
 from .options import check_outputs, one_topology
 

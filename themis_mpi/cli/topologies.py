@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import textwrap
 
-from ..network import describe_links
+from ..timing.links import describe_links
 from ..topology import DESCRIPTIONS, PRESETS, SOURCES, parse_topology
 
 

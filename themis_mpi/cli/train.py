@@ -17,8 +17,6 @@ from ..errors import UsageError
 from ..launch import under_mpiexec
 from ..limits import check_memory
 from ..model import ModelTransport
-from ..network import check_rule
-from ..npunet import shared_every_npu
 from ..output import STDOUT, write_json
 from ..policies import default_scheduler, make_scheduler
 from ..report import stragglers_line, training_table, with_speedups
@@ -27,6 +25,9 @@ from ..run.backend import open_backend
 from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, solo_times_us
 from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
+from ..timing.planner import GRAPH, JOBS, WORLD, Run
+from ..timing.planner import plan as plan_of
+from ..timing.rules import check_rule
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
@@ -82,12 +83,12 @@ def _train(args: argparse.Namespace) -> int:
     topo = wl.fit_topology(given)
     spec = _text_spec(args)
     settings = policy_settings(args)
-    check_rule(topo, settings[0][1].network)
+    check_rule(topo, settings[0].config.network)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi, workers = _where(args)
     if use_mpi and collectives:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
-    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+    with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(args.workload, args.topology, args.comm_group))
         if workers == 1:
@@ -105,10 +106,10 @@ def _train(args: argparse.Namespace) -> int:
                 print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
             if spec.bucket_mib:
                 print(_buckets_line(wl, topo, spec))
-            if settings[0][1].comm_scheduler or spec.partition_mib:
-                print(_scheduler_line(settings[0][1], spec))
-            if settings[0][1].asymmetric or spec.heterogeneous:
-                print(stragglers_line(settings[0][1], spec))
+            if settings[0].config.comm_scheduler or spec.partition_mib:
+                print(_scheduler_line(settings[0].config, spec))
+            if settings[0].config.asymmetric or spec.heterogeneous:
+                print(stragglers_line(settings[0].config, spec))
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
 
@@ -145,10 +146,9 @@ def _train_jobs(args: argparse.Namespace) -> int:
     topo = one_topology(args)
     spec = _text_spec(args)
     settings = policy_settings(args)
-    check_rule(topo, settings[0][1].network)
+    check_rule(topo, settings[0].config.network)
     check_jobs(jobs, topo, spec)  # refused on every rank before MPI starts
-    if settings[0][1].asymmetric or spec.heterogeneous:
-        raise UsageError("stragglers do not run with several jobs (--job) yet")
+    plan_of(Run(topo, settings[0].config, JOBS, slow_compute=spec.heterogeneous))  # (stragglers are refused)
     use_mpi, workers = _where(args)
     if workers != 1:
         raise UsageError("--job runs one policy at a time: --workers is not taken")
@@ -159,7 +159,7 @@ def _train_jobs(args: argparse.Namespace) -> int:
             for c in distinct_collectives(job.workload, job.sub_topology(topo), spec)
         ]
         check_memory(3 * max(sizes, default=0) * len(jobs), "the buffers of the jobs' largest collectives")
-    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+    with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(*[j.workload.path for j in jobs], args.topology))
         results = [run_jobs(backend.transport(config), jobs, policy, spec) for policy, config in settings]
@@ -167,7 +167,7 @@ def _train_jobs(args: argparse.Namespace) -> int:
             solo = [solo_times_us(topo, config, jobs, policy, spec) for policy, config in settings]
             print(
                 f"# {len(jobs)} jobs on topology {topo.label()}, {topo.npus} NPUs; {spec.iterations} "
-                f"iterations, {spec.chunks} chunks per collective, --network {settings[0][1].network}, "
+                f"iterations, {spec.chunks} chunks per collective, --network {settings[0].config.network}, "
                 f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model"
             )
             print(jobs_table(results, solo))
@@ -246,7 +246,7 @@ def _train_graph(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     settings = policy_settings(args)
-    check_rule(topo, settings[0][1].network)
+    check_rule(topo, settings[0].config.network)
     use_mpi, workers = _where(args)
     if not graph.symmetric and len(graph.traces) != topo.npus:
         raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
@@ -255,7 +255,7 @@ def _train_graph(args: argparse.Namespace) -> int:
     plan = plan_graph(graph.trace(0), topo, 0, spec, graph.groups)
     if use_mpi and collectives:
         check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
-    with open_backend(topo, use_mpi, settings[0][1].timeout_s) as backend:
+    with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(
                 args.json, inputs=[t.path for t in graph.traces] + input_files(args.topology, args.comm_group)
@@ -268,7 +268,7 @@ def _train_graph(args: argparse.Namespace) -> int:
         else:
             rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
         if backend.rank == 0:
-            config = settings[0][1]
+            config = settings[0].config
             print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi, config))
             if config.comm_scheduler or spec.partition_mib:
                 print(_scheduler_line(config, spec))
@@ -292,7 +292,8 @@ def _graph_lines(
     config: RunConfig | None = None,
 ) -> str:
     """What a Chakra trace holds and how it runs (on every NPU's links, where `config` says so)."""
-    every = config is not None and shared_every_npu(config, bool(plan.messages), not graph.symmetric)
+    run = None if config is None else Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric)
+    timing = None if run is None else plan_of(run)
     trace = graph.trace(0)
     kinds = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())
     files = "1 file for every rank" if graph.symmetric else f"{len(graph.traces)} per-rank files"
@@ -304,7 +305,7 @@ def _graph_lines(
         "dropped\n"
         f"# topology {topo.label()}, {topo.npus} NPUs; {graph.iterations} iteration(s) in the graph, "
         f"{spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
-        + (f"; every NPU's links under --network {config.network}" if every and config else "")
+        + (f"; {timing.describe()}" if timing is not None and timing.simulator == WORLD else "")
     )
 
 

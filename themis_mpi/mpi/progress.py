@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..config import DEFAULT_TIMEOUT_S
+from ..errors import Stalled
 
 PING, PONG = 7001, 7002
 PING_GRACE_S = 2.0
@@ -23,10 +24,6 @@ SERVICE_EVERY_S = 1e-3  # a waiting rank answers pings at least this often (they
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
 YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
-
-
-class Stalled(Exception):
-    """No progress for longer than the timeout: a peer died or stopped responding."""
 
 
 class Watchdog:

@@ -24,14 +24,13 @@ time, so it is kept short:
 
 Waiting never spins: the rank yields or sleeps, backing off, between tests (`progress`).
 
-Under a sharing rule (``--network fair`` or ``store-forward``) the links' time is not a sum of
-step costs: each rank runs the same one-NPU `network.Network` as the model (collectives are
-symmetric, so every rank's links carry the same load), the steps only move and check the data,
-and a stage ends at the network's time once its data is all there. Where one NPU's view is not
-exact (ASTRA-sim 2.x's congestion-aware links with halving-doubling on a Ring; point-to-point
-messages or per-rank graphs under fair or store-forward), the driver puts in its place this
-rank's stage and message ends from a run of every NPU (`npunet.Replay`, set by
-`run.collective.run_collective` and `run.training.run_graph`); NPUs may then start a dim's
+Where the times come from is the transport's timer, given when it is made
+(docs/design.md#emulator-times): none under ``ideal`` (the send times in the messages, plus the
+cost model's step times, as above); under a sharing rule one NPU's view of the links
+(`timing.symmetric.Symmetric`), which every rank runs on the same inputs as the model (the steps
+only move and check the data, and a stage ends at the view's time once its data is all there);
+and where one NPU's view is not exact, this rank's ends from a run of every NPU
+(`timing.replay.Replay`, a twin transport made by `replaying`). NPUs may then start a dim's
 stages in different orders, and messages carry the replay's stage numbers, common to all, as
 their tags.
 """
@@ -51,15 +50,17 @@ from ..algorithms import SWAP as STEP_SWAP
 from ..algorithms import Step, plan, plan_all_to_all
 from ..collectives import Collective, owned_region, rs_dims
 from ..config import RunConfig
-from ..cost import A2A, AG, RS, CostModels, LinkScales
-from ..engine import CollectiveRun, MessageRun, StageRun, make_clock
-from ..errors import UsageError
-from ..network import IDEAL, make_network
-from ..npunet import Replay
+from ..cost import A2A, AG, RS
+from ..engine import CollectiveRun, Engine, MessageRun, StageRun, make_clock, reduced_span
+from ..errors import Stalled, UsageError
+from ..timing.ideal import LinkScales
+from ..timing.planner import emulator_timer
+from ..timing.rules import rule_class
+from ..timing.symmetric import Timer
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
-from .progress import Stalled, Watchdog
+from .progress import Watchdog
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -170,7 +171,7 @@ class _Shape:
         self.area_bytes = at
         self.own = own  # the block an RS stage leaves, relative to its region
         self.costs = costs
-        # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
+        # per step: its own sends' time; per receive: what a scaled link adds (`timing.ideal.LinkScales`)
         self.send_ns, self.extras = links
         self.pooled = self.area_bytes <= POOL_AREA_MAX_BYTES
         self.retired = False  # dropped from the cache: its states are not kept
@@ -312,27 +313,31 @@ class MpiTransport:
     Args:
         grid: the Cartesian grid (its watchdog bounds every wait).
         config: the run settings (clock, time scale, endpoint delay).
+        timer: what times its stages where its messages do not (a sharing rule:
+            `timing.planner.emulator_timer`; a recorded run: `replaying`); None under ``ideal``.
     """
 
     name = "mpi"
     checks_data = True
 
-    def __init__(self, grid: CartGrid, config: RunConfig):
+    def __init__(self, grid: CartGrid, config: RunConfig, timer: Timer | None = None):
         self.grid = grid
         self.topology = grid.topology
         self.config = config
         self.clock = make_clock(config.clock, config.time_scale)
         self._wall = self.clock.name == "wall"
-        self.rank = grid.rank
+        self.rank = self.ranks = grid.rank
+        self.issue_ns = config.late_ns(self.rank)
         self.tag_mod = min(int(MPI.COMM_WORLD.Get_attr(MPI.TAG_UB) or 32767), 1 << 20)
-        self.cost = CostModels(self.topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.cost = config.costs(self.topology)
         self.links = LinkScales(self.cost, config.link_scale)
         self._data: dict[int, _Data] = {}
         self._active: list[_StageExec | _MessageExec] = []
         # every pending request, with its stage (or message) and its peer's world rank
-        self._reqs: list[MPI.Request] = []
+        self._reqs: list[MPI.Request] = []  # (completed ones stay, null, until the lists are compacted)
         self._owner: list[_StageExec | _MessageExec | _Sends] = []
         self._peers: list[int] = []
+        self._live = 0  # requests not completed yet
         # steps whose requests are all done, not yet applied (a wall deadline ahead), and stages
         # whose sends are all done
         self._due: list[_StageExec | _MessageExec | _Sends] = []
@@ -341,14 +346,13 @@ class MpiTransport:
         self._spare: list[np.ndarray] = []  # large scratch of finished stages, for reuse
         self._buffers: list[np.ndarray] = []  # buffers of finished collectives, for reuse
         self.check_s = 0.0  # wall seconds spent in result checks (the driver leaves them out of run times)
-        self.network = (
-            None
-            if config.network == IDEAL
-            else make_network(self.topology, config.network, self.cost, config.compat)
-        )
-        if self.network is not None and self._wall:
+        self.timer = timer
+        self._untimed = rule_class(config.network).routes  # a sharing rule: its timer must say
+        self._flat = self.topology.flat
+        if self.timer is not None and self._wall:
             raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
-        self._net_done: tuple[float, list[StageRun]] | None = None  # ends the network gave, data pending
+        self._timed: tuple[float, list[StageRun]] | None = None  # ends the timer gave, data pending
+        self._twins: list[MpiTransport] = []  # twins timed by a recorded run (`replaying`)
 
     # --- control (small messages, rank 0 coordinates) --------------------------------------------
 
@@ -367,6 +371,21 @@ class MpiTransport:
     def reduce(self, values, op: str, what: str = "a reduction of results") -> np.ndarray:
         """Element-wise sum, max or min over ranks, on every rank."""
         return self.grid.watchdog.allreduce(values, MPI_OPS[op], what)
+
+    def span_ns(self, engine: Engine) -> tuple[float, float]:
+        """The run's first issue and last end over every rank."""
+        return reduced_span(self.reduce, engine)
+
+    def replaying(self, timer: Timer) -> MpiTransport:
+        """A twin on the same grid whose stages end as a recorded run says (its sends drain with these)."""
+        twin = MpiTransport(self.grid, self.config, timer)
+        self._twins.append(twin)
+        return twin
+
+    @property
+    def link_bytes(self) -> list[float] | None:
+        """Bytes each of this rank's links carried, where its timer knows them (a recorded run)."""
+        return None if self.timer is None else self.timer.link_bytes
 
     # --- data ----------------------------------------------------------------------------------
 
@@ -411,18 +430,12 @@ class MpiTransport:
 
     def start(self, run: StageRun) -> None:
         """Post the first step of a stage the engine just started."""
+        timer = self.timer
+        if timer is not None:  # (one NPU's view refuses a message: it runs on every NPU's links)
+            timer.start(run)
         if isinstance(run, MessageRun):
-            if self.network is not None and not isinstance(self.network, Replay):
-                raise UsageError(  # (the driver runs messages on every NPU's links: `npunet.SharedWorld`)
-                    f"point-to-point messages under --network {self.config.network} run on every NPU's "
-                    "links (run.training.run_graph)"
-                )
-            if self.network is not None:
-                self.network.start(run)
             self._start_message(run)
             return
-        if self.network is not None:
-            self.network.start(run)
         s = run.stage
         data = self._data[s.coll]
         stack = data.regions[s.chunk]
@@ -440,7 +453,7 @@ class MpiTransport:
             s.index == s.n_stages - 1,
             run.mem_shared,
             data.collective.dims if op == A2A else None,
-            self.topology.flat and s.plan,  # the NCCL-like model times a stage by its chunk's plan
+            self._flat and s.plan,  # the NCCL-like model times a stage by its chunk's plan
         )
         shape = self._shapes.get(key)
         if shape is None:
@@ -458,7 +471,7 @@ class MpiTransport:
         if not shape.pooled:
             ex.attach(self._scratch(shape.area_bytes), data.dtype)
         # (a replay's NPUs may start a dim's stages in different orders: its numbers are common)
-        number = self.network.number(run) if isinstance(self.network, Replay) else run.dim_seq
+        number = run.dim_seq if timer is None else timer.number(run)
         ex.run, ex.tag, ex.lo, ex.buf, ex.ufunc = run, number % self.tag_mod, lo, data.buffer, data.ufunc
         ex.k, ex.t_ns, ex.end_ns = 0, run.start_ns, None
         run.wall_start_s = time.perf_counter()
@@ -484,7 +497,12 @@ class MpiTransport:
             steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
         costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
-        if self.network is not None:  # the links' time comes from the network; steps move data
+        if self.timer is None and self._untimed:
+            raise RuntimeError(
+                f"the emulator under --network {self.config.network} needs its timer "
+                "(timing.planner.emulator_timer, or a recorded run: `replaying`)"
+            )
+        if self.timer is not None:  # the links' time comes from the timer; steps move data
             costs = (0.0,) * len(steps)
         elif len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, moved direct)
             costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
@@ -544,9 +562,11 @@ class MpiTransport:
             shape.free.append(ex)
 
     def drain(self, what: str = "the last sends") -> None:
-        """Complete every request still pending (staged sends the peers have received)."""
+        """Complete every request still pending (staged sends the peers have received), its twins' too."""
+        for twin in self._twins:
+            twin.drain(what)
         backoff = self.grid.watchdog.backoff(lambda: f"in {what} {self._waiting_for()}")
-        while self._reqs:
+        while self._live:
             if self._progress():
                 backoff.reset()
             else:
@@ -574,6 +594,7 @@ class MpiTransport:
         self._reqs += reqs
         self._owner += [ex] * len(reqs)
         self._peers += [peer] * len(reqs)
+        self._live += len(reqs)
         ex.pending = len(reqs)
         self._active.append(ex)
 
@@ -618,6 +639,7 @@ class MpiTransport:
         ex.sending.pending += len(owners) - step.n_must
         self._owner += owners
         self._peers += step.peers
+        self._live += len(owners)
         if step.n_must == 0:
             self._due.append(ex)
 
@@ -657,37 +679,69 @@ class MpiTransport:
             self._post(ex)
         return True
 
+    def _test(self) -> list[int] | None:
+        """Test every pending request once: the indices of those that completed (None: none)."""
+        try:
+            return MPI.Request.Testsome(self._reqs)
+        except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
+            raise Stalled(
+                f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
+                f"{self._waiting_for()}; a peer died"
+            ) from None
+
+    def _completed(self, done: list[int]) -> None:
+        """Requests that completed: their stages' counts go down, the steps they finish are due.
+
+        A completed request stays in the lists, null (``Testsome`` skips it), until none is left
+        or they are mostly null: the lists are rebuilt now and then, not at every completion.
+        """
+        owner, due = self._owner, self._due
+        for i in done:
+            ex = owner[i]
+            ex.pending -= 1
+            if ex.pending == 0:
+                due.append(ex)
+        self._live -= len(done)
+        reqs = self._reqs
+        if not self._live:
+            self._reqs, self._owner, self._peers = [], [], []
+        elif len(reqs) > 4 * self._live + 16:
+            keep = [i for i, req in enumerate(reqs) if req]
+            self._reqs = [reqs[i] for i in keep]
+            self._owner = [owner[i] for i in keep]
+            self._peers = [self._peers[i] for i in keep]
+
+    def _await(self, backoff) -> None:
+        """Pause and test until a request completes: under the virtual clock nothing else can move.
+
+        The tightest loop of a waiting rank (one per step and peer it waits for): a pause, which
+        yields the core or sleeps, and one ``Testsome``.
+        """
+        pause, test = backoff.pause, self._test
+        while True:
+            pause()
+            if self._live:
+                done = test()
+                if done:
+                    self._completed(done)
+                    return
+
     def _progress(self) -> bool:
         """Test every pending request once; apply the steps that are complete.
 
         Returns whether anything moved: a request completed or a step was applied.
         """
         moved = False
-        reqs = self._reqs
-        if reqs:
-            try:
-                done = MPI.Request.Testsome(reqs)
-            except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
-                raise Stalled(
-                    f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
-                    f"{self._waiting_for()}; a peer died"
-                ) from None
+        if self._live:
+            done = self._test()
             if done:
                 moved = True
-                owner = self._owner
-                for i in done:
-                    ex = owner[i]
-                    ex.pending -= 1
-                    if ex.pending == 0:
-                        self._due.append(ex)
-                if len(done) == len(reqs):
-                    self._reqs, self._owner, self._peers = [], [], []
-                else:
-                    finished = set(done)
-                    keep = [i for i in range(len(reqs)) if i not in finished]
-                    self._reqs = [reqs[i] for i in keep]
-                    self._owner = [owner[i] for i in keep]
-                    self._peers = [self._peers[i] for i in keep]
+                self._completed(done)
+        return self._apply_due() or moved
+
+    def _apply_due(self) -> bool:
+        """Apply the steps whose requests are all done (and keep stages whose sends are); whether one was."""
+        moved = False
         if not self._due:
             return moved
         due, self._due = self._due, []
@@ -705,9 +759,11 @@ class MpiTransport:
 
     def _waiting_for(self) -> str:
         """What this rank waits for: the peers of its incomplete messages, and their stages."""
-        peers = sorted(set(self._peers))
-        waiting = [o for o in self._owner if not isinstance(o, _Sends)]  # rather than sends
-        first = waiting[0] if waiting else self._owner[0] if self._owner else None
+        live = [i for i, req in enumerate(self._reqs) if req]  # (completed ones are null)
+        peers = sorted({self._peers[i] for i in live})
+        owners = [self._owner[i] for i in live]
+        waiting = [o for o in owners if not isinstance(o, _Sends)]  # rather than sends
+        first = waiting[0] if waiting else owners[0] if owners else None
         ex = first.ex if isinstance(first, _Sends) else first
         if ex is None:
             ex = self._active[0] if self._active else None
@@ -745,8 +801,8 @@ class MpiTransport:
         same decisions; the wall clock only holds each step (and each timer) until its deadline.
         Without `certain` (an agreed order, `Engine.agree`) the earliest known completion will do.
         """
-        if self.network is not None:
-            return self._wait_network(horizon_ns)
+        if self.timer is not None:
+            return self._wait_timed(horizon_ns)
         backoff = None
         progressed = True
         first_end, bound = math.inf, math.inf
@@ -783,23 +839,27 @@ class MpiTransport:
                 continue
             if backoff is None:
                 backoff = self.grid.watchdog.backoff(self._waiting_for)
-            wait_s = None
-            if self._wall:
-                wait_s = self.clock.seconds_until(min(self._deadline_ns(), horizon_ns))
-                if wait_s == math.inf:
-                    wait_s = None
+            if not self._wall:  # only a message can move things: wait for one, then apply it
+                self._await(backoff)
+                self._apply_due()
+                progressed = True
+                backoff.reset()
+                continue
+            until_s = self.clock.seconds_until(min(self._deadline_ns(), horizon_ns))
+            wait_s = None if until_s == math.inf else until_s
             backoff.pause(wait_s)
             if wait_s is not None and wait_s > 0:
                 backoff.reset()  # waiting for our own deadline: silence counts from when it passes
 
-    def _wait_network(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
-        """Under a sharing rule: the network's next ends (or the horizon), once their data is here."""
-        if self._net_done is None:
-            t_ns, runs = self.network.next(horizon_ns)  # type: ignore[union-attr]
+    def _wait_timed(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
+        """Under a timer: its next ends (or the horizon), once their data is here."""
+        if self._timed is None:
+            assert self.timer is not None
+            t_ns, runs = self.timer.next(horizon_ns)
             if not runs:
                 return t_ns, []
-            self._net_done = (t_ns, runs)
-        t_ns, runs = self._net_done
+            self._timed = (t_ns, runs)
+        t_ns, runs = self._timed
         ending = {id(run) for run in runs}
         backoff = None
         while True:
@@ -813,7 +873,7 @@ class MpiTransport:
             if backoff is None:
                 backoff = self.grid.watchdog.backoff(self._waiting_for)
             backoff.pause(None)
-        self._net_done = None
+        self._timed = None
         self._active = [ex for ex in self._active if id(ex.run) not in ending]
         for ex in done:
             if isinstance(ex, _StageExec):
@@ -839,8 +899,8 @@ class MpiBackend:
         self._transports: list[MpiTransport] = []
 
     def transport(self, config: RunConfig) -> MpiTransport:
-        """An MPI transport on this grid with these settings (its last sends drain at `close`)."""
-        transport = MpiTransport(self.grid, config)
+        """An MPI transport on this grid with these settings and the planner's timer (drained at `close`)."""
+        transport = MpiTransport(self.grid, config, emulator_timer(self.topology, config))
         self._transports.append(transport)
         return transport
 

@@ -19,7 +19,7 @@ Reductions are free by default, as `cost` prices a built-in algorithm's reductio
 endpoint model is on (part 2 prices them like it).
 
 `AlphaBeta` is the network of a topology as docs/time-model.md draws one NPU's links
-(`network.physical_links`): a Ring dim two links of B/2 (clockwise to the next NPU, counter-clockwise
+(`timing.links.physical_links`): a Ring dim two links of B/2 (clockwise to the next NPU, counter-clockwise
 to the previous), a FullyConnected dim one link of B/(P-1) per peer, a Switch dim an up- and a
 down-link of B. A message between two NPUs crosses the dims where their coordinates differ,
 lowest dim first; in each it takes ``hops * latency + bytes / rate`` (a Ring the shorter way
@@ -36,7 +36,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..network import physical_links
+from ..timing.links import physical_links
 from ..topology import Topology
 from .ir import REDUCES
 from .program import GpuProgram, Op, connection

@@ -26,13 +26,9 @@ import numpy as np
 from ..collectives import Collective, Stage
 from ..config import RunConfig
 from ..cost import CostModel
-from ..errors import UsageError
+from ..errors import PolicyError
 from ..limits import MAX_CHUNKS  # a sized stream may not cut a collective into more chunks than this
 from ..topology import Topology
-
-
-class PolicyError(UsageError):
-    """A policy (usually a plugin) raised or returned something invalid; one line naming it."""
 
 
 def baseline_order(op: str, n_dims: int) -> list[int]:

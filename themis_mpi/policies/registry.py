@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..errors import UsageError
 from .base import InterPolicy, IntraPolicy
@@ -27,6 +28,7 @@ from .intra import Fifo, Lrpf, Rg, Scf
 from .predictive import Predictive
 from .scheduler import BUILTIN_SCHEDULERS, CommScheduler
 
+P = TypeVar("P")
 ENTRY_POINT_GROUP = "themis_mpi.policies"
 SCHEDULER_GROUP = "themis_mpi.schedulers"
 BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
@@ -156,26 +158,24 @@ def intra_class(name: str) -> type[IntraPolicy]:
     return _policy_class(name, IntraPolicy, "intra-dim policy", intra_names)
 
 
-def make_inter(name: str) -> InterPolicy:
-    """A fresh instance of an inter-dim policy (a plugin that fails to construct is named)."""
-    cls = inter_class(name)
+def _instance(cls: type[P], name: str, what: str) -> P:
+    """A fresh instance of a policy class; a plugin that fails to construct is named in one line."""
     try:
         return cls()
     except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
         raise UsageError(
-            f"policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
+            f"{what} {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def make_inter(name: str) -> InterPolicy:
+    """A fresh instance of an inter-dim policy (a plugin that fails to construct is named)."""
+    return _instance(inter_class(name), name, "policy")
 
 
 def make_intra(name: str) -> IntraPolicy:
     """A fresh instance of an intra-dim policy."""
-    cls = intra_class(name)
-    try:
-        return cls()
-    except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
-        raise UsageError(
-            f"intra-dim policy {name!r} ({origin(name)}) failed to start: {type(exc).__name__}: {exc}"
-        ) from None
+    return _instance(intra_class(name), name, "intra-dim policy")
 
 
 # --- communication schedulers (their own group and names) --------------------------------------

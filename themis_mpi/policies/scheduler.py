@@ -50,7 +50,7 @@ class Need:
     need_ns: float = math.inf
 
 
-UNKNOWN = Need()
+UNKNOWN: Need = Need()
 BLOCKING = Need(-1, 0.0)
 
 

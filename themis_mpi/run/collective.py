@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 import numpy as np
@@ -21,10 +20,9 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
-from ..npunet import Astra2World, SharedWorld, World, WorldTransport, every_npu, shared_every_npu
-from ..npus import NpuVectors
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
+from ..timing.planner import Run, plan, run_on
 from ..topology import Topology
 from .coordinator import PolicyLike, policy_name, share_schedules
 
@@ -65,6 +63,9 @@ def run_collective(
 ) -> tuple[CollectiveResult, Engine]:
     """Run one collective; every rank returns the same result.
 
+    What times it is the planner's choice (`timing.planner.plan`); this runs the collective on
+    every NPU that choice runs (`collective_on`).
+
     Args:
         transport: the model or the MPI transport, with its `RunConfig`.
         collective: what to run.
@@ -72,51 +73,30 @@ def run_collective(
         schedule: replay this schedule instead of asking the policy.
         check: check the reduced data against the closed form (emulator only).
         start_order: with stragglers, the order in which each dim starts its stages, when the
-            caller has it (the NPUs of a world share one); else that of a run with NPUs alike.
+            caller has it; else that of a run with NPUs alike.
 
     Returns:
         The result (``wrong`` summed over ranks, ``wall_s`` of the slowest rank) and this rank's
         engine, which holds the stage records. Under the wall clock ``time_us`` is the measured
         wall time divided by the time scale.
     """
-    config = transport.config
-    late = dict(config.npu_delay_ns)
-    check_ranks(transport.topology, config)
+    topology, config = transport.topology, transport.config
+    check_ranks(topology, config)
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
-    if config.asymmetric and start_order is None:  # each dim starts its stages as with NPUs alike
-        start_order = symmetric_run(transport.topology, config, collective, schedule)[0].start_order()
-    uneven = every_npu(transport.topology, config) or shared_every_npu(config, False, False)
-    if uneven and not isinstance(transport, WorldTransport):
-        done = _on_every_npu(transport, collective, policy, schedule, start_order)
-        if done is not None:
-            result, engine = done
-            return replace(result, decision_s=decision_s, clock="model"), engine
-    if config.asymmetric and isinstance(transport, ModelTransport):  # no symmetry: every NPU at once
-        transport = NpuVectors(transport.topology, config)
-    engine = Engine(transport.topology, transport, config)
-    if start_order is not None:
-        engine.agree(start_order)
+    timing = plan(Run(topology, config))
+    if timing.agreed and start_order is None:  # each dim starts its stages as with NPUs alike
+        start_order = symmetric_run(topology, config, collective, schedule)[0].start_order()
 
-    issue_ns = transport.issue_ns if isinstance(transport, NpuVectors) else late.get(transport.rank, 0.0)
+    def body(npu: Transport) -> tuple[CollectiveRun, Engine, float]:
+        return collective_on(npu, collective, schedule, check, start_order, timing.every_npu)
 
-    def begin():
-        engine.now_ns = issue_ns  # a late NPU starts its work then
-        return engine.issue(collective, schedule, check)
-
-    run, wall_s = execute(transport, engine, "the collective", begin)
-    if isinstance(transport, NpuVectors):  # the collective spans every NPU
-        first_ns = float(np.min(run.issued_ns))
-        run.end_ns = transport.npu0(engine)
-        run.issued_ns = first_ns
-    elif config.asymmetric or uneven:  # (a collective of every NPU: the first issue, the last end)
-        run.issued_ns = float(transport.reduce([run.issued_ns], "min", "the collective's first issue")[0])
-        run.end_ns = float(transport.reduce([run.end_ns], "max", "the collective's last end")[0])
+    run, engine, wall_s = run_on(timing, transport, body)
     wall = transport.clock.name == "wall"
     result = summarize(
         run,
-        transport.topology,
+        topology,
         transport.cost,
         policy=policy_name(policy),
         intra=schedule.intra or config.intra,
@@ -132,42 +112,30 @@ def run_collective(
     return result, engine
 
 
-def _on_every_npu(
-    transport: Transport,
+def collective_on(
+    npu: Transport,
     collective: Collective,
-    policy: PolicyLike,
     schedule: Schedule,
+    check: bool,
     start_order: list | None,
-) -> tuple[CollectiveResult, Engine] | None:
-    """The collective on every NPU (`npunet`, `on_world`): 2.x's congestion-aware links, or every NPU's links.
+    spans: bool,
+) -> tuple[CollectiveRun, Engine, float]:
+    """The collective on one NPU's engine (or every NPU's, vectorised): its run, engine and wall seconds.
 
-    2.x's links where a dim is uneven; every NPU's links under fair or store-forward where
-    stragglers put the NPUs out of step. On the model: NPU 0's result and engine.
+    With `spans` the collective spans every NPU: its first issue and its last end.
     """
-    topology, config = transport.topology, transport.config
-    replayable = not isinstance(transport, ModelTransport)  # (the emulator's ranks replay it)
-    if every_npu(topology, config):
-        world: Astra2World | SharedWorld = Astra2World(topology, config)
-    else:
-        world = SharedWorld(topology, config, replayable)
-    return on_world(
-        transport, world, lambda npu: run_collective(npu, collective, policy, schedule, False, start_order)
-    )
+    engine = Engine(npu.topology, npu, npu.config)
+    if start_order is not None:
+        engine.agree(start_order)
 
+    def begin() -> CollectiveRun:
+        engine.now_ns = npu.issue_ns  # a late NPU starts its work then
+        return engine.issue(collective, schedule, check)
 
-def on_world(transport: Transport, world: World, body: Callable[[WorldTransport], T]) -> T | None:
-    """`body` on every NPU of a `npunet` world, in one process: on the model, NPU 0's return.
-
-    Under MPI every rank runs the same deterministic simulation and its transport then takes its
-    own rank's stage and message ends from it (`npunet.Replay`) while the data still moves rank
-    to rank: the rank's engine takes the decisions its NPU took there, so emulator == model
-    exactly. Then None: the caller runs it.
-    """
-    results = world.run(body)
-    if isinstance(transport, ModelTransport):
-        return results[0]
-    transport.network = world.replay(transport.rank)  # type: ignore[attr-defined]
-    return None
+    run, wall_s = execute(npu, engine, "the collective", begin)
+    if spans:
+        run.issued_ns, run.end_ns = npu.span_ns(engine)
+    return run, engine, wall_s
 
 
 def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:

@@ -18,9 +18,7 @@ import numpy as np
 
 from ..collectives import Collective
 from ..config import RunConfig
-from ..engine import Engine, Transport
-from ..model import ModelTransport
-from ..npunet import Astra2World, every_npu
+from ..engine import CollectiveRun, Engine, Transport
 from ..policies import (
     InterPolicy,
     PolicyContext,
@@ -31,6 +29,7 @@ from ..policies import (
     make_inter,
     origin,
 )
+from ..timing.planner import Run, each_npu, plan
 from ..topology import Topology
 from ..watchdog import watch
 
@@ -48,20 +47,27 @@ def policy_name(policy: PolicyLike) -> str:
 
 
 def model_oracle(topology: Topology, config: RunConfig):
-    """The model as an oracle for policies: one collective's time in us under a schedule."""
+    """The model as an oracle for policies: one collective's time in us under a schedule.
+
+    The collective as NPUs alike run it (`RunConfig.alike`), on what the planner runs it on; where
+    every NPU runs, from the first issue to the last end.
+    """
+    planned: list = []  # (the plan, made when first asked: most policies never ask)
 
     def evaluate_collective(collective: Collective, schedule: Schedule) -> float:
-        if every_npu(topology, config):  # (2.x's congestion-aware links on an uneven dim: `npunet`)
-            runs = Astra2World(topology, config).run(lambda npu: _issue(npu, collective, schedule))
-            return (max(r.end_ns for r in runs) - min(r.issued_ns for r in runs)) / 1e3
-        run = _issue(ModelTransport(topology, config), collective, schedule)
-        return (run.end_ns - run.issued_ns) / 1e3
+        if not planned:
+            alike = config.alike()
+            planned.append((alike, plan(Run(topology, alike))))
+        alike, timing = planned[0]
 
-    def _issue(transport: Transport, collective: Collective, schedule: Schedule):
-        engine = Engine(topology, transport, config)
-        run = engine.issue(collective, schedule)
-        engine.run()
-        return run
+        def issue(transport: Transport) -> CollectiveRun:
+            engine = Engine(topology, transport, alike)
+            run = engine.issue(collective, schedule)
+            engine.run()
+            return run
+
+        runs = each_npu(timing, alike, issue)
+        return (max(r.end_ns for r in runs) - min(r.issued_ns for r in runs)) / 1e3
 
     return evaluate_collective
 
@@ -129,32 +135,12 @@ def share_schedules(
         evaluate: the whole run's oracle for `PolicyContext.evaluate` (training); a single
             collective gets the model of that collective.
     """
-    topo = transport.topology
-    n_dims, n_coll = len(topo.dims), len(collectives)
+    n_dims, n_coll = len(transport.topology.dims), len(collectives)
     header = np.zeros(3 + 2 * n_coll, dtype=np.int64)
     text = ""
     schedules: list[Schedule] = []
     if transport.rank == 0:
-        t0 = time.perf_counter()
-        try:
-            with transport.serving(), _watched(transport, policy, given):  # busy is not silent
-                schedules = (
-                    list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
-                )
-            if len(schedules) != n_coll:
-                raise PolicyError(f"returned {len(schedules)} schedules for {n_coll} collectives")
-            schedules = [validate_schedule(s, c, n_dims) for s, c in zip(schedules, collectives)]
-            text = "\n".join(f"{s.intra}\t{s.label}" for s in schedules)
-            header[3::2] = [s.n_chunks for s in schedules]
-            header[4::2] = [s.fuse_last for s in schedules]
-        except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
-            name = policy_name(policy)
-            where = origin(name) if given is None and is_inter(name) else "given"
-            why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
-            why = why.removeprefix(f"policy {name!r} ")  # (named once, with where it comes from)
-            header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
-        header[2] = int((time.perf_counter() - t0) * 1e9)
-        header[1] = len(text.encode())
+        schedules, text = _rank0(transport, policy, collectives, given, evaluate, header)
     transport.bcast(header, "the broadcast of the schedule header (rank 0 decides)", patient=True)
     if header[1]:
         raw = (
@@ -183,6 +169,44 @@ def share_schedules(
         bounds = np.append(part[:, 0], part[-1, 1]).astype(np.int64)
         out.append(Schedule(bounds, part[:, 2:].astype(np.int32), int(header[4 + 2 * i]), intra, label))
     return out, float(header[2]) / 1e9
+
+
+def _rank0(
+    transport: Transport,
+    policy: PolicyLike,
+    collectives: Sequence[Collective],
+    given: Sequence[Schedule] | None,
+    evaluate,
+    header: np.ndarray,
+) -> tuple[list[Schedule], str]:
+    """Rank 0: the checked schedules and their text, the header filled (`share_schedules`).
+
+    A policy that fails leaves status 1 and its one line as the text.
+    """
+    t0 = time.perf_counter()
+    schedules: list[Schedule] = []
+    text = ""
+    try:
+        with transport.serving(), _watched(transport, policy, given):  # busy is not silent
+            schedules = (
+                list(given) if given is not None else _decide(transport, policy, collectives, evaluate)
+            )
+        if len(schedules) != len(collectives):
+            raise PolicyError(f"returned {len(schedules)} schedules for {len(collectives)} collectives")
+        n_dims = len(transport.topology.dims)
+        schedules = [validate_schedule(s, c, n_dims) for s, c in zip(schedules, collectives)]
+        text = "\n".join(f"{s.intra}\t{s.label}" for s in schedules)
+        header[3::2] = [s.n_chunks for s in schedules]
+        header[4::2] = [s.fuse_last for s in schedules]
+    except (Exception, SystemExit) as exc:  # (a plugin that calls sys.exit is an error too)
+        name = policy_name(policy)
+        where = origin(name) if given is None and is_inter(name) else "given"
+        why = str(exc) if isinstance(exc, PolicyError) else f"raised {type(exc).__name__}: {exc}"
+        why = why.removeprefix(f"policy {name!r} ")  # (named once, with where it comes from)
+        header[0], text = 1, f"policy {name!r} ({where}) {why}".replace("\n", " ")
+    header[2] = int((time.perf_counter() - t0) * 1e9)
+    header[1] = len(text.encode())
+    return schedules, text
 
 
 def _decide(

@@ -43,6 +43,7 @@ from ..limits import MAX_SCALE, in_range
 from ..model import ModelTransport
 from ..policies import Schedule, default_scheduler
 from ..results import DimResult, TrainingResult
+from ..timing.planner import JOBS, Run, plan, run_on
 from ..topology import Topology
 from ..workloads.text import Layer, Workload
 from ..workloads.training import TrainingLoop, TrainingSpec, distinct_collectives, partitions
@@ -327,27 +328,29 @@ def run_jobs(transport: Transport, jobs: Sequence[Job], policy: PolicyLike, spec
     Placements must have passed `check_jobs`. Stragglers are not taken here.
     """
     topo, config = transport.topology, transport.config
-    if config.asymmetric or spec.heterogeneous:
-        raise UsageError("stragglers do not run with several jobs (--job) yet")
+    timing = plan(Run(topo, config, JOBS, slow_compute=spec.heterogeneous))
     collectives = _collectives(jobs, topo, spec)
     oracle = jobs_oracle(topo, config, jobs, spec) if transport.rank == 0 else None
     schedules, decision_s = share_schedules(transport, policy, collectives, evaluate=oracle)
     by_whole = dict(zip(collectives, schedules))
-    if isinstance(transport, ModelTransport):
+
+    def on_model() -> tuple[list[JobLoop], float]:  # every slice's jobs on one NPU of it
         t0 = time.perf_counter()
         loops, _ = _model_loops(topo, config, jobs, spec, by_whole)
-        wall_s = time.perf_counter() - t0
-    else:
-        mine = [i for i, job in enumerate(jobs) if job.runs_on(topo, transport.rank)]
-        engine = Engine(topo, transport, config)
-        all_loops = _loops(jobs, topo, spec, by_whole, loop_tick_ns(config.compat), transport.rank)
+        return loops, time.perf_counter() - t0
+
+    def on_rank(npu: Transport) -> tuple[list[JobLoop], float]:  # the jobs whose placement holds this NPU
+        engine = Engine(topo, npu, config)
+        loops = _loops(jobs, topo, spec, by_whole, loop_tick_ns(config.compat), npu.rank)
 
         def begin() -> None:
-            for i in mine:
-                engine.process(all_loops[i].job_process(engine))
+            for loop in loops:
+                if loop.job.runs_on(topo, npu.rank):
+                    engine.process(loop.job_process(engine))
 
-        _, wall_s = execute(transport, engine, "the jobs", begin)
-        loops = all_loops
+        return loops, execute(npu, engine, "the jobs", begin)[1]
+
+    loops, wall_s = run_on(timing, transport, on_rank, on_model=on_model)
     rows = [_row(transport, loops[i], i, policy, spec, wall_s, decision_s) for i in range(len(jobs))]
     return JobsResult(
         policy_name(policy),
@@ -368,20 +371,14 @@ def _row(
     decision_s: float,
 ) -> tuple[TrainingResult, float]:
     """One job's row and start (us), the same on every rank (the ranks that ran it say)."""
-    topo, cost = transport.topology, transport.cost
+    topo = transport.topology
     n = len(topo.dims)
-    coll_ids = {r.coll_id for r in loop.runs}
-    records = [r for r in loop.engine.records if r.stage.coll in coll_ids] if loop.engine else []
-    per_dim = np.zeros((n, 3))
-    for r in records:
-        per_dim[r.stage.dim] += [
-            (r.end_ns - r.start_ns) / 1e3,
-            cost(r.stage.itemsize).stage_bytes(r.stage.dim, r.stage.op, r.stage.full_elems),
-            1,
-        ]
     last = loop.iteration_starts[-1] if loop.iteration_starts else 0.0  # (0 where it does not run)
     values = np.concatenate(
-        [[loop.start_ns, loop.end_ns, last, loop.compute_ns, loop.collectives_issued], per_dim.ravel()]
+        [
+            [loop.start_ns, loop.end_ns, last, loop.compute_ns, loop.collectives_issued],
+            _per_dim(loop, transport.cost, n).ravel(),
+        ]
     )
     values = np.asarray(transport.reduce(values, "max", f"job {index}'s result"), dtype=float)
     start_ns, end_ns, last_ns, compute_ns, issued = values[:5]
@@ -419,6 +416,20 @@ def _row(
         partition_mib=spec.partition_mib,
     )
     return row, start_ns / 1e3
+
+
+def _per_dim(loop: JobLoop, cost, n_dims: int) -> np.ndarray:
+    """Per dim: busy us, bytes and stages of the job's collectives on this NPU (zeros where it runs not)."""
+    coll_ids = {r.coll_id for r in loop.runs}
+    records = [r for r in loop.engine.records if r.stage.coll in coll_ids] if loop.engine else []
+    per_dim = np.zeros((n_dims, 3))
+    for r in records:
+        per_dim[r.stage.dim] += [
+            (r.end_ns - r.start_ns) / 1e3,
+            cost(r.stage.itemsize).stage_bytes(r.stage.dim, r.stage.op, r.stage.full_elems),
+            1,
+        ]
+    return per_dim
 
 
 def solo_times_us(

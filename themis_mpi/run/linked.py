@@ -12,7 +12,6 @@ same virtual times come out as on the emulator. A schedule in which every rank w
 
 from __future__ import annotations
 
-import heapq
 import math
 import threading
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from ..engine import Engine, MessageRun, StageRun
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule
+from ..timing.symmetric import Symmetric
 from ..topology import Topology
 from ..workloads.chakra import GraphReplay, Plan
 
@@ -58,20 +58,26 @@ class _Exchange:
 
 
 class LinkedTransport(ModelTransport):
-    """The model transport of one rank among several: messages wait for the peer's issue."""
+    """The model transport of one rank among several: messages wait for the peer's issue.
+
+    Its stages and its messages end on one event loop, its one-NPU view's (``ideal``): a message's
+    place among the ends of its instant is taken when it is issued, as a stage's is when it starts.
+    """
 
     def __init__(self, topology: Topology, config: RunConfig, rank: int, exchange: _Exchange):
-        super().__init__(topology, config)
-        self.rank = rank
+        view = Symmetric(topology, config, config.costs(topology))
+        super().__init__(topology, config, view)
+        self.view = view
+        self.rank = self.ranks = rank
+        self.issue_ns = config.late_ns(rank)
         self.exchange = exchange
         self._counts: dict[tuple, int] = {}
-        self._pending: list[list] = []  # [run, peer key, cost, seq]
-        self._ended: list[tuple[float, int, StageRun]] = []
+        self._pending: list[list] = []  # [run, peer key, cost, place in the loop's order]
 
     def start(self, run: StageRun) -> None:
         """Collectives as the model; a message posts its issue and waits for its peer's."""
         if not isinstance(run, MessageRun):
-            super().start(run)
+            self.view.start(run)
             return
         src, dst = (self.rank, run.peer) if run.send else (run.peer, self.rank)
         side = (src, dst, run.tag)
@@ -79,14 +85,14 @@ class LinkedTransport(ModelTransport):
         self._counts[(side, run.send)] = k + 1
         self.exchange.post((side, k, run.send), run.start_ns)
         cost = self.cost(1).p2p_ns(run.path, run.nbytes)
-        self._pending.append([run, (side, k, not run.send), cost, self._seq])
-        self._seq += 1
+        self._pending.append([run, (side, k, not run.send), cost, self.view.loop.reserve()])
 
     def _resolve(self) -> float:
         """Messages whose peer has issued get their end; returns the earliest end still unknown."""
         bound = math.inf
         keep = []
         issued = self.exchange.issued
+        loop = self.view.loop
         for item in self._pending:
             run, key, cost, seq = item
             peer = issued.get(key)
@@ -94,7 +100,7 @@ class LinkedTransport(ModelTransport):
                 bound = min(bound, run.start_ns + cost)
                 keep.append(item)
             else:
-                heapq.heappush(self._ended, (max(run.start_ns, peer) + cost, seq, run))
+                loop.at(max(run.start_ns, peer) + cost, self.view.ended, run, seq)
         self._pending = keep
         return bound
 
@@ -106,17 +112,9 @@ class LinkedTransport(ModelTransport):
                 if ex.error is not None:
                     raise ex.error
                 bound = self._resolve()
-                first = self._heap[0][0] if self._heap else math.inf
-                if self._ended and self._ended[0][0] < first:
-                    first = self._ended[0][0]
+                first = self.view.loop.next_ns(self.view.rule)
                 if first <= horizon_ns and first < bound:
-                    done: list[tuple[int, StageRun]] = []
-                    for heap in (self._heap, self._ended):
-                        while heap and heap[0][0] == first:
-                            _, seq, run = heapq.heappop(heap)
-                            done.append((seq, run))
-                    done.sort(key=lambda x: x[0])
-                    return first, [run for _, run in done]
+                    return self.view.next(first)
                 if horizon_ns < first and horizon_ns < bound:
                     return horizon_ns, []
                 ex.blocked[self.rank] = ex.version

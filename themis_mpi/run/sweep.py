@@ -12,15 +12,16 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from ..collectives import Collective
 from ..config import RunConfig
 from ..errors import UsageError
-from ..network import check_rule
 from ..output import CELL, FINGERPRINT
 from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
+from ..timing.rules import check_rule
 from ..topology import Topology
 from ..verify import check_range
 
@@ -57,9 +58,16 @@ def policy_names(policies: str | Sequence[str], compat: str = "") -> list[str]:
     return names
 
 
+class PolicyConfig(NamedTuple):
+    """One policy instance and the settings it runs under (its intra-dim policy among them)."""
+
+    policy: InterPolicy
+    config: RunConfig
+
+
 def policy_configs(
     policies: str | Sequence[str], intras: Sequence[str], base: RunConfig
-) -> list[tuple[InterPolicy, RunConfig]]:
+) -> list[PolicyConfig]:
     """(policy instance, settings) for every inter x intra pair; ``auto`` is the policy's own."""
     for name in intras:
         if name != "auto":
@@ -68,7 +76,7 @@ def policy_configs(
     for name in policy_names(policies, base.compat):
         policy = make_inter(name)
         for intra in dict.fromkeys(policy.default_intra if i == "auto" else i for i in intras):
-            out.append((policy, replace(base, intra=intra)))
+            out.append(PolicyConfig(policy, replace(base, intra=intra)))
     return out
 
 

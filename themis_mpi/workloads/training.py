@@ -158,7 +158,7 @@ class TrainingSpec:
     def jitter(self, rank: int | np.ndarray):
         """One NPU's jitter factors, one per compute phase in its program order (always 1 without).
 
-        For an array of ranks, each NPU's factors together (`npus.NpuVectors`). Update times are
+        For an array of ranks, each NPU's factors together (`timing.vectors.NpuVectors`). Update times are
         not jittered: they run in processes of their own, whose order between compute phases
         depends on when collectives end, and the draws must not.
         """
@@ -362,7 +362,7 @@ class TrainingLoop:
         listener: told what each collective and update is before the engine sees it (the ET
             converter names its nodes so); None by default.
         rank: whose compute pace and jitter (`TrainingSpec.npu_factor`); every rank's at once
-            for an array of ranks (`npus.NpuVectors`).
+            for an array of ranks (`timing.vectors.NpuVectors`).
     """
 
     def __init__(

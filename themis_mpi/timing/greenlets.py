@@ -1,16 +1,20 @@
-"""The per-NPU model: every NPU's engine in one process, timed exactly as the emulator times it.
+"""Every NPU as a greenlet in one process, and the per-NPU model of ``ideal`` links (`NpuWorld`).
 
-The one-NPU model (`model`) relies on symmetry: every NPU does the same at the same time.
-Stragglers (late NPUs, scaled links, slow compute) break it. Here each NPU is a greenlet
-running the same driver code as an MPI rank, with an `NpuTransport` in place of `MpiTransport`:
-control calls meet, and a stage's steps exchange their send times (no data) through one
-mailbox. A step ends once its own sends are done and every message it receives has arrived
-(send time plus step time): the emulator's rules, so the two agree exactly. NPUs that differ
-start each dim's stages in one agreed order (`engine.Engine.agree`).
+`Greenlets` runs every NPU's driver, the same code as an MPI rank's, one NPU at a time until it
+waits; its meetings (`GreenletControl`: bcast, barrier, reduce) stand for MPI's control calls.
+Two worlds build on it: `NpuWorld` here, and `world.World` (every NPU's links under a sharing
+rule). Nothing is decided by wall time, so a run is deterministic.
 
-Messages match as MPI matches them: by dim, receiver, sender and tag (the stage's start number
-on its dim), first sent first received. One NPU runs at a time, until it waits; nothing is
-decided by wall time, so a run is deterministic.
+`NpuWorld` times stragglers on ``ideal`` links exactly as the emulator does: a stage's steps
+exchange their send times (no data) through one mailbox, and a step ends once its own sends are
+done and every message it receives has arrived (send time plus step time, plus what a scaled
+link adds: `ideal.LinkScales`). Messages match as MPI matches them: by dim, receiver, sender and
+tag (the stage's start number on its dim), first sent first received. NPUs that differ start
+each dim's stages in one agreed order (`engine.Engine.agree`). The planner runs it where order
+matters (a gated communication scheduler, compute that shares the memory); elsewhere the same
+rule runs vectorised (`vectors`).
+
+Shortcuts: none; a waiting NPU yields until a message to it comes (`NpuWorld.block`).
 """
 
 from __future__ import annotations
@@ -24,29 +28,30 @@ from typing import Any, TypeVar
 import greenlet
 import numpy as np
 
-from .algorithms import plan, plan_all_to_all
-from .collectives import owned_region, rs_dims
-from .config import RunConfig
-from .cost import A2A, AG, RS, CostModels, LinkScales
-from .engine import CollectiveRun, Engine, MessageRun, StageRun, VirtualClock
-from .errors import UsageError
-from .model import ModelTransport
-from .network import IDEAL
-from .policies import default_scheduler, make_scheduler
-from .topology import Topology
+from ..algorithms import plan, plan_all_to_all
+from ..collectives import owned_region, rs_dims
+from ..config import RunConfig
+from ..cost import A2A, AG, RS
+from ..engine import CollectiveRun, Engine, MessageRun, StageRun, VirtualClock, reduced_span
+from ..errors import Stalled, UsageError
+from ..topology import Topology
+from .ideal import LinkScales
+from .rules import IDEAL
 
 T = TypeVar("T")
-MAX_NPUS = 4096  # NPUs one process runs at once (the per-NPU model is for what breaks symmetry)
+MAX_NPUS = 4096  # NPUs one process runs at once (the per-NPU models are for what breaks symmetry)
 
 
-class Stalled(RuntimeError):
-    """No NPU can move: a wait that nothing will end (a deadlock), or the job was abandoned."""
+def refuse_messages(run: StageRun) -> None:
+    """Every NPU on ``ideal`` links (stragglers) runs no point-to-point message yet: one line."""
+    if isinstance(run, MessageRun):
+        raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
 
 
 class Greenlets:
     """NPUs as greenlets in one process, one running at a time until it waits, and their meetings.
 
-    The worlds of the per-NPU models (`NpuWorld` here, `npunet.World`) differ in what wakes a
+    The worlds of the per-NPU models (`NpuWorld` here, `world.World`) differ in what wakes a
     waiting NPU; what they share is here: `run` switches to the ready NPUs in the order they became
     ready, asks `_idle` when none is, and says what they wait for (`_stalled`) when none can move.
     Nothing depends on wall time, so a run is deterministic.
@@ -148,6 +153,7 @@ class GreenletControl:
     check_s = 0.0
     world: Any  # its `Greenlets` world
     rank: int
+    config: RunConfig
 
     def bcast(self, array: np.ndarray, what: str, patient: bool = False) -> np.ndarray:
         """Rank 0's array on every NPU, in place."""
@@ -166,6 +172,29 @@ class GreenletControl:
         """Element-wise sum, max or min over NPUs, on every NPU."""
         return self.world.reduced(self.world.gather(self.rank, np.asarray(values), what), op)
 
+    @property
+    def issue_ns(self) -> float:
+        """When this NPU starts its work (a late NPU later)."""
+        return self.config.late_ns(self.rank)
+
+    @property
+    def ranks(self) -> int:
+        """This NPU's rank."""
+        return self.rank
+
+    @property
+    def link_bytes(self) -> list[float] | None:
+        """Bytes each of this NPU's links carried, where the world's links know them."""
+        return None
+
+    def span_ns(self, engine: Engine) -> tuple[float, float]:
+        """The run's first issue and last end over every NPU of the world (a meeting of all)."""
+        return reduced_span(self.reduce, engine)
+
+    def replaying(self, timer: Any) -> GreenletControl:
+        """Never asked: an NPU of a world is timed by the world itself."""
+        raise RuntimeError("an NPU of a world is not replayed")
+
 
 class _Stage:
     """One running stage on one NPU: its step peers and times, and where it stands."""
@@ -175,7 +204,7 @@ class _Stage:
     def __init__(self, run: StageRun, dim: int, tag: int, steps: list, costs: tuple[float, ...], links):
         self.run, self.dim, self.tag, self.steps, self.costs = run, dim, tag, steps, costs
         self.keys: list[list[tuple]] = []  # per step, the mailbox keys of its receives
-        # per step: its own sends' time; per receive: what a scaled link adds (`cost.LinkScales`)
+        # per step: its own sends' time; per receive: what a scaled link adds (`ideal.LinkScales`)
         self.send_ns, self.extras = links
         self.k, self.t_ns = 0, run.start_ns
         self.end_ns: float | None = None
@@ -202,9 +231,7 @@ class NpuWorld(Greenlets):
 
     def __init__(self, topology: Topology, config: RunConfig):
         if config.network != IDEAL:
-            raise UsageError(
-                f"NpuWorld times ideal links, not --network {config.network} (npunet.SharedWorld does)"
-            )
+            raise UsageError(f"NpuWorld times ideal links, not --network {config.network} (world.World does)")
         if topology.flat:
             raise UsageError("the per-NPU model (stragglers) does not run nccl dims")
         if topology.npus > MAX_NPUS:
@@ -216,7 +243,7 @@ class NpuWorld(Greenlets):
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
         self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
         self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
-        self.cost = CostModels(topology, config.endpoint_delay_ns, config.compat, config.endpoint)
+        self.cost = config.costs(topology)
         self.links = LinkScales(self.cost, config.link_scale)
         self.plans: dict[tuple, list] = {}  # stage plans by their inputs: NPUs at one coordinate share them
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
@@ -297,8 +324,7 @@ class NpuTransport(GreenletControl):
 
     def start(self, run: StageRun) -> None:
         """Plan the stage's steps at this NPU's coordinate and send step 0's times."""
-        if isinstance(run, MessageRun):
-            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
+        refuse_messages(run)
         s = run.stage
         topo, coll = self.topology, self._collectives[s.coll].collective
         dim, c = topo.dims[s.dim], self.coords[s.dim]
@@ -398,187 +424,3 @@ class NpuTransport(GreenletControl):
             seen = self.world.version[self.rank]
             if not self._progress():
                 self.world.block(self.rank, seen, self._waiting_for)
-
-
-def vectorisable(config: RunConfig) -> bool:
-    """Whether `NpuVectors` can time a run: not while the order of events matters.
-
-    A gated communication scheduler starts a stage by what runs at that instant, and compute
-    that shares the memory (`cost.Endpoint`) slows by what overlaps it; both need `NpuWorld`.
-    """
-    return not make_scheduler(default_scheduler(config)).gated and not config.endpoint.on
-
-
-class NpuVectors(ModelTransport):
-    """Every NPU at once: the engine runs one time per NPU in numpy vectors, under an agreed order.
-
-    Under an agreed order (`engine.Engine.agree`) the engine is a dataflow: a stage starts at
-    the later of its chunk's and its dim's previous ends, a process resumes at the later of its
-    clock and its event's, so each time is a max and sum of others and the same program runs on
-    every NPU. Run once with vectors for times (`engine.later`), it times all NPUs together; a
-    stage's step ends come from every NPU's start by `NpuTransport`'s rules, step by step for all
-    NPUs at once, as gathers over per-step peer tables. It equals `NpuWorld` exactly (a test).
-    A stage's record keeps NPU 0's times once the engine has processed it (only stages in flight
-    hold vectors), and `npu0` leaves NPU 0's view of the rest, as the emulator's rank 0 reports it.
-
-    Args:
-        topology: the network.
-        config: the run settings (ideal network, virtual clock).
-    """
-
-    def __init__(self, topology: Topology, config: RunConfig):
-        super().__init__(topology, config)
-        topo, self.n = topology, topology.npus
-        ranks = np.arange(self.n)
-        self.strides = [int(np.prod(topo.shape[:d], dtype=np.int64)) for d in range(len(topo.dims))]
-        self.coords = [(ranks // self.strides[d]) % dim.npus for d, dim in enumerate(topo.dims)]
-        self.links = LinkScales(self.cost, config.link_scale)
-        self.factors = [np.ones(self.n) for _ in topo.dims]
-        for d, rank, f in config.link_scale:
-            self.factors[d][rank] = f
-        self.issue_ns = np.zeros(self.n)  # when each NPU starts its work (a late NPU later)
-        for rank, delay_ns in config.npu_delay_ns:
-            self.issue_ns[rank] = delay_ns
-        # per chunk: its size and the dims it has reduce-scattered over; what that leaves every NPU
-        self._regions: dict[int, list[tuple[int, list[int]]]] = {}
-        self._sizes: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
-        self._colls: dict[int, CollectiveRun] = {}
-        self._tables: dict[tuple, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # (`_step_tables`)
-        self._done: deque[tuple[np.ndarray, StageRun]] = deque()
-        self._returned: StageRun | None = None  # the last stage `wait_next` returned
-        self.npu_end_ns = np.full(self.n, -math.inf)  # each NPU's latest stage end so far
-
-    def _size(self, elems: int, dims: tuple[int, ...]) -> np.ndarray:
-        """Every NPU's region size in a chunk of `elems` reduce-scattered over `dims` in turn.
-
-        Each step keeps `collectives.owned_region` of the region at the NPU's coordinate; only
-        sizes matter to the step plans, so chunks of one size share these arrays.
-        """
-        size = self._sizes.get((elems, dims))
-        if size is None:
-            if not dims:
-                size = np.full(self.n, elems)
-            else:
-                d = dims[-1]
-                p, c = self.topology.dims[d].npus, self.coords[d]
-                q, r = np.divmod(self._size(elems, dims[:-1]), p)
-                size = q + np.minimum(c + 1, r) - np.minimum(c, r)
-            self._sizes[elems, dims] = size
-        return size
-
-    def open(self, run: CollectiveRun) -> None:
-        """Each chunk's size and reduce-scatter path, as `NpuTransport.open` keeps its regions."""
-        coll, sizes = run.collective, np.diff(run.bounds).tolist()
-        paths = [
-            rs_dims(self.topology, coll, run.orders[k]) if coll.op == "all_gather" else []
-            for k in range(len(sizes))
-        ]
-        self._regions[run.coll_id] = [(m, list(path)) for m, path in zip(sizes, paths)]
-        self._colls[run.coll_id] = run
-
-    def close(self, run: CollectiveRun) -> None:
-        """No data to check."""
-        del self._regions[run.coll_id], self._colls[run.coll_id]
-
-    def start(self, run: StageRun) -> None:
-        """Every NPU's end of the stage, from every NPU's start (`run.start_ns`)."""
-        if isinstance(run, MessageRun):
-            raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
-        s, n = run.stage, self.n
-        coll = self._colls[s.coll].collective
-        elems, path = self._regions[s.coll][s.chunk]
-        if s.op == AG:
-            path.pop()
-        size = self._size(elems, tuple(path))
-        if s.op == RS:
-            path.append(s.dim)
-        tables = self._step_tables(s.dim, s.op, size, coll.dims if s.op == A2A else None)
-        costs = self.cost(coll.itemsize).run_steps_ns(run)
-        f_d = self.factors[s.dim]
-        fs = np.unique(f_d)
-        extras = np.array([self.links.factor_extra_ns(run, coll.itemsize, f) for f in fs.tolist()])
-        f_ext = np.append(f_d, fs[0])  # (the padding peer n: any factor, its time is -inf)
-        t: np.ndarray = np.full(n, run.start_ns) if np.isscalar(run.start_ns) else np.asarray(run.start_ns)
-        for k, step_ns in enumerate(costs):
-            recvs, sends, sending_any = tables[k]
-            t_ext = np.append(t, -math.inf)
-            if len(fs) == 1:  # every link of the dim at one pace: one extra for every message
-                arrival = (t_ext[recvs] + extras[0][k]).max(axis=1, initial=-math.inf)
-                sending = np.where(sending_any, extras[0][k], -math.inf)
-            else:  # a message gains what the slower of its ends adds
-                rx = extras[np.searchsorted(fs, np.minimum(f_d[:, None], f_ext[recvs])), k]
-                arrival = (t_ext[recvs] + rx).max(axis=1, initial=-math.inf)
-                sx = extras[np.searchsorted(fs, np.minimum(f_d[:, None], f_ext[sends])), k]
-                sending = np.where(sends < n, sx, -math.inf).max(axis=1, initial=-math.inf)
-            t = np.maximum(np.maximum(t, t + (step_ns + sending)), arrival + step_ns)
-        self._done.append((t, run))
-
-    def _step_tables(
-        self, d: int, op: str, size: np.ndarray, a2a_dims: tuple | None
-    ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per step, every NPU's receive and send peers (rows padded with NPU n) and who sends.
-
-        A step's peers follow from the NPU's coordinate on dim d and the size of its region
-        (`algorithms.plan`); NPUs alike in both share a plan.
-        """
-        key = (d, op, size.tobytes(), a2a_dims)
-        tables = self._tables.get(key)
-        if tables is not None:
-            return tables
-        topo, n, stride, c = self.topology, self.n, self.strides[d], self.coords[d]
-        dim = topo.dims[d]
-        keys, group = np.unique(c * (int(size.max()) + 1) + size, return_inverse=True)
-        shapes = []
-        for g in range(len(keys)):
-            idx = np.flatnonzero(group == g)
-            cg, m = int(c[idx[0]]), int(size[idx[0]])
-            if op == A2A:
-                steps = plan_all_to_all(
-                    dim.npus, cg, topo.group_strides(a2a_dims)[d], topo.group_npus(a2a_dims), 0, m
-                )
-            else:
-                steps = plan(dim.algorithm, op, dim.npus, cg, 0, m)
-            shapes.append((cg, idx, steps))
-        tables = []
-        for k in range(min(len(steps) for _, _, steps in shapes)):
-            recvs = np.full((n, max(len(steps[k].recvs) for _, _, steps in shapes)), n)
-            sends = np.full((n, max(len(steps[k].sends) for _, _, steps in shapes)), n)
-            for cg, idx, steps in shapes:
-                for j, (p, _, _) in enumerate(steps[k].recvs):
-                    recvs[idx, j] = idx + (p - cg) * stride
-                for j, (p, _, _) in enumerate(steps[k].sends):
-                    sends[idx, j] = idx + (p - cg) * stride
-            tables.append((recvs, sends, np.asarray((sends < n).any(axis=1))))
-        self._tables[key] = tables
-        return tables
-
-    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
-        """The next stage whose ends are known (all are, once started), or (horizon, []).
-
-        The stage returned before has been processed by now: its record keeps NPU 0's times
-        (the vectors live on where the engine still needs them: its chunk and its dim).
-        """
-        last = self._returned
-        if last is not None:
-            np.maximum(self.npu_end_ns, last.end_ns, out=self.npu_end_ns)
-            last.queued_ns, last.start_ns = npu0_ns(last.queued_ns), npu0_ns(last.start_ns)
-            last.end_ns = npu0_ns(last.end_ns)
-            self._returned = None
-        if not self._done:
-            return horizon_ns, []
-        t, self._returned = self._done.popleft()
-        return t, [self._returned]  # type: ignore[return-value]
-
-    def npu0(self, engine: Engine) -> float:
-        """Leave NPU 0's times in the engine's collectives and clock; returns the last NPU's end."""
-        self.wait_next(math.inf)  # (the last stage's record)
-        last_ns = float(max(np.max(engine.now_ns), np.max(engine.last_timer_ns), self.npu_end_ns.max()))
-        for coll in engine.collectives:
-            coll.issued_ns, coll.end_ns = npu0_ns(coll.issued_ns), npu0_ns(coll.end_ns)
-        engine.now_ns = npu0_ns(engine.now_ns)
-        return last_ns
-
-
-def npu0_ns(t_ns: Any) -> float:
-    """NPU 0's value of a time (a scalar stands for every NPU)."""
-    return float(t_ns[0]) if isinstance(t_ns, np.ndarray) else float(t_ns)

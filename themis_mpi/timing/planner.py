@@ -1,0 +1,242 @@
+"""What times a run, chosen in one place: one NPU, every NPU (vectorised, in event order), every NPU's links.
+
+The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI describe their run
+(`Run`) and ask `plan`; nothing else looks at which transport or world it has. The choice:
+
+- NPUs alike (collectives, training, symmetric graphs), any rule: one NPU's view (`symmetric`,
+  `ONE_NPU`); on the emulator each rank's messages time it (``ideal``), or one NPU's view.
+- Stragglers (late NPUs, scaled links, slow compute) on ``ideal``: every NPU vectorised
+  (`vectors`, `VECTORS`), or as greenlets where the order of events matters (a gated scheduler,
+  the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
+- Stragglers, point-to-point messages or per-rank graphs under a sharing rule, and ASTRA-sim
+  2.x's backend on an uneven dim (`routes.uneven_dims`, single collectives only): every NPU's
+  links (`world`, `WORLD`); on the emulator each rank replays that run (`replay`).
+- Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
+  (`run.linked`, `LINKED`); on the emulator each rank's messages.
+- Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
+
+Runs that none of these times are refused here in one line (stragglers in graphs or jobs,
+messages under a compat, training on an uneven 2.x dim). Under stragglers every NPU starts a
+dim's stages in one agreed order, the order of the same run with NPUs alike (`Plan.agreed`):
+that symmetric run costs one NPU's view, a small part of the run of every NPU it orders (1.6 of
+26.8 ms for a 1024-NPU all-reduce in 64 chunks with one late NPU, docs/performance.md), and it
+is what defines the order (the decisions of a run without stragglers), so it is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+from ..config import RunConfig
+from ..cost import ASTRA_SIM_2
+from ..engine import Transport
+from ..errors import Stalled, UsageError
+from ..model import ModelTransport
+from ..policies import default_scheduler, make_scheduler
+from ..topology import Topology
+from .greenlets import NpuWorld
+from .routes import uneven_dims
+from .rules import IDEAL, rule_class
+from .symmetric import Symmetric, Timer, one_npu_exact
+from .vectors import NpuVectors
+from .world import World
+
+T = TypeVar("T")
+COLLECTIVE, TRAINING, GRAPH, JOBS = "collective", "training", "graph", "jobs"
+ONE_NPU = "one NPU"
+VECTORS = "every NPU, vectorised"
+GREENLETS = "every NPU, in event order"
+WORLD = "every NPU's links"
+LINKED = "the linked ranks"
+SLICES = "one NPU per slice"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as far as its timing cares.
+
+    Attributes:
+        topology: the network.
+        config: the run settings (rule, compat, stragglers: late NPUs and scaled links).
+        kind: collective(s), training (a text workload), graph (Chakra) or jobs.
+        messages: it sends point-to-point messages.
+        per_rank: NPUs run different programs (one graph per rank).
+        slow_compute: NPUs compute at different paces (``--npu-compute-scale``, jitter).
+    """
+
+    topology: Topology
+    config: RunConfig
+    kind: str = COLLECTIVE
+    messages: bool = False
+    per_rank: bool = False
+    slow_compute: bool = False
+
+    @property
+    def stragglers(self) -> bool:
+        """Whether NPUs run at different paces."""
+        return self.config.asymmetric or self.slow_compute
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON (the topology by its label)."""
+        return dict(asdict(self), topology=self.topology.label(), config=repr(self.config))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What times a run (module doc).
+
+    Attributes:
+        run: the run.
+        simulator: `ONE_NPU`, `VECTORS`, `GREENLETS`, `WORLD`, `LINKED` or `SLICES`.
+        rule: the sharing rule's name.
+    """
+
+    run: Run
+    simulator: str
+    rule: str
+
+    @property
+    def every_npu(self) -> bool:
+        """Whether its times span every NPU (the first issue, the last end), each NPU's own."""
+        return self.simulator not in (ONE_NPU, SLICES)
+
+    @property
+    def agreed(self) -> bool:
+        """Whether each dim starts its stages in one agreed order (NPUs at different paces)."""
+        return self.run.stragglers
+
+    def describe(self) -> str:
+        """In a few words, e.g. ``every NPU's links under --network fair``."""
+        return f"{self.simulator} under --network {self.rule}"
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON."""
+        return {"run": self.run.to_dict(), "simulator": self.simulator, "rule": self.rule}
+
+
+def vectorisable(config: RunConfig) -> bool:
+    """Whether every NPU can run vectorised: not while the order of events matters.
+
+    A gated communication scheduler starts a stage by what runs at that instant, and compute
+    that shares the memory (`cost.Endpoint`) slows by what overlaps it: both need event order.
+    """
+    return not make_scheduler(default_scheduler(config)).gated and not config.endpoint.on
+
+
+def plan(run: Run) -> Plan:
+    """What times the run; a run nothing here times is refused in one line."""
+    config, rule = run.config, run.config.network
+    shares = rule_class(rule).routes
+    if run.kind in (GRAPH, JOBS) and run.stragglers:
+        raise UsageError(
+            "stragglers run text workloads in train; Chakra graphs do not take them yet"
+            if run.kind == GRAPH
+            else "stragglers do not run with several jobs (--job) yet"
+        )
+    if run.kind == GRAPH and config.compat:
+        if run.messages:
+            raise UsageError("point-to-point messages are not supported with --compat")
+        if run.per_rank and rule != IDEAL:
+            raise UsageError(
+                f"per-rank Chakra traces under --compat {config.compat} --network {rule} "
+                "are not supported; use --network ideal"
+            )
+    if not one_npu_exact(run.topology, config):
+        if run.kind != COLLECTIVE:
+            raise UsageError(
+                f"--compat {ASTRA_SIM_2} --network {rule} with halving-doubling on Ring dim "
+                f"{uneven_dims(run.topology)[0]} runs every NPU, for single collectives (model, run) only; "
+                "use --network ideal or another algorithm"
+            )
+        return Plan(run, WORLD, rule)
+    if shares and not config.compat and (run.stragglers or run.messages or run.per_rank):
+        return Plan(run, WORLD, rule)
+    if run.stragglers:
+        slow = run.kind == TRAINING and not vectorisable(config)
+        return Plan(run, GREENLETS if slow else VECTORS, rule)
+    if run.kind == GRAPH and run.per_rank and run.messages:
+        return Plan(run, LINKED, rule)
+    return Plan(run, SLICES if run.kind == JOBS else ONE_NPU, rule)
+
+
+def emulator_timer(topology: Topology, config: RunConfig) -> Timer | None:
+    """What times the emulator's stages where its messages do not: one NPU's view of a sharing rule.
+
+    None under ``ideal`` (the send times travel with the data), and where one NPU's view is not
+    exact (the driver then replays a run of every NPU: `run_on`).
+    """
+    if not rule_class(config.network).routes or not one_npu_exact(topology, config):
+        return None
+    return Symmetric(topology, config, config.costs(topology))
+
+
+def run_on(
+    plan: Plan,
+    transport: Transport,
+    body: Callable[[Transport], T],
+    keep_starts: bool = False,
+    on_model: Callable[[], T] | None = None,
+    deadlock: str = "",
+) -> T:
+    """`body` on what times the run, for this transport: its return on this NPU (NPU 0 on the model).
+
+    One NPU's view runs `body` on the transport itself, as does the emulator wherever its ranks
+    time themselves. Every NPU on the model runs it on each NPU (vectorised, as greenlets, or on
+    every NPU's links) and returns NPU 0's. Under ``mpiexec`` on every NPU's links, every rank
+    runs that whole simulation (deterministic, on the same inputs) and then `body` on its
+    transport's twin timed by its own rank's ends (`Transport.replaying`), while the data moves.
+
+    Args:
+        plan: the run's plan.
+        transport: this process's (the model's, or an MPI rank's).
+        body: the per-NPU run, on the transport it is given.
+        keep_starts: on the model, keep every NPU's stage starts on its links (to say why they
+            deadlock; the emulator's replay keeps them anyway).
+        on_model: the model's own run where its one process stands for NPUs that differ: the
+            linked ranks (`LINKED`), the slices of several jobs (`SLICES`).
+        deadlock: NPUs of every NPU's links that wait for each other are a user's mistake,
+            said in one line that starts with this (else the world's `errors.Stalled`).
+    """
+    model = isinstance(transport, ModelTransport)
+    topology, config = transport.topology, transport.config
+    if plan.simulator == WORLD:
+        world = World(topology, config, replayable=keep_starts or not model)
+        try:
+            results = world.run(body)
+        except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
+            if not deadlock:
+                raise
+            raise UsageError(f"{deadlock}: {exc}") from None
+        return results[0] if model else body(transport.replaying(world.replay(transport.rank)))
+    if not model or plan.simulator == ONE_NPU:
+        return body(transport)
+    if plan.simulator == VECTORS:
+        return body(NpuVectors(topology, config))
+    if plan.simulator == GREENLETS:
+        return NpuWorld(topology, config).run(body)[0]
+    assert on_model is not None, f"{plan.simulator} on the model needs its runner"
+    return on_model()
+
+
+def each_npu(plan: Plan, config: RunConfig, body: Callable[[Transport], T]) -> list[T]:
+    """`body` on the model, every NPU's return where every NPU runs (one NPU's view: its one)."""
+    topology = plan.run.topology
+    if plan.simulator == WORLD:
+        return World(topology, config, replayable=False).run(body)
+    if plan.simulator == ONE_NPU:
+        return [body(ModelTransport(topology, config))]
+    raise UsageError(f"{plan.describe()} does not run for every NPU here")
+
+
+def graph_ranks(plan: Plan, transport: Transport) -> Sequence[int] | None:
+    """The ranks whose graphs a run's schedules must cover: every rank where each runs its own, else rank 0.
+
+    None for the linked ranks on the model (`LINKED`): rank 0 and every rank it exchanges
+    messages with, which the caller follows (`run.linked.linked_ranks`).
+    """
+    model = isinstance(transport, ModelTransport)
+    if plan.simulator == WORLD or not model:
+        return range(plan.run.topology.npus)
+    return None if plan.simulator == LINKED else [0]

@@ -1,0 +1,505 @@
+"""Every NPU's engine and links at once, on one event loop, under any rule that routes (`World`).
+
+One NPU's view is exact only when every NPU does the same. Point-to-point messages load only
+their sender's and receiver's links, per-rank graphs load NPUs unevenly, stragglers put them out
+of step, and under ASTRA-sim 2.x's backend halving-doubling on a Ring sends some NPUs' messages
+clockwise and others' counter-clockwise (`routes.uneven_dims`). There every NPU runs: its engine
+in a greenlet, its stages and messages as flows of the run's rule over every NPU's links
+(`routes.NpuRoutes`), all on one time-ordered loop (`events.EventLoop`): events of one instant
+in the order they were scheduled, and an NPU whose stage ended runs before the next instant (the
+next event, under 2.x: ASTRA-sim's handlers run at once). An NPU starts transfers only at its
+current time, which is the loop's, so the loop is exact: no look-ahead, no rollback.
+
+How a step waits:
+
+- **This project's rules.** A stage step of NPU i is one transfer over i's links as one NPU's
+  view spreads it (a Ring: half each way; a Switch: i's up-link, then the receivers'
+  down-links; FullyConnected: the link to the peer; a shared port: i's out and the receivers'
+  in). It ends when its own transfer is done **and** the transfers it receives in that step
+  (the same stage on its peers, matched by the stage's key) are done, then its fixed delay.
+  When every NPU does the same, each link carries what one NPU's view puts on its link of that
+  kind, so both give the same times (a test). A message from a to b is one transfer over its
+  dimension-ordered route; it starts once both sides have issued, and both end when it has
+  arrived plus its fixed delay.
+- **ASTRA-sim 2.x** (``--compat astra-sim-2 --network store-forward``), as its system layer
+  does: a step on NPU i sends its messages and posts its receives at once
+  (``HalvingDoubling::ready``); it ends when the messages it *receives* have arrived (at once, in
+  a 0 ns event, if they came before it posted the receive: ``CommonNetworkApi::sim_recv``),
+  then the endpoint delay and the reduction pass and the next step sends. Under symmetry a
+  received message arrives when the NPU's own does, which is one NPU's view, so both give the
+  same times there (a test).
+
+Shortcuts: none (a step's end waits for its peers, so no rule sums ahead here); the memory of a
+model run is bounded by not keeping the starts and ends the emulator's replay needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from typing import Any
+
+from ..config import RunConfig
+from ..cost import ASTRA_SIM_2
+from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
+from ..errors import UsageError
+from ..topology import Topology
+from .events import EventLoop
+from .greenlets import MAX_NPUS, GreenletControl, Greenlets
+from .links import Flow, Step
+from .replay import Replay, StageKey, stage_key
+from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, transfer_step
+from .rules import IDEAL, make_rule
+
+
+class _Npu:
+    """Where one NPU's greenlet stands: stages ended and not yet taken, and what it waits for."""
+
+    __slots__ = ("ended", "waiting")
+
+    def __init__(self) -> None:
+        self.ended: list[StageRun] = []
+        self.waiting = False  # in `wait_next` (its horizon, when finite, is in `World._timed`)
+
+
+class _Owner:
+    """What a flow on every NPU's links belongs to: what its steps expect, and what its end means."""
+
+    __slots__ = ()
+
+    def begin(self, world: World, flow: Flow) -> None:
+        """A step leaves: it expects nothing (a stage's step expects what it receives)."""
+
+    def through(self, world: World, flow: Flow) -> bool:
+        """Its transfers are through: it goes on now."""
+        return True
+
+    def ended(self, world: World) -> None:
+        """It is over: nothing waits for it."""
+
+
+class _Stage(_Owner):
+    """A stage step by step on NPU `rank`'s links: the NPUs it receives from, and what it still waits for."""
+
+    __slots__ = ("rank", "run", "key", "recvs", "consumers", "pending")
+
+    def __init__(self, rank: int, run: StageRun, key: StageKey, recvs: tuple, consumers: tuple):
+        self.rank, self.run, self.key, self.recvs, self.consumers = rank, run, key, recvs, consumers
+        self.pending = 0  # its own transfer and the receipts of its step still to come
+
+    def begin(self, world: World, flow: Flow) -> None:
+        world.expect(flow)
+
+    def through(self, world: World, flow: Flow) -> bool:
+        world.transfer_done(flow)
+        return False
+
+    def ended(self, world: World) -> None:
+        world.npu_ended(self.rank, self.run)
+
+
+class _Message(_Owner):
+    """A point-to-point message: its two sides, ``(rank, run)``, which end together."""
+
+    __slots__ = ("ends",)
+
+    def __init__(self, ends: tuple):
+        self.ends = ends
+
+    def ended(self, world: World) -> None:
+        for rank, run in self.ends:
+            world.npu_ended(rank, run)
+
+
+class _Arrival(_Owner):
+    """An ASTRA-sim 2.x message: the receive it matches, ``(receiver, sender, stage key, step)``.
+
+    Its sender's step waits for nothing of it, so it ends at its arrival.
+    """
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple):
+        self.key = key
+
+    def through(self, world: World, flow: Flow) -> bool:
+        world.message_in(self.key)
+        return False
+
+
+class _Astra2Stage:
+    """A stage on NPU `rank` under 2.x: its steps, the one it is in, the receipts it still waits for."""
+
+    __slots__ = ("rank", "run", "key", "steps", "peers", "k", "pending")
+
+    def __init__(self, rank: int, run: StageRun, key: StageKey, steps: tuple[NpuStep, ...], peers: tuple):
+        self.rank, self.run, self.key, self.steps, self.peers = rank, run, key, steps, peers
+        self.k = self.pending = 0
+
+
+class World(Greenlets):
+    """Every NPU's engine in a greenlet, its stages and messages on every NPU's links under the run's rule.
+
+    Args:
+        topology: the network.
+        config: the run settings: a rule that routes (not ``ideal``: `greenlets.NpuWorld` and
+            `vectors.NpuVectors` time every NPU there), no compat but 2.x's store-forward.
+        replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
+            need them; the model does not, and they are most of the memory of a long run).
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig, replayable: bool = True):
+        if config.network == IDEAL or (config.compat and config.compat != ASTRA_SIM_2):
+            raise UsageError(
+                "every NPU's links take a sharing rule (--network fair, store-forward), "
+                "or --compat astra-sim-2 --network store-forward"
+            )
+        if topology.npus > MAX_NPUS:
+            raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
+        super().__init__(topology.npus)
+        self.topology, self.config = topology, config
+        self.cost = config.costs(topology)
+        self.routes = NpuRoutes(topology, config.link_scale)
+        self.loop = EventLoop()
+        self.rule = make_rule(config.network, self.routes.links, self, topology, config)
+        self.loop.per_event = self.rule.per_event
+        self.astra2 = config.compat == ASTRA_SIM_2
+        self.replayable = replayable
+        self.npus = [_Npu() for _ in range(self.n)]
+        self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
+        # per NPU: every stage's start (by its key) and the stage ends in the order it took them
+        self.starts: list[dict[StageKey, float]] = [{} for _ in range(self.n)]
+        self.order: list[list[list[StageKey]]] = [[[] for _ in topology.dims] for _ in range(self.n)]
+        self.ends: list[list[tuple[float, tuple[StageKey, ...]]]] = [[] for _ in range(self.n)]
+        self._plans: dict[tuple, tuple] = {}
+        # this project's rules: a step's receipts (`transfer_done`) and messages' first sides
+        self._sent: dict[tuple, int] = {}  # (key, step, sender) -> receivers yet to take it
+        self._waiting: dict[tuple, list[Flow]] = {}  # (key, step, sender) -> receivers waiting
+        self._counts: dict[tuple, int] = defaultdict(int)
+        self._posted: dict[tuple, StageRun] = {}  # a message's first side, until the other comes
+        # 2.x: messages in before their receive, receives before their message
+        self._arrived: dict[tuple, int] = defaultdict(int)
+        self._receives: dict[tuple, deque[_Astra2Stage]] = defaultdict(deque)
+        self._messages: dict[tuple, Step] = {}
+        self.arrival_ns: dict[tuple, float] = {}  # when the last 2.x message under each key arrived
+
+    @property
+    def now_ns(self) -> float:
+        """The world's time: its loop's."""
+        return self.loop.now_ns
+
+    # --- the host of the rule ----------------------------------------------------------------------
+
+    def begin(self, flow: Flow) -> None:
+        """A flow's step starts: its owner says what it expects."""
+        flow.owner.begin(self, flow)
+
+    def expect(self, flow: Flow) -> None:
+        """A stage's step starts: its receipts are the same step's transfers of the NPUs it receives from."""
+        stage = flow.owner
+        stage.pending = 1
+        for src in stage.recvs[flow.k]:
+            tag = (stage.key, flow.k, src)
+            left = self._sent.get(tag)
+            if left is None:
+                self._waiting.setdefault(tag, []).append(flow)
+                stage.pending += 1
+            elif left == 1:
+                del self._sent[tag]
+            else:
+                self._sent[tag] = left - 1
+
+    def through(self, flow: Flow) -> bool:
+        """A flow's transfers are through: its owner says what that means (and whether it goes on now)."""
+        return flow.owner.through(self, flow)
+
+    def ended(self, owner: Any) -> None:
+        """A flow is over: its NPUs' stages or messages end."""
+        owner.ended(self)
+
+    def transfer_done(self, flow: Flow) -> None:
+        """A stage step's own transfer is there: it ends once its receipts are too (theirs may end now)."""
+        stage = flow.owner
+        tag = (stage.key, flow.k, stage.rank)
+        waiters = self._waiting.pop(tag, [])
+        left = stage.consumers[flow.k] - len(waiters)
+        if left > 0:
+            self._sent[tag] = left
+        stage.pending -= 1
+        if stage.pending == 0:
+            self.rule.resume(flow)
+        for other in waiters:
+            other.owner.pending -= 1
+            if other.owner.pending == 0:
+                self.rule.resume(other)
+
+    def npu_ended(self, rank: int, run: StageRun) -> None:
+        """A stage (or a message side) of NPU `rank` is over: the NPU runs next, if it waits."""
+        npu = self.npus[rank]
+        npu.ended.append(run)
+        if npu.waiting:
+            npu.waiting = False
+            self._timed.pop(rank, None)
+            self.ready.append(rank)
+
+    # --- stages and messages in ---------------------------------------------------------------------
+
+    def start(self, rank: int, run: StageRun) -> None:
+        """A stage or a message side starts on NPU `rank` now."""
+        if self.replayable:
+            key = stage_key(run)
+            self.starts[rank][key] = run.start_ns
+            if not isinstance(run, MessageRun):
+                self.order[rank][run.stage.dim].append(key)
+        if isinstance(run, MessageRun):
+            self._message(rank, run)
+        elif self.astra2:
+            self._astra2_stage(rank, run)
+        else:
+            self._stage(rank, run)
+
+    def _stage(self, rank: int, run: StageRun) -> None:
+        s = run.stage
+        plan_key = (s.itemsize, s.dim, s.op, s.full_elems, rank)
+        plan = self._plans.get(plan_key)
+        if plan is None:
+            plan = self._plans[plan_key] = self.routes.stage(
+                rank, self.cost(s.itemsize), s.dim, s.op, s.full_elems
+            )
+        steps, recvs, consumers = plan
+        if not steps:
+            self.npu_ended(rank, run)
+            return
+        self.rule.start(Flow(_Stage(rank, run, stage_key(run), recvs, consumers), steps))
+
+    def _message(self, rank: int, run: MessageRun) -> None:
+        """A message side: its transfer starts once both sides are issued (the later issue is now)."""
+        if self.astra2:
+            raise UsageError("point-to-point messages are not part of --compat astra-sim-2")
+        src, dst = (rank, run.peer) if run.send else (run.peer, rank)
+        side = (src, dst, run.tag, run.send)
+        k = self._counts[side]
+        self._counts[side] = k + 1
+        other = self._posted.pop((src, dst, run.tag, not run.send, k), None)
+        if other is None:
+            self._posted[side + (k,)] = run
+            return
+        send, recv = (run, other) if run.send else (other, run)
+        assert isinstance(send, MessageRun)
+        cost = self.cost(1)
+        dims = self.topology.dims
+        delay_ns = 0.0
+        for d, hops in send.path:
+            delay_ns = delay_ns + (hops * dims[d].latency_ns + cost.endpoint_delay_ns)
+        step = self.routes.message(src, dst, send.nbytes, delay_ns)
+        self.rule.start(Flow(_Message(((src, send), (dst, recv))), (step,)))
+
+    # --- ASTRA-sim 2.x's system layer ----------------------------------------------------------------
+
+    def _astra2_stage(self, rank: int, run: StageRun) -> None:
+        """A stage starts on NPU `rank` now: its first messages leave after one endpoint delay."""
+        s = run.stage
+        d, stride = s.dim, self.routes.strides[s.dim]
+        c, base = self.routes.coord(rank, d)
+        cost = self.cost(s.itemsize)
+        key = (s.itemsize, d, s.op, s.full_elems, c, astra2_anticlockwise(s))
+        steps = self._plans.get(key)
+        if steps is None:
+            steps = self._plans[key] = npu_stage_steps(cost, d, s.op, s.full_elems, c, key[-1])
+        if not steps:
+            self.npu_ended(rank, run)
+            return
+        peers = tuple(
+            (tuple(base + q * stride for q in sends), tuple(base + q * stride for q in recvs))
+            for _, sends, recvs, _ in steps  # (`NpuStep`s)
+        )
+        stage = _Astra2Stage(rank, run, stage_key(run), steps, peers)
+        self.loop.at(run.start_ns + cost.endpoint_delay_ns, self._send, stage)
+
+    def _send(self, stage: _Astra2Stage) -> None:
+        """Step k: send its messages, then post its receives (`HalvingDoubling::ready`)."""
+        step = stage.steps[stage.k]
+        nbytes, sends = step.nbytes, step.sends
+        send_ranks, recv_ranks = stage.peers[stage.k]
+        dim = stage.run.stage.dim
+        for q, dst in zip(sends, send_ranks):
+            self.astra2_message(stage.rank, dim, q, nbytes, (dst, stage.rank, stage.key, stage.k))
+        stage.pending = len(recv_ranks)
+        for src in recv_ranks:
+            key = (stage.rank, src, stage.key, stage.k)
+            if self._arrived.get(key):
+                self._arrived[key] -= 1
+                if not self._arrived[key]:
+                    del self._arrived[key]
+                self.loop.at(self.loop.now_ns, self._received, stage)  # (`sim_recv`: a 0 ns event)
+            else:
+                self._receives[key].append(stage)
+
+    def astra2_message(self, rank: int, dim: int, peer: int, nbytes: int, key: tuple) -> None:
+        """Send a 2.x message now from NPU `rank` to the NPU at coordinate `peer` of a dim.
+
+        `key` is what the receive matches, ``(receiver, sender, ...)``; its arrival time is kept
+        in `arrival_ns` (the last one under that key).
+        """
+        step = self._messages.get((rank, dim, peer, nbytes))
+        if step is None:
+            step = self._messages[(rank, dim, peer, nbytes)] = transfer_step(
+                float(nbytes), self.routes.astra2_route(rank, dim, peer)
+            )
+        self.rule.start(Flow(_Arrival(key), (step,)))
+
+    def message_in(self, key: tuple) -> None:
+        """A 2.x message is in: the receive posted for it completes, or it waits for one."""
+        self.arrival_ns[key] = self.loop.now_ns
+        posted = self._receives.get(key)
+        if posted:
+            stage = posted.popleft()
+            if not posted:
+                del self._receives[key]
+            self._received(stage)
+        else:
+            self._arrived[key] += 1
+
+    def _received(self, stage: _Astra2Stage) -> None:
+        stage.pending -= 1
+        if stage.pending == 0:
+            self.loop.at(self.loop.now_ns + stage.steps[stage.k].delay_ns, self._step_done, stage)
+
+    def _step_done(self, stage: _Astra2Stage) -> None:
+        stage.k += 1
+        if stage.k < len(stage.steps):
+            self._send(stage)
+        else:
+            self.npu_ended(stage.rank, stage.run)
+
+    def drain(self) -> None:
+        """Run every queued event in time order: the links alone, with no NPU's engine (tools, tests)."""
+        self.loop.drain()
+
+    # --- the NPUs ---------------------------------------------------------------------------------
+
+    def replay(self, rank: int) -> Replay:
+        """NPU `rank`'s stage ends of the run, for an engine that takes the same decisions.
+
+        With them go the stages' numbers on their dim, the same on every NPU (`Replay.number`),
+        and the bytes its links carried.
+        """
+        assert self.replayable, "a world run without its starts and ends cannot be replayed"
+        numbers = {key: i for keys in self.order[rank] for i, key in enumerate(sorted(keys))}
+        return Replay(rank, self.starts[rank], self.ends[rank], numbers, self.link_bytes(rank))
+
+    def link_bytes(self, rank: int) -> list[float] | None:
+        """Bytes each of NPU `rank`'s links carried (`links.physical_links` order); None under 2.x."""
+        if self.astra2:
+            return None
+        n = self.routes.per_npu
+        return self.rule.carried[rank * n : (rank + 1) * n]
+
+    def wait(self, rank: int, horizon_ns: float) -> None:
+        """NPU `rank` waits until a stage of its ends or the loop reaches the horizon."""
+        npu = self.npus[rank]
+        npu.waiting = True
+        if horizon_ns < math.inf:
+            self._timed[rank] = horizon_ns
+        self._yield()
+
+    def transport(self, rank: int) -> WorldTransport:
+        """NPU `rank`'s transport."""
+        return WorldTransport(self, rank)
+
+    def _idle(self) -> bool:
+        """Run what comes first: the loop's next event(s) or the NPUs' earliest horizon (False: neither).
+
+        At a tie the event comes first, as one NPU's view takes it.
+        """
+        horizon = min(self._timed.values(), default=math.inf)
+        t_ns = self.loop.next_ns(self.rule)
+        if t_ns < math.inf and t_ns <= horizon:
+            self.loop.fire(t_ns, self.rule)
+        elif horizon < math.inf:
+            self.loop.advance(horizon, self.rule)
+            for rank in sorted(r for r, h in self._timed.items() if h == horizon):
+                del self._timed[rank]
+                self.npus[rank].waiting = False
+                self.ready.append(rank)
+        else:
+            return False
+        return True
+
+    def _stalled(self) -> str:
+        """Who waits for what, and what the links know of it."""
+        stuck = [r for r, n in enumerate(self.npus) if n.waiting]
+        if not stuck and not self.arrived:
+            return ""
+        what = f"NPU {stuck[0]} waits for a message" if stuck else f"NPUs {self.arrived[:4]} at a meeting"
+        return f"every NPU waits and none can move ({len(stuck)} on messages): {what}{self._why()}"
+
+    def _why(self) -> str:
+        """A stage waiting for a peer that started the dim's stages in another order, or a lone message."""
+        if not self.replayable:  # (no starts kept: the stall says who waits, not why)
+            return ""
+        for (key, _, sender), flows in self._waiting.items():
+            if key not in self.starts[sender]:
+                rank = flows[0].owner.rank
+                dim = self.order[rank]
+                d = next(i for i, keys in enumerate(dim) if key in keys)
+                theirs = [k for k in self.order[sender][d] if k not in self.order[rank][d]][:1]
+                return (
+                    f"; NPU {rank} runs stage {key} on dim {d} and waits for NPU {sender}, which started "
+                    f"another stage {theirs[0] if theirs else '?'} there first: the NPUs of a dim group "
+                    "started its stages in different orders (their loads differ) and hold its slots "
+                    "(more --active-chunks-per-dim, or fewer chunks, may help)"
+                )
+        if self._posted:
+            src, dst, tag, send, _ = next(iter(self._posted))
+            side = "send" if send else "receive"
+            return f"; a {side} from NPU {src} to NPU {dst} (tag {tag}) has no matching side"
+        return ""
+
+
+class WorldTransport(GreenletControl):
+    """One NPU of a `World`: the engine's transport, times only (`engine.Transport`).
+
+    Args:
+        world: what the NPUs share.
+        rank: this NPU's rank (dim 0 varies fastest).
+    """
+
+    def __init__(self, world: World, rank: int):
+        self.world, self.rank = world, rank
+        self.topology, self.config = world.topology, world.config
+        self.clock = VirtualClock()
+        self.cost = world.cost
+        self._npu = world.npus[rank]
+
+    @property
+    def link_bytes(self) -> list[float] | None:
+        """Bytes each of this NPU's links carried so far, where the world's links know them."""
+        return self.world.link_bytes(self.rank)
+
+    def open(self, run: CollectiveRun) -> None:
+        """No data."""
+
+    def close(self, run: CollectiveRun) -> None:
+        """Nothing to check."""
+
+    def start(self, run: StageRun) -> None:
+        """Hand the stage or message to the links at its start, the world's time then.
+
+        Only a late NPU's first work starts ahead of the world (`--npu-delay-us`): it waits for it.
+        """
+        while self.world.now_ns < run.start_ns:
+            self.world.wait(self.rank, run.start_ns)
+        self.world.start(self.rank, run)
+
+    def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
+        """This NPU's next stage ends (all at the world's time), or ``(horizon, [])``."""
+        npu = self._npu
+        if not npu.ended:
+            self.world.wait(self.rank, horizon_ns)
+        if npu.ended:
+            ended, npu.ended = npu.ended, []
+            if self.world.replayable:
+                self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
+            return self.world.now_ns, ended
+        return horizon_ns, []
