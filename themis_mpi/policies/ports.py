@@ -6,9 +6,9 @@ their bytes meet on that port, and balancing the dims moves load onto it. This p
 per resource: each dim's own links (Themis's loads, the same updates) and each shared port (the
 bytes of every stage on its dims, at the port's rate). A dim's level is the load of the busiest
 resource it crosses; the dims are sorted by level and the threshold compares levels. Dims tied at
-one port's level go least-delayed first (their steps' latency so far). The rule in full, with why:
+one port's level go in the order of their stages' fixed delay, least first. The rule, with why:
 docs/policies.md#themis-ports-themis-that-sees-shared-ports. Without a shared port every level is
-the dim's own load and no delay is kept: the schedules are Themis's, chunk by chunk.
+the dim's own load and no tie-break is added: the schedules are Themis's, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -29,24 +29,25 @@ class PortTracker(ThemisTracker):
         endpoint_delay_ns: the run's delay per algorithm step (`config.RunConfig`).
         port_loads: accumulated load per shared port (`topology.Topology.ports`): the bytes the
             stages on its dims move through it, at its rate.
-        delays_ns: per dim behind a port, the fixed delays (latency and endpoint delay) of the
-            stages it was given, one stage per chunk; 0 for the other dims.
+        stage_delays_ns: per dim behind a port, the fixed delay of one of its stages (its steps'
+            latency and endpoint delay), the tie-break at the port; 0 for the other dims.
     """
 
     endpoint_delay_ns: float = 0.0
     port_loads: list[float] = field(init=False)
-    delays_ns: list[float] = field(init=False)
+    stage_delays_ns: list[float] = field(init=False)
 
     def __post_init__(self):
         super().__post_init__()
         topo = self.topology
         self.port_loads = [0.0] * len(topo.ports)
-        self.delays_ns = [0.0] * len(topo.dims)
         self._port = [topo.port_of(d) for d in range(len(topo.dims))]
         self._port_ratios = [p.bandwidth_gbps / topo.dims[0].bandwidth_gbps for p in topo.ports]
-        self._stage_delay_ns = [
-            len(steps(dim, RS, dim.npus, 1)) * (dim.hops * dim.latency_ns + self.endpoint_delay_ns)
-            for dim in topo.dims
+        self.stage_delays_ns = [
+            0.0
+            if self._port[d] is None
+            else len(steps(dim, RS, dim.npus, 1)) * (dim.hops * dim.latency_ns + self.endpoint_delay_ns)
+            for d, dim in enumerate(topo.dims)
         ]
 
     def level(self, d: int) -> float:
@@ -55,8 +56,12 @@ class PortTracker(ThemisTracker):
         return self.loads[d] if p is None else max(self.loads[d], self.port_loads[p])
 
     def sort(self) -> int | None:
-        """Stable-sort the dims by level, ties by delay (else the last arrangement); the first active."""
-        self._sorted.sort(key=lambda d: (self.level(d), self.delays_ns[d]))
+        """Stable-sort the dims by level, ties by stage delay (else the last arrangement); the first active.
+
+        Dims behind one port share its level when it binds; the one whose stages wait less goes
+        first and takes the chunk's larger stage (docs/policies.md, themis-ports).
+        """
+        self._sorted.sort(key=lambda d: (self.level(d), self.stage_delays_ns[d]))
         return next((d for d in self._sorted if self._is_active[d]), None)
 
     def gap_bytes(self, first: int, op: str) -> float:
@@ -77,13 +82,12 @@ class PortTracker(ThemisTracker):
         return gap / self._rs_share(first)
 
     def add(self, op: str, rs_order: list[int], chunk_bytes: int) -> list[int]:
-        """Themis's load updates (rule 4); each port gets its dims' bytes at its rate, each dim its delay."""
+        """Themis's load updates (rule 4), and each port's: the bytes of its dims' stages at its rate."""
         before = list(self.loads)
         order = super().add(op, rs_order, chunk_bytes)
         for d, p in enumerate(self._port):
             if p is not None and self._is_active[d]:
                 self.port_loads[p] += (self.loads[d] - before[d]) * self._ratio(d) / self._port_ratios[p]
-                self.delays_ns[d] += self._stage_delay_ns[d]
         return order
 
 
