@@ -487,6 +487,14 @@ def fit_nccl(
         measured = np.array([_best_time_us(r.rows[i]) * US for i in keep])
         runs.append(_Run(r, sizes, measured, np.where(sizes < SMALL_BYTES, SMALL_WEIGHT, 1.0)))
     model = _Model(machine, runs, base_values, fixed)
+    for run in runs:
+        lv = machine.levels(run.log.npus, machine.link_gbps or 1.0, NET_STEP_NS)
+        if not pairs(fixed, lv, run.log.op, run.sizes):
+            raise UsageError(
+                f"{'+'.join(machine.algos)} cannot run {run.log.op} on {run.log.npus} GPUs of "
+                f"{machine.per_node} per node (NCCL runs Tree and NVLSTree only across nodes); "
+                "allow Ring with --nccl-algo, or fit a multi-node log"
+            )
     tries = [_staged(model, runs, base is not None, np.random.default_rng(seed + k)) for k in range(RESTARTS)]
     values, labels, _ = min(tries, key=lambda t: t[2])
     values = {k: float(f"{v:.5g}") for k, v in values.items()}

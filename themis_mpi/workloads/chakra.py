@@ -48,10 +48,10 @@ import numpy as np
 
 from ..collectives import Collective
 from ..engine import Engine, Event, ProcessGenerator
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..limits import MAX_TIME_NS
 from ..policies import UNKNOWN, Need, Schedule
-from ..topology import Topology, _shown
+from ..topology import Topology
 from .et import (
     COMM_COLL_NODE,
     COMM_RECV_NODE,
@@ -179,8 +179,8 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
             or not all(isinstance(m, int) and not isinstance(m, bool) for m in members)
         ):
             raise UsageError(
-                f"{path}: group {_shown(name)} must be a non-empty list of NPU ids (integers), "
-                f"got {_shown(json.dumps(members))}"
+                f"{path}: group {shown(name)} must be a non-empty list of NPU ids (integers), "
+                f"got {shown(json.dumps(members))}"
             )
         out[str(name)] = tuple(members)
     return out

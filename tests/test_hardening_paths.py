@@ -1,0 +1,54 @@
+"""Hardening, round 4, part 2 (issue 46): paths that took a flag they cannot honour, and tracebacks.
+
+Each case is one line of the issue's list: refused with one line naming the flag or the item, exit
+2 (in-process through `cli.app.main`).
+"""
+
+from __future__ import annotations
+
+import pytest
+from harness import DATA
+from test_hardening_readers import refused
+
+MICRO = "DATA\n2\nconv1 -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 1048576 5\nfc -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 4194304 5\n"
+NCCL_LOG = DATA / "nccl-tests" / "h100x8_nvls_dgxc.txt"
+
+CASES = {
+    "an NCCL key given twice": (
+        ["model", "-t", "SW(8,100,0,nccl)_NCCL(ll=100:0.5,ll=9999999:0.01)", "-b", "1M"],
+        ["NCCL(...) gives ll twice"],
+    ),
+    "an NCCL protocol without its efficiency": (
+        ["model", "-t", "SW(8,100,0,nccl)_NCCL(ll=100)", "-b", "1M"],
+        ["NCCL ll takes BASE_NS:EFF", "'ll=100'"],
+    ),
+    "NCCL(algos=tree) on one level": (
+        ["model", "-t", "SW(8,100,0,nccl)_NCCL(algos=tree)", "-b", "1M"],
+        ["NCCL(algos=Tree", "add Ring"],
+    ),
+    "active chunks on an nccl dim": (
+        ["model", "-t", "SW(8,100,0,nccl)", "-b", "1M", "-c", "8", "--active-chunks-per-dim", "8"],
+        ["--active-chunks-per-dim 8", "one NCCL call at a time"],
+    ),
+    "calibrate --nccl-algo Tree on a one-node log": (
+        ["calibrate", str(NCCL_LOG), "--nccl-algo", "Tree"],
+        ["Tree cannot run all_reduce on 8 GPUs", "--nccl-algo"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_bad_input_is_one_line_and_exit_2(capsys, case):
+    """The issue's probe is refused in one line naming what to change."""
+    argv, words = CASES[case]
+    refused(capsys, argv, *words)
+
+
+@pytest.mark.parametrize("flag", [["--npu-compute-scale", "3=1.5"], ["--compute-jitter", "lognormal:0.3"]])
+@pytest.mark.parametrize("compat", ["astra-sim-1.0", "astra-sim-2"])
+def test_a_slow_npu_under_compat_is_refused_not_ten_times_faster(capsys, tmp_path, flag, compat):
+    """Under --compat a slower NPU made training 10x faster (389 -> 38 us): the flag is now refused."""
+    micro = tmp_path / "micro.txt"
+    micro.write_text(MICRO)
+    argv = ["train", str(micro), "-t", "2x2x2", "-n", "2", "-p", "baseline", "--compat", compat, *flag]
+    refused(capsys, argv, f"--compat {compat} has identical NPUs", flag[0])
