@@ -34,6 +34,13 @@ CASES = {
         ["calibrate", str(NCCL_LOG), "--nccl-algo", "Tree"],
         ["Tree cannot run all_reduce on 8 GPUs", "--nccl-algo"],
     ),
+    **{
+        f"a shared port under --compat {c}": (
+            ["model", "-t", "SW(2,100,0)_SW(2,100,0)_NIC(0+1,10)", "-b", "1M", "--compat", c],
+            [f"not part of --compat {c}", "NIC(...)"],
+        )
+        for c in ("astra-sim-1.0", "astra-sim-2")
+    },
 }
 
 
