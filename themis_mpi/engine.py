@@ -433,8 +433,8 @@ class Engine:
         # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
         scheduler = default_scheduler(config)
         self.scheduler = make_scheduler(scheduler)
-        # a plugin scheduler on the model: nobody else watches it (MPI ranks have their watchdog)
-        plugin = transport.name == "model" and scheduler_origin(scheduler) != "builtin"
+        # a plugin scheduler runs on every rank at once, so no rank's watchdog sees it hang: watch it
+        plugin = scheduler_origin(scheduler) != "builtin"
         self._scheduler_watch_s = config.timeout_s if plugin else None
         self._scheduler_call(self.scheduler.setup, config)
         self._ranked, self._gated = bool(self.scheduler.ranked), bool(self.scheduler.gated)
@@ -630,7 +630,7 @@ class Engine:
         """The engine's instance of an intra-dim policy, made on first use."""
         if name not in self._intra:
             self._intra[name] = policy = make_intra(name)
-            if self.transport.name == "model" and origin(name) != "builtin":  # nobody else watches it
+            if origin(name) != "builtin":  # every rank runs it at once: no rank's watchdog sees it hang
                 self._watched_intra[id(policy)] = self.transport.config.timeout_s
         return self._intra[name]
 
