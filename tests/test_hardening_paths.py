@@ -6,9 +6,13 @@ Each case is one line of the issue's list: refused with one line naming the flag
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from harness import DATA
 from test_hardening_readers import refused
+
+from themis_mpi.cli.app import main
 
 MICRO = "DATA\n2\nconv1 -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 1048576 5\nfc -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 4194304 5\n"
 NCCL_LOG = DATA / "nccl-tests" / "h100x8_nvls_dgxc.txt"
@@ -59,3 +63,12 @@ def test_a_slow_npu_under_compat_is_refused_not_ten_times_faster(capsys, tmp_pat
     micro.write_text(MICRO)
     argv = ["train", str(micro), "-t", "2x2x2", "-n", "2", "-p", "baseline", "--compat", compat, *flag]
     refused(capsys, argv, f"--compat {compat} has identical NPUs", flag[0])
+
+
+def test_1024_active_chunks_under_fair_finish_with_a_physical_time(tmp_path):
+    """1024 stages in flight on a dim chained 1024 deep in `fair` (RecursionError): now a row at or above its bound."""
+    out = tmp_path / "rows.json"
+    argv = ["model", "-t", "SW(8,100,700)_SW(4,50,500)", "--network", "fair", "-b", "64M", "-c", "1024"]
+    assert main([*argv, "--active-chunks-per-dim", "1024", "-p", "baseline", "-q", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 1 and all(r["time_us"] >= r["ideal_us"] * (1 - 1e-9) for r in rows), rows
