@@ -72,3 +72,24 @@ def test_1024_active_chunks_under_fair_finish_with_a_physical_time(tmp_path):
     assert main([*argv, "--active-chunks-per-dim", "1024", "-p", "baseline", "-q", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert len(rows) == 1 and all(r["time_us"] >= r["ideal_us"] * (1 - 1e-9) for r in rows), rows
+
+
+def deep_json(tmp_path) -> str:
+    """A JSON document nested 100,000 deep (Python's json raises RecursionError on it)."""
+    path = tmp_path / "deep.json"
+    path.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    return str(path)
+
+
+def test_json_nested_100000_deep_is_one_line_for_every_json_input(capsys, tmp_path):
+    """calibrate --base and -t FIT.json read it through one reader: "nested too deep", not a RecursionError."""
+    deep = deep_json(tmp_path)
+    two_node = str(DATA / "nccl-tests" / "h100x16_2node_ib_issue309_qoofyk.txt")
+    refused(capsys, ["calibrate", two_node, "--base", deep], "cannot read --base", "nested too deep")
+    refused(capsys, ["model", "-t", deep, "-b", "1M"], "not a calibrate --json file (nested too deep)")
+
+
+def test_the_per_dim_fit_caps_its_chunks(capsys):
+    """calibrate --algorithm ring -c 65536 ran past 60 s (two engine runs per size): refused at its cap."""
+    argv = ["calibrate", str(NCCL_LOG), "--algorithm", "ring", "-c", "65536"]
+    refused(capsys, argv, "at most 4096 chunks, got 65536")

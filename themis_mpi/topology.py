@@ -728,8 +728,9 @@ def read_fit(path: str) -> FitFile | None:
 
     try:
         doc = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_FIT_BYTES else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{path}: not a calibrate --json file ({str(exc).splitlines()[0]})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = str(exc).splitlines()[0] if not isinstance(exc, RecursionError) else "nested too deep"
+        raise UsageError(f"{path}: not a calibrate --json file ({why})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
         raise UsageError(f"{path}: a JSON file but not a calibrate --json fit (no 'topology' string)")
     chunks = doc.get("chunks", 1)

@@ -20,7 +20,6 @@ fastest pair) and fitting alternate until the labels hold.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +29,7 @@ import numpy as np
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS
 from ..nccl import Pair, pairs
+from ..output import read_json
 from ..results import busbw_factor
 from ..topology import PROTOCOL_CAPS, PROTOCOLS, NcclParams, Topology, parse_topology
 from ..units import BYTES_PER_GB
@@ -617,10 +617,9 @@ def read_base(text: str) -> Topology:
     """``--base``: a single-node fit, as its topology string or the file `calibrate --json` wrote."""
     if text.endswith(".json") or (os.path.isfile(text) and "(" not in text):
         try:
-            with open(text) as f:
-                doc = json.load(f)
+            doc = read_json(text)
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read --base {text}: {exc}") from None
+            raise UsageError(f"cannot read --base {text}: {str(exc)[:100]}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
             raise UsageError(f"--base {text}: not a calibrate --json file (no 'topology')")
         text = doc["topology"]
