@@ -82,7 +82,7 @@ def deep_json(tmp_path) -> str:
 
 
 def test_json_nested_100000_deep_is_one_line_for_every_json_input(capsys, tmp_path):
-    """calibrate --base and -t FIT.json read it through one reader: "nested too deep", not a RecursionError."""
+    """`calibrate --base` and `-t FIT.json` read it through one reader: "nested too deep", not a RecursionError."""
     deep = deep_json(tmp_path)
     two_node = str(DATA / "nccl-tests" / "h100x16_2node_ib_issue309_qoofyk.txt")
     refused(capsys, ["calibrate", two_node, "--base", deep], "cannot read --base", "nested too deep")
@@ -90,6 +90,6 @@ def test_json_nested_100000_deep_is_one_line_for_every_json_input(capsys, tmp_pa
 
 
 def test_the_per_dim_fit_caps_its_chunks(capsys):
-    """calibrate --algorithm ring -c 65536 ran past 60 s (two engine runs per size): refused at its cap."""
+    """`calibrate --algorithm ring -c 65536` ran past 60 s (two engine runs per size): refused at its cap."""
     argv = ["calibrate", str(NCCL_LOG), "--algorithm", "ring", "-c", "65536"]
     refused(capsys, argv, "at most 4096 chunks, got 65536")
