@@ -780,9 +780,9 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
         seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
-        shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec")
+        shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec").replace(ROOT + "/", "")
         message = (
-            err[0].replace(tmp + "/", "")
+            err[0].replace(tmp + "/", "").replace(ROOT + "/", "")
             if err
             else f"(nothing; {len(proc.stdout.splitlines())} lines of output)"
         )
