@@ -93,3 +93,16 @@ def test_the_per_dim_fit_caps_its_chunks(capsys):
     """`calibrate --algorithm ring -c 65536` ran past 60 s (two engine runs per size): refused at its cap."""
     argv = ["calibrate", str(NCCL_LOG), "--algorithm", "ring", "-c", "65536"]
     refused(capsys, argv, "at most 4096 chunks, got 65536")
+
+
+def test_a_log_with_unsorted_sizes_says_why_it_reads_as_many_tables(capsys, tmp_path):
+    """Rows out of size order split the log into one-size tables: the line says so (it listed 15 "tables")."""
+    lines = NCCL_LOG.read_text().splitlines()
+    rows = [
+        i for i, ln in enumerate(lines) if ln.split()[:1] and ln.split()[0].isdigit() and len(ln.split()) > 8
+    ]
+    first, last = rows[0], rows[-1]
+    shuffled = lines[first : last + 1][::-1]  # largest first: every row starts a table
+    log = tmp_path / "unsorted.txt"
+    log.write_text("\n".join(lines[:first] + shuffled + lines[last + 1 :]) + "\n")
+    refused(capsys, ["calibrate", str(log)], "sizes do not grow from row to row", "--table")

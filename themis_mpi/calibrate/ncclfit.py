@@ -143,7 +143,13 @@ def _check_fittable(log: NcclLog) -> None:
     times = [r.time_us for r in rows]
     sizes = [r.size_bytes for r in rows]
     if len(rows) < 2 or (len(rows) < 4 and not log.partial):
-        raise UsageError(f"{log.path}: {len(rows)} sizes: the log cannot be fitted (need 2 or more)")
+        split = (
+            f"; it reads as {log.tables} tables because its sizes do not grow from row to row (a size at or "
+            "below the one before starts a table): sort them, or pick one with --table"
+            if log.tables > 2
+            else ""
+        )
+        raise UsageError(f"{log.path}: {len(rows)} size(s): the log cannot be fitted (need 2 or more){split}")
     if times[-1] < 1.1 * times[0] * min(1.0, sizes[-1] / sizes[0] / 2):
         raise UsageError(
             f"{log.path}: the times do not grow with the size ({times[0]:g} us at {sizes[0]} B, "
