@@ -626,6 +626,23 @@ def _plot_parser(sub: Any) -> None:
 
 
 LLM_PRESETS = ("gpt3-175b", "llama2-70b", "mixtral-8x7b")  # workloads.llm.PRESETS (not imported here)
+# `workload gpt`'s shape flags, each with its own help (the preset's value when not given).
+SHAPE_HELP = {
+    "layers": "transformer layers (decoder blocks)",
+    "hidden": "hidden size h (the model width)",
+    "heads": "attention heads (must divide --hidden)",
+    "seq": "sequence length s in tokens",
+    "vocab": "vocabulary size V (the embedding and LM head)",
+    "ffn": "MLP inner size (default 4 * --hidden)",
+    "experts": "experts per MoE layer (default 0: a dense MLP)",
+    "topk": "experts each token is routed to (default 1)",
+}
+PARALLEL_HELP = {
+    "tp": "tensor-parallel degree: GPUs that split each layer",
+    "pp": "pipeline-parallel degree: stages of consecutive layers",
+    "dp": "data-parallel degree: replicas that reduce gradients",
+    "ep": "expert-parallel degree: GPUs the experts are spread over (divides DP)",
+}
 
 
 def _workload_parser(sub: Any) -> None:
@@ -644,12 +661,12 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--nvlink-gbps", type=float, default=360.0, help="simai: NVLink GB/s per GPU (360)")
     p.add_argument("--nic-gbps", type=float, default=48.5, help="simai: NIC GB/s per GPU (48.5)")
     p.add_argument("--preset", choices=LLM_PRESETS, help="a model's shape; flags given override it")
-    for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk"):
-        p.add_argument(f"--{name}", type=int, help=f"{name} (ffn: default 4*hidden; experts: 0 = dense)")
+    for name, text in SHAPE_HELP.items():
+        p.add_argument(f"--{name}", type=int, help=text)
     p.add_argument("--micro-batch", type=int, help="micro-batch size b (default 1)")
     p.add_argument("--global-batch", type=int, help="global batch B in sequences (default b*DP)")
-    for name in ("tp", "pp", "dp", "ep"):
-        p.add_argument(f"--{name}", type=int, default=1, help=f"{name.upper()} degree (default 1)")
+    for name, text in PARALLEL_HELP.items():
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{text} (default 1)")
     p.add_argument(
         "--order",
         default="tp-dp-pp",
