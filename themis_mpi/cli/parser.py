@@ -608,18 +608,49 @@ def _calibrate_parser(sub: Any) -> None:
     )
 
 
+PLOT_SCALES = ("auto", "log", "linear")  # plots.SCALES (not imported here: the parser stays light)
+
+
 def _plot_parser(sub: Any) -> None:
     """`themis-mpi plot`."""
     p = sub.add_parser(
         "plot",
         help="plot a sweep's rows (--csv, --json or --jsonl of run, model or train)",
-        description="One line per value of --hue, --y against --x. Short names: size, time, ideal, busbw, "
-        "algbw, util, chunks, iteration; any other column by its name.",
+        description="--y against --x, one line per run of the grid: colour by --hue, line style and marker "
+        "by the other grid columns that vary; bars when --x is not a number (e.g. policy). Axes not given "
+        "are chosen from the file (a train file: iteration time against what varies). Short names: size, "
+        "time, ideal, busbw, algbw, util, chunks, iteration; any other column by its name.",
     )
     p.add_argument("rows", metavar="ROWS", help="a --csv, --json or --jsonl file of run, model or train")
-    p.add_argument("--x", default="size", help="the x axis (default size)")
-    p.add_argument("--y", default="busbw", help="the y axis (default busbw)")
-    p.add_argument("--hue", default="policy", help="one line per value of this column (default policy)")
+    p.add_argument(
+        "--x",
+        default=None,
+        help="the x axis (default: size where sizes vary, else the grid column that varies)",
+    )
+    p.add_argument("--y", default=None, help="the y axis (default: busbw, or iteration for a train file)")
+    p.add_argument(
+        "--hue", default=None, help="a colour per value of this column (default: the first other that varies)"
+    )
+    p.add_argument(
+        "--col", metavar="COLUMN", default=None, help="one axes per value of this column, side by side"
+    )
+    p.add_argument("--row", metavar="COLUMN", default=None, help="one axes per value of this column, stacked")
+    p.add_argument(
+        "--where",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="keep the rows with this value (repeatable: every key must match; a key twice: either value)",
+    )
+    for axis in ("x", "y"):
+        p.add_argument(
+            f"--log{axis}",
+            choices=PLOT_SCALES,
+            default="auto",
+            help=f"the {axis} axis scale (default auto: log for sizes, chunk counts and times that span 10x "
+            "or more, linear for the rest or when a value is <= 0)",
+        )
+    p.add_argument("--title", default=None, help="the figure's title (default: none)")
     p.add_argument(
         "--out", metavar="PNG", type=_path, default=None, help="the picture (default: ROWS with .png)"
     )
