@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from themis_mpi.run.pool import die_with_parent
+from themis_mpi.run.pool import _watch_parent, die_with_parent
 
 # A sweep of about a minute on 2 workers (1000+ cells); it is killed within seconds of starting.
 SWEEP = ["model", "-t", "8x8x8,16x16x8,4x4x4x4", "-b", "64K", "-e", "4G", "-f", "2", "-p", "all"]
@@ -82,3 +82,27 @@ def test_a_process_whose_parent_is_gone_ends_at_once():
         os._exit(0)
     _, status = os.waitpid(child, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1
+
+
+def test_the_portable_watch_ends_an_orphan():
+    """Without prctl, `_watch_parent` ends a worker once its parent is gone (it was reparented)."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # pragma: no cover (the child, parent of the watcher)
+        me = os.getpid()  # (taken before the fork: this process may be gone when the watcher starts)
+        watcher = os.fork()
+        if watcher == 0:
+            os.close(r)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            _watch_parent(me)
+            time.sleep(60)  # (only if the watch returned instead of ending the process)
+        os._exit(0)
+    os.close(w)
+    watcher = int(os.read(r, 32))
+    os.close(r)
+    os.waitpid(middle, 0)
+    end = time.monotonic() + DEADLINE_S
+    while alive(watcher) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not alive(watcher)
