@@ -157,8 +157,9 @@ def is_number(value: object) -> bool:
 
 
 def values_of(rows: Sequence[dict], column: str) -> list[str]:
-    """A column's distinct values as text, in the order the rows first give them."""
-    return list(dict.fromkeys(str(r.get(column)) for r in rows))
+    """A column's distinct values as text: numbers in increasing order, others as the rows first give them."""
+    values = list(dict.fromkeys(str(r.get(column)) for r in rows))
+    return sorted(values, key=float) if all(is_number(v) for v in values) else values
 
 
 def grid_columns(rows: Sequence[dict]) -> tuple[str, ...]:
@@ -317,7 +318,10 @@ def line_styles(rows: Sequence[dict], fields: Sequence[str]) -> dict[tuple[str, 
     """
     order = [values_of(rows, f) for f in fields]
     colours = palette(len(order[0]) if order else 1)
-    keys = list(dict.fromkeys(tuple(str(r.get(f)) for f in fields) for r in rows))
+    keys = sorted(
+        dict.fromkeys(tuple(str(r.get(f)) for f in fields) for r in rows),
+        key=lambda k: [values.index(v) for values, v in zip(order, k)],
+    )  # (grouped by hue, then by the next field: the legend's order)
     rest = list(dict.fromkeys(k[2:] for k in keys))
     wraps = math.ceil(len(order[1]) / len(LINE_STYLES)) if len(order) > 1 else 1
     styles = {}

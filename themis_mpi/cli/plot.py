@@ -127,7 +127,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         for name in ("x", "y", "hue")
     }
     col, row = (sweep_column(c)[0] if c else None for c in (args.col, args.row))
-    x, y, hue = default_axes(rows, **given, facets=(col, row))
+    try:
+        x, y, hue = default_axes(rows, **given, facets=(col, row))
+    except UsageError as exc:
+        raise UsageError(f"{args.rows}: {exc}") from None
     for name, column in (("--x", x), ("--y", y), ("--hue", hue), ("--col", col), ("--row", row)):
         if column is None:
             continue
@@ -143,7 +146,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     logx, logy, notes = scales(rows, x, y, args.logx, args.logy)
     spec = SweepPlot(x, y, hue, col, row, logx, logy, args.title)
     chosen = [
-        f"{name} {column}" for name, column in (("x", x), ("y", y), ("hue", hue)) if given[name] is None
+        f"{name} {column or 'none'}"
+        for name, column in (("x", x), ("y", y), ("hue", hue))
+        if given[name] is None
     ]
     if chosen:
         print(f"# chose from {args.rows}: {', '.join(chosen)}; line styles by {_styles(rows, spec)}")
