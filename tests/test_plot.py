@@ -198,12 +198,13 @@ def test_auto_scales_fall_back_to_linear_with_a_note_and_log_refuses():
         (["--where", "nope=1"], "has no column 'nope'"),
         (["--logx", "log", "--where", "size=0"], "log axis needs positive numbers"),
         (["--col", "nope"], "has no column 'nope' (for --col)"),
+        (["--col", "size", "--row", "busbw", "--logx", "linear"], "at most 64 axes in one figure"),
     ],
 )
 def test_plot_refuses_bad_input_with_one_line(tmp_path, args, message):
     """A missing column, a bad filter or scale, an output that is the input: one line, exit 2."""
     data = tmp_path / "rows.json"
-    data.write_text(json.dumps(rows("baseline", "A", 4, sizes=(0, 1, 2))))
+    data.write_text(json.dumps(rows("baseline", "A", 4, sizes=(0, *range(1, 10)))))
     before = data.read_bytes()
     proc = in_process(["plot", str(data), *[a.format(rows=data) for a in args]])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr

@@ -137,6 +137,7 @@ GRID_COLUMNS = ("policy", "intra", "topology", "op", "size_bytes", "requested_ch
                 "network", "scheduler", "workload", "npus")  # fmt: skip
 SCALES = ("auto", "log", "linear")  # --logx, --logy
 MAX_LINES = 200  # lines in one figure; more are refused (no palette keeps them apart)
+MAX_FACETS = 64  # axes in one figure (--col times --row values)
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
 HATCHES = ("", "//", "..", "xx", "\\\\", "++", "oo", "--", "||", "**")
@@ -356,6 +357,11 @@ def sweep_figure(rows: Sequence[dict], spec: SweepPlot) -> Any:
             "keep fewer with --where KEY=VALUE, or spread them with --col and --row"
         )
     row_values, col_values = _facet_values(rows, spec.row), _facet_values(rows, spec.col)
+    if len(row_values) * len(col_values) > MAX_FACETS:
+        raise UsageError(
+            f"{len(row_values)} x {len(col_values)} facets (--row {spec.row}, --col {spec.col}); at most "
+            f"{MAX_FACETS} axes in one figure: keep fewer with --where KEY=VALUE"
+        )
     categorical = is_categorical(rows, spec.x)
     categories = values_of(rows, spec.x) if categorical else []
     fig, axes = plt.subplots(
