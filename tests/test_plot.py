@@ -178,14 +178,24 @@ def test_plot_writes_a_png_of_a_model_sweep(tmp_path, fmt):
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_auto_scales_fall_back_to_linear_with_a_note_and_log_refuses():
-    """A size of 0: auto draws x linear and says why; --logx log is one line."""
-    data = rows("themis", "A", 16, sizes=(0, 1024, 65536))
-    assert scales(data, "size_bytes", "busbw_gbps", "auto", "auto")[:2] == ("linear", "linear")
-    assert "size_bytes has the value 0" in scales(data, "size_bytes", "busbw_gbps", "auto", "auto")[2][0]
-    assert scales(data[1:], "size_bytes", "busbw_gbps", "auto", "log")[:2] == ("log", "log")
+def test_auto_scales_fall_back_to_linear_with_a_note_and_log_refuses(tmp_path):
+    """A time of 0 (no exposed communication): auto draws y linear and says why; --logy log is one line."""
+    data = rows("themis", "A", 16, sizes=(1, 2, 4, 8, 16, 32, 64))
+    for r in data:
+        r["exposed_us"] = 0.0 if r["size_bytes"] == 1 else r["size_bytes"] * 100.0
+    assert scales(data, "size_bytes", "exposed_us", "auto", "auto")[:2] == ("log", "linear")
+    assert scales(data[1:], "size_bytes", "exposed_us", "auto", "auto")[:2] == ("log", "log")
+    assert scales(data[:3], "size_bytes", "busbw_gbps", "auto", "auto")[:2] == ("linear", "linear")  # 4x
     with pytest.raises(UsageError, match="log axis needs positive numbers"):
-        scales(data, "size_bytes", "busbw_gbps", "log", "auto")
+        scales(data, "size_bytes", "exposed_us", "auto", "log")
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(data))
+    proc = in_process(["plot", path, "--y", "exposed_us"])
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "# note: y axis linear: exposed_us has the value 0.0 (a log axis needs positive numbers)"
+        in proc.stdout
+    )
     assert SCALES == PLOT_SCALES
 
 
@@ -196,16 +206,21 @@ def test_auto_scales_fall_back_to_linear_with_a_note_and_log_refuses():
         (["--out", "{rows}"], "it is an input of this command"),
         (["--where", "topology"], "--where takes KEY=VALUE"),
         (["--where", "nope=1"], "has no column 'nope'"),
-        (["--logx", "log", "--where", "size=0"], "log axis needs positive numbers"),
+        (["--where", "size=11"], "no row of"),
+        (["--y", "exposed_us", "--logy", "log"], "log axis needs positive numbers"),
+        (["--x", "policy", "--logx", "log"], "its values are categories"),
         (["--col", "nope"], "has no column 'nope' (for --col)"),
         (["--col", "size", "--row", "busbw", "--logx", "linear"], "at most 64 axes in one figure"),
     ],
 )
 def test_plot_refuses_bad_input_with_one_line(tmp_path, args, message):
     """A missing column, a bad filter or scale, an output that is the input: one line, exit 2."""
-    data = tmp_path / "rows.json"
-    data.write_text(json.dumps(rows("baseline", "A", 4, sizes=(0, *range(1, 10)))))
-    before = data.read_bytes()
-    proc = in_process(["plot", str(data), *[a.format(rows=data) for a in args]])
+    data = rows("baseline", "A", 4, sizes=range(1, 10))
+    for r in data:
+        r["exposed_us"] = r["size_bytes"] * 10.0 - 10.0
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    proc = in_process(["plot", str(path), *[a.format(rows=path) for a in args]])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
-    assert data.read_bytes() == before
+    assert path.read_bytes() == before

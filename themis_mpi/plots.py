@@ -220,8 +220,17 @@ class SweepPlot:
 
 
 def is_categorical(rows: Sequence[dict], column: str) -> bool:
-    """Whether a column is drawn as categories (bars on x): some value is not a number."""
-    return not all(is_number(r.get(column)) for r in rows)
+    """Whether a column is drawn as categories (bars on x): some value does not read as a number.
+
+    NaN and inf read as numbers here: a numeric column with such a value is refused, not drawn
+    as categories.
+    """
+    for r in rows:
+        try:
+            float(r.get(column))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return True
+    return False
 
 
 LOG_SPAN = 10  # ``auto`` draws a log axis when the values span this factor or more

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from ..errors import UsageError
 from ..plots import (  # (matplotlib loads when a picture is drawn)
+    LOG_COLUMNS,
     SWEEP_COLUMNS,
     SweepPlot,
     default_axes,
@@ -75,10 +76,19 @@ def read_rows(path: str) -> list[dict]:
 
 
 def check_axis(path: str, rows: list[dict], column: str) -> None:
-    """Every row's value of a numeric axis is a finite number (a row is named when one is not)."""
+    """Every row's value of a numeric axis is a finite number, and one physics allows.
+
+    A size or chunk count is positive and a time (``*_us``) not negative, whatever the scale: a
+    row that says otherwise is not a run's row. A row is named when one is not.
+    """
     for i, row in enumerate(rows, start=1):
-        if not is_number(row[column]):
-            raise UsageError(f"{path}: row {i}: {column} {_shown(str(row[column]))} is not a finite number")
+        value = row[column]
+        if not is_number(value):
+            raise UsageError(f"{path}: row {i}: {column} {_shown(str(value))} is not a finite number")
+        if column in LOG_COLUMNS and float(value) <= 0:
+            raise UsageError(f"{path}: row {i}: {column} {_shown(str(value))} is not a positive number")
+        if column.endswith("_us") and float(value) < 0:
+            raise UsageError(f"{path}: row {i}: {column} {_shown(str(value))} is negative (a time)")
 
 
 def where(rows: list[dict], conditions: Sequence[str], path: str) -> list[dict]:
