@@ -117,6 +117,16 @@ def test_the_readme_sweep_has_a_colour_and_style_pair_per_line_and_a_legend_off_
             assert not box.contains(px, py)
 
 
+def test_hue_topology_colours_by_topology_only(readme_rows):
+    """--hue topology: one colour per topology; the policies differ by line style, then marker."""
+    fig = sweep_figure(readme_rows, SweepPlot("size_bytes", "busbw_gbps", "topology", logx="log"))
+    (ax,) = fig.axes
+    drawn = ax.get_lines()
+    assert len({to_hex(line.get_color()) for line in drawn}) == len({r["topology"] for r in readme_rows})
+    looks = {(to_hex(line.get_color()), line.get_linestyle(), line.get_marker()) for line in drawn}
+    assert len(looks) == len(drawn) == len({(r["policy"], r["topology"]) for r in readme_rows})
+
+
 def test_facets_make_an_axes_per_value(readme_rows):
     """--col topology and --row op: topologies x ops axes, each with its own rows only."""
     fig = sweep_figure(readme_rows, SweepPlot("size_bytes", "busbw_gbps", "policy", col="topology", row="op"))

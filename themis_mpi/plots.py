@@ -321,10 +321,11 @@ def palette(n: int) -> list:
 
 
 def line_styles(rows: Sequence[dict], fields: Sequence[str]) -> dict[tuple[str, ...], tuple]:
-    """(colour, line style, marker, hatch) of each line key; no two keys alike.
+    """(colour, line style, marker, hatch) of each line key, in legend order.
 
-    The colour follows the first field (the hue), the line style the second, the marker the
-    rest (and the line style's wraps past four values); bars take a hatch instead of both.
+    The colour follows the first field (the hue; `palette`: no colour twice), the line style the
+    second, the marker the rest (and the line style's wraps past four values); bars take a
+    hatch instead. No two keys look alike while one colour holds at most 40 lines (10 bars).
     """
     order = [values_of(rows, f) for f in fields]
     colours = palette(len(order[0]) if order else 1)
