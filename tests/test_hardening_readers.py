@@ -276,16 +276,16 @@ def test_plot_reads_a_jsonl_file_as_json_lines(tmp_path, capsys, sweep_files):
 @pytest.mark.parametrize(
     ("column", "value", "axis", "words"),
     [
-        ("size_bytes", 0, [], ("row 2: size_bytes '0'", "positive", "logarithmic")),
+        ("size_bytes", 0, [], ("row 2: size_bytes '0'", "positive")),
         ("size_bytes", -5, [], ("row 2: size_bytes '-5'", "positive")),
         ("size_bytes", float("nan"), [], ("row 2: size_bytes 'nan'",)),
-        ("time_us", -1.0, ["--y", "time"], ("row 2: time_us '-1.0'", "positive")),
+        ("time_us", -1.0, ["--y", "time"], ("row 2: time_us '-1.0'", "negative")),
         ("busbw_gbps", float("inf"), [], ("row 2: busbw_gbps 'inf'", "a finite number")),
         ("busbw_gbps", "x" * 10_000, [], ("row 2: busbw_gbps", "(10000 characters)")),
     ],
 )
 def test_plot_refuses_values_its_axes_cannot_take(tmp_path, capsys, sweep_files, column, value, axis, words):
-    """A size <= 0 on a log scale was matplotlib's traceback; NaN, inf and text are one line too."""
+    """A size <= 0 on a log scale was matplotlib's traceback; a negative time, NaN, inf and text are one line too."""
     rows = json.loads(sweep_files["json"].read_text())
     rows[1][column] = value
     path = tmp_path / "rows.json"

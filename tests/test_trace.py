@@ -157,6 +157,8 @@ def test_replay_with_doubled_bandwidth_changes_only_that_dim(traces, tmp_path):
     proc = in_process(["replay", str(traces / "model.h5"), "--bandwidth", ",200,", "--trace", str(out)])
     assert proc.returncode == 0, proc.stderr
     before, after = Trace(str(traces / "model.h5")), Trace(str(out))
+    wrote = f"# wrote {out}: {len(after.events)} stage events of {len(after.collectives)} collectives"
+    assert proc.stdout.splitlines()[-1] == wrote  # like every writer
     key = ("collective", "chunk", "stage")
     a, b = np.sort(before.events, order=key), np.sort(after.events, order=key)
     assert (a["dim"] == b["dim"]).all() and (a["chunk"] == b["chunk"]).all()  # same schedule

@@ -608,24 +608,72 @@ def _calibrate_parser(sub: Any) -> None:
     )
 
 
+PLOT_SCALES = ("auto", "log", "linear")  # plots.SCALES (not imported here: the parser stays light)
+
+
 def _plot_parser(sub: Any) -> None:
     """`themis-mpi plot`."""
     p = sub.add_parser(
         "plot",
         help="plot a sweep's rows (--csv, --json or --jsonl of run, model or train)",
-        description="One line per value of --hue, --y against --x. Short names: size, time, ideal, busbw, "
-        "algbw, util, chunks, iteration; any other column by its name.",
+        description="--y against --x, one line per run of the grid: colour by --hue, line style and marker "
+        "by the other grid columns that vary; bars when --x is not a number (e.g. policy). Axes not given "
+        "are chosen from the file (a train file: iteration time against what varies). Short names: size, "
+        "time, ideal, busbw, algbw, util, chunks, iteration; any other column by its name.",
     )
     p.add_argument("rows", metavar="ROWS", help="a --csv, --json or --jsonl file of run, model or train")
-    p.add_argument("--x", default="size", help="the x axis (default size)")
-    p.add_argument("--y", default="busbw", help="the y axis (default busbw)")
-    p.add_argument("--hue", default="policy", help="one line per value of this column (default policy)")
+    p.add_argument(
+        "--x",
+        default=None,
+        help="the x axis (default: size where sizes vary, else the grid column that varies)",
+    )
+    p.add_argument("--y", default=None, help="the y axis (default: busbw, or iteration for a train file)")
+    p.add_argument(
+        "--hue", default=None, help="a colour per value of this column (default: the first other that varies)"
+    )
+    p.add_argument(
+        "--col", metavar="COLUMN", default=None, help="one axes per value of this column, side by side"
+    )
+    p.add_argument("--row", metavar="COLUMN", default=None, help="one axes per value of this column, stacked")
+    p.add_argument(
+        "--where",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="keep the rows with this value (repeatable: every key must match; a key twice: either value)",
+    )
+    for axis in ("x", "y"):
+        p.add_argument(
+            f"--log{axis}",
+            choices=PLOT_SCALES,
+            default="auto",
+            help=f"the {axis} axis scale (default auto: log for sizes, chunk counts and times that span 10x "
+            "or more, linear for the rest or when a value is <= 0)",
+        )
+    p.add_argument("--title", default=None, help="the figure's title (default: none)")
     p.add_argument(
         "--out", metavar="PNG", type=_path, default=None, help="the picture (default: ROWS with .png)"
     )
 
 
 LLM_PRESETS = ("gpt3-175b", "llama2-70b", "mixtral-8x7b")  # workloads.llm.PRESETS (not imported here)
+# `workload gpt`'s shape flags, each with its own help (the preset's value when not given).
+SHAPE_HELP = {
+    "layers": "transformer layers (decoder blocks)",
+    "hidden": "hidden size h (the model width)",
+    "heads": "attention heads (must divide --hidden)",
+    "seq": "sequence length s in tokens",
+    "vocab": "vocabulary size V (the embedding and LM head)",
+    "ffn": "MLP inner size (default 4 * --hidden)",
+    "experts": "experts per MoE layer (default 0: a dense MLP)",
+    "topk": "experts each token is routed to (default 1)",
+}
+PARALLEL_HELP = {
+    "tp": "tensor-parallel degree: GPUs that split each layer",
+    "pp": "pipeline-parallel degree: stages of consecutive layers",
+    "dp": "data-parallel degree: replicas that reduce gradients",
+    "ep": "expert-parallel degree: GPUs the experts are spread over (divides DP)",
+}
 
 
 def _workload_parser(sub: Any) -> None:
@@ -644,12 +692,12 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--nvlink-gbps", type=float, default=360.0, help="simai: NVLink GB/s per GPU (360)")
     p.add_argument("--nic-gbps", type=float, default=48.5, help="simai: NIC GB/s per GPU (48.5)")
     p.add_argument("--preset", choices=LLM_PRESETS, help="a model's shape; flags given override it")
-    for name in ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk"):
-        p.add_argument(f"--{name}", type=int, help=f"{name} (ffn: default 4*hidden; experts: 0 = dense)")
+    for name, text in SHAPE_HELP.items():
+        p.add_argument(f"--{name}", type=int, help=text)
     p.add_argument("--micro-batch", type=int, help="micro-batch size b (default 1)")
     p.add_argument("--global-batch", type=int, help="global batch B in sequences (default b*DP)")
-    for name in ("tp", "pp", "dp", "ep"):
-        p.add_argument(f"--{name}", type=int, default=1, help=f"{name.upper()} degree (default 1)")
+    for name, text in PARALLEL_HELP.items():
+        p.add_argument(f"--{name}", type=int, default=1, help=f"{text} (default 1)")
     p.add_argument(
         "--order",
         default="tp-dp-pp",

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import itertools
 import json
-import math
 import os
+from collections.abc import Sequence
 
 from ..errors import UsageError, shown
-from ..plots import log_axis, sweep_column, sweep_plot  # (matplotlib loads when a picture is drawn)
+from ..plots import (  # (matplotlib loads when a picture is drawn)
+    LOG_COLUMNS,
+    SWEEP_COLUMNS,
+    SweepPlot,
+    default_axes,
+    is_categorical,
+    is_number,
+    line_fields,
+    scales,
+    sweep_column,
+    sweep_plot,
+    values_of,
+)
+from ..units import parse_size
 from .options import check_outputs
 
 MAX_ROWS = 100_000
@@ -60,35 +74,105 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
-def check_axis(path: str, rows: list[dict], name: str) -> None:
-    """Every row's value of an axis is a finite number, and positive on a log axis (sizes, times)."""
-    column = sweep_column(name)[0]
+def check_axis(path: str, rows: list[dict], column: str) -> None:
+    """Every row's value of a numeric axis is a finite number, and one physics allows.
+
+    A size or chunk count is positive and a time (``*_us``) not negative, whatever the scale: a
+    row that says otherwise is not a run's row. A row is named when one is not.
+    """
     for i, row in enumerate(rows, start=1):
-        try:
-            value = float(row[column])
-        except (TypeError, ValueError):
-            value = math.nan
-        if not math.isfinite(value) or (log_axis(column) and value <= 0):
-            need = "a positive number (its axis is logarithmic)" if log_axis(column) else "a finite number"
-            raise UsageError(f"{path}: row {i}: {column} {shown(str(row[column]))} is not {need}")
+        value = row[column]
+        if not is_number(value):
+            raise UsageError(f"{path}: row {i}: {column} {shown(str(value))} is not a finite number")
+        if column in LOG_COLUMNS and float(value) <= 0:
+            raise UsageError(f"{path}: row {i}: {column} {shown(str(value))} is not a positive number")
+        if column.endswith("_us") and float(value) < 0:
+            raise UsageError(f"{path}: row {i}: {column} {shown(str(value))} is negative (a time)")
+
+
+def where(rows: list[dict], conditions: Sequence[str], path: str) -> list[dict]:
+    """The rows that meet every ``KEY=VALUE`` of --where; a key given twice takes either value.
+
+    Numbers compare as numbers ("16" equals 16.0); the size column also takes sizes such as 1M.
+    """
+    wanted: dict[str, list[str]] = {}
+    for condition in conditions:
+        key, sep, value = condition.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--where takes KEY=VALUE, e.g. topology=2x2x2, got {shown(condition)}")
+        wanted.setdefault(sweep_column(key.strip())[0], []).append(value.strip())
+    for column, values in wanted.items():
+        if column not in rows[0]:
+            raise UsageError(
+                f"--where: {path} has no column {shown(column)}; it has {shown(', '.join(rows[0]))}"
+            )
+        kept = [r for r in rows if any(_same(r.get(column), v, column) for v in values)]
+        if not kept:
+            have = ", ".join(values_of(rows, column)[:20])
+            raise UsageError(
+                f"--where {column}={'|'.join(values)}: no row of {path} has it; {column} has {shown(have)}"
+            )
+        rows = kept
+    return rows
+
+
+def _same(cell: object, value: str, column: str) -> bool:
+    """Whether a cell equals a --where value: as numbers when both are, else as text."""
+    if column == "size_bytes" and not is_number(value):
+        with contextlib.suppress(UsageError, ValueError):
+            value = str(parse_size(value))
+    if is_number(cell) and is_number(value):
+        return float(cell) == float(value)  # type: ignore[arg-type]
+    return str(cell) == value
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """`themis-mpi plot`: y against x, one line per value of --hue."""
+    """`themis-mpi plot`: y against x, one line per run of the grid, coloured by --hue."""
     out = args.out or os.path.splitext(args.rows)[0] + ".png"
     check_outputs(out, inputs=(args.rows,))
-    rows = read_rows(args.rows)
-    for name in (args.x, args.y, args.hue):
-        column = sweep_column(name)[0]
-        for i, row in enumerate(rows, start=1):
-            if column not in row:
+    rows = where(read_rows(args.rows), args.where or (), args.rows)
+    given = {
+        name: sweep_column(getattr(args, name))[0] if getattr(args, name) else None
+        for name in ("x", "y", "hue")
+    }
+    col, row = (sweep_column(c)[0] if c else None for c in (args.col, args.row))
+    try:
+        x, y, hue = default_axes(rows, **given, facets=(col, row))
+    except UsageError as exc:
+        raise UsageError(f"{args.rows}: {exc}") from None
+    for name, column in (("--x", x), ("--y", y), ("--hue", hue), ("--col", col), ("--row", row)):
+        if column is None:
+            continue
+        for i, cells in enumerate(rows, start=1):
+            if column not in cells:
                 raise UsageError(
-                    f"{args.rows}: row {i} has no column {shown(column)} (for {shown(name)}); "
-                    f"it has {shown(', '.join(row))}"
+                    f"{args.rows}: row {i} has no column {shown(column)} (for {name}); "
+                    f"it has {shown(', '.join(cells))}"
                 )
-    for name in (args.x, args.y):
-        check_axis(args.rows, rows, name)
-    print(
-        f"# wrote {sweep_plot(rows, args.x, args.y, args.hue, out)}: {args.y} against {args.x} by {args.hue}"
-    )
+    check_axis(args.rows, rows, y)
+    if not is_categorical(rows, x):
+        check_axis(args.rows, rows, x)
+    logx, logy, notes = scales(rows, x, y, args.logx, args.logy)
+    spec = SweepPlot(x, y, hue, col, row, logx, logy, args.title)
+    chosen = [
+        f"{name} {column or 'none'}"
+        for name, column in (("x", x), ("y", y), ("hue", hue))
+        if given[name] is None
+    ]
+    if chosen:
+        print(f"# chose from {args.rows}: {', '.join(chosen)}; line styles by {_styles(rows, spec)}")
+    for note in notes:
+        print(f"# note: {note}")
+    sweep_plot(rows, spec, out)
+    facets = "".join(f", {kind} by {c}" for kind, c in (("columns", col), ("rows", row)) if c)
+    short = {column: name for name, (column, _) in SWEEP_COLUMNS.items()}
+    what = f"{short.get(y, y)} against {short.get(x, x)} by {short.get(hue, hue) if hue else 'nothing'}"
+    print(f"# wrote {out}: {what}{facets}")
     return 0
+
+
+def _styles(rows: list[dict], spec: SweepPlot) -> str:
+    """What tells the lines of one colour apart (`line_fields` after the hue), or "nothing"."""
+    fields = line_fields(rows, spec.hue, given=(spec.x, spec.col, spec.row))
+    rest = fields[1:] if spec.hue else fields
+    return ", ".join(rest) or "nothing"

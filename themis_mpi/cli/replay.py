@@ -31,4 +31,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
             write_json(args.json, result.to_dict(trace))
         if args.trace and result.recorder is not None and result.events is not None:
             result.recorder.write(args.trace, result.events, backend.service)
+            collectives = len(result.recorder.rows)
+            print(f"# wrote {args.trace}: {len(result.events)} stage events of {collectives} collectives")
     return 0 if (not result.unchanged or result.reproduced) else 1

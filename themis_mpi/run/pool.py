@@ -8,15 +8,23 @@ alone, no engine run) of that policy's earlier cells it has not seen. Policies k
 afresh at every collective (`begin` resets all they keep) skip the replay. Cells go out in grid
 order, so each worker meets a policy's cells in order and replays each earlier cell at most once.
 A resumed sweep replays the same way the cells it skips.
+
+Local workers end with their parent: a killed parent (SIGKILL included) would otherwise leave them
+blocked on the pool's pipes for ever. Each worker asks Linux for SIGKILL when its parent dies
+(``prctl(PR_SET_PDEATHSIG)``), or elsewhere watches its parent's pid; and while the pool runs,
+SIGTERM or SIGHUP in the parent ends the workers before the parent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import hashlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -111,17 +119,79 @@ class Cells:
 
 
 _WORKER: Cells | None = None  # a pool worker's cells (set once by `_start`)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+PARENT_POLL_S = 0.5  # how often a worker without prctl looks for its parent
 
 
-def _quiet_interrupt() -> None:
-    """A pool worker leaves at Ctrl-C without a word: the command's own process says it once."""
+def _watch_parent(parent_pid: int) -> None:
+    """Leave once this process's parent is gone (it is then another process's child)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """End this process when `parent_pid`, its parent, ends, however it ends.
+
+    On Linux the kernel sends SIGKILL (``prctl(PR_SET_PDEATHSIG)``); elsewhere a daemon thread
+    polls the parent's pid. A parent already gone before the call ends this process at once.
+    """
+    armed = False
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            armed = ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    if not armed:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _worker_init(parent_pid: int | None = None) -> None:
+    """A pool worker: quiet at Ctrl-C (the command says it once); a local one ends with its parent."""
     signal.signal(signal.SIGINT, lambda signum, frame: os._exit(130))
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
 
 
-def _start(cells: Sequence[SweepCell]) -> None:
+def _start(cells: Sequence[SweepCell], parent_pid: int | None = None) -> None:
     global _WORKER
-    _quiet_interrupt()
+    _worker_init(parent_pid)
     _WORKER = Cells(cells)
+
+
+@contextlib.contextmanager
+def _ended_on_hangup(executor: Any) -> Iterator[None]:
+    """While the pool runs, SIGTERM or SIGHUP here end its workers first, then this process as before.
+
+    Signals this process ignores (``nohup``) stay ignored; off the main thread nothing is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def end(signum: int, frame: Any) -> None:
+        for process in list(getattr(executor, "_processes", None) or ()):
+            with contextlib.suppress(OSError):
+                os.kill(process, signal.SIGKILL)
+        signal.signal(signum, previous[signum])
+        os.kill(os.getpid(), signum)  # the handler this process had (by default: it ends)
+
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:
+            previous[signum] = signal.signal(signum, end)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _local_executor(workers: int, initializer: Callable[..., None], *initargs: Any) -> Any:
+    """A ProcessPoolExecutor of `workers` processes that end with this one."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, initializer=initializer, initargs=(*initargs, os.getpid()))
 
 
 def _run(batch: Sequence[int]) -> list[tuple[int, CollectiveResult]]:
@@ -168,14 +238,13 @@ def run_cells(
         executor = _mpi_executor(cells)
         count = executor.num_workers
     else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        executor = ProcessPoolExecutor(int(workers), initializer=_start, initargs=(list(cells),))
+        executor = _local_executor(int(workers), _start, list(cells))
         count = int(workers)
     try:
-        futures = [executor.submit(_run, batch) for batch in batches(todo, count)]
-        for future in futures:
-            yield from future.result()
+        with _ended_on_hangup(executor):
+            futures = [executor.submit(_run, batch) for batch in batches(todo, count)]
+            for future in futures:
+                yield from future.result()
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
@@ -199,11 +268,10 @@ def ordered_map(
 
         executor: Any = MPIPoolExecutor()
     else:
-        from concurrent.futures import ProcessPoolExecutor
-
-        executor = ProcessPoolExecutor(int(workers), initializer=_quiet_interrupt)
+        executor = _local_executor(int(workers), _worker_init)
     try:
-        yield from executor.map(function, items)
+        with _ended_on_hangup(executor):
+            yield from executor.map(function, items)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
