@@ -213,7 +213,8 @@ def test_a_reduce_made_a_copy_computes_the_wrong_result(name, reduce, copy, tmp_
     proof = prove(damaged, programs(damaged))
     assert not proof.ok and sum(d.wrong for d in proof.data) > 0
     assert re.match(r"GPU 0 output chunk \d+ holds .* but the allreduce puts", proof.first())
-    assert main(["msccl", str(path)]) == 1
+    model = ["model", "-t", f"SW({damaged.ngpus},100,500)", "-b", "64K", "--algorithm", f"msccl:{path}"]
+    assert main(model) == 2
 
 
 def test_receives_first_on_every_gpu_deadlock_and_the_cycle_is_named(tmp_path):
@@ -273,13 +274,14 @@ def test_a_file_too_large_is_refused_unread(tmp_path, monkeypatch):
 
 
 def test_the_cli_refuses_a_damaged_file_with_exit_2(tmp_path):
-    """`themis-mpi msccl` on a damaged file: one line on stderr naming the step, exit 2."""
+    """`themis-mpi model --algorithm msccl:FILE` on a damaged file: one line naming the step, exit 2."""
     algo = shared_algo(SHARED_FILES[2])
     st = algo.gpus[4].threadblocks[0].steps[7]
     path = tmp_path / "bad.xml"
     write_algorithm(str(path), replace_step(algo, 4, 0, 7, dataclasses.replace(st, dstoff=9)))
-    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "msccl", str(path)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "model", "-t", "SW(8,100,500)", "-b", "64K",
+                           "--algorithm", f"msccl:{path}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert (
         "GPU 4 threadblock 0 step 7: dstoff 9 + cnt 1 is outside the input buffer of 8 chunks" in proc.stderr
