@@ -12,11 +12,15 @@ import json
 
 import pytest
 from harness import DATA, cli, in_process, shared
+from test_msccl_synthesis import SIZE, TACOS_US, TORUS_2D
 
 from themis_mpi.api import sweep
 from themis_mpi.msccl.build import builtin
 from themis_mpi.msccl.ir import read_algorithm, write_algorithm
+from themis_mpi.msccl.synthesis import synthesize_all_gather, to_algorithm
+from themis_mpi.results import ideal_time_us
 from themis_mpi.timing.rules import rule_names
+from themis_mpi.topology import parse_topology
 
 FIXTURES = DATA / "msccl"
 # each shared file, the topology it runs on (one NPU per GPU) and its collective
@@ -127,7 +131,7 @@ def test_a_damaged_file_is_refused_by_model_and_run_with_the_checkers_line(tmp_p
     model = in_process(["model", "-t", "SW(8,100,500)", "-b", "64K", "--algorithm", f"msccl:{bad}"])
     assert model.returncode == 2 and line in model.stderr and model.stderr.count("\n") == 1
     proc, rows = emulated(8, "SW(8,100,500)", "all_reduce", "64K", f"msccl:{bad}", "ideal", tmp_path)
-    assert proc.returncode == 2 and line in proc.stderr and not rows
+    assert proc.returncode == 2 and line in proc.stderr and proc.stderr.count("\n") == 1 and not rows
 
 
 @pytest.mark.parametrize("rule", rule_names())
@@ -204,6 +208,14 @@ def test_exported_builtins_take_the_builtins_time(algorithm, topology, rule, tmp
         assert mine == model_us(topology, "all_reduce", size, algorithm, rule)
 
 
+def test_a_training_loop_refuses_a_custom_algorithm():
+    """Custom algorithms run single collectives: train says so in one line."""
+    workload = DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"
+    args = ["train", str(workload), "-t", "SW(4,100,500)", "-n", "1"]
+    proc = in_process([*args, "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"])
+    assert proc.returncode == 2 and "run single collectives" in proc.stderr
+
+
 def test_separate_messages_never_beat_the_links_under_ideal(tmp_path):
     """Direct on a switch: seven messages share one up-link; no rule gives more than its rate."""
     path = tmp_path / "direct.xml"
@@ -240,9 +252,40 @@ def test_msccl_auto_picks_by_size_and_falls_back_to_the_built_in(tmp_path):
          "per-dim custom stages are not supported yet"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl:"], "write msccl:FILE.xml or msccl-auto:DIR"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl-auto:/nonexistent"], "is not a directory"),
+        (["-t", "SW(4,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}", "--npu-delay-us", "1=5"],
+         "run single collectives (model, run) with NPUs alike"),
     ],
 )  # fmt: skip
 def test_custom_algorithms_that_cannot_run_are_refused_in_one_line(args, fragment):
-    """A file for another collective, another NPU count, or per dim: one line, exit 2."""
+    """A file for another collective, another NPU count, per dim, or with stragglers: one line, exit 2."""
     proc = in_process(["model", "-b", "64K", *args])
     assert proc.returncode == 2 and fragment in proc.stderr and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("rule", rule_names())
+@pytest.mark.parametrize(("spec", "chunks"), [(k, c) for k, c in TACOS_US if c == 1])
+def test_synthesized_all_gathers_reach_tacos_as_the_model_times_them(spec, chunks, rule, tmp_path):
+    """`model -o all_gather -b 64M --algorithm msccl:FILE`: within 5 % of TACOS or faster, never past physics."""
+    topo = parse_topology(spec)
+    path = tmp_path / "ag.xml"
+    write_algorithm(str(path), to_algorithm(synthesize_all_gather(topo, SIZE)))
+    t_us = model_us(spec, "all_gather", SIZE, f"msccl:{path}", rule)
+    assert (
+        ideal_time_us("all_gather", SIZE, topo, range(len(topo.dims)))
+        <= t_us
+        <= 1.05 * TACOS_US[(spec, chunks)]
+    )
+    if spec == TORUS_2D:  # strictly faster than the hierarchical all-gather at any of its chunk counts
+        rows = sweep(spec, SIZE, "baseline", [1, 4, 16, 64], op="all_gather", network=rule)
+        assert t_us < min(r.time_us for r in rows)
+
+
+def test_a_synthesized_all_gather_runs_on_the_emulator_with_the_models_time(tmp_path):
+    """On Ring(2)_Ring(4), 8 ranks: the synthesized file moves real data right, in the model's time."""
+    spec = "Ring(2,100,500)_Ring(4,100,500)"
+    path = tmp_path / "ag8.xml"
+    write_algorithm(str(path), to_algorithm(synthesize_all_gather(parse_topology(spec), 2**20)))
+    proc, rows = emulated(8, spec, "all_gather", "1M", f"msccl:{path}", "fair", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rows[0]["wrong"] == 0
+    assert rows[0]["time_us"] == model_us(spec, "all_gather", "1M", f"msccl:{path}", "fair", chunks=2)

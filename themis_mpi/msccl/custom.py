@@ -81,16 +81,32 @@ def _fits(algo: Algorithm, collective: Collective, npus: int) -> str:
     return ""
 
 
+_LOADED: dict[tuple, Custom] = {}  # (path, its mtime and size, op, NPUs) -> a proved file
+
+
 def load(path: str, collective: Collective, npus: int, prove: bool) -> Custom:
-    """Read and check a file for the collective (and with `prove`, run the symbolic proof)."""
+    """Read and check a file for the collective (and with `prove`, run the symbolic proof).
+
+    A file proved once is taken again while it is unchanged (a sweep checks it before running).
+    """
+    try:
+        stat = os.stat(path)
+    except OSError:
+        stat = None
+    key = (path, stat and stat.st_mtime_ns, stat and stat.st_size, collective.op, npus)
+    if key in _LOADED:
+        return _LOADED[key]
     algo = read_algorithm(path)
     why = _fits(algo, collective, npus)
     if why:
         raise UsageError(f"{path}: {why}")
     progs = require(algo, path)
+    custom = Custom(path, algo, progs, schedule(progs).order)
     if prove:
         require_proof(algo, progs, path)
-    return Custom(path, algo, progs, schedule(progs).order)
+        if stat is not None:
+            _LOADED[key] = custom
+    return custom
 
 
 def choose(topology: Topology, collective: Collective, prove: bool = True) -> Custom | None:

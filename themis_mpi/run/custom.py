@@ -66,6 +66,11 @@ def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[in
             grid.wait(request, f"a message of {custom.source}")
 
 
+def sends(link) -> bool:
+    """Whether a link of an NPU carries what it sends (not a Switch's down-link into it)."""
+    return not link.name.endswith(".down")
+
+
 def custom_collective(
     transport: Transport, collective: Collective, custom: Custom, policy: str, decision_s: float = 0.0
 ) -> tuple[CollectiveResult, Engine]:
@@ -114,7 +119,9 @@ def custom_collective(
     own = physical_links(topology)  # NPU 0's links: the first of every NPU's
     links = link_results([], topology, transport.cost, time_us, times.carried[: len(own)])
     dims = [
-        replace(d, bytes=int(sum(x.bytes for x, link in zip(links, own) if link.dim == d.dim)))
+        replace(
+            d, bytes=int(sum(x.bytes for x, link in zip(links, own) if link.dim == d.dim and sends(link)))
+        )
         for d in dim_results([], topology, transport.cost, time_us, (0.0, times.end_ns), links)
     ]
     shown = links if config.network != IDEAL else []  # (`ideal` shows no links, as for built-ins)

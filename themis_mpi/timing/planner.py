@@ -135,7 +135,7 @@ def plan(run: Run) -> Plan:
     """What times the run; a run nothing here times is refused in one line."""
     config, rule = run.config, run.config.network
     shares = rule_class(rule).routes
-    if run.custom:
+    if run.custom or (run.kind != COLLECTIVE and any(d.custom for d in run.topology.dims)):
         if run.kind != COLLECTIVE or run.stragglers or config.compat:
             raise UsageError(
                 "custom algorithms (--algorithm msccl:FILE) run single collectives (model, run) "
