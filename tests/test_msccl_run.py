@@ -251,6 +251,8 @@ def test_msccl_auto_picks_by_size_and_falls_back_to_the_built_in(tmp_path):
         (["-t", "SW(4,100,500)_SW(2,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'},ring"],
          "per-dim custom stages are not supported yet"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl:"], "write msccl:FILE.xml or msccl-auto:DIR"),
+        (["-t", "SW(4,100,500)_SW(2,100,500)", "--dims", "0", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"],
+         "runs a collective over every NPU for now"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl-auto:/nonexistent"], "is not a directory"),
         (["-t", "SW(4,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}", "--npu-delay-us", "1=5"],
          "run single collectives (model, run) with NPUs alike"),
@@ -262,6 +264,7 @@ def test_custom_algorithms_that_cannot_run_are_refused_in_one_line(args, fragmen
     assert proc.returncode == 2 and fragment in proc.stderr and proc.stderr.count("\n") == 1
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("rule", rule_names())
 @pytest.mark.parametrize(("spec", "chunks"), [(k, c) for k, c in TACOS_US if c == 1])
 def test_synthesized_all_gathers_reach_tacos_as_the_model_times_them(spec, chunks, rule, tmp_path):

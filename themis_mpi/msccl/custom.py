@@ -115,6 +115,11 @@ def choose(topology: Topology, collective: Collective, prove: bool = True) -> Cu
     if not spec:
         return None
     npus = topology.group_npus(collective.dims)
+    if npus != topology.npus:
+        raise UsageError(
+            f"{spec} runs a collective over every NPU for now; drop --dims "
+            f"(dims {', '.join(map(str, collective.dims))} are {npus} of {topology.npus} NPUs)"
+        )
     if spec.startswith(MSCCL):
         return load(spec[len(MSCCL) :], collective, npus, prove)
     folder = spec[len(AUTO) :]

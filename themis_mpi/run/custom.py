@@ -4,8 +4,9 @@ The planner chooses this (`timing.planner.CUSTOM`): every NPU's program runs on 
 links under the run's rule (`timing.programs`), a deterministic run that the model and every
 emulator rank compute alike, so their times are the same to the ns. On the emulator each rank
 then runs its own GPU's program on real numpy data, its messages rank to rank over MPI (uppercase
-calls, one tag per channel, so that MPI's order per (peer, tag) keeps each (peer, channel)'s
-order), and the result is checked against the closed form (`msccl.custom.run_gpu`).
+calls on a communicator of its own, one tag per channel, so that MPI's order per (peer, tag)
+keeps each (peer, channel)'s order), and the result is checked against the closed form
+(`msccl.custom.run_gpu`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..timing.links import physical_links
 from ..timing.programs import ProgramTimes, time_programs
 from ..timing.rules import IDEAL
 
-TAG_BASE, TAGS = 20000, 10000  # a custom algorithm's messages: TAG_BASE + channel
+TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
 
 
 def time_custom(transport: Transport, collective: Collective, custom: Custom) -> ProgramTimes:
@@ -49,7 +50,7 @@ def time_custom(transport: Transport, collective: Collective, custom: Custom) ->
 def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[int, int]:
     """This rank's GPU on real data, its messages over MPI: (wrong elements, checked)."""
     grid = transport.grid
-    cart, sends = grid.cart, []
+    cart, sends = grid.cart.Dup(), []  # (its own communicator: no tag meets another message's)
 
     def send(peer: int, chan: int, chunks: np.ndarray) -> None:
         sends.append((cart.Isend(chunks, peer, TAG_BASE + chan % TAGS), chunks))
@@ -64,6 +65,7 @@ def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[in
     finally:
         for request, _ in sends:
             grid.wait(request, f"a message of {custom.source}")
+        cart.Free()
 
 
 def sends(link) -> bool:
