@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, shared
+from harness import DATA, ROOT, in_process, shared
 from hypothesis import given
 from hypothesis import strategies as hs
 
@@ -65,13 +65,17 @@ def replace_step(algo: Algorithm, g: int, t: int, k: int | None, step: Step | No
 
 
 def refusal(algo: Algorithm, tmp_path) -> str:
-    """The one line the damaged copy, written and read back, is refused with."""
+    """The one line the damaged copy, written and read back, is refused with (by `model` too)."""
     path = tmp_path / "damaged.xml"
     write_algorithm(str(path), algo)
     with pytest.raises(UsageError) as info:
         require(read_algorithm(str(path)), str(path))
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(path))
+    # the same line, exit 2, where a run takes the file: model --algorithm msccl:FILE
+    model = ["model", "-t", f"SW({algo.ngpus},100,500)", "-o", algo.collective.op, "-b", "64K"]
+    proc = in_process([*model, "--algorithm", f"msccl:{path}"])
+    assert proc.returncode == 2 and proc.stderr == f"themis-mpi: error: {message}\n"
     return message
 
 

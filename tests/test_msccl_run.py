@@ -12,6 +12,7 @@ import json
 
 import pytest
 from harness import DATA, cli, in_process, shared
+from test_msccl import replace_step
 from test_msccl_synthesis import SIZE, TACOS_US, TORUS_2D
 
 from themis_mpi.api import sweep
@@ -89,17 +90,9 @@ def reduce_made_copy(tmp_path):
     algo = read_algorithm(str(path))
     t, k = next((t, k) for t, tb in enumerate(algo.gpus[0].threadblocks) for k, st in enumerate(tb.steps)
                 if st.type == "rrc")  # fmt: skip
-    gpu = algo.gpus[0]
-    tb = gpu.threadblocks[t]
-    steps = list(tb.steps)
-    steps[k] = dataclasses.replace(steps[k], type="r")
-    tbs = list(gpu.threadblocks)
-    tbs[t] = dataclasses.replace(tb, steps=tuple(steps))
-    damaged = dataclasses.replace(
-        algo, gpus=(dataclasses.replace(gpu, threadblocks=tuple(tbs)), *algo.gpus[1:])
-    )
+    st = algo.gpus[0].threadblocks[t].steps[k]
     out = tmp_path / "copy.xml"
-    write_algorithm(str(out), damaged)
+    write_algorithm(str(out), replace_step(algo, 0, t, k, dataclasses.replace(st, type="r")))
     return out
 
 
@@ -118,15 +111,9 @@ def test_a_damaged_file_is_refused_by_model_and_run_with_the_checkers_line(tmp_p
     """An offset out of its buffer: the checker's one line, exit 2, on the model and under mpiexec."""
     path = shared("custom-algos") / "allreduce_ring_8gpu_astrasim_example.xml"
     algo = read_algorithm(str(path))
-    gpu = algo.gpus[4]
-    tb = gpu.threadblocks[0]
-    steps = list(tb.steps)
-    steps[7] = dataclasses.replace(steps[7], dstoff=9)
-    tbs = (dataclasses.replace(tb, steps=tuple(steps)), *gpu.threadblocks[1:])
-    gpus = list(algo.gpus)
-    gpus[4] = dataclasses.replace(gpu, threadblocks=tbs)
+    st = algo.gpus[4].threadblocks[0].steps[7]
     bad = tmp_path / "bad.xml"
-    write_algorithm(str(bad), dataclasses.replace(algo, gpus=tuple(gpus)))
+    write_algorithm(str(bad), replace_step(algo, 4, 0, 7, dataclasses.replace(st, dstoff=9)))
     line = f"{bad}: GPU 4 threadblock 0 step 7: dstoff 9 + cnt 1 is outside the input buffer of 8 chunks"
     model = in_process(["model", "-t", "SW(8,100,500)", "-b", "64K", "--algorithm", f"msccl:{bad}"])
     assert model.returncode == 2 and line in model.stderr and model.stderr.count("\n") == 1
