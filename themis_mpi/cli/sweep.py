@@ -78,7 +78,8 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     )
     _warn_small(cells)
     for cell in cells:  # a custom algorithm's file is checked (and proved on the model) before MPI runs
-        choose(cell.topology, cell.collective, prove=not use_mpi)
+        if choose(cell.topology, cell.collective, prove=not use_mpi) and args.trace:
+            raise UsageError("--trace records engine stages; a custom algorithm's steps are not traced yet")
     config = cells[0].config
     iters, warmup = (args.iters, args.warmup_iters) if use_mpi else (1, 0)
     if use_mpi:

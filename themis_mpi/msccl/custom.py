@@ -114,6 +114,8 @@ def choose(topology: Topology, collective: Collective, prove: bool = True) -> Cu
     spec = custom_spec(topology, collective)
     if not spec:
         return None
+    if topology.flat:
+        raise UsageError(f"{spec} runs on per-dim topologies; nccl dims time a collective flat")
     npus = topology.group_npus(collective.dims)
     if npus != topology.npus:
         raise UsageError(
