@@ -228,6 +228,19 @@ def test_msccl_auto_picks_by_size_and_falls_back_to_the_built_in(tmp_path):
     assert large.time_us == model_us(topo, "all_reduce", "1M", "ring", "fair")
 
 
+def test_msccl_auto_runs_on_the_emulator_with_the_models_time(tmp_path):
+    """msccl-auto:DIR under mpiexec: every rank picks the same file, the data is right, the time the model's."""
+    folder = tmp_path / "auto"
+    folder.mkdir()
+    write_algorithm(str(folder / "ring.xml"), builtin("ring", "all_reduce", 4))
+    proc, rows = emulated(4, "SW(4,100,500)", "all_reduce", "64K", f"msccl-auto:{folder}", "fair", tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert rows[0]["wrong"] == 0 and rows[0]["schedule"] == f"msccl:{folder / 'ring.xml'}"
+    assert rows[0]["time_us"] == model_us(
+        "SW(4,100,500)", "all_reduce", "64K", f"msccl-auto:{folder}", "fair", 2
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -248,6 +261,8 @@ def test_msccl_auto_picks_by_size_and_falls_back_to_the_built_in(tmp_path):
         (["-t", "SW(4,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}", "--npu-delay-us", "1=5"],
          "run single collectives (model, run) with NPUs alike"),
     ],
+    ids=["another-collective", "another-npu-count", "per-dim", "no-file", "nccl-dims", "trace", "part-of-the-npus",
+         "no-directory", "stragglers"],
 )  # fmt: skip
 def test_custom_algorithms_that_cannot_run_are_refused_in_one_line(args, fragment):
     """A file for another collective, another NPU count, per dim, or with stragglers: one line, exit 2."""
