@@ -161,17 +161,25 @@ Receive = Callable[[int, int, tuple[int, ...]], np.ndarray]  # (peer, channel, s
 
 
 def run_gpu(
-    custom: Custom, collective: Collective, gpu: int, send: Send, receive: Receive
+    custom: Custom,
+    collective: Collective,
+    gpu: int,
+    send: Send,
+    receive: Receive,
+    between: Callable[[], None] = lambda: None,
 ) -> tuple[int, int]:
     """GPU `gpu`'s program on numpy data, every iteration (module doc): (wrong elements, checked).
 
     Its steps run in `Custom.order`; `send` posts a message without waiting, `receive` blocks
-    for one. Every GPU running this with the same `custom` exchanges matching messages.
+    for one; `between` runs after each iteration (the caller's sends may be completed there, and
+    its receive buffers taken again). Every GPU running this with the same `custom` exchanges
+    matching messages.
     """
     wrong = checked = 0
     for it in range(len(collective.chunk_bounds()) - 1):
         bad, n = _iteration(custom, collective, gpu, layout(custom, collective, it), send, receive)
         wrong, checked = wrong + bad, checked + n
+        between()
     return wrong, checked
 
 

@@ -4,9 +4,9 @@ The planner chooses this (`timing.planner.CUSTOM`): every NPU's program runs on 
 links under the run's rule (`timing.programs`), a deterministic run that the model and every
 emulator rank compute alike, so their times are the same to the ns. On the emulator each rank
 then runs its own GPU's program on real numpy data, its messages rank to rank over MPI (uppercase
-calls on a communicator of its own, one tag per channel, so that MPI's order per (peer, tag)
-keeps each (peer, channel)'s order), and the result is checked against the closed form
-(`msccl.custom.run_gpu`).
+calls into buffers kept between the run's chunks, on a communicator of its own, one tag per
+channel, so that MPI's order per (peer, tag) keeps each (peer, channel)'s order), and the result
+is checked against the closed form (`msccl.custom.run_gpu`).
 """
 
 from __future__ import annotations
@@ -47,25 +47,53 @@ def time_custom(transport: Transport, collective: Collective, custom: Custom) ->
     )
 
 
-def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[int, int]:
-    """This rank's GPU on real data, its messages over MPI: (wrong elements, checked)."""
-    grid = transport.grid
-    cart, sends = grid.cart.Dup(), []  # (its own communicator: no tag meets another message's)
+class _Mailbox:
+    """This rank's messages over MPI (uppercase calls), on a communicator of its own.
 
-    def send(peer: int, chan: int, chunks: np.ndarray) -> None:
-        sends.append((cart.Isend(chunks, peer, TAG_BASE + chan % TAGS), chunks))
+    The k-th receive of an iteration lands in the k-th buffer, kept from one iteration to the
+    next (grown when a message is larger); the sends of an iteration are completed before the
+    next one takes the buffers again (a forwarded receive is sent from its buffer).
+    """
 
-    def receive(peer: int, chan: int, shape: tuple[int, ...]) -> np.ndarray:
-        buf = np.empty(shape, dtype=collective.dtype)
-        grid.wait(cart.Irecv(buf, peer, TAG_BASE + chan % TAGS), f"a message of {custom.source}")
+    def __init__(self, grid: Any, dtype: str, what: str):
+        self.grid, self.comm = grid, grid.cart.Dup()  # (no tag meets another message's)
+        self.dtype, self.what = dtype, what
+        self.pending: list[tuple[Any, np.ndarray]] = []  # sends in flight, with their data
+        self.buffers: list[np.ndarray] = []
+        self.k = 0
+
+    def send(self, peer: int, chan: int, chunks: np.ndarray) -> None:
+        """Post a send of the chunks to the peer on the channel."""
+        self.pending.append((self.comm.Isend(chunks, peer, TAG_BASE + chan % TAGS), chunks))
+
+    def receive(self, peer: int, chan: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The next message from the peer on the channel, in the iteration's next buffer."""
+        n = int(np.prod(shape))
+        if self.k == len(self.buffers):
+            self.buffers.append(np.empty(n, dtype=self.dtype))
+        elif self.buffers[self.k].size < n:
+            self.buffers[self.k] = np.empty(n, dtype=self.dtype)
+        buf = self.buffers[self.k][:n].reshape(shape)
+        self.k += 1
+        self.grid.wait(self.comm.Irecv(buf, peer, TAG_BASE + chan % TAGS), self.what)
         return buf
 
+    def flush(self) -> None:
+        """Complete the sends in flight; the buffers may be taken again."""
+        for request, _ in self.pending:
+            self.grid.wait(request, self.what)
+        self.pending.clear()
+        self.k = 0
+
+
+def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[int, int]:
+    """This rank's GPU on real data, its messages over MPI: (wrong elements, checked)."""
+    box = _Mailbox(transport.grid, collective.dtype, f"a message of {custom.source}")
     try:
-        return run_gpu(custom, collective, transport.rank, send, receive)
+        return run_gpu(custom, collective, transport.rank, box.send, box.receive, box.flush)
     finally:
-        for request, _ in sends:
-            grid.wait(request, f"a message of {custom.source}")
-        cart.Free()
+        box.flush()
+        box.comm.Free()
 
 
 def sends(link) -> bool:
