@@ -137,6 +137,26 @@ PLUGINS = {  # module -> (entry-point group, entry line, source)
         "    def order(self, chunk):\n        return '210'\n",
     ),
     "broken_sched": ("themis_mpi.schedulers", "bad = broken_sched:X", "raise ImportError('no such thing')\n"),
+    "hostile_sched": (
+        "themis_mpi.schedulers",
+        "huge = hostile_sched:Huge\nstuck_sched = hostile_sched:Stuck\nper_rank = hostile_sched:PerRank",
+        "import os\nimport time\nfrom themis_mpi.policies import CommScheduler\n\n\n"
+        "class Huge(CommScheduler):\n    name = 'huge'\n    description = 'a priority of 10**400'\n\n"
+        "    def priority(self, coll_id, need, collective):\n        return 10**400\n\n\n"
+        "class Stuck(CommScheduler):\n    name = 'stuck_sched'\n    description = 'hangs'\n\n"
+        "    calls = 0\n\n    def priority(self, coll_id, need, collective):\n        Stuck.calls += 1\n"
+        "        if Stuck.calls == 3:\n            time.sleep(3600)\n        return coll_id\n\n\n"
+        "class PerRank(CommScheduler):\n    name = 'per_rank'\n    description = 'odd ranks reversed'\n\n"
+        "    def priority(self, coll_id, need, collective):\n"
+        "        return -coll_id if int(os.environ.get('PMI_RANK', '0')) % 2 else coll_id\n",
+    ),
+    "float_intra": (
+        "themis_mpi.policies",
+        "float-position = float_intra:FloatPosition",
+        "from themis_mpi.policies import IntraPolicy\n\n\n"
+        "class FloatPosition(IntraPolicy):\n    name = 'float-position'\n    description = 'returns 0.0'\n\n"
+        "    def position(self, queue, stage):\n        return 0.0\n",
+    ),
 }
 
 
@@ -294,6 +314,97 @@ def round4_cases(
             ("analyze --plot on a read-only file system", [*py, "analyze", trace, "--plot", read_only])
         )
     return cases
+
+
+def round4_part2_cases(tmp: str, py: list[str], write, micro_txt: str) -> list[tuple]:
+    """Round 4 (issue 46, part 2): flags a path could not honour, tracebacks, plugins under MPI."""
+    nccl_log = os.path.join(ROOT, "tests", "data", "nccl-tests", "h100x8_nvls_dgxc.txt")
+    two_node = os.path.join(ROOT, "tests", "data", "nccl-tests", "h100x16_2node_ib_issue309_qoofyk.txt")
+    deep = write("deep100k_fit.json", '{"a":' * 100_000 + "1" + "}" * 100_000)
+    site = plugin_site(os.path.join(tmp, "site2"))
+    mpi = [mpiexec_path(), "-n", "4", *py]
+    train = ["train", micro_txt, "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
+    ports = "SW(2,100,0)_SW(2,100,0)_NIC(0+1,10)"
+    return [
+        (
+            "NCCL(...) with a key twice",
+            [*py, "model", "-t", "SW(8,100,0,nccl)_NCCL(ll=100:0.5,ll=9999999:0.01)"],
+        ),
+        ("NCCL(ll=100): no efficiency", [*py, "model", "-t", "SW(8,100,0,nccl)_NCCL(ll=100)"]),
+        ("NCCL(algos=tree) on one level", [*py, "model", "-t", "SW(8,100,0,nccl)_NCCL(algos=tree)"]),
+        ("calibrate --nccl-algo Tree on a one-node log", [*py, "calibrate", nccl_log, "--nccl-algo", "Tree"]),
+        (
+            "an nccl dim with --active-chunks-per-dim 8",
+            [*py, "model", "-t", "SW(8,100,0,nccl)", "-c", "8", "--active-chunks-per-dim", "8"],
+        ),
+        (
+            "--compat astra-sim-1.0 with --npu-compute-scale 3=1.5",
+            [
+                *py,
+                "train",
+                micro_txt,
+                "-t",
+                "2x2x2",
+                "--compat",
+                "astra-sim-1.0",
+                "--npu-compute-scale",
+                "3=1.5",
+            ],
+        ),
+        (
+            "--compat astra-sim-2 with --compute-jitter lognormal:0.3",
+            [
+                *py,
+                "train",
+                micro_txt,
+                "-t",
+                "2x2x2",
+                "--compat",
+                "astra-sim-2",
+                "--compute-jitter",
+                "lognormal:0.3",
+            ],
+        ),
+        ("a shared port under --compat astra-sim-2", [*py, "model", "-t", ports, "--compat", "astra-sim-2"]),
+        (
+            "--network fair --active-chunks-per-dim 1024 -c 1024 (valid, heavy)",
+            [
+                *py,
+                "model",
+                "-t",
+                "SW(8,100,700)_SW(4,50,500)",
+                "--network",
+                "fair",
+                "-b",
+                "64M",
+                "-c",
+                "1024",
+                "--active-chunks-per-dim",
+                "1024",
+                "-p",
+                "baseline",
+                "-q",
+            ],
+        ),  # fmt: skip
+        ("calibrate --base: JSON nested 100,000 deep", [*py, "calibrate", two_node, "--base", deep]),
+        ("-t FIT.json nested 100,000 deep", [*py, "model", "-t", deep]),
+        (
+            "calibrate --algorithm ring -c 65536",
+            [*py, "calibrate", nccl_log, "--algorithm", "ring", "-c", "65536"],
+        ),
+        ("a scheduler priority of 10**400", [*py, *train, "--comm-scheduler", "huge"], site),
+        ("an intra-dim position of 0.0", [*py, *train, "--intra", "float-position"], site),
+        (
+            "a scheduler plugin that never returns, mpiexec -n 4, --timeout-s 5",
+            [*mpi, *train, "--comm-scheduler", "stuck_sched", "--timeout-s", "5"],
+            site,
+        ),
+        (
+            "scheduler priorities that differ between ranks, mpiexec -n 4",
+            [*mpi, *train, "--comm-scheduler", "per_rank"],
+            site,
+        ),
+    ]
 
 
 def main():
@@ -643,6 +754,7 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
         ),
     ]
     cases += round4_cases(tmp, py, write, pytorch, files["micro.txt"], mounts)
+    cases += round4_part2_cases(tmp, py, write, files["micro.txt"])
     if REF:
         transformer = os.path.join(REF, "Transformer_HybridParallel.txt")
         cases.append(
@@ -668,9 +780,9 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
         seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
-        shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec")
+        shown = shown.replace(tmp + "/", "").replace(mpiexec_path(), "mpiexec").replace(ROOT + "/", "")
         message = (
-            err[0].replace(tmp + "/", "")
+            err[0].replace(tmp + "/", "").replace(ROOT + "/", "")
             if err
             else f"(nothing; {len(proc.stdout.splitlines())} lines of output)"
         )

@@ -153,3 +153,71 @@ def test_an_intra_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout
                   "--timeout-s", "1", "-q"], timeout_s=60)  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "'stuck_intra'" in proc.stderr and "--timeout-s" in proc.stderr
+
+
+HOSTILE_SCHEDULERS = """
+import os
+import time
+from themis_mpi.policies import CommScheduler
+
+
+class Stuck(CommScheduler):
+    name = "stuck_sched"
+    description = "never answers its third priority"
+
+    def __init__(self):
+        self.calls = 0
+
+    def priority(self, coll_id, need, collective):
+        self.calls += 1
+        if self.calls == 3:
+            time.sleep(3600)
+        return coll_id
+
+
+class PerRank(CommScheduler):
+    name = "per_rank"
+    description = "priorities that differ between ranks"
+
+    def priority(self, coll_id, need, collective):
+        rank = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+        return -coll_id if rank % 2 else coll_id
+"""
+
+MICRO = "DATA\n2\nconv1 -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 1048576 5\nfc -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 4194304 5\n"
+
+
+@pytest.fixture
+def schedulers(tmp_path, monkeypatch):
+    """The two hostile schedulers installed under `themis_mpi.schedulers`; a two-layer workload's path."""
+    site = tmp_path / "site"
+    site.mkdir()
+    install(site, "hostile-sched", "hostile_sched", HOSTILE_SCHEDULERS, "")
+    info = next(site.glob("*.dist-info"))
+    entries = "stuck_sched = hostile_sched:Stuck\nper_rank = hostile_sched:PerRank\n"
+    (info / "entry_points.txt").write_text(f"[themis_mpi.schedulers]\n{entries}")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    micro = tmp_path / "micro.txt"
+    micro.write_text(MICRO)
+    return str(micro)
+
+
+def test_a_scheduler_plugin_that_never_returns_under_mpi_ends_the_job_at_the_timeout(schedulers):
+    """Every rank runs the scheduler, so no rank's watchdog saw it hang: the plugin watchdog ends the job, exit 3."""
+    args = ["train", schedulers, "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
+    proc = cli(4, [*args, "--comm-scheduler", "stuck_sched", "--timeout-s", "2"], timeout_s=60)
+    assert proc.returncode == 3, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
+    assert len(errors) == 1 and "'stuck_sched' did not answer within 2 s (--timeout-s)" in errors[0], (
+        proc.stderr
+    )
+
+
+def test_priorities_that_differ_between_ranks_are_named_under_mpi(schedulers):
+    """Ranks that order their stages differently meet other stages' messages: the line names the plugin."""
+    args = ["train", schedulers, "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
+    proc = cli(4, [*args, "--comm-scheduler", "per_rank", "--timeout-s", "5"], timeout_s=60)
+    assert proc.returncode == 3, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
+    assert len(errors) == 1, proc.stderr
+    assert "ranks started different stages" in errors[0] and "--comm-scheduler per_rank" in errors[0]

@@ -11,7 +11,7 @@ from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine
 from themis_mpi.errors import UsageError
-from themis_mpi.policies import CommScheduler, make_inter, policy_context, scheduler_names
+from themis_mpi.policies import CommScheduler, IntraPolicy, make_inter, policy_context, scheduler_names
 from themis_mpi.policies import registry as policy_registry
 from themis_mpi.run.training import loop_on_model
 from themis_mpi.topology import parse_topology
@@ -189,6 +189,16 @@ class Wordy(CommScheduler):
         return "first"
 
 
+class Huge(CommScheduler):
+    """Returns an int past a float's range (OverflowError in float())."""
+
+    name = "huge"
+
+    def priority(self, coll_id, need, collective):
+        """10**400."""
+        return 10**400
+
+
 class Raising(CommScheduler):
     """Its gate raises."""
 
@@ -201,7 +211,12 @@ class Raising(CommScheduler):
 
 
 @pytest.mark.parametrize(
-    ("cls", "why"), [(Wordy, "returned priority 'first'"), (Raising, "RuntimeError: boom")]
+    ("cls", "why"),
+    [
+        (Wordy, "returned priority 'first'"),
+        (Huge, "returned priority an integer of about 401 digits"),
+        (Raising, "RuntimeError: boom"),
+    ],
 )
 def test_a_broken_scheduler_is_refused_with_one_line_naming_it(cls, why):
     """A scheduler whose priority is no number, or whose gate raises, ends the run with a PolicyError naming it."""
@@ -212,6 +227,27 @@ def test_a_broken_scheduler_is_refused_with_one_line_naming_it(cls, why):
             run_loop(RESNET50, "4x2", spec, RunConfig(comm_scheduler=cls.name, active_per_dim=2))
     finally:
         del policy_registry._BUILTIN_SCHEDULERS[cls.name]
+
+
+class FloatPosition(IntraPolicy):
+    """Returns the position 0.0: a float, not an int."""
+
+    name = "float-position"
+
+    def position(self, queue, stage):
+        """0.0."""
+        return 0.0
+
+
+def test_an_intra_position_that_is_no_int_is_named_as_returned():
+    """A position of 0.0 is refused in one line quoting 0.0 (it was reported as "returned position -1")."""
+    spec = TrainingSpec(chunks=4, iterations=1, compute_scale=0.1)
+    policy_registry._BUILTIN[FloatPosition.name] = FloatPosition
+    try:
+        with pytest.raises(UsageError, match="'float-position' returned position 0.0; it must be an int"):
+            run_loop(RESNET50, "4x2", spec, RunConfig(intra=FloatPosition.name, active_per_dim=2))
+    finally:
+        del policy_registry._BUILTIN[FloatPosition.name]
 
 
 def test_a_scheduler_composes_with_every_inter_and_intra_policy():

@@ -303,6 +303,11 @@ class CostModel:
         self.endpoint = endpoint
         if self.astra and (endpoint.on or any(d.algorithm == "ina" for d in topology.dims)):
             raise UsageError("the endpoint model and ina are not part of --compat astra-sim-1.0")
+        if self.astra and topology.ports:
+            raise UsageError(
+                f"shared ports (NIC(...)) are not part of --compat {compat}: its links are per dim; "
+                "drop the NIC(...) items or --compat"
+            )
         if topology.flat and (self.astra or endpoint.on or self.endpoint_delay_ns):
             raise UsageError("nccl dims take neither --compat, the endpoint model nor an endpoint delay")
         share = sum(d.bandwidth_bytes_per_ns for d in topology.dims if d.npus > 1) or 1.0

@@ -47,7 +47,7 @@ import numpy as np
 from .collectives import Collective, Stage, chunk_plan, plan_stages
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
-from .errors import UsageError
+from .errors import UsageError, shown
 from .nccl import CALL
 from .policies import (
     UNKNOWN,
@@ -433,8 +433,8 @@ class Engine:
         # (ASTRA-sim 2.x's FIFO between collectives is the plain tail, its LIFO the compat rule)
         scheduler = default_scheduler(config)
         self.scheduler = make_scheduler(scheduler)
-        # a plugin scheduler on the model: nobody else watches it (MPI ranks have their watchdog)
-        plugin = transport.name == "model" and scheduler_origin(scheduler) != "builtin"
+        # a plugin scheduler runs on every rank at once, so no rank's watchdog sees it hang: watch it
+        plugin = scheduler_origin(scheduler) != "builtin"
         self._scheduler_watch_s = config.timeout_s if plugin else None
         self._scheduler_call(self.scheduler.setup, config)
         self._ranked, self._gated = bool(self.scheduler.ranked), bool(self.scheduler.gated)
@@ -597,12 +597,16 @@ class Engine:
         """The scheduler's priority of a collective, checked (a plugin's error names it)."""
         value = self._scheduler_call(self.scheduler.priority, coll_id, need, collective)
         number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-        if not number or value != value:
+        try:
+            priority = float(value) if number else math.nan
+        except OverflowError:  # an int past a float's range, e.g. 10**400
+            priority = math.nan
+        if priority != priority:
             raise PolicyError(
-                f"communication scheduler {self.scheduler.name!r} returned priority {value!r}; "
-                "it must be a number"
+                f"communication scheduler {self.scheduler.name!r} returned priority {shown(value)}; "
+                "it must be a number a float holds"
             )
-        return float(value)
+        return priority
 
     def _in_band(self, stage: Stage, pos: int) -> int:
         """The intra-dim policy's position, kept among the waiting stages of the same priority."""
@@ -626,7 +630,7 @@ class Engine:
         """The engine's instance of an intra-dim policy, made on first use."""
         if name not in self._intra:
             self._intra[name] = policy = make_intra(name)
-            if self.transport.name == "model" and origin(name) != "builtin":  # nobody else watches it
+            if origin(name) != "builtin":  # every rank runs it at once: no rank's watchdog sees it hang
                 self._watched_intra[id(policy)] = self.transport.config.timeout_s
         return self._intra[name]
 
@@ -653,6 +657,7 @@ class Engine:
             raise PolicyError(
                 f"intra-dim policy {policy.name!r} changed the queue it was shown; it may only read it"
             )
+        returned = pos
         if type(pos) is not int:
             pos = int(pos) if isinstance(pos, np.integer) else -1
         if self._ranked and 0 <= pos <= n:
@@ -667,7 +672,8 @@ class Engine:
             waiting.insert(pos, stage)  # type: ignore[attr-defined]
         else:
             raise PolicyError(
-                f"intra-dim policy {policy.name!r} returned position {pos!r}; it must be between 0 and {n}"
+                f"intra-dim policy {policy.name!r} returned position {shown(returned)}; it must be an int "
+                f"between 0 and {n}"
             )
 
     def _claim_free(self, dims: Sequence[int]) -> None:

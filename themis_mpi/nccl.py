@@ -55,6 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import UsageError
 from .topology import PROTOCOLS, NcclParams, Topology
 from .units import BYTES_PER_GB
 
@@ -255,6 +256,12 @@ def nvls_transfer_ns(params: NcclParams, level: Level, nodes: int, algbw: float,
 def choose(params: NcclParams, lv: list[Level], op: str, sizes) -> tuple[list[Pair], np.ndarray]:
     """The pairs and, per size, the index of the one the library runs (`uses_index`)."""
     found = pairs(params, lv, op, sizes)
+    if not found:
+        raise UsageError(
+            f"NCCL(algos={'+'.join(params.algos)},protos={'+'.join(params.protocols)}) leaves no algorithm "
+            f"for {op} on {len(lv)} level(s) of nccl dims (NCCL runs Tree and NVLSTree only across "
+            "nodes, NVLS only on a switch, broadcast only on rings); add Ring to algos"
+        )
     return found, uses_index(params.uses, found, sizes)
 
 

@@ -164,20 +164,31 @@ class RowFiles:
 CELL, FINGERPRINT = "sweep_cell", "sweep_fingerprint"  # what every row of a sweep's files records
 
 
+def read_json(path: str) -> Any:
+    """A JSON file's document (the reader of every JSON input).
+
+    Raises:
+        OSError: it cannot be read.
+        ValueError: it is no JSON, or nested past Python's recursion limit ("nested too deep").
+    """
+    import json
+
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
 def _refuse(path: str, why: str) -> UsageError:
     return UsageError(f"cannot resume from {path}: {why}; remove it or run without --resume")
 
 
 def _read_json_rows(path: str) -> list[dict]:
-    import json
-
     try:
-        with open(path) as f:
-            rows = json.load(f)
+        rows = read_json(path)
     except (OSError, ValueError) as exc:
         raise _refuse(path, f"it is not a JSON list of rows ({str(exc)[:100]})") from None
-    except RecursionError:
-        raise _refuse(path, "it is not a JSON list of rows (nested too deep)") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise _refuse(path, "it is not a JSON list of rows")
     return rows

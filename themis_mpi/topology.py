@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-from .errors import UsageError
+from .errors import UsageError, shown
 from .limits import (
     MAX_BANDWIDTH_GBPS,
     MAX_DIM_NPUS,
@@ -279,9 +279,13 @@ class NcclParams:
         nvls = [cls.nvls_base_ns, cls.nvls_efficiency, cls.nvls_chunk_ns]
         values: dict = {}
         names = {a.lower(): a for a in ALL_ALGOS}
+        seen: set[str] = set()
         for field in filter(None, (f.strip() for f in text.split(","))):
             key, _, value = field.partition("=")
             key = key.strip().lower()
+            if key in seen:
+                raise UsageError(f"NCCL(...) gives {key} twice; keep one")
+            seen.add(key)
             if key in ("algos", "protos"):
                 table = names if key == "algos" else {p.lower(): p for p in PROTOCOLS}
                 try:
@@ -300,7 +304,9 @@ class NcclParams:
             elif key == "use":
                 values[key] = tuple(_use(item, field) for item in value.split("+"))
             elif key in ("ll", "ll128", "simple", "nvls"):
-                lat_text, _, rest = value.partition(":")
+                lat_text, colon, rest = value.partition(":")
+                if not colon:
+                    raise UsageError(f"NCCL {key} takes BASE_NS:EFF (e.g. {key}=5000:0.3), got {field!r}")
                 eff_text, _, chunk_text = rest.partition(":")
                 lat, efficiency = _number(lat_text, key, field), _number(eff_text or "nan", key, field)
                 if key == "nvls":
@@ -579,12 +585,6 @@ _SHAPE = re.compile(r"^[1-9][0-9]{0,6}(x[1-9][0-9]{0,6}){0,15}$")
 GENERIC_DIMS = ("Ring({},100,20)", "FC({},100,700)", "SW({},100,700)")  # a generic shape's dims 0, 1, 2+
 MAX_YAML_DEPTH = 32  # an ASTRA-sim network file is two levels deep
 MAX_TOPOLOGY_CHARS = 4096  # 16 dims, NIC(...) and NCCL(...) items fit many times over
-SHOWN_CHARS = 60  # what an error line quotes of a long input
-
-
-def _shown(text: str) -> str:
-    """An input as an error line quotes it: whole if short, else its start and its length."""
-    return repr(text) if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
 
 
 _INLINE_DIM = re.compile(r"^\s*([A-Za-z]+)\s*\(([^()]*)\)\s*$")
@@ -601,12 +601,12 @@ def _port(item: str, fields: str) -> Port:
     """``NIC(1+2,46.57)``: dims 1 and 2 share a port of 46.57 GB/s."""
     parts = [f.strip() for f in fields.split(",")]
     if len(parts) != 2:
-        raise UsageError(f"shared port {_shown(item)} needs DIMS,GB/s, e.g. NIC(1+2,46.57)")
+        raise UsageError(f"shared port {shown(item)} needs DIMS,GB/s, e.g. NIC(1+2,46.57)")
     dims = []
     for text in parts[0].split("+"):
         if not text.strip().isdigit():
             raise UsageError(
-                f"bad dim {text.strip()!r} in shared port {_shown(item)}: use dim indices like 1+2"
+                f"bad dim {text.strip()!r} in shared port {shown(item)}: use dim indices like 1+2"
             )
         dims.append(int(text))
     return Port(tuple(dims), _number(parts[1], "GB/s", item))
@@ -636,7 +636,7 @@ def parse_inline(spec: str) -> Topology:
         match = _INLINE_DIM.match(item)
         if not match:
             raise UsageError(
-                f"malformed topology dim {_shown(item)}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
+                f"malformed topology dim {shown(item)}: expected KIND(npus,GB/s,ns), e.g. SW(8,100,700)"
             )
         if match.group(1).upper() == "NCCL":
             if nccl is not None:
@@ -648,17 +648,17 @@ def parse_inline(spec: str) -> Topology:
             continue
         if ports:
             raise UsageError(
-                f"topology dim {_shown(item)} comes after a shared port: write the NIC(...) items last"
+                f"topology dim {shown(item)} comes after a shared port: write the NIC(...) items last"
             )
         kind = KIND_ALIASES.get(match.group(1).lower())
         if kind is None:
-            raise UsageError(f"unknown dim kind {match.group(1)!r} in {_shown(item)}; use Ring, FC or SW")
+            raise UsageError(f"unknown dim kind {match.group(1)!r} in {shown(item)}; use Ring, FC or SW")
         fields = [f.strip() for f in match.group(2).split(",")]
         if len(fields) not in (3, 4):
-            raise UsageError(f"topology dim {_shown(item)} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
+            raise UsageError(f"topology dim {shown(item)} needs 3 or 4 fields: npus, GB/s, ns[, algorithm]")
         npus = _number(fields[0], "npus", item)
         if not math.isfinite(npus) or npus != int(npus):
-            raise UsageError(f"npus must be an integer in topology dim {_shown(item)}")
+            raise UsageError(f"npus must be an integer in topology dim {shown(item)}")
         algorithm = fields[3] if len(fields) == 4 else ""
         algorithm = algorithm if is_custom(algorithm) else algorithm.lower()
         dims.append(
@@ -697,7 +697,7 @@ def parse_yaml(path: str) -> Topology:
                     continue
                 if key.value in seen:  # (PyYAML keeps the last value, silently)
                     raise yaml.YAMLError(
-                        f"line {key.start_mark.line + 1}: key {_shown(key.value)} appears twice; give it once"
+                        f"line {key.start_mark.line + 1}: key {shown(key.value)} appears twice; give it once"
                     )
                 seen.add(key.value)
             return super().construct_mapping(node, deep)
@@ -717,9 +717,9 @@ def parse_yaml(path: str) -> Topology:
     for kind_text, npus, bw, lat in zip(*lists):
         kind = KIND_ALIASES.get(str(kind_text).lower())
         if kind is None:
-            raise UsageError(f"{path}: unknown topology kind {_shown(str(kind_text))}; use Ring, FC or SW")
+            raise UsageError(f"{path}: unknown topology kind {shown(str(kind_text))}; use Ring, FC or SW")
         if isinstance(npus, bool) or not isinstance(npus, int):
-            raise UsageError(f"{path}: npus_count entries must be integers, got {_shown(str(npus))}")
+            raise UsageError(f"{path}: npus_count entries must be integers, got {shown(str(npus))}")
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in (bw, lat)):
             raise UsageError(f"{path}: bandwidth and latency entries must be numbers")
         if any(isinstance(v, int) and abs(v) > 2**53 for v in (npus, bw, lat)):
@@ -789,8 +789,9 @@ def read_fit(path: str) -> FitFile | None:
 
     try:
         doc = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_FIT_BYTES else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{path}: not a calibrate --json file ({str(exc).splitlines()[0]})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        why = str(exc).splitlines()[0] if not isinstance(exc, RecursionError) else "nested too deep"
+        raise UsageError(f"{path}: not a calibrate --json file ({why})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
         raise UsageError(f"{path}: a JSON file but not a calibrate --json fit (no 'topology' string)")
     chunks = doc.get("chunks", 1)
@@ -805,7 +806,7 @@ def read_fit(path: str) -> FitFile | None:
 def parse_topology(text: str) -> Topology:
     """A preset name, an inline string, a ``calibrate --json`` fit or a path to an ASTRA-sim YAML file."""
     if len(text) > MAX_TOPOLOGY_CHARS:
-        raise UsageError(f"topology {_shown(text)} is too long (at most {MAX_TOPOLOGY_CHARS} characters)")
+        raise UsageError(f"topology {shown(text)} is too long (at most {MAX_TOPOLOGY_CHARS} characters)")
     if text in PRESETS:
         return _preset(PRESETS[text], text)
     fit = read_fit(text) if not text.endswith((".yml", ".yaml")) else None
@@ -818,7 +819,7 @@ def parse_topology(text: str) -> Topology:
         return generic_shape(text)
     if "(" not in text:
         raise UsageError(
-            f"unknown topology preset {_shown(text)}; see `themis-mpi topologies`, or write "
+            f"unknown topology preset {shown(text)}; see `themis-mpi topologies`, or write "
             "KIND(npus,GB/s,ns)_... or give a .yml file"
         )
     return parse_inline(text)

@@ -1,9 +1,10 @@
-"""A watchdog for plugin code on the model: a call that outlives its time ends the command.
+"""A watchdog for plugin code: a call that outlives its time ends the command (and an MPI job).
 
-Under MPI the other ranks watch a rank that stops answering; the one-process model has nobody to
-watch it, so a plugin's call (an inter-dim decision, an intra-dim `position`) runs inside
-`watch`. One daemon thread per process checks the innermost open watch every 0.1 s, so a
-watched call costs two clock reads, not a thread.
+A plugin scheduler or intra-dim policy runs on every rank at once, and the one-process model has
+nobody else to watch it, so its calls run inside `watch`. One daemon thread per process checks the
+innermost open watch every 0.1 s, so a watched call costs two clock reads, not a thread. Under MPI
+the rank that sees the call expire ends the whole job with `end_stalled_job` (exit 3), as a rank
+whose peers stopped answering does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from .output import remove_partials
 
@@ -27,8 +29,37 @@ _open: list[tuple[float, str]] = []  # (deadline on time.monotonic, message), in
 _thread_started = False
 
 
+FORWARD_S = 0.3  # lets the launcher forward a last line before an abort tears the job down
+STAGGER_S, MAX_STAGGERED_RANKS = 0.5, 20  # a stalled rank r reports after r * STAGGER_S (at most 10 s)
+
+
+def mpi_world() -> Any:
+    """COMM_WORLD when MPI is running with more than one rank, else None."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() < 2:
+        return None
+    return mpi.COMM_WORLD
+
+
+def end_stalled_job(world: Any, message: str) -> None:
+    """Print one line for the job and abort it with exit 3 (`STUCK_EXIT`).
+
+    Ranks that see the same silence at once speak in rank order: the first one's abort ends the
+    others before they print, so the job says it once.
+    """
+    remove_partials()
+    time.sleep(min(world.Get_rank(), MAX_STAGGERED_RANKS) * STAGGER_S)
+    print(f"themis-mpi: error: {message}; aborting the job", file=sys.stderr, flush=True)
+    time.sleep(FORWARD_S)
+    world.Abort(STUCK_EXIT)
+    os._exit(STUCK_EXIT)  # (an abort called from the watchdog's thread may return first)
+
+
 def _expire(message: str) -> None:
-    """One line; the command ends at once, a library call gets KeyboardInterrupt and lives on."""
+    """One line; the command (or MPI job) ends at once, a library call gets KeyboardInterrupt."""
+    world = mpi_world()
+    if world is not None:
+        end_stalled_job(world, message)
     print(f"themis-mpi: error: {message}", file=sys.stderr, flush=True)
     if getattr(signal.getsignal(signal.SIGINT), "__module__", "") == "themis_mpi.cli":  # the command
         remove_partials()

@@ -23,6 +23,7 @@ from ..topology import Dim, Topology
 from .logs import NCCL_TYPES, NcclLog
 
 MAX_ENGINE_FIT_NPUS = 4096
+MAX_ENGINE_FIT_CHUNKS = 4096  # 2 engine runs per size: 4096 chunks take ~10 s, 65536 minutes
 
 
 @dataclass
@@ -65,6 +66,11 @@ def fit(
         raise UsageError(
             f"the per-dim fit runs the engine per size: at most {MAX_ENGINE_FIT_NPUS} NPUs, got {log.npus} "
             "(the default --algorithm nccl has no such limit)"
+        )
+    if chunks > MAX_ENGINE_FIT_CHUNKS:
+        raise UsageError(
+            f"the per-dim fit runs the engine twice per size: at most {MAX_ENGINE_FIT_CHUNKS} chunks, "
+            f"got {chunks}; fit with fewer (the fitted dim then runs any -c under model)"
         )
     type_name = log.rows[0].type
     dtype = NCCL_TYPES[type_name][1]

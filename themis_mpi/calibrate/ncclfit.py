@@ -20,7 +20,6 @@ fastest pair) and fitting alternate until the labels hold.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -30,6 +29,7 @@ import numpy as np
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS
 from ..nccl import Pair, pairs
+from ..output import read_json
 from ..results import busbw_factor
 from ..topology import PROTOCOL_CAPS, PROTOCOLS, NcclParams, Topology, parse_topology
 from ..units import BYTES_PER_GB
@@ -143,7 +143,13 @@ def _check_fittable(log: NcclLog) -> None:
     times = [r.time_us for r in rows]
     sizes = [r.size_bytes for r in rows]
     if len(rows) < 2 or (len(rows) < 4 and not log.partial):
-        raise UsageError(f"{log.path}: {len(rows)} sizes: the log cannot be fitted (need 2 or more)")
+        split = (
+            f"; it reads as {log.tables} tables because its sizes do not grow from row to row (a size at or "
+            "below the one before starts a table): sort them, or pick one with --table"
+            if log.tables > 2
+            else ""
+        )
+        raise UsageError(f"{log.path}: {len(rows)} size(s): the log cannot be fitted (need 2 or more){split}")
     if times[-1] < 1.1 * times[0] * min(1.0, sizes[-1] / sizes[0] / 2):
         raise UsageError(
             f"{log.path}: the times do not grow with the size ({times[0]:g} us at {sizes[0]} B, "
@@ -487,6 +493,14 @@ def fit_nccl(
         measured = np.array([_best_time_us(r.rows[i]) * US for i in keep])
         runs.append(_Run(r, sizes, measured, np.where(sizes < SMALL_BYTES, SMALL_WEIGHT, 1.0)))
     model = _Model(machine, runs, base_values, fixed)
+    for run in runs:
+        lv = machine.levels(run.log.npus, machine.link_gbps or 1.0, NET_STEP_NS)
+        if not pairs(fixed, lv, run.log.op, run.sizes):
+            raise UsageError(
+                f"{'+'.join(machine.algos)} cannot run {run.log.op} on {run.log.npus} GPUs of "
+                f"{machine.per_node} per node (NCCL runs Tree and NVLSTree only across nodes); "
+                "allow Ring with --nccl-algo, or fit a multi-node log"
+            )
     tries = [_staged(model, runs, base is not None, np.random.default_rng(seed + k)) for k in range(RESTARTS)]
     values, labels, _ = min(tries, key=lambda t: t[2])
     values = {k: float(f"{v:.5g}") for k, v in values.items()}
@@ -609,10 +623,9 @@ def read_base(text: str) -> Topology:
     """``--base``: a single-node fit, as its topology string or the file `calibrate --json` wrote."""
     if text.endswith(".json") or (os.path.isfile(text) and "(" not in text):
         try:
-            with open(text) as f:
-                doc = json.load(f)
+            doc = read_json(text)
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read --base {text}: {exc}") from None
+            raise UsageError(f"cannot read --base {text}: {str(exc)[:100]}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("topology"), str):
             raise UsageError(f"--base {text}: not a calibrate --json file (no 'topology')")
         text = doc["topology"]

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import Stalled, UsageError
 from ..launch import env_rank
 from ..output import remove_partials
+from ..watchdog import FORWARD_S, STUCK_EXIT, end_stalled_job, mpi_world
 from .parser import build_parser
 
 # command -> (module of this package, its function)
@@ -44,23 +45,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "cmd_info"),
 }
 
-FORWARD_S = 0.3  # lets the launcher forward a last line before an abort tears the job down
 RANK0_GRACE_S = 1.0  # a rank other than 0 waits this long for rank 0 to report the same error
-STAGGER_S, MAX_STAGGERED_RANKS = 0.5, 20  # a stalled rank r reports after r * STAGGER_S (at most 10 s)
 
 
 def _command(args: argparse.Namespace) -> int:
     """Run the parsed command: its module is imported now, and only its module."""
     module, function = COMMANDS[args.command]
     return getattr(importlib.import_module(f"{__package__}.{module}"), function)(args)
-
-
-def _world() -> Any:
-    """COMM_WORLD when MPI is running with more than one rank, else None."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() < 2:
-        return None
-    return mpi.COMM_WORLD
 
 
 def _abort(world: Any, message: str, code: int) -> int:
@@ -104,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _command(args)
     except UsageError as exc:
-        world = _world()
+        world = mpi_world()
         if world is None:  # found before MPI started: every rank found it
             if env_rank() == 0:
                 print(f"themis-mpi: error: {exc}", file=sys.stderr, flush=True)
             return 2
         return _abort(world, f"themis-mpi: error: {exc}", 2)
     except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line, and the job ends
-        world = _world()
+        world = mpi_world()
         if env_rank() == 0:
             print("themis-mpi: interrupted", file=sys.stderr, flush=True)
         if world is not None:
@@ -121,16 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as exc:
-        world = _world()
+        world = mpi_world()
         if isinstance(exc, Stalled) and world is not None:
-            remove_partials()
-            # ranks that see the same silence at once speak in rank order: the first one's abort
-            # ends the others before they print, so the job says it once
-            time.sleep(min(world.Get_rank(), MAX_STAGGERED_RANKS) * STAGGER_S)
-            print(f"themis-mpi: error: {exc}; aborting the job", file=sys.stderr, flush=True)
-            time.sleep(FORWARD_S)
-            world.Abort(3)
-            return 3
+            end_stalled_job(world, str(exc))
+            return STUCK_EXIT
         if world is None:
             raise
         return _abort(world, traceback.format_exc(), 1)

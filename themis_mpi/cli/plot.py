@@ -9,9 +9,8 @@ import json
 import math
 import os
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..plots import log_axis, sweep_column, sweep_plot  # (matplotlib loads when a picture is drawn)
-from ..topology import _shown
 from .options import check_outputs
 
 MAX_ROWS = 100_000
@@ -50,7 +49,7 @@ def read_rows(path: str) -> list[dict]:
                 rows = list(itertools.islice(csv.DictReader(f), MAX_ROWS + 1))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, csv.Error, RecursionError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"cannot read rows from {path}: {_shown(why)}") from None
+        raise UsageError(f"cannot read rows from {path}: {shown(why)}") from None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise UsageError(
             f"{path}: no rows (a JSON list of objects, JSON Lines or a CSV with a header, as --json, "
@@ -71,7 +70,7 @@ def check_axis(path: str, rows: list[dict], name: str) -> None:
             value = math.nan
         if not math.isfinite(value) or (log_axis(column) and value <= 0):
             need = "a positive number (its axis is logarithmic)" if log_axis(column) else "a finite number"
-            raise UsageError(f"{path}: row {i}: {column} {_shown(str(row[column]))} is not {need}")
+            raise UsageError(f"{path}: row {i}: {column} {shown(str(row[column]))} is not {need}")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -84,8 +83,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
         for i, row in enumerate(rows, start=1):
             if column not in row:
                 raise UsageError(
-                    f"{args.rows}: row {i} has no column {_shown(column)} (for {_shown(name)}); "
-                    f"it has {_shown(', '.join(row))}"
+                    f"{args.rows}: row {i} has no column {shown(column)} (for {shown(name)}); "
+                    f"it has {shown(', '.join(row))}"
                 )
     for name in (args.x, args.y):
         check_axis(args.rows, rows, name)

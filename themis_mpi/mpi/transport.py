@@ -53,6 +53,7 @@ from ..config import RunConfig
 from ..cost import A2A, AG, RS
 from ..engine import CollectiveRun, Engine, MessageRun, StageRun, make_clock, reduced_span
 from ..errors import Stalled, UsageError
+from ..policies import origin, scheduler_origin
 from ..timing.ideal import LinkScales
 from ..timing.planner import emulator_timer
 from ..timing.rules import rule_class
@@ -684,10 +685,28 @@ class MpiTransport:
         try:
             return MPI.Request.Testsome(self._reqs)
         except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
+            # (Testsome reports a receive that met a larger message, another stage's, as "in status")
+            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+                raise Stalled(
+                    f"rank {self.grid.rank}: a message failed {self._waiting_for()}: a receive met a message "
+                    f"of another size, so ranks started different stages ({self._order_hint()}), "
+                    "or a peer died"
+                ) from None
             raise Stalled(
                 f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
                 f"{self._waiting_for()}; a peer died"
             ) from None
+
+    def _order_hint(self) -> str:
+        """What makes ranks start different stages: policies whose answers differ between ranks."""
+        config = self.config
+        given = [
+            ("--comm-scheduler", config.comm_scheduler, scheduler_origin),
+            ("--intra", config.intra, origin),
+        ]
+        plugins = [f"{flag} {name}" for flag, name, where in given if name and where(name) != "builtin"]
+        named = f"the plugin {' or '.join(plugins)}" if plugins else "the policies"
+        return f"{named} must give every rank the same priorities and positions"
 
     def _completed(self, done: list[int]) -> None:
         """Requests that completed: their stages' counts go down, the steps they finish are due.

@@ -144,7 +144,15 @@ def collective_on(
 
 
 def check_ranks(topology: Topology, config: RunConfig, compute_ranks: Sequence[int] = ()) -> None:
-    """Every straggler names an NPU of the topology (known only once a workload has fitted it)."""
+    """Every straggler names an NPU of the topology (known only once a workload has fitted it).
+
+    nccl dims time one NCCL call at a time on every link: they take no straggler and one active chunk.
+    """
+    if topology.flat and config.active_per_dim > 1:
+        raise UsageError(
+            f"--active-chunks-per-dim {config.active_per_dim}: nccl dims time one NCCL call at a time "
+            "(concurrent calls would share its links, which the NCCL-like model does not time); use 1"
+        )
     named = [r for r, _ in config.npu_delay_ns] + [r for _, r, _ in config.link_scale] + list(compute_ranks)
     if named and topology.flat:
         raise UsageError("stragglers run on per-dim algorithms, not on nccl dims")

@@ -113,8 +113,11 @@ def run_training(
     NPU that choice runs (`training_on`).
     """
     topo, config = transport.topology, transport.config
-    if config.asymmetric or spec.heterogeneous:  # stragglers
-        check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
+    if spec.heterogeneous and config.compat:
+        raise UsageError(
+            f"--compat {config.compat} has identical NPUs: drop --npu-compute-scale, --compute-jitter"
+        )
+    check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
     timing = plan(Run(topo, config, TRAINING, slow_compute=spec.heterogeneous))
     collectives = distinct_collectives(workload, topo, spec)
     oracle = training_oracle(topo, config, workload, spec) if transport.rank == 0 else None

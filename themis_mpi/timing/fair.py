@@ -377,10 +377,23 @@ class Fair(LinkModel):
         return windows
 
     def _unsolo(self, flow: Flow) -> None:
-        """Place a solo stage where it is now: in a step's transfer (left bytes), or in its delay.
+        """Place a solo stage where it is now, and the solo stages it interleaved with, and theirs.
 
-        The solo stages it interleaved with go step by step too (their transfers may meet now).
+        Their transfers may meet now, so they go step by step too: depth first, in the order a
+        recursion would take, on a stack of its own (1024 active chunks chain 1024 stages).
         """
+        self._unsolo_one(flow)
+        pending = [iter(self._partners(flow))]
+        while pending:
+            other = next(pending[-1], None)
+            if other is None:
+                pending.pop()
+            elif other.solo_ns >= 0:  # (not yet with one it interleaved with)
+                self._unsolo_one(other)
+                pending.append(iter(self._partners(other)))
+
+    def _unsolo_one(self, flow: Flow) -> None:
+        """Place one solo stage where it is now: in a step's transfer (left bytes), or in its delay."""
         steps, now = flow.steps, self.loop.now_ns
         windows = self._solo_windows(flow)
         flow.solo_ns = -1.0
@@ -399,9 +412,6 @@ class Fair(LinkModel):
                 self._leave(steps[k].usage)
                 self.loop.at(end + delay_ns, self._delay_over, flow)
                 break
-        for other in self._partners(flow):
-            if other.solo_ns >= 0:  # (not yet with one it interleaved with)
-                self._unsolo(other)
 
     def _leave(self, usage: Usage) -> None:
         """A transfer ends: the others' rates change only if one shared a link with it."""

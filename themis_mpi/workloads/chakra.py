@@ -48,10 +48,11 @@ import numpy as np
 
 from ..collectives import Collective
 from ..engine import Engine, Event, ProcessGenerator
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..limits import MAX_TIME_NS
+from ..output import read_json
 from ..policies import UNKNOWN, Need, Schedule
-from ..topology import Topology, _shown
+from ..topology import Topology
 from .et import (
     COMM_COLL_NODE,
     COMM_RECV_NODE,
@@ -163,12 +164,9 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
     if not path:
         return {}
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        doc = read_json(path)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read communicator groups {path}: {exc}") from None
-    except RecursionError:
-        raise UsageError(f"cannot read communicator groups {path}: nested too deep") from None
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: communicator groups must be an object of id -> list of NPUs")
     out = {}
@@ -179,8 +177,8 @@ def load_comm_groups(path: str | None) -> dict[str, tuple[int, ...]]:
             or not all(isinstance(m, int) and not isinstance(m, bool) for m in members)
         ):
             raise UsageError(
-                f"{path}: group {_shown(name)} must be a non-empty list of NPU ids (integers), "
-                f"got {_shown(json.dumps(members))}"
+                f"{path}: group {shown(name)} must be a non-empty list of NPU ids (integers), "
+                f"got {shown(json.dumps(members))}"
             )
         out[str(name)] = tuple(members)
     return out

@@ -30,9 +30,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..limits import MAX_NPUS, MAX_SIZE_BYTES, MAX_TIME_NS
-from ..topology import _shown
 from .et import COMM_COLL_NODE, COMP_NODE, Attr, EtTrace, Node
 from .llm import Layout, _Builder, message_units
 
@@ -116,9 +115,7 @@ def _lines(path: str) -> Iterator[tuple[int, list[str]]]:
 def _integer(token: str, what: str, lo: int, hi: int, where: str, why: str = "") -> int:
     """An integer token in [lo, hi]; one line naming the field and the range (and `why`) otherwise."""
     if not _INT.fullmatch(token) or not lo <= int(token) <= hi:
-        raise UsageError(
-            f"{where}: {what} must be an integer between {lo} and {hi}{why}, got {_shown(token)}"
-        )
+        raise UsageError(f"{where}: {what} must be an integer between {lo} and {hi}{why}, got {shown(token)}")
     return int(token)
 
 
@@ -130,7 +127,7 @@ def _time_ns(token: str, what: str, where: str) -> float:
         value = math.nan
     if not 0 <= value <= MAX_TIME_NS:  # (NaN fails it)
         raise UsageError(
-            f"{where}: {what} must be a time between 0 and {MAX_TIME_NS:g} ns, got {_shown(token)}"
+            f"{where}: {what} must be a time between 0 and {MAX_TIME_NS:g} ns, got {shown(token)}"
         )
     return value
 
@@ -140,7 +137,7 @@ def _collective(tokens: list[str], at: int, phase: str, where: str) -> tuple[str
     kind = tokens[at]
     if kind != "NONE" and split_type(kind, phase)[0] not in OPS:
         raise UsageError(
-            f"{where}: {phase} collective type {_shown(kind)} is unknown "
+            f"{where}: {phase} collective type {shown(kind)} is unknown "
             f"(NONE, or {', '.join(OPS)} with an optional _EP or _DP_EP)"
         )
     return kind, _integer(tokens[at + 1], f"{phase} collective bytes", 0, MAX_SIZE_BYTES, where)
@@ -161,7 +158,7 @@ def parse_simai(path: str) -> SimaiWorkload:
     for i in range(0, len(head), 2):
         key = head[i].rstrip(":")
         if i + 1 >= len(head):
-            raise UsageError(f"{path}:1: header key {_shown(key)} has no value")
+            raise UsageError(f"{path}:1: header key {shown(key)} has no value")
         lo, hi = HEADER_RANGES.get(key, (0, MAX_NPUS))
         values[key] = _integer(head[i + 1], f"header {key}", lo, hi, f"{path}:1")
     tp = values.get("model_parallel_NPU_group")

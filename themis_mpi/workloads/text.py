@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..errors import UsageError
+from ..errors import UsageError, shown
 from ..limits import MAX_SIZE_BYTES, MAX_TIME_NS
 from ..topology import Dim, Topology
 
@@ -202,7 +202,7 @@ class _Tokens:
         at = self.pos if at is None else at
         if at < len(self.items):
             tok, no = self.items[at]
-            return UsageError(f"{self.path}:{no}: {message} at token {tok!r}")
+            return UsageError(f"{self.path}:{no}: {message} at token {shown(tok)}")
         last = self.items[-1][1] if self.items else 1
         return UsageError(f"{self.path}:{last}: {message} at end of file")
 
