@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, shared
+from harness import DATA, ROOT, in_process, shared
 from hypothesis import given
 from hypothesis import strategies as hs
 
@@ -65,13 +65,17 @@ def replace_step(algo: Algorithm, g: int, t: int, k: int | None, step: Step | No
 
 
 def refusal(algo: Algorithm, tmp_path) -> str:
-    """The one line the damaged copy, written and read back, is refused with."""
+    """The one line the damaged copy, written and read back, is refused with (by `model` too)."""
     path = tmp_path / "damaged.xml"
     write_algorithm(str(path), algo)
     with pytest.raises(UsageError) as info:
         require(read_algorithm(str(path)), str(path))
     message = str(info.value)
     assert "\n" not in message and message.startswith(str(path))
+    # the same line, exit 2, where a run takes the file: model --algorithm msccl:FILE
+    model = ["model", "-t", f"SW({algo.ngpus},100,500)", "-o", algo.collective.op, "-b", "64K"]
+    proc = in_process([*model, "--algorithm", f"msccl:{path}"])
+    assert proc.returncode == 2 and proc.stderr == f"themis-mpi: error: {message}\n"
     return message
 
 
@@ -213,7 +217,8 @@ def test_a_reduce_made_a_copy_computes_the_wrong_result(name, reduce, copy, tmp_
     proof = prove(damaged, programs(damaged))
     assert not proof.ok and sum(d.wrong for d in proof.data) > 0
     assert re.match(r"GPU 0 output chunk \d+ holds .* but the allreduce puts", proof.first())
-    assert main(["msccl", str(path)]) == 1
+    model = ["model", "-t", f"SW({damaged.ngpus},100,500)", "-b", "64K", "--algorithm", f"msccl:{path}"]
+    assert main(model) == 2
 
 
 def test_receives_first_on_every_gpu_deadlock_and_the_cycle_is_named(tmp_path):
@@ -273,13 +278,14 @@ def test_a_file_too_large_is_refused_unread(tmp_path, monkeypatch):
 
 
 def test_the_cli_refuses_a_damaged_file_with_exit_2(tmp_path):
-    """`themis-mpi msccl` on a damaged file: one line on stderr naming the step, exit 2."""
+    """`themis-mpi model --algorithm msccl:FILE` on a damaged file: one line naming the step, exit 2."""
     algo = shared_algo(SHARED_FILES[2])
     st = algo.gpus[4].threadblocks[0].steps[7]
     path = tmp_path / "bad.xml"
     write_algorithm(str(path), replace_step(algo, 4, 0, 7, dataclasses.replace(st, dstoff=9)))
-    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "msccl", str(path)], capture_output=True,
-                          text=True, cwd=ROOT, timeout=60)  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "themis_mpi", "model", "-t", "SW(8,100,500)", "-b", "64K",
+                           "--algorithm", f"msccl:{path}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert (
         "GPU 4 threadblock 0 step 7: dstoff 9 + cnt 1 is outside the input buffer of 8 chunks" in proc.stderr

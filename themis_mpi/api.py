@@ -109,7 +109,8 @@ def sweep(
         network: how stages that run at once share links: ideal, fair or store-forward.
         bandwidth_gbps: per-dim bandwidth overrides in GB/s (None keeps a dim's), as --bandwidth.
         latency_ns: per-dim latency overrides in ns, as --latency.
-        algorithm: per-dim algorithm overrides, as --algorithm.
+        algorithm: per-dim algorithm overrides, as --algorithm (``["msccl:FILE.xml"]``: a custom
+            algorithm runs each collective, docs/custom-algorithms.md).
         workers: local processes to run the cells on (1: this process), or "mpi" (an mpi4py.futures
             pool, under ``mpiexec -n K python -m mpi4py.futures SCRIPT``); the same results.
         npu_delay_us: late NPUs, ``{rank: us}``, as --npu-delay-us (the model then times every NPU).

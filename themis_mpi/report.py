@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .config import RunConfig
+from .msccl.ir import read_algorithm, summary
 from .results import CollectiveResult, TrainingResult, busbw_factor
 from .topology import Topology
 from .units import format_size
@@ -22,6 +23,18 @@ def measured_on() -> str:
     return f"measured on a {os.cpu_count()}-core machine, {time.strftime('%Y-%m-%d', time.gmtime())}"
 
 
+def custom_lines(topo: Topology, command: str) -> list[str]:
+    """What a custom algorithm the dims name is, and what is done with it before it runs."""
+    out = []
+    for spec in dict.fromkeys(d.custom for d in topo.dims if d.custom):
+        what = "checked, then run on real data" if command == "run" else "checked and proved, then timed"
+        if spec.startswith("msccl:"):
+            out.append(f"#   {spec}: {summary(read_algorithm(spec[len('msccl:') :]))}; {what}")
+        else:
+            out.append(f"#   {spec}: per size, the file whose window holds it ({what}), else the built-in")
+    return out
+
+
 def run_header(topo: Topology, command: str, config: RunConfig) -> str:
     """The lines above a table: the topology, dim by dim, and the settings that change times."""
     lines = [f"# themis-mpi {command}: topology {topo.label()}, {topo.npus} NPUs"]
@@ -29,7 +42,9 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
         lines.append(
             f"#   dim {d}: {dim.kind:<14} npus {dim.npus:>4}  {dim.bandwidth_gbps:g} GB/s  "
             f"{dim.latency_ns:g} ns/hop  {dim.algorithm}"
+            + (f" (the collective: {dim.custom})" if dim.custom else "")
         )
+    lines += custom_lines(topo, command)
     if config.endpoint_delay_ns or config.compat:
         lines.append(
             f"#   endpoint delay {config.endpoint_delay_ns:g} ns"

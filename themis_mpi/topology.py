@@ -45,12 +45,28 @@ ALGORITHMS = (
     "nccl",
 )  # inline and CLI also accept "hd", "ina:EFF"
 ALGORITHM_ALIASES = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}
+# a custom algorithm (docs/custom-algorithms.md): an MSCCL-IR file, or a directory of them picked by size
+CUSTOM_PREFIXES = ("msccl:", "msccl-auto:")
 HOPS = {"Ring": 1, "FullyConnected": 1, "Switch": 2}
 
 
 def is_power_of_two(n: int) -> bool:
     """True for 1, 2, 4, 8, ..."""
     return n >= 1 and (n & (n - 1)) == 0
+
+
+def is_custom(algorithm: str) -> bool:
+    """Whether an algorithm's name is a custom one (``msccl:FILE``, ``msccl-auto:DIR``)."""
+    return algorithm.startswith(CUSTOM_PREFIXES)
+
+
+def check_custom(spec: str) -> None:
+    """Refuse a custom algorithm's name without a path, or with characters the inline form splits at."""
+    prefix, _, path = spec.partition(":")
+    if f"{prefix}:" not in CUSTOM_PREFIXES or not path.strip():
+        raise UsageError(f"custom algorithm {spec!r}: write msccl:FILE.xml or msccl-auto:DIR")
+    if any(c in path for c in "(),"):
+        raise UsageError(f"custom algorithm {spec!r}: a path with '(', ')' or ',' cannot be named here")
 
 
 def default_algorithm(kind: str, npus: int) -> str:
@@ -75,6 +91,9 @@ class Dim:
             only; ``ina:EFF`` also sets `efficiency`) or nccl (the NCCL-like model of `nccl`, which
             times a collective as one flat algorithm over all its dims); defaults by kind.
         efficiency: share of the bandwidth an in-switch reduction reaches (ina only; 1 otherwise).
+        custom: a custom algorithm for the dim's stages, ``msccl:FILE`` or ``msccl-auto:DIR``
+            ("" for none; `is_custom`); `algorithm` is then the built-in one it falls back to.
+            Given as `algorithm`, it moves here and `algorithm` takes the kind's default.
     """
 
     kind: str
@@ -83,8 +102,14 @@ class Dim:
     latency_ns: float
     algorithm: str = ""
     efficiency: float = 1.0
+    custom: str = ""
 
     def __post_init__(self):
+        if is_custom(self.algorithm):
+            object.__setattr__(self, "custom", self.algorithm)
+            object.__setattr__(self, "algorithm", "")
+        if self.custom:
+            check_custom(self.custom)
         if self.kind not in KINDS:
             raise UsageError(f"unknown dim kind {self.kind!r}; use one of {', '.join(KINDS)}")
         if not isinstance(self.npus, int) or not 1 <= self.npus <= MAX_DIM_NPUS:
@@ -116,7 +141,9 @@ class Dim:
 
     @property
     def algorithm_label(self) -> str:
-        """The algorithm as the inline syntax writes it: ``hd``, ``ina``, ``ina:0.9``, ``ring``..."""
+        """The algorithm as the inline syntax writes it: ``hd``, ``ina:0.9``, ``ring``, ``msccl:F``..."""
+        if self.custom:
+            return self.custom
         if self.algorithm == "halving_doubling":
             return "hd"
         if self.algorithm == "ina" and self.efficiency != 1.0:
@@ -439,8 +466,21 @@ class Topology:
         return Topology(dims, "", ports, nccl)
 
     def with_overrides(self, bandwidth_gbps=None, latency_ns=None, algorithms=None) -> Topology:
-        """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value)."""
+        """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value).
+
+        A custom algorithm (``msccl:FILE``) keeps the dim's built-in one to fall back to; given
+        once for a topology of several dims it is every dim's (docs/custom-algorithms.md).
+        """
         dims = list(self.dims)
+        if algorithms is not None:
+            algorithms = list(algorithms)
+            if len(algorithms) == 1 and len(dims) > 1 and algorithms[0] and is_custom(algorithms[0]):
+                algorithms = algorithms * len(dims)
+            dims = [
+                d if not v else replace(d, custom=v) if is_custom(v) else replace(d, algorithm=v, custom="")
+                for d, v in zip(dims, _as_long(algorithms, len(dims), "algorithm"))
+            ]
+            algorithms = None
         for field, values in (
             ("bandwidth_gbps", bandwidth_gbps),
             ("latency_ns", latency_ns),
@@ -448,11 +488,10 @@ class Topology:
         ):
             if values is None:
                 continue
-            if len(values) != len(dims):
-                raise UsageError(
-                    f"{len(values)} values given for {field} but the topology has {len(dims)} dims"
-                )
-            dims = [d if v is None else replace(d, **{field: v}) for d, v in zip(dims, values)]
+            dims = [
+                d if v is None else replace(d, **{field: v})
+                for d, v in zip(dims, _as_long(values, len(dims), field))
+            ]
         changed = Topology(
             tuple(dims),
             self.name,
@@ -468,6 +507,14 @@ class Topology:
         """
         dims = len(self.dims)
         return replace(self.with_overrides([1e6] * dims, [0.0] * dims), ports=())
+
+
+def _as_long(values, n: int, field: str) -> list:
+    """Per-dim override values, one per dim, or one line."""
+    values = list(values)
+    if len(values) != n:
+        raise UsageError(f"{len(values)} values given for {field} but the topology has {n} dims")
+    return values
 
 
 def _preset(spec: str, name: str) -> Topology:
@@ -565,6 +612,19 @@ def _port(item: str, fields: str) -> Port:
     return Port(tuple(dims), _number(parts[1], "GB/s", item))
 
 
+def _items(spec: str) -> list[str]:
+    """The ``_``-joined items of an inline topology (a custom algorithm's path may hold ``_``)."""
+    items, depth, current = [], 0, ""
+    for ch in spec:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "_" and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    return [*items, current]
+
+
 def parse_inline(spec: str) -> Topology:
     """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``, then ``NIC(d1+d2,GB/s)`` ports.
 
@@ -572,7 +632,7 @@ def parse_inline(spec: str) -> Topology:
     """
     dims, ports = [], []
     nccl = None
-    for item in spec.split("_"):
+    for item in _items(spec):
         match = _INLINE_DIM.match(item)
         if not match:
             raise UsageError(
@@ -599,7 +659,8 @@ def parse_inline(spec: str) -> Topology:
         npus = _number(fields[0], "npus", item)
         if not math.isfinite(npus) or npus != int(npus):
             raise UsageError(f"npus must be an integer in topology dim {shown(item)}")
-        algorithm = fields[3].lower() if len(fields) == 4 else ""
+        algorithm = fields[3] if len(fields) == 4 else ""
+        algorithm = algorithm if is_custom(algorithm) else algorithm.lower()
         dims.append(
             Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
         )

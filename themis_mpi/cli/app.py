@@ -2,7 +2,7 @@
 
 Subcommands (one module each, imported only when it runs, so an MPI rank of `run` loads only
 what `run` needs): run and model (`sweep`), train, workload, convert, replay, analyze, export,
-msccl, synthesize, calibrate, plot, topologies, policies, info. The parser is `parser`; options
+synthesize, calibrate, plot, topologies, policies, info. The parser is `parser`; options
 become domain objects in `options`.
 
 Errors end every rank: a user mistake found before MPI starts prints one line (rank 0) and every
@@ -36,7 +36,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("replay", "cmd_replay"),
     "analyze": ("analyze", "cmd_analyze"),
     "export": ("export", "cmd_export"),
-    "msccl": ("msccl", "cmd_msccl"),
     "synthesize": ("synthesize", "cmd_synthesize"),
     "calibrate": ("calibrate", "cmd_calibrate"),
     "plot": ("plot", "cmd_plot"),
@@ -79,7 +78,6 @@ ONE_PROCESS = (
     "convert",
     "analyze",
     "export",
-    "msccl",
     "synthesize",
     "calibrate",
     "plot",

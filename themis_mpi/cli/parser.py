@@ -100,7 +100,9 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
         action="append",
         default=None,
         help=f"per-dim algorithm override, comma-separated ({', '.join(ALGORITHMS)}, hd; "
-        "empty keeps the default); run and model take it more than once to sweep",
+        "empty keeps the default; msccl:FILE.xml, once, runs the collective by a custom MSCCL-IR "
+        "algorithm, checked and proved first, msccl-auto:DIR by the file of DIR whose size window holds "
+        "the size: docs/custom-algorithms.md); run and model take it more than once to sweep",
     )
     p.add_argument(
         "--bandwidth",
@@ -512,23 +514,6 @@ def _export_parser(sub: Any) -> None:
     p.add_argument("--npus", type=int, default=8, help="with --msccl: NPUs of the algorithm (default 8)")
 
 
-def _msccl_parser(sub: Any) -> None:
-    """`themis-mpi msccl`."""
-    p = sub.add_parser(
-        "msccl",
-        help="check and prove an MSCCL-IR algorithm (and time it on a topology)",
-        description="Read an MSCCL-IR XML file as RCCL reads it, check it (messages, buffers, dependencies, "
-        "deadlock, races: one line naming the GPU, threadblock and step, exit 2), prove that it computes its "
-        "collective (symbolically, for any size, and on numpy data: exit 1 if not) and, with -t, time it "
-        f"with an alpha-beta cost per message, links one message at a time. Units: {UNITS}.",
-    )
-    p.add_argument("file", metavar="FILE.xml", help="the MSCCL-IR algorithm")
-    p.add_argument("-t", "--topology", default=None, help="time it on this topology (one NPU per GPU)")
-    p.add_argument(
-        "-b", "--size", default="1M", help="with -t: the collective's size, its larger buffer (1M)"
-    )
-
-
 def _synthesize_parser(sub: Any) -> None:
     """`themis-mpi synthesize`."""
     p = sub.add_parser(
@@ -744,7 +729,6 @@ def build_parser() -> argparse.ArgumentParser:
         _replay_parser,
         _analyze_parser,
         _export_parser,
-        _msccl_parser,
         _synthesize_parser,
         _calibrate_parser,
         _plot_parser,

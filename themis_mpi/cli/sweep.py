@@ -16,6 +16,7 @@ from itertools import groupby
 from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
+from ..msccl.custom import choose
 from ..output import STDOUT, SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
 from ..results import CollectiveResult, flat_row, median
@@ -76,6 +77,9 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
         redop=args.redop,
     )
     _warn_small(cells)
+    for cell in cells:  # a custom algorithm's file is checked (and proved on the model) before MPI runs
+        if choose(cell.topology, cell.collective, prove=not use_mpi) and args.trace:
+            raise UsageError("--trace records engine stages; a custom algorithm's steps are not traced yet")
     config = cells[0].config
     iters, warmup = (args.iters, args.warmup_iters) if use_mpi else (1, 0)
     if use_mpi:

@@ -20,11 +20,13 @@ from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
+from ..msccl.custom import choose
 from ..policies import Schedule
 from ..results import CollectiveResult, summarize
-from ..timing.planner import Run, plan, run_on
+from ..timing.planner import CUSTOM, Run, plan, run_on
 from ..topology import Topology
 from .coordinator import PolicyLike, policy_name, share_schedules
+from .custom import custom_collective
 
 T = TypeVar("T")
 
@@ -85,7 +87,10 @@ def run_collective(
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
-    timing = plan(Run(topology, config))
+    custom = choose(topology, collective, prove=not transport.checks_data)
+    timing = plan(Run(topology, config, custom=custom is not None))
+    if timing.simulator == CUSTOM and custom is not None:  # the custom algorithm's own run
+        return custom_collective(transport, collective, custom, policy_name(policy), decision_s)
     if timing.agreed and start_order is None:  # each dim starts its stages as with NPUs alike
         start_order = symmetric_run(topology, config, collective, schedule)[0].start_order()
 

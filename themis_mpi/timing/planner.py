@@ -14,6 +14,9 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
+- A collective a custom algorithm runs (``--algorithm msccl:FILE``): every NPU's program on
+  every NPU's links of its group, under any rule (`programs`, `CUSTOM`); the model and every
+  emulator rank compute that one deterministic run (`run.custom`).
 
 Runs that none of these times are refused here in one line (stragglers in graphs or jobs,
 messages under a compat, training on an uneven 2.x dim). Under stragglers every NPU starts a
@@ -51,6 +54,7 @@ GREENLETS = "every NPU, in event order"
 WORLD = "every NPU's links"
 LINKED = "the linked ranks"
 SLICES = "one NPU per slice"
+CUSTOM = "every NPU's program on every NPU's links"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Run:
         messages: it sends point-to-point messages.
         per_rank: NPUs run different programs (one graph per rank).
         slow_compute: NPUs compute at different paces (``--npu-compute-scale``, jitter).
+        custom: a custom algorithm runs the collective (`msccl.custom.choose`).
     """
 
     topology: Topology
@@ -72,6 +77,7 @@ class Run:
     messages: bool = False
     per_rank: bool = False
     slow_compute: bool = False
+    custom: bool = False
 
     @property
     def stragglers(self) -> bool:
@@ -89,7 +95,7 @@ class Plan:
 
     Attributes:
         run: the run.
-        simulator: `ONE_NPU`, `VECTORS`, `GREENLETS`, `WORLD`, `LINKED` or `SLICES`.
+        simulator: `ONE_NPU`, `VECTORS`, `GREENLETS`, `WORLD`, `LINKED`, `SLICES` or `CUSTOM`.
         rule: the sharing rule's name.
     """
 
@@ -129,6 +135,13 @@ def plan(run: Run) -> Plan:
     """What times the run; a run nothing here times is refused in one line."""
     config, rule = run.config, run.config.network
     shares = rule_class(rule).routes
+    if run.custom or (run.kind != COLLECTIVE and any(d.custom for d in run.topology.dims)):
+        if run.kind != COLLECTIVE or run.stragglers or config.compat:
+            raise UsageError(
+                "custom algorithms (--algorithm msccl:FILE) run single collectives (model, run) "
+                "with NPUs alike and no --compat"
+            )
+        return Plan(run, CUSTOM, rule)
     if run.kind in (GRAPH, JOBS) and run.stragglers:
         raise UsageError(
             "stragglers run text workloads in train; Chakra graphs do not take them yet"

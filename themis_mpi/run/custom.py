@@ -1,0 +1,158 @@
+"""A collective run by a custom algorithm (``--algorithm msccl:FILE``), on the model and the emulator.
+
+The planner chooses this (`timing.planner.CUSTOM`): every NPU's program runs on every NPU's
+links under the run's rule (`timing.programs`), a deterministic run that the model and every
+emulator rank compute alike, so their times are the same to the ns. On the emulator each rank
+then runs its own GPU's program on real numpy data, its messages rank to rank over MPI (uppercase
+calls into buffers kept between the run's chunks, on a communicator of its own, one tag per
+channel, so that MPI's order per (peer, tag) keeps each (peer, channel)'s order), and the result
+is checked against the closed form (`msccl.custom.run_gpu`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..collectives import Collective
+from ..engine import CollectiveRun, Engine, Transport
+from ..errors import UsageError
+from ..msccl.custom import Custom, chunk_bytes, run_gpu
+from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
+from ..timing.links import physical_links
+from ..timing.programs import ProgramTimes, time_programs
+from ..timing.rules import IDEAL
+
+TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
+
+
+def time_custom(transport: Transport, collective: Collective, custom: Custom) -> ProgramTimes:
+    """Every NPU's program on every NPU's links under the run's rule (`timing.programs`)."""
+    topology, config = transport.topology, transport.config
+    if config.endpoint.on:
+        raise UsageError("custom algorithms do not take the endpoint model (--endpoint) yet")
+    if config.clock != "virtual":
+        raise UsageError("custom algorithms run on the virtual clock only (not --clock wall)")
+    cost = transport.cost(collective.itemsize)
+    return time_programs(
+        topology,
+        config.network,
+        config,
+        custom.progs,
+        chunk_bytes(custom, collective),
+        endpoint_delay_ns=cost.endpoint_delay_ns,
+    )
+
+
+class _Mailbox:
+    """This rank's messages over MPI (uppercase calls), on a communicator of its own.
+
+    The k-th receive of an iteration lands in the k-th buffer, kept from one iteration to the
+    next (grown when a message is larger); the sends of an iteration are completed before the
+    next one takes the buffers again (a forwarded receive is sent from its buffer).
+    """
+
+    def __init__(self, grid: Any, dtype: str, what: str):
+        self.grid, self.comm = grid, grid.cart.Dup()  # (no tag meets another message's)
+        self.dtype, self.what = dtype, what
+        self.pending: list[tuple[Any, np.ndarray]] = []  # sends in flight, with their data
+        self.buffers: list[np.ndarray] = []
+        self.k = 0
+
+    def send(self, peer: int, chan: int, chunks: np.ndarray) -> None:
+        """Post a send of the chunks to the peer on the channel."""
+        self.pending.append((self.comm.Isend(chunks, peer, TAG_BASE + chan % TAGS), chunks))
+
+    def receive(self, peer: int, chan: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The next message from the peer on the channel, in the iteration's next buffer."""
+        n = int(np.prod(shape))
+        if self.k == len(self.buffers):
+            self.buffers.append(np.empty(n, dtype=self.dtype))
+        elif self.buffers[self.k].size < n:
+            self.buffers[self.k] = np.empty(n, dtype=self.dtype)
+        buf = self.buffers[self.k][:n].reshape(shape)
+        self.k += 1
+        self.grid.wait(self.comm.Irecv(buf, peer, TAG_BASE + chan % TAGS), self.what)
+        return buf
+
+    def flush(self) -> None:
+        """Complete the sends in flight; the buffers may be taken again."""
+        for request, _ in self.pending:
+            self.grid.wait(request, self.what)
+        self.pending.clear()
+        self.k = 0
+
+
+def exchange(transport: Any, collective: Collective, custom: Custom) -> tuple[int, int]:
+    """This rank's GPU on real data, its messages over MPI: (wrong elements, checked)."""
+    box = _Mailbox(transport.grid, collective.dtype, f"a message of {custom.source}")
+    try:
+        return run_gpu(custom, collective, transport.rank, box.send, box.receive, box.flush)
+    finally:
+        box.flush()
+        box.comm.Free()
+
+
+def sends(link) -> bool:
+    """Whether a link of an NPU carries what it sends (not a Switch's down-link into it)."""
+    return not link.name.endswith(".down")
+
+
+def custom_collective(
+    transport: Transport, collective: Collective, custom: Custom, policy: str, decision_s: float = 0.0
+) -> tuple[CollectiveResult, Engine]:
+    """Run the collective by the custom algorithm; every rank returns the same result.
+
+    Returns the result (``wrong`` summed over ranks on the emulator) and an engine with no stages
+    (the custom algorithm's steps are not engine stages).
+    """
+    topology, config = transport.topology, transport.config
+    transport.barrier("the barrier before the custom algorithm")
+    t0 = time.perf_counter()
+    times = time_custom(transport, collective, custom)
+    wrong = None
+    if transport.checks_data:
+        bad, _ = exchange(transport, collective, custom)
+        wrong = int(transport.reduce(np.array([bad], np.int64), "sum")[0])
+    wall_s = float(transport.reduce([time.perf_counter() - t0], "max")[0])
+    engine = Engine(topology, transport, config)
+    bounds = collective.chunk_bounds()
+    run = CollectiveRun(
+        coll_id=0,
+        collective=collective,
+        orders=np.zeros((len(bounds) - 1, len(topology.dims)), dtype=np.int64),
+        bounds=bounds,
+        intra=engine.intra_policy(config.intra),
+        stages=[],
+        issued_ns=0.0,
+        chunks_left=0,
+        end_ns=times.end_ns,
+        wrong=wrong,
+    )
+    result = summarize(
+        run,
+        topology,
+        transport.cost,
+        policy=policy,
+        intra=config.intra,
+        schedule=custom.label,
+        decision_s=decision_s,
+        clock="model" if transport.name == "model" else transport.clock.name,
+        wrong=wrong,
+        wall_s=wall_s,
+        network=config.network,
+    )
+    time_us = result.time_us
+    own = physical_links(topology)  # NPU 0's links: the first of every NPU's
+    links = link_results([], topology, transport.cost, time_us, times.carried[: len(own)])
+    dims = [
+        replace(
+            d, bytes=int(sum(x.bytes for x, link in zip(links, own) if link.dim == d.dim and sends(link)))
+        )
+        for d in dim_results([], topology, transport.cost, time_us, (0.0, times.end_ns), links)
+    ]
+    shown = links if config.network != IDEAL else []  # (`ideal` shows no links, as for built-ins)
+    return replace(result, links=shown, dims=dims, dim_bound_us=dim_bound_us(dims, topology)), engine
