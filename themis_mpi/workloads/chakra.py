@@ -309,11 +309,30 @@ def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, wher
     return Op(0, node.id, SEND if send else RECV, peer=peer, path=tuple(path), nbytes=nbytes, tag=tag)
 
 
+_PLANS: list[tuple[tuple, EtTrace, Plan]] = []  # the last plans made (key, its trace, plan), newest last
+_PLANS_KEPT = 4  # a run plans one NPU's graph up to 5 times (collectives, the planner, the loop)
+
+
 def plan_graph(
     trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpec, groups: dict | None = None
 ) -> Plan:
-    """One NPU's ops in topological order; a node that cannot run is refused with one line."""
-    groups = groups or {}
+    """One NPU's ops in topological order; a node that cannot run is refused with one line.
+
+    The last few plans are kept (a plan is read, never changed): one run asks for the same NPU's
+    plan several times, and a 100,000-node graph takes seconds to plan.
+    """
+    key = (id(trace), rank, topology, spec, tuple(sorted((groups or {}).items())))
+    for known, kept, plan in _PLANS:
+        if known == key and kept is trace:
+            return plan
+    plan = _plan_graph(trace, topology, rank, spec, groups or {})
+    _PLANS.append((key, trace, plan))
+    del _PLANS[:-_PLANS_KEPT]
+    return plan
+
+
+def _plan_graph(trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpec, groups: dict) -> Plan:
+    """`plan_graph` itself."""
     index_of: dict[int, int] = {}
     for i, node in enumerate(trace.nodes):
         if node.id in index_of:
