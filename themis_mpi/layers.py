@@ -90,6 +90,7 @@ LAYERS: tuple[Layer, ...] = (
         (
             "timing.symmetric",
             "model",
+            "timing.classes",
             "timing.greenlets",
             "timing.world",
             "timing.vectors",
