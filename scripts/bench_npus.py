@@ -2,6 +2,7 @@
 
 Usage::
 
+    python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -19,6 +20,13 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
   NPU <= every NPU at 1.5x (`--compute-scale 1.5`, the one-NPU model), which must hold. Target:
   a paper topology under 120 s.
 
+With ``--classes`` it times, instead, the class-reduced runs (`themis_mpi.timing.classes`: one
+NPU per class of NPUs proven alike) side by side with every NPU's, each run in a process of its
+own for its wall seconds and peak RSS: the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW(16)`` with NPU
+5 late by 50 us and NPU 300's dim-1 links at 0.5x under the default rule and under ``fair``, its
+512-NPU cut ``SW(4)_SW(8)_SW(16)``, each with the dims' default algorithm (halving-doubling) and
+with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 256-NPU cut.
+
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
 (`themis_mpi.timing.world.World`, one event loop over every NPU's engine). Prints the tables
@@ -29,8 +37,10 @@ log-log) into --out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -41,6 +51,7 @@ from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import write_json  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
+from themis_mpi.timing.greenlets import MAX_NPUS  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
 from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
@@ -107,6 +118,93 @@ def training_row(topo_spec: str, chunks: int, network: str) -> dict:
     }
 
 
+CUT_8192 = "SW(16,100,500{a})_SW(32,50,1000{a})_SW(16,25,2000{a})"
+CUT_512 = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(16,25,2000{a})"
+CUT_256 = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(8,25,2000{a})"
+# (label, topology, what, rule): what = all-reduce or resnet152; each run by classes and by every NPU
+CLASS_CASES = [
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "ideal"),
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "fair"),
+    ("8192 NPUs, direct", CUT_8192.format(a=",direct"), "all-reduce", "fair"),
+    ("512-NPU cut, hd", CUT_512.format(a=""), "all-reduce", "fair"),
+    ("512-NPU cut, direct", CUT_512.format(a=",direct"), "all-reduce", "fair"),
+    ("ResNet-152, 256, direct", CUT_256.format(a=",direct"), "resnet152", "fair"),
+]
+
+
+def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
+    """One class case in this process: its time, wall seconds, NPUs simulated and peak RSS."""
+    from themis_mpi.timing import planner, world
+
+    simulated = [0]
+    init = world.World.__init__
+
+    def counted(self, *args, classes=None, **kwargs):
+        simulated[0] = args[0].npus if classes is None else classes.count
+        init(self, *args, classes=classes, **kwargs)
+
+    world.World.__init__ = counted  # type: ignore[method-assign]  # (a count, for the table)
+    if every_npu:  # every NPU's links, as before classes
+        planner.by_classes = lambda *args, **kwargs: None  # type: ignore[assignment]
+    topo = parse_topology(topo_spec)
+    t0 = time.perf_counter()
+    if what == "all-reduce":
+        config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
+        coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
+        time_us = model_collective(topo, coll, "themis", config)[0].time_us
+    else:
+        spec = TrainingSpec(chunks=16, iterations=1, npu_compute_scale=((5, SLOW),))
+        wl = parse_workload(RESNET152)
+        time_us = model_training(wl, topo, "themis", spec, RunConfig(network=network)).iteration_us
+    wall_s = time.perf_counter() - t0
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"time_us": time_us, "wall_s": wall_s, "simulated": simulated[0] or None, "rss_mib": rss_mib}
+
+
+def class_rows(out_json: str, timeout_s: float) -> list[dict]:
+    """Every class case by classes and by every NPU, side by side, each in a process of its own."""
+    rows: list[dict] = []
+    print(
+        f"{'case':>24} {'what':>10} {'rule':>6} {'npus':>5} {'path':>9} {'ran':>5} "
+        f"{'time_us':>11} {'wall_s':>8} {'rss_MiB':>8}"
+    )
+    missing = {"time_us": None, "wall_s": None, "simulated": None, "rss_mib": None}
+    for label, topo_spec, what, network in CLASS_CASES:
+        npus = parse_topology(topo_spec).npus
+        for path in ("classes", "every NPU") if network != "ideal" else ("vectors",):
+            if path == "every NPU" and npus > MAX_NPUS:
+                r = missing | {"note": "refused"}
+            else:
+                case = json.dumps([topo_spec, what, network, path == "every NPU"])
+                try:
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--one", case],
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout_s,
+                        check=True,
+                    )
+                    r = json.loads(done.stdout.strip().splitlines()[-1])
+                except subprocess.TimeoutExpired:
+                    r = missing | {"note": "timeout"}
+                except subprocess.CalledProcessError as exc:  # (e.g. every NPU's links refuse 8192 NPUs)
+                    r = missing | {"note": "refused", "why": exc.stderr.strip().splitlines()[-1]}
+            r |= {"case": label, "topology": topo_spec, "what": what, "network": network, "path": path}
+            rows.append(r)
+            ran = r["simulated"] if r["simulated"] is not None else "-"
+            print(
+                f"{label:>24} {what:>10} {network:>6} {npus:>5} {path:>9} {ran!s:>5} "
+                + (
+                    f"{r['time_us']:>11.2f} {r['wall_s']:>8.2f} {r['rss_mib']:>8.0f}"
+                    if r["time_us"] is not None
+                    else f"{r['note']:>11}"
+                ),
+                flush=True,
+            )
+            write_json(out_json, {"classes": rows})
+    return rows
+
+
 def plot(rows: list[dict], training: list[dict], path: str) -> None:
     """CPU against NPUs, log-log: one line per chunk count, all-reduce and training."""
     import matplotlib
@@ -141,8 +239,17 @@ def main() -> None:
         "--network", default="ideal", choices=("ideal", "fair", "store-forward"), help="sharing rule"
     )
     ap.add_argument("--out", default="results", help="output folder (default results)")
+    ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes: per run (900)")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one_case(*json.loads(args.one))))
+        return
     os.makedirs(args.out, exist_ok=True)
+    if args.classes:
+        class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
+        return
     out_json = os.path.join(args.out, "bench_npus.json")
     rows: list[dict] = []
     training: list[dict] = []

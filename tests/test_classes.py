@@ -10,10 +10,11 @@ from harness import DATA
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
-from themis_mpi.run.collective import model_collective
+from themis_mpi.run.collective import model_collective, run_collective
 from themis_mpi.run.training import model_training
 from themis_mpi.timing import planner
 from themis_mpi.timing.classes import fluid, npu_classes, pattern_key
+from themis_mpi.timing.greenlets import NpuWorld
 from themis_mpi.timing.routes import step_planner
 from themis_mpi.timing.rules import rule_names
 from themis_mpi.timing.world import World, by_classes
@@ -32,10 +33,10 @@ def every_npu(monkeypatch, run):
         return run()
 
 
-def same_fields(a, b) -> None:
-    """Two results equal in every field but their wall and decision seconds."""
+def same_fields(a, b, *besides: str) -> None:
+    """Two results equal in every field but their wall and decision seconds (and `besides`)."""
     one, two = a.to_dict(), b.to_dict()
-    for key in ("wall_s", "decision_s"):
+    for key in ("wall_s", "decision_s", *besides):
         one.pop(key, None), two.pop(key, None)
     assert one == two
 
@@ -154,3 +155,34 @@ def test_a_sum_over_npus_counts_every_npu_of_a_class():
     sums = world.run(lambda npu: float(npu.reduce(np.array([1.0, npu.rank]), "sum")[0]))
     assert [sums[r] for r in classes.reps] == [float(topo.npus)] * classes.count
     assert sum(s is not None for s in sums) == classes.count == 2
+
+
+# --- the issue's cases on their cuts (issue 43): the fast path equals every NPU's --------------------
+
+CUT = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(16,25,2000{a})"  # (the 8,192-NPU SW(16)_SW(32)_SW(16)'s 512 cut)
+
+
+def straggling(network: str) -> RunConfig:
+    """NPU 5 late by 50 us and NPU 300's dim-1 links at 0.5x, as the benchmark's 8,192-NPU case."""
+    return RunConfig(network=network, npu_delay_ns=((5, 50_000.0),), link_scale=((1, 300, 0.5),))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["", ",direct"])
+def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(monkeypatch, algorithm):
+    """The all-reduce with a late NPU and a slow link on the 512-NPU cut, field by field.
+
+    Under the default rule (``ideal``: every NPU vectorised) against every NPU's engine
+    (`greenlets.NpuWorld`); under ``fair`` by classes against every NPU's links.
+    """
+    topo = parse_topology(CUT.format(a=algorithm))
+    coll = Collective("all_reduce", 1 << 24, "float32", 16, (0, 1, 2))
+    config = straggling(RunConfig().network)
+    fast, _ = model_collective(topo, coll, "themis", config)
+    plain = NpuWorld(topo, config).run(lambda npu: run_collective(npu, coll, "themis"))[0][0]
+    same_fields(fast, plain, "clock")  # (the model's, and the greenlets' virtual one)
+    if algorithm:  # (halving-doubling sets every position apart: classes fall back, nothing to compare)
+        config = straggling("fair")
+        fast, _ = model_collective(topo, coll, "themis", config)
+        plain, _ = every_npu(monkeypatch, lambda: model_collective(topo, coll, "themis", config))
+        same_fields(fast, plain)
