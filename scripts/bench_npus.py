@@ -22,10 +22,12 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
 
 With ``--classes`` it times, instead, the class-reduced runs (`themis_mpi.timing.classes`: one
 NPU per class of NPUs proven alike) side by side with every NPU's, each run in a process of its
-own for its wall seconds and peak RSS: the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW(16)`` with NPU
+own for its wall and CPU seconds and peak RSS (``runs``: the worlds it made; a stage pattern the
+classes had not met starts another): the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW(16)`` with NPU
 5 late by 50 us and NPU 300's dim-1 links at 0.5x under the default rule and under ``fair``, its
 512-NPU cut ``SW(4)_SW(8)_SW(16)``, each with the dims' default algorithm (halving-doubling) and
-with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 256-NPU cut.
+with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 64-NPU cut (both
+algorithms) and, by classes only, on 1024 NPUs.
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -120,15 +122,23 @@ def training_row(topo_spec: str, chunks: int, network: str) -> dict:
 
 CUT_8192 = "SW(16,100,500{a})_SW(32,50,1000{a})_SW(16,25,2000{a})"
 CUT_512 = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(16,25,2000{a})"
-CUT_256 = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(8,25,2000{a})"
-# (label, topology, what, rule): what = all-reduce or resnet152; each run by classes and by every NPU
+CUT_64 = "SW(4,100,500{a})_SW(4,50,1000{a})_SW(4,25,2000{a})"
+# (label, topology, what, rule, every NPU too): what = all-reduce or resnet152
 CLASS_CASES = [
-    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "ideal"),
-    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "fair"),
-    ("8192 NPUs, direct", CUT_8192.format(a=",direct"), "all-reduce", "fair"),
-    ("512-NPU cut, hd", CUT_512.format(a=""), "all-reduce", "fair"),
-    ("512-NPU cut, direct", CUT_512.format(a=",direct"), "all-reduce", "fair"),
-    ("ResNet-152, 256, direct", CUT_256.format(a=",direct"), "resnet152", "fair"),
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "ideal", False),
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "fair", True),
+    ("8192 NPUs, direct", CUT_8192.format(a=",direct"), "all-reduce", "fair", True),
+    ("512-NPU cut, hd", CUT_512.format(a=""), "all-reduce", "fair", True),
+    ("512-NPU cut, direct", CUT_512.format(a=",direct"), "all-reduce", "fair", True),
+    ("ResNet-152, 64, hd", CUT_64.format(a=""), "resnet152", "fair", True),
+    ("ResNet-152, 64, direct", CUT_64.format(a=",direct"), "resnet152", "fair", True),
+    (
+        "ResNet-152, 1024, direct",
+        "SW(8,100,500,direct)_SW(16,50,1000,direct)_SW(8,25,2000,direct)",
+        "resnet152",
+        "fair",
+        False,
+    ),
 ]
 
 
@@ -136,18 +146,18 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
     """One class case in this process: its time, wall seconds, NPUs simulated and peak RSS."""
     from themis_mpi.timing import planner, world
 
-    simulated = [0]
+    simulated = [0, 0]  # NPUs the last world ran, worlds made (a pattern met late starts another)
     init = world.World.__init__
 
     def counted(self, *args, classes=None, **kwargs):
-        simulated[0] = args[0].npus if classes is None else classes.count
+        simulated[:] = [args[0].npus if classes is None else classes.count, simulated[1] + 1]
         init(self, *args, classes=classes, **kwargs)
 
     world.World.__init__ = counted  # type: ignore[method-assign]  # (a count, for the table)
     if every_npu:  # every NPU's links, as before classes
         planner.by_classes = lambda *args, **kwargs: None  # type: ignore[assignment]
     topo = parse_topology(topo_spec)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if what == "all-reduce":
         config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
         coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
@@ -156,22 +166,38 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
         spec = TrainingSpec(chunks=16, iterations=1, npu_compute_scale=((5, SLOW),))
         wl = parse_workload(RESNET152)
         time_us = model_training(wl, topo, "themis", spec, RunConfig(network=network)).iteration_us
-    wall_s = time.perf_counter() - t0
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"time_us": time_us, "wall_s": wall_s, "simulated": simulated[0] or None, "rss_mib": rss_mib}
+    return {
+        "time_us": time_us,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "simulated": simulated[0] or None,
+        "worlds": simulated[1],
+        "rss_mib": rss_mib,
+    }
 
 
 def class_rows(out_json: str, timeout_s: float) -> list[dict]:
     """Every class case by classes and by every NPU, side by side, each in a process of its own."""
     rows: list[dict] = []
     print(
-        f"{'case':>24} {'what':>10} {'rule':>6} {'npus':>5} {'path':>9} {'ran':>5} "
-        f"{'time_us':>11} {'wall_s':>8} {'rss_MiB':>8}"
+        f"{'case':>24} {'what':>10} {'rule':>6} {'npus':>5} {'path':>9} {'ran':>5} {'runs':>4} "
+        f"{'time_us':>11} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}"
     )
-    missing = {"time_us": None, "wall_s": None, "simulated": None, "rss_mib": None}
-    for label, topo_spec, what, network in CLASS_CASES:
+    missing = {
+        "time_us": None,
+        "wall_s": None,
+        "cpu_s": None,
+        "simulated": None,
+        "worlds": 0,
+        "rss_mib": None,
+    }
+    for label, topo_spec, what, network, every in CLASS_CASES:
         npus = parse_topology(topo_spec).npus
-        for path in ("classes", "every NPU") if network != "ideal" else ("vectors",):
+        for path in (
+            ("vectors",) if network == "ideal" else ("classes", "every NPU") if every else ("classes",)
+        ):
             if path == "every NPU" and npus > MAX_NPUS:
                 r = missing | {"note": "refused"}
             else:
@@ -193,9 +219,9 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
             rows.append(r)
             ran = r["simulated"] if r["simulated"] is not None else "-"
             print(
-                f"{label:>24} {what:>10} {network:>6} {npus:>5} {path:>9} {ran!s:>5} "
+                f"{label:>24} {what:>10} {network:>6} {npus:>5} {path:>9} {ran!s:>5} {r['worlds']:>4} "
                 + (
-                    f"{r['time_us']:>11.2f} {r['wall_s']:>8.2f} {r['rss_mib']:>8.0f}"
+                    f"{r['time_us']:>11.2f} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}"
                     if r["time_us"] is not None
                     else f"{r['note']:>11}"
                 ),

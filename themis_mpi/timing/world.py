@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ..config import RunConfig
-from ..cost import ASTRA_SIM_2
+from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from ..errors import UsageError
 from ..topology import Topology
@@ -54,6 +54,7 @@ from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, s
 from .rules import IDEAL, make_rule
 
 T = TypeVar("T")
+PRIME_ELEMS = 1 << 20  # (the size whose all-reduce patterns classes start from: `by_classes`)
 
 
 class _Npu:
@@ -551,8 +552,9 @@ def by_classes(
 ) -> list[T] | None:
     """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
 
-    The classes are refined by every stage pattern the run meets; one it had not met stops the
-    run, which starts again refined by it (at most `rounds` times). None where classes do not
+    The classes are refined by every stage pattern the run meets (an all-reduce's, of
+    `PRIME_ELEMS`, to start with); one it had not met stops the run, which starts again refined
+    by it (at most `rounds` times). None where classes do not
     apply (a rule that is not fluid, 2.x's compat) or do not reduce: run every NPU.
 
     Args:
@@ -564,7 +566,13 @@ def by_classes(
     """
     if config.compat or not fluid(config.network):
         return None
-    patterns: set = set()
+    cost = config.costs(topology)(4)  # (an all-reduce's stages, primed: most runs then go once)
+    planner = step_planner(topology, cost)
+    patterns = {
+        pattern_key(d, planner.stage_peers(d, op, PRIME_ELEMS))
+        for d in range(len(topology.dims))
+        for op in (RS, AG)
+    }
     for _ in range(rounds):
         classes = npu_classes(topology, config, kinds, patterns)
         if classes.count == topology.npus:
