@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from harness import DATA
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import model_collective, run_collective
-from themis_mpi.run.training import model_training
+from themis_mpi.run.training import model_training, run_training
 from themis_mpi.timing import planner
 from themis_mpi.timing.classes import fluid, npu_classes, pattern_key
 from themis_mpi.timing.greenlets import NpuWorld
@@ -186,3 +187,14 @@ def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(monkeypatch, algorith
         fast, _ = model_collective(topo, coll, "themis", config)
         plain, _ = every_npu(monkeypatch, lambda: model_collective(topo, coll, "themis", config))
         same_fields(fast, plain)
+
+
+@pytest.mark.slow
+def test_gnmt_on_a_64_npu_cut_of_hgx_with_a_slow_npu_equals_every_npu():
+    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: the default rule's path equals every NPU's engine."""
+    topo = parse_topology("SW(8,419.1,700,hd)_SW(4,46.57,1700,hd)_SW(2,46.57,1700,hd)_NIC(1+2,46.57)")
+    wl = parse_workload(str(Path(__file__).parents[1] / "traces" / "gnmt.txt"))
+    spec, config = TrainingSpec(chunks=16, npu_compute_scale=((5, 1.5),)), RunConfig()
+    fast = model_training(wl, topo, "baseline", spec, config)
+    plain = NpuWorld(topo, config).run(lambda npu: run_training(npu, wl, "baseline", spec))[0]
+    same_fields(fast, plain, "transport")
