@@ -552,10 +552,11 @@ def by_classes(
 ) -> list[T] | None:
     """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
 
-    The classes are refined by every stage pattern the run meets (an all-reduce's, of
-    `PRIME_ELEMS`, to start with); one it had not met stops the run, which starts again refined
-    by it (at most `rounds` times). None where classes do not
-    apply (a rule that is not fluid, 2.x's compat) or do not reduce: run every NPU.
+    The classes are refined by every stage pattern the run meets, starting from an all-reduce's
+    (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from none); one it
+    had not met stops the run, which starts again refined by it (at most `rounds` times). None
+    where classes do not apply (a rule that is not fluid, a compat) or do not reduce: every NPU
+    runs.
 
     Args:
         topology: the network.
@@ -573,10 +574,14 @@ def by_classes(
         for d in range(len(topology.dims))
         for op in (RS, AG)
     }
+    primed = True
     for _ in range(rounds):
         classes = npu_classes(topology, config, kinds, patterns)
         if classes.count == topology.npus:
-            return None
+            if not primed:
+                return None
+            patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
+            continue
         try:
             return World(topology, config, replayable=False, classes=classes).run(body)
         except Unproven as exc:
