@@ -3,6 +3,7 @@
 Usage::
 
     python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
+    python scripts/bench_npus.py --timelines
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -27,7 +28,9 @@ classes had not met starts another): the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW
 5 late by 50 us and NPU 300's dim-1 links at 0.5x under the default rule and under ``fair``, its
 512-NPU cut ``SW(4)_SW(8)_SW(16)``, each with the dims' default algorithm (halving-doubling) and
 with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 64-NPU cut (both
-algorithms) and, by classes only, on 1024 NPUs.
+algorithms) and, by classes only, on 1024 NPUs. ``--timelines`` counts, per stage of that 512-NPU
+halving-doubling all-reduce run on every NPU's links, the distinct (start, end) pairs over its
+NPUs, under ``fair`` and ``store-forward``.
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -231,6 +234,31 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
     return rows
 
 
+def timelines(topo_spec: str, network: str) -> list[int]:
+    """Per stage, in start order, the distinct (start, end) pairs over every NPU of the all-reduce case.
+
+    What classes by state could run (`docs/performance.md`): NPUs whose timelines agree.
+    """
+    from themis_mpi.model import ModelTransport
+    from themis_mpi.run.collective import collective_on, symmetric_run
+    from themis_mpi.run.coordinator import share_schedules
+    from themis_mpi.timing.world import World
+
+    topo = parse_topology(topo_spec)
+    config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
+    coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
+    (schedule,), _ = share_schedules(ModelTransport(topo, config), "themis", [coll], None)
+    order = symmetric_run(topo, config, coll, schedule)[0].start_order()
+    world = World(topo, config, replayable=True)
+    world.run(lambda npu: collective_on(npu, coll, schedule, False, order, True))
+    pairs: dict = {}
+    for rank in range(topo.npus):
+        for end_ns, keys in world.ends[rank]:
+            for key in keys:
+                pairs.setdefault(key, set()).add((world.starts[rank][key], end_ns))
+    return [len(pairs[k]) for k in sorted(pairs, key=lambda k: min(s for s, _ in pairs[k]))]
+
+
 def plot(rows: list[dict], training: list[dict], path: str) -> None:
     """CPU against NPUs, log-log: one line per chunk count, all-reduce and training."""
     import matplotlib
@@ -267,10 +295,17 @@ def main() -> None:
     ap.add_argument("--out", default="results", help="output folder (default results)")
     ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes: per run (900)")
+    ap.add_argument("--timelines", action="store_true", help="distinct timelines per stage (module doc)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one_case(*json.loads(args.one))))
+        return
+    if args.timelines:
+        for network in ("fair", "store-forward"):
+            counts = timelines(CUT_512.format(a=""), network)
+            print(f"{network}: {len(counts)} stages, distinct (start, end) pairs over 512 NPUs: ", end="")
+            print(f"max {max(counts)}, mean {sum(counts) / len(counts):.1f}")
         return
     os.makedirs(args.out, exist_ok=True)
     if args.classes:
