@@ -4,6 +4,7 @@ Usage::
 
     python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
     python scripts/bench_npus.py --timelines
+    python scripts/bench_npus.py --llm [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -30,7 +31,9 @@ classes had not met starts another): the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW
 with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 64-NPU cut (both
 algorithms) and, by classes only, on 1024 NPUs. ``--timelines`` counts, per stage of that 512-NPU
 halving-doubling all-reduce run on every NPU's links, the distinct (start, end) pairs over its
-NPUs, under ``fair`` and ``store-forward``.
+NPUs, under ``fair`` and ``store-forward``. ``--llm`` times one GPT-3 175B iteration (TP 8, 1F1B,
+global batch 1536, 4 chunks) on ``HGX-H100-SW_SW_SW`` as TP8 x PP8 x DP16 and TP8 x PP4 x DP32
+under the default rule, per policy in a process of its own (the linked ranks: one per stage).
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -161,7 +164,9 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
         planner.by_classes = lambda *args, **kwargs: None  # type: ignore[assignment]
     topo = parse_topology(topo_spec)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    if what == "all-reduce":
+    if what.startswith("gpt3-175b"):  # (gpt3-175b:PP:DP: one iteration under `network`'s policy)
+        time_us = gpt_iteration(topo_spec, *(int(x) for x in what.split(":")[1:]), network)
+    elif what == "all-reduce":
         config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
         coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
         time_us = model_collective(topo, coll, "themis", config)[0].time_us
@@ -179,6 +184,51 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
         "worlds": simulated[1],
         "rss_mib": rss_mib,
     }
+
+
+def gpt_iteration(topo_spec: str, pp: int, dp: int, policy: str) -> float:
+    """One GPT-3 175B iteration (TP 8, 1F1B, global batch 1536, 4 chunks) on the model under ``ideal``."""
+    from themis_mpi.cli.options import one_topology
+    from themis_mpi.cli.parser import build_parser
+    from themis_mpi.cli.workload import llm_config
+    from themis_mpi.model import ModelTransport
+    from themis_mpi.run.training import run_graph
+    from themis_mpi.workloads.chakra import Graph
+    from themis_mpi.workloads.llm import LazyTraces, fit_groups
+
+    flags = f"--preset gpt3-175b --tp 8 --pp {pp} --dp {dp} --global-batch 1536 -t {topo_spec}"
+    args = build_parser().parse_args(["workload", "gpt", *flags.split()])
+    c = llm_config(args)
+    layout = fit_groups(c, one_topology(args))
+    graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, frozenset()))  # type: ignore[arg-type]
+    config = RunConfig(intra="fifo" if policy == "baseline" else "scf")
+    return run_graph(
+        ModelTransport(layout.topology, config), graph, policy, TrainingSpec(4, "float32", 1)
+    ).iteration_us
+
+
+def llm_rows(out_json: str) -> list[dict]:
+    """GPT-3 175B on HGX (TP8 x PP8 x DP16, TP8 x PP4 x DP32): an iteration per policy, each in a process."""
+    rows: list[dict] = []
+    print(
+        f"{'GPT-3 175B on HGX':>24} {'policy':>9} {'iteration_us':>14} "
+        f"{'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}"
+    )
+    for pp, dp in ((8, 16), (4, 32)):
+        for policy in ("baseline", "themis"):
+            case = json.dumps(["HGX-H100-SW_SW_SW", f"gpt3-175b:{pp}:{dp}", policy, False])
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", case], capture_output=True, text=True, check=True
+            )
+            r = json.loads(done.stdout.strip().splitlines()[-1]) | {"pp": pp, "dp": dp, "policy": policy}
+            rows.append(r)
+            print(
+                f"{f'TP8 x PP{pp} x DP{dp}':>24} {policy:>9} {r['time_us']:>14.2f} {r['wall_s']:>8.2f} "
+                f"{r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}",
+                flush=True,
+            )
+            write_json(out_json, {"llm": rows})
+    return rows
 
 
 def class_rows(out_json: str, timeout_s: float) -> list[dict]:
@@ -296,6 +346,9 @@ def main() -> None:
     ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes: per run (900)")
     ap.add_argument("--timelines", action="store_true", help="distinct timelines per stage (module doc)")
+    ap.add_argument(
+        "--llm", action="store_true", help="GPT-3 175B on HGX, one iteration per policy (module doc)"
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
     if args.one:
@@ -308,6 +361,9 @@ def main() -> None:
             print(f"max {max(counts)}, mean {sum(counts) / len(counts):.1f}")
         return
     os.makedirs(args.out, exist_ok=True)
+    if args.llm:
+        llm_rows(os.path.join(args.out, "bench_llm.json"))
+        return
     if args.classes:
         class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
         return
