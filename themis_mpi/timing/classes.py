@@ -16,9 +16,9 @@ receivers' down-links; the class of those receivers holds ``|B|`` links that ``|
 alike, so on the representative's link of that class its transfer counts ``|A| / |B|`` times
 its share summed over that class (`Classes.step`): the load every such link carries in the run
 of every NPU. That is exact for a rule where a transfer's share on a link is what it takes of the
-link at its rate, fluid max-min sharing (`FLUID`: ``fair``); a rule that queues messages one by
-one (``store-forward``) or any other runs every NPU, as does a run whose stage pattern appears
-only during the run (`Unproven`: the caller refines by it and runs again, `world.by_classes`).
+link at its rate, fluid max-min sharing (`FLUID`: ``fair``); under a rule that queues messages
+one by one (``store-forward``) or any other, every NPU runs. A stage pattern the classes were not
+refined by stops the run (`Unproven`), which starts again refined by it (`world.by_classes`).
 """
 
 from __future__ import annotations
