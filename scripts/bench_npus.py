@@ -2,6 +2,9 @@
 
 Usage::
 
+    python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
+    python scripts/bench_npus.py --timelines
+    python scripts/bench_npus.py --llm [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -19,6 +22,19 @@ Two tables, on the model, in this process, CPU time (``time.process_time``):
   NPU <= every NPU at 1.5x (`--compute-scale 1.5`, the one-NPU model), which must hold. Target:
   a paper topology under 120 s.
 
+With ``--classes`` it times, instead, the class-reduced runs (`themis_mpi.timing.classes`: one
+NPU per class of NPUs proven alike) side by side with every NPU's, each run in a process of its
+own for its wall and CPU seconds and peak RSS (``runs``: the worlds it made; a stage pattern the
+classes had not met starts another): the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW(16)`` with NPU
+5 late by 50 us and NPU 300's dim-1 links at 0.5x under the default rule and under ``fair``, its
+512-NPU cut ``SW(4)_SW(8)_SW(16)``, each with the dims' default algorithm (halving-doubling) and
+with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 64-NPU cut (both
+algorithms) and, by classes only, on 1024 NPUs. ``--timelines`` counts, per stage of that 512-NPU
+halving-doubling all-reduce run on every NPU's links, the distinct (start, end) pairs over its
+NPUs, under ``fair`` and ``store-forward``. ``--llm`` times one GPT-3 175B iteration (TP 8, 1F1B,
+global batch 1536, 4 chunks) on ``HGX-H100-SW_SW_SW`` as TP8 x PP8 x DP16 and TP8 x PP4 x DP32
+under the default rule, per policy in a process of its own (the linked ranks: one per stage).
+
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
 (`themis_mpi.timing.world.World`, one event loop over every NPU's engine). Prints the tables
@@ -29,8 +45,10 @@ log-log) into --out.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
+import subprocess
 import sys
 import time
 
@@ -41,6 +59,7 @@ from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.output import write_json  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
+from themis_mpi.timing.greenlets import MAX_NPUS  # noqa: E402
 from themis_mpi.topology import parse_topology  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
 from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
@@ -107,6 +126,189 @@ def training_row(topo_spec: str, chunks: int, network: str) -> dict:
     }
 
 
+CUT_8192 = "SW(16,100,500{a})_SW(32,50,1000{a})_SW(16,25,2000{a})"
+CUT_512 = "SW(4,100,500{a})_SW(8,50,1000{a})_SW(16,25,2000{a})"
+CUT_64 = "SW(4,100,500{a})_SW(4,50,1000{a})_SW(4,25,2000{a})"
+# (label, topology, what, rule, every NPU too): what = all-reduce or resnet152
+CLASS_CASES = [
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "ideal", False),
+    ("8192 NPUs, hd", CUT_8192.format(a=""), "all-reduce", "fair", True),
+    ("8192 NPUs, direct", CUT_8192.format(a=",direct"), "all-reduce", "fair", True),
+    ("512-NPU cut, hd", CUT_512.format(a=""), "all-reduce", "fair", True),
+    ("512-NPU cut, direct", CUT_512.format(a=",direct"), "all-reduce", "fair", True),
+    ("ResNet-152, 64, hd", CUT_64.format(a=""), "resnet152", "fair", True),
+    ("ResNet-152, 64, direct", CUT_64.format(a=",direct"), "resnet152", "fair", True),
+    (
+        "ResNet-152, 1024, direct",
+        "SW(8,100,500,direct)_SW(16,50,1000,direct)_SW(8,25,2000,direct)",
+        "resnet152",
+        "fair",
+        False,
+    ),
+]
+
+
+def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
+    """One class case in this process: its time, wall seconds, NPUs simulated and peak RSS."""
+    from themis_mpi.timing import planner, world
+
+    simulated = [0, 0]  # NPUs the last world ran, worlds made (a pattern met late starts another)
+    init = world.World.__init__
+
+    def counted(self, *args, classes=None, **kwargs):
+        simulated[:] = [args[0].npus if classes is None else classes.count, simulated[1] + 1]
+        init(self, *args, classes=classes, **kwargs)
+
+    world.World.__init__ = counted  # type: ignore[method-assign]  # (a count, for the table)
+    if every_npu:  # every NPU's links, as before classes
+        planner.by_classes = lambda *args, **kwargs: None  # type: ignore[assignment]
+    topo = parse_topology(topo_spec)
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    if what.startswith("gpt3-175b"):  # (gpt3-175b:PP:DP: one iteration under `network`'s policy)
+        time_us = gpt_iteration(topo_spec, *(int(x) for x in what.split(":")[1:]), network)
+    elif what == "all-reduce":
+        config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
+        coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
+        time_us = model_collective(topo, coll, "themis", config)[0].time_us
+    else:
+        spec = TrainingSpec(chunks=16, iterations=1, npu_compute_scale=((5, SLOW),))
+        wl = parse_workload(RESNET152)
+        time_us = model_training(wl, topo, "themis", spec, RunConfig(network=network)).iteration_us
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {
+        "time_us": time_us,
+        "wall_s": wall_s,
+        "cpu_s": cpu_s,
+        "simulated": simulated[0] or None,
+        "worlds": simulated[1],
+        "rss_mib": rss_mib,
+    }
+
+
+def gpt_iteration(topo_spec: str, pp: int, dp: int, policy: str) -> float:
+    """One GPT-3 175B iteration (TP 8, 1F1B, global batch 1536, 4 chunks) on the model under ``ideal``."""
+    from themis_mpi.cli.options import one_topology
+    from themis_mpi.cli.parser import build_parser
+    from themis_mpi.cli.workload import llm_config
+    from themis_mpi.model import ModelTransport
+    from themis_mpi.run.training import run_graph
+    from themis_mpi.workloads.chakra import Graph
+    from themis_mpi.workloads.llm import LazyTraces, fit_groups
+
+    flags = f"--preset gpt3-175b --tp 8 --pp {pp} --dp {dp} --global-batch 1536 -t {topo_spec}"
+    args = build_parser().parse_args(["workload", "gpt", *flags.split()])
+    c = llm_config(args)
+    layout = fit_groups(c, one_topology(args))
+    graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, frozenset()))  # type: ignore[arg-type]
+    config = RunConfig(intra="fifo" if policy == "baseline" else "scf")
+    return run_graph(
+        ModelTransport(layout.topology, config), graph, policy, TrainingSpec(4, "float32", 1)
+    ).iteration_us
+
+
+def llm_rows(out_json: str) -> list[dict]:
+    """GPT-3 175B on HGX (TP8 x PP8 x DP16, TP8 x PP4 x DP32): an iteration per policy, each in a process."""
+    rows: list[dict] = []
+    print(
+        f"{'GPT-3 175B on HGX':>24} {'policy':>9} {'iteration_us':>14} "
+        f"{'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}"
+    )
+    for pp, dp in ((8, 16), (4, 32)):
+        for policy in ("baseline", "themis"):
+            case = json.dumps(["HGX-H100-SW_SW_SW", f"gpt3-175b:{pp}:{dp}", policy, False])
+            done = subprocess.run(
+                [sys.executable, __file__, "--one", case], capture_output=True, text=True, check=True
+            )
+            r = json.loads(done.stdout.strip().splitlines()[-1]) | {"pp": pp, "dp": dp, "policy": policy}
+            rows.append(r)
+            print(
+                f"{f'TP8 x PP{pp} x DP{dp}':>24} {policy:>9} {r['time_us']:>14.2f} {r['wall_s']:>8.2f} "
+                f"{r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}",
+                flush=True,
+            )
+            write_json(out_json, {"llm": rows})
+    return rows
+
+
+def class_rows(out_json: str, timeout_s: float) -> list[dict]:
+    """Every class case by classes and by every NPU, side by side, each in a process of its own."""
+    rows: list[dict] = []
+    print(
+        f"{'case':>24} {'what':>10} {'rule':>6} {'npus':>5} {'path':>9} {'ran':>5} {'runs':>4} "
+        f"{'time_us':>11} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}"
+    )
+    missing = {
+        "time_us": None,
+        "wall_s": None,
+        "cpu_s": None,
+        "simulated": None,
+        "worlds": 0,
+        "rss_mib": None,
+    }
+    for label, topo_spec, what, network, every in CLASS_CASES:
+        npus = parse_topology(topo_spec).npus
+        for path in (
+            ("vectors",) if network == "ideal" else ("classes", "every NPU") if every else ("classes",)
+        ):
+            if path == "every NPU" and npus > MAX_NPUS:
+                r = missing | {"note": "refused"}
+            else:
+                case = json.dumps([topo_spec, what, network, path == "every NPU"])
+                try:
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--one", case],
+                        capture_output=True,
+                        text=True,
+                        timeout=timeout_s,
+                        check=True,
+                    )
+                    r = json.loads(done.stdout.strip().splitlines()[-1])
+                except subprocess.TimeoutExpired:
+                    r = missing | {"note": "timeout"}
+                except subprocess.CalledProcessError as exc:  # (e.g. every NPU's links refuse 8192 NPUs)
+                    r = missing | {"note": "refused", "why": exc.stderr.strip().splitlines()[-1]}
+            r |= {"case": label, "topology": topo_spec, "what": what, "network": network, "path": path}
+            rows.append(r)
+            ran = r["simulated"] if r["simulated"] is not None else "-"
+            print(
+                f"{label:>24} {what:>10} {network:>6} {npus:>5} {path:>9} {ran!s:>5} {r['worlds']:>4} "
+                + (
+                    f"{r['time_us']:>11.2f} {r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}"
+                    if r["time_us"] is not None
+                    else f"{r['note']:>11}"
+                ),
+                flush=True,
+            )
+            write_json(out_json, {"classes": rows})
+    return rows
+
+
+def timelines(topo_spec: str, network: str) -> list[int]:
+    """Per stage, in start order, the distinct (start, end) pairs over every NPU of the all-reduce case.
+
+    What classes by state could run (`docs/performance.md`): NPUs whose timelines agree.
+    """
+    from themis_mpi.model import ModelTransport
+    from themis_mpi.run.collective import collective_on, symmetric_run
+    from themis_mpi.run.coordinator import share_schedules
+    from themis_mpi.timing.world import World
+
+    topo = parse_topology(topo_spec)
+    config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
+    coll = Collective("all_reduce", 2**24, "float32", 16, tuple(range(len(topo.dims))))
+    (schedule,), _ = share_schedules(ModelTransport(topo, config), "themis", [coll], None)
+    order = symmetric_run(topo, config, coll, schedule)[0].start_order()
+    world = World(topo, config, replayable=True)
+    world.run(lambda npu: collective_on(npu, coll, schedule, False, order, True))
+    pairs: dict = {}
+    for rank in range(topo.npus):
+        for end_ns, keys in world.ends[rank]:
+            for key in keys:
+                pairs.setdefault(key, set()).add((world.starts[rank][key], end_ns))
+    return [len(pairs[k]) for k in sorted(pairs, key=lambda k: min(s for s, _ in pairs[k]))]
+
+
 def plot(rows: list[dict], training: list[dict], path: str) -> None:
     """CPU against NPUs, log-log: one line per chunk count, all-reduce and training."""
     import matplotlib
@@ -141,8 +343,30 @@ def main() -> None:
         "--network", default="ideal", choices=("ideal", "fair", "store-forward"), help="sharing rule"
     )
     ap.add_argument("--out", default="results", help="output folder (default results)")
+    ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes: per run (900)")
+    ap.add_argument("--timelines", action="store_true", help="distinct timelines per stage (module doc)")
+    ap.add_argument(
+        "--llm", action="store_true", help="GPT-3 175B on HGX, one iteration per policy (module doc)"
+    )
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(one_case(*json.loads(args.one))))
+        return
+    if args.timelines:
+        for network in ("fair", "store-forward"):
+            counts = timelines(CUT_512.format(a=""), network)
+            print(f"{network}: {len(counts)} stages, distinct (start, end) pairs over 512 NPUs: ", end="")
+            print(f"max {max(counts)}, mean {sum(counts) / len(counts):.1f}")
+        return
     os.makedirs(args.out, exist_ok=True)
+    if args.llm:
+        llm_rows(os.path.join(args.out, "bench_llm.json"))
+        return
+    if args.classes:
+        class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
+        return
     out_json = os.path.join(args.out, "bench_npus.json")
     rows: list[dict] = []
     training: list[dict] = []

@@ -91,6 +91,7 @@ LAYERS: tuple[Layer, ...] = (
         (
             "timing.symmetric",
             "model",
+            "timing.classes",
             "timing.greenlets",
             "timing.world",
             "timing.vectors",

@@ -128,7 +128,8 @@ def run_training(
     def body(npu: Transport) -> TrainingResult:
         return training_on(npu, workload, policy, spec, by_collective, order, decision_s, timing.every_npu)
 
-    row = run_on(timing, transport, body)
+    kinds = None if spec.compute_jitter else dict(spec.npu_compute_scale)  # (jitter: each NPU its own)
+    row = run_on(timing, transport, body, kinds=kinds)
     return replace(row, transport=transport.name) if timing.simulator == WORLD else row
 
 

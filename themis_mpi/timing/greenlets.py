@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -58,10 +58,15 @@ class Greenlets:
 
     Args:
         n: the NPUs.
+        members: the NPUs that run, each standing for `weights` NPUs (`classes.Classes`: one
+            per class); None: every NPU, each for itself.
+        weights: per member, the NPUs it stands for (a sum over NPUs counts it so often).
     """
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, members: Sequence[int] | None = None, weights: np.ndarray | None = None):
         self.n = n
+        self.members = range(n) if members is None else members
+        self.weights = weights
         self.ready: deque[int] = deque()
         self.arrived: list[int] = []  # NPUs at the current meeting
         self.met: list[Any] = []  # the last meeting's values
@@ -85,10 +90,10 @@ class Greenlets:
         """Every NPU's value, on every NPU."""
         self.slots[rank] = value
         self.arrived.append(rank)
-        if len(self.arrived) < self.n:
+        if len(self.arrived) < len(self.members):
             self._yield()
             return self.met
-        self.met = list(self.slots)
+        self.met = [self.slots[r] for r in self.members]
         self.ready.extend(self.arrived[:-1])
         self.arrived = []
         return self.met
@@ -98,7 +103,7 @@ class Greenlets:
         if self._reduction is None or self._reduction[0] is not met or self._reduction[1] != op:
             stacked = np.stack([np.asarray(v) for v in met])
             result = (
-                stacked.sum(axis=0)
+                (stacked.sum(axis=0) if self.weights is None else np.tensordot(self.weights, stacked, axes=1))
                 if op == "sum"
                 else stacked.max(axis=0)
                 if op == "max"
@@ -112,7 +117,10 @@ class Greenlets:
         self.hub.switch()
 
     def run(self, body: Callable[[Any], T]) -> list[T]:
-        """Run `body(transport)` on every NPU; every NPU's return, by rank. The first failure is raised."""
+        """Run `body(transport)` on every member NPU; their returns, by rank (None: not a member).
+
+        The first failure is raised.
+        """
         results: list[Any] = [None] * self.n
         failures: list[BaseException] = []
 
@@ -125,8 +133,8 @@ class Greenlets:
                 failures.append(exc)
 
         self.hub = greenlet.getcurrent()
-        npus = [greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in range(self.n)]
-        self.ready.extend(range(self.n))
+        npus = {r: greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in self.members}
+        self.ready.extend(self.members)
         try:
             while not failures:
                 if self.ready:
@@ -134,7 +142,7 @@ class Greenlets:
                 elif not self._idle():
                     break
         finally:
-            for g in npus:  # unwind the NPUs left waiting (a failure or a deadlock)
+            for g in npus.values():  # unwind the NPUs left waiting (a failure or a deadlock)
                 if g and not g.dead:
                     g.throw(greenlet.GreenletExit)
         if failures:

@@ -10,7 +10,9 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
 - Stragglers, point-to-point messages or per-rank graphs under a sharing rule, and ASTRA-sim
   2.x's backend on an uneven dim (`routes.uneven_dims`, single collectives only): every NPU's
-  links (`world`, `WORLD`); on the emulator each rank replays that run (`replay`).
+  links (`world`, `WORLD`; on the model, stragglers in collectives and training under a fluid
+  rule run one NPU per class where classes are proven equal: `classes`, `world.by_classes`); on
+  the emulator each rank replays that run (`replay`).
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
@@ -28,9 +30,9 @@ is what defines the order (the decisions of a run without stragglers), so it is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import RunConfig
 from ..cost import ASTRA_SIM_2
@@ -44,7 +46,7 @@ from .routes import uneven_dims
 from .rules import IDEAL, rule_class
 from .symmetric import Symmetric, Timer, one_npu_exact
 from .vectors import NpuVectors
-from .world import World
+from .world import World, by_classes
 
 T = TypeVar("T")
 COLLECTIVE, TRAINING, GRAPH, JOBS = "collective", "training", "graph", "jobs"
@@ -192,6 +194,7 @@ def run_on(
     keep_starts: bool = False,
     on_model: Callable[[], T] | None = None,
     deadlock: str = "",
+    kinds: Mapping[int, Any] | None = None,
 ) -> T:
     """`body` on what times the run, for this transport: its return on this NPU (NPU 0 on the model).
 
@@ -211,13 +214,20 @@ def run_on(
             linked ranks (`LINKED`), the slices of several jobs (`SLICES`).
         deadlock: NPUs of every NPU's links that wait for each other are a user's mistake,
             said in one line that starts with this (else the world's `errors.Stalled`).
+        kinds: on the model on every NPU's links, what sets NPUs' programs apart (e.g. their
+            compute factors), by rank: one NPU per class runs where classes apply
+            (`world.by_classes`); None: NPUs cannot be told apart so, every NPU runs.
     """
     model = isinstance(transport, ModelTransport)
     topology, config = transport.topology, transport.config
     if plan.simulator == WORLD:
-        world = World(topology, config, replayable=keep_starts or not model)
         try:
-            results = world.run(body)
+            results = None
+            if model and not keep_starts and kinds is not None:  # (one NPU per class, where they apply)
+                results = by_classes(topology, config, kinds, body)
+            if results is None:
+                world = World(topology, config, replayable=keep_starts or not model)
+                results = world.run(body)
         except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
             if not deadlock:
                 raise

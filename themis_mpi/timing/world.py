@@ -37,19 +37,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from ..config import RunConfig
-from ..cost import ASTRA_SIM_2
+from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from ..errors import UsageError
 from ..topology import Topology
+from .classes import Classes, Unproven, fluid, npu_classes, pattern_key
 from .events import EventLoop
 from .greenlets import MAX_NPUS, GreenletControl, Greenlets
 from .links import Flow, Step
 from .replay import Replay, StageKey, stage_key
-from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, transfer_step
+from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, step_planner, transfer_step
 from .rules import IDEAL, make_rule
+
+T = TypeVar("T")
+PRIME_ELEMS = 1 << 20  # (the size whose all-reduce patterns classes start from: `by_classes`)
 
 
 class _Npu:
@@ -146,17 +151,28 @@ class World(Greenlets):
             `vectors.NpuVectors` time every NPU there), no compat but 2.x's store-forward.
         replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
             need them; the model does not, and they are most of the memory of a long run).
+        classes: run one NPU per class, on its class's links weighed (`classes.Classes`; a
+            fluid rule, collectives and training without messages; not replayable); None:
+            every NPU.
     """
 
-    def __init__(self, topology: Topology, config: RunConfig, replayable: bool = True):
+    def __init__(
+        self, topology: Topology, config: RunConfig, replayable: bool = True, classes: Classes | None = None
+    ):
         if config.network == IDEAL or (config.compat and config.compat != ASTRA_SIM_2):
             raise UsageError(
                 "every NPU's links take a sharing rule (--network fair, store-forward), "
                 "or --compat astra-sim-2 --network store-forward"
             )
-        if topology.npus > MAX_NPUS:
+        simulated = topology.npus if classes is None else classes.count
+        if simulated > MAX_NPUS:
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
-        super().__init__(topology.npus)
+        assert classes is None or (not replayable and fluid(config.network) and config.compat != ASTRA_SIM_2)
+        if classes is None:
+            super().__init__(topology.npus)
+        else:
+            super().__init__(topology.npus, classes.reps, classes.sizes)
+        self.classes = classes
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
         self.routes = NpuRoutes(topology, config.link_scale)
@@ -263,17 +279,41 @@ class World(Greenlets):
         plan_key = (s.itemsize, s.dim, s.op, s.full_elems, rank)
         plan = self._plans.get(plan_key)
         if plan is None:
-            plan = self._plans[plan_key] = self.routes.stage(
-                rank, self.cost(s.itemsize), s.dim, s.op, s.full_elems
-            )
+            plan = self._plans[plan_key] = self._plan(rank, s.itemsize, s.dim, s.op, s.full_elems)
         steps, recvs, consumers = plan
         if not steps:
             self.npu_ended(rank, run)
             return
         self.rule.start(Flow(_Stage(rank, run, stage_key(run), recvs, consumers), steps))
 
+    def _plan(self, rank: int, itemsize: int, d: int, op: str, full_elems: int) -> tuple:
+        """A stage's steps on NPU `rank`'s links, per step its senders and its receivers' count.
+
+        With classes, on its class's links weighed (`classes.Classes.step`); a pattern they were
+        not refined by stops the run (`classes.Unproven`).
+        """
+        cost = self.cost(itemsize)
+        steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
+        classes = self.classes
+        if classes is None:
+            return steps, recvs, consumers
+        peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
+        pattern = pattern_key(d, peers)
+        if pattern not in classes.patterns:
+            raise Unproven(pattern)
+        c, base = self.routes.coord(rank, d)
+        p, stride = self.topology.dims[d].npus, self.routes.strides[d]
+        per_npu, capacity = self.routes.per_npu, self.routes.capacity
+        return (
+            tuple(classes.step(rank, step, per_npu, capacity) for step in steps),
+            tuple(classes.recvs(r) for r in recvs),
+            tuple(classes.consumers(base + (c + k) % p * stride for k, _ in ks) for ks in peers),
+        )
+
     def _message(self, rank: int, run: MessageRun) -> None:
         """A message side: its transfer starts once both sides are issued (the later issue is now)."""
+        if self.classes is not None:
+            raise UsageError("point-to-point messages run on every NPU's links, not by classes")
         if self.astra2:
             raise UsageError("point-to-point messages are not part of --compat astra-sim-2")
         src, dst = (rank, run.peer) if run.send else (run.peer, rank)
@@ -392,6 +432,8 @@ class World(Greenlets):
         """Bytes each of NPU `rank`'s links carried (`links.physical_links` order); None under 2.x."""
         if self.astra2:
             return None
+        if self.classes is not None:
+            rank = self.classes.rep(rank)
         n = self.routes.per_npu
         return self.rule.carried[rank * n : (rank + 1) * n]
 
@@ -503,3 +545,45 @@ class WorldTransport(GreenletControl):
                 self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
             return self.world.now_ns, ended
         return horizon_ns, []
+
+
+def by_classes(
+    topology: Topology, config: RunConfig, kinds: Mapping[int, Any], body: Callable[[Any], T], rounds: int = 8
+) -> list[T] | None:
+    """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
+
+    The classes are refined by every stage pattern the run meets, starting from an all-reduce's
+    (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from none); one it
+    had not met stops the run, which starts again refined by it (at most `rounds` times). None
+    where classes do not apply (a rule that is not fluid, a compat) or do not reduce: every NPU
+    runs.
+
+    Args:
+        topology: the network.
+        config: the run settings (its rule and stragglers).
+        kinds: what sets an NPU's program apart (e.g. its compute factor), by rank.
+        body: the per-NPU run, on the transport it is given.
+        rounds: runs to try before giving up on classes.
+    """
+    if config.compat or not fluid(config.network):
+        return None
+    cost = config.costs(topology)(4)  # (an all-reduce's stages, primed: most runs then go once)
+    planner = step_planner(topology, cost)
+    patterns = {
+        pattern_key(d, planner.stage_peers(d, op, PRIME_ELEMS))
+        for d in range(len(topology.dims))
+        for op in (RS, AG)
+    }
+    primed = True
+    for _ in range(rounds):
+        classes = npu_classes(topology, config, kinds, patterns)
+        if classes.count == topology.npus:
+            if not primed:
+                return None
+            patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
+            continue
+        try:
+            return World(topology, config, replayable=False, classes=classes).run(body)
+        except Unproven as exc:
+            patterns.add(exc.pattern)
+    return None
