@@ -386,7 +386,10 @@ class Fair(LinkModel):
         flow.solo_ns = -1.0
         for i, (start, end, k, left, rate) in enumerate(windows):
             if now < end:  # in the transfer of step k
-                flow.k, flow.left, flow.rate, flow.end_ns = k, left - rate * (now - start), rate, end
+                left = left - rate * (now - start)
+                if i + 1 < len(windows) and windows[i + 1][2] == k:  # (a meeting's part: its end is
+                    end = now + left / rate  # where the other's transfer ends, not where this one does)
+                flow.k, flow.left, flow.rate, flow.end_ns = k, left, rate, end
                 self._passed(flow, k)
                 self._rates_stale = True
                 break
