@@ -286,7 +286,9 @@ def test_the_hgx_nic_never_carries_more_than_its_rate_under_sharing(policy):
 def solo_matches_step_wise(topo: Topology, policy: str, chunks: int, active: int, network: str) -> None:
     """A 4 MiB all-reduce: the rule's solo shortcuts change no stage's start or end beyond float rounding."""
     coll = Collective("all_reduce", (4 << 20) // 4, "float32", chunks, tuple(range(len(topo.dims))))
-    config = RunConfig(intra="fifo" if policy == "baseline" else "scf", active_per_dim=active, network=network)
+    config = RunConfig(
+        intra="fifo" if policy == "baseline" else "scf", active_per_dim=active, network=network
+    )
     fast_result, fast = model_collective(topo, coll, policy, config)
     Fair.solo = False
     try:
