@@ -53,7 +53,7 @@ from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
 PAPER = ["3D-SW_SW_SW_hetero", "3D-FC_Ring_SW", "4D-Ring_SW_SW_SW", "4D-Ring_FC_Ring_SW"]
 SMALL = ["2x2x2", "4x4x4", "2x2x2-hetero"]
-POLICIES = ["baseline", "themis", "themisFlex", "roundRobin", "themis-lat", "predictive"]
+POLICIES = ["baseline", "themis", "themisFlex", "roundRobin", "themis-lat", "themis-ports", "predictive"]
 MIB, GIB = 2**20, 2**30
 LATENCY_BOUND_BYTES = 256 * MIB
 QUICK_SKIPS_WORKLOADS = ("transformer_1t.txt",)  # its decision takes most of the workloads' time

@@ -315,6 +315,7 @@ def test_the_issue_s_10_ms_case_is_themis_moving_a_whole_chunk_onto_the_slow_dim
     assert themis.time_us > dim1_us > base.time_us
 
 
+@pytest.mark.subprocess
 def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path):
     """scripts/study_calibrated.py --quick gives docs/hardware/themis.json's rows for its logs."""
     import subprocess

@@ -18,6 +18,7 @@ from themis_mpi.model import ModelTransport
 from themis_mpi.policies import make_inter
 from themis_mpi.run.coordinator import share_schedules
 from themis_mpi.run.pool import FRESH_EACH_COLLECTIVE, carries_state
+from themis_mpi.run.sweep import policy_configs, policy_names
 from themis_mpi.topology import parse_topology
 
 WALL = ("wall_s", "decision_s")  # the columns that differ between two runs of one sweep
@@ -61,8 +62,9 @@ def test_two_workers_write_the_serial_rows_in_order(tmp_path):
     two = local(["model", *GRID, "--workers", "2", "--json", str(tmp_path / "2.json"), "-q"])
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
     serial = rows_of(tmp_path / "1.json")
-    assert len(serial) == 72 and rows_of(tmp_path / "2.json") == serial
-    assert [r["sweep_cell"] for r in serial] == list(range(72))
+    cells = 2 * 3 * 2 * len(policy_names("all"))  # topologies x sizes x chunk counts x policies
+    assert len(serial) == cells and rows_of(tmp_path / "2.json") == serial
+    assert [r["sweep_cell"] for r in serial] == list(range(cells))
     assert table(two.stdout) == table(one.stdout)
 
 
@@ -169,7 +171,7 @@ def test_train_on_two_workers_gives_the_serial_rows(tmp_path):
     two = local([*argv, "--workers", "2", "--json", str(tmp_path / "2.json")])
     assert one.returncode == two.returncode == 0, two.stderr
     assert rows_of(tmp_path / "2.json") == rows_of(tmp_path / "1.json")
-    assert len(rows_of(tmp_path / "1.json")) == 10
+    assert len(rows_of(tmp_path / "1.json")) == len(policy_configs("all", ["auto", "fifo"], RunConfig()))
 
 
 def test_the_api_sweep_on_two_workers_gives_the_serial_results():
@@ -179,4 +181,4 @@ def test_the_api_sweep_on_two_workers_gives_the_serial_results():
     grid = dict(topology="3D-SW_SW_SW_hetero", size=["1M", "64M"], policy="all", chunks=[4, 16])
     serial, pooled = themis_mpi.sweep(**grid), themis_mpi.sweep(**grid, workers=2)
     strip = lambda rs: [{k: v for k, v in r.to_dict().items() if k not in WALL} for r in rs]  # noqa: E731
-    assert len(serial) == 24 and strip(pooled) == strip(serial)
+    assert len(serial) == 2 * 2 * len(policy_names("all")) and strip(pooled) == strip(serial)

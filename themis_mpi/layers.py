@@ -75,6 +75,7 @@ LAYERS: tuple[Layer, ...] = (
         (
             "policies.base",
             "policies.inter",
+            "policies.ports",
             "policies.intra",
             "policies.predictive",
             "policies.scheduler",

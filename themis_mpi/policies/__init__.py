@@ -3,6 +3,7 @@
 - `base`: `InterPolicy` and `IntraPolicy` (what a policy gets and returns), `Schedule`.
 - `inter`: ASTRA-sim 1.0's inter-dim policies (baseline, themis, themisFlex, roundRobin) and
   themis-lat.
+- `ports`: themis-ports, Themis's greedy rule with loads per physical resource (shared ports).
 - `intra`: ASTRA-sim 1.0's intra-dim policies (fifo, scf, rg, lrpf).
 - `predictive`: the model-predictive policy and the best-found search.
 - `scheduler`: the communication scheduler between collectives (fifo, lifo, p3, bytescheduler,

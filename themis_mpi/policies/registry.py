@@ -25,6 +25,7 @@ from ..errors import UsageError
 from .base import InterPolicy, IntraPolicy
 from .inter import AllReducePerDim, Baseline, RoundRobin, Themis, ThemisFlex, ThemisLat
 from .intra import Fifo, Lrpf, Rg, Scf
+from .ports import ThemisPorts
 from .predictive import Predictive
 from .scheduler import BUILTIN_SCHEDULERS, CommScheduler
 
@@ -37,6 +38,7 @@ BUILTIN_INTER: tuple[type[InterPolicy], ...] = (
     ThemisFlex,
     RoundRobin,
     ThemisLat,
+    ThemisPorts,
     Predictive,
     AllReducePerDim,
 )
