@@ -16,10 +16,10 @@ from test_properties import topologies
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
-from themis_mpi.timing.rules import IDEAL
 from themis_mpi.policies import chunk_orders, inter_names, make_inter, policy_context
 from themis_mpi.policies.ports import PortTracker
 from themis_mpi.run.collective import model_collective
+from themis_mpi.timing.rules import IDEAL
 from themis_mpi.topology import parse_topology
 
 MIB = 2**20

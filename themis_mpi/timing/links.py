@@ -93,11 +93,20 @@ class Transfer:
     """Bytes over a route: its hops in order, each the links it crosses there with their shares.
 
     The hops are used at once by a cut-through rule (``fair``) and one after the other by a
-    store-and-forward one (``store-forward``).
+    store-and-forward one (``store-forward``). What it is made of, for a rule that shares per
+    message or cuts messages into packets (``packet``): `messages` messages of `message_bytes`
+    each on a link they cross (a Ring's half of each message each way; 0: ``bytes / messages``).
     """
 
     bytes: float
     hops: tuple[Usage, ...]
+    messages: int = 1
+    message_bytes: float = 0.0
+
+    @property
+    def each_bytes(self) -> float:
+        """One message's bytes on a link it crosses."""
+        return self.message_bytes or self.bytes / self.messages
 
 
 @dataclass(frozen=True)
@@ -140,9 +149,16 @@ class Step:
         object.__setattr__(self, "loads", tuple((link, total * share) for link, share in usage))
 
 
-def one_transfer(nbytes: float, hops: tuple[Usage, ...], delay_ns: float, capacity) -> Step:
-    """A step of one transfer, its solo rate on links of these capacities set."""
-    return rated(Step((Transfer(nbytes, hops),), delay_ns), capacity)
+def one_transfer(
+    nbytes: float,
+    hops: tuple[Usage, ...],
+    delay_ns: float,
+    capacity,
+    messages: int = 1,
+    message_bytes: float = 0.0,
+) -> Step:
+    """A step of one transfer (of `messages` messages), its solo rate on links of these capacities set."""
+    return rated(Step((Transfer(nbytes, hops, messages, message_bytes),), delay_ns), capacity)
 
 
 def rated(step: Step, capacity) -> Step:
@@ -208,6 +224,11 @@ class Settings(Protocol):
     @property
     def compat(self) -> str:
         """The compat mode (empty, or ASTRA-sim's), whose details a rule may follow."""
+        ...
+
+    @property
+    def mtu_bytes(self) -> int | None:
+        """The packet's bytes asked for (``--mtu``; None: the topology's, else the rule's default)."""
         ...
 
 

@@ -105,7 +105,8 @@ class StepPlanner:
             else:  # ring: the next NPU; halving-doubling: the partner at the step's distance
                 distance = 1 if dim.algorithm == "ring" else max(1, msg // block)
                 hops = (((i[f"dim{d}.peer+{distance}"], 1.0), *p_out, *p_in),)
-            out.append(one_transfer(v, hops, delay_ns, capacity))
+            half = 0.5 if dim.kind == "Ring" else 1.0  # (a Ring's message goes half each way)
+            out.append(one_transfer(v, hops, delay_ns, capacity, n, msg * half))
         return out
 
 
@@ -340,7 +341,12 @@ class NpuRoutes:
                     else:
                         usage[own + link] = usage.get(own + link, 0.0) + share
                 hops.append(tuple(usage.items()))
-            out.append(one_transfer(step.bytes, tuple(hops), step.delay_ns, self.capacity))
+            (made,) = step.transfers
+            out.append(
+                one_transfer(
+                    step.bytes, tuple(hops), step.delay_ns, self.capacity, made.messages, made.message_bytes
+                )
+            )
             recvs.append(tuple(sorted({base + (c - k) % p * stride for k, _ in peers})))
             consumers.append(len({r for r, _ in to}))
         return tuple(out), tuple(recvs), tuple(consumers)
