@@ -52,8 +52,8 @@ def test_without_sharing_four_chunks_overdraw_the_link_four_times():
     """Under ideal (ASTRA-sim 1.0's rule) 4 active chunks take a quarter of the time: 400 % of the link."""
     topo = parse_topology("SW(8,100,0,ring)")
     coll = Collective("all_reduce", GIB // 4, "float32", 16, (0,))
-    ideal, engine = model_collective(topo, coll, "baseline", RunConfig(active_per_dim=4))
-    assert ideal.time_us == pytest.approx(4375.0, rel=1e-12) and ideal.links == []
+    ideal, engine = model_collective(topo, coll, "baseline", RunConfig(active_per_dim=4, network="ideal"))
+    assert ideal.time_us == pytest.approx(4375.0, rel=1e-12) and ideal.links == [] and ideal.beyond_physics
     links = link_results(engine.records, topo, CostModels(topo), ideal.time_us)
     assert max(link.busy_pct for link in links) == pytest.approx(400.0)
 
@@ -284,7 +284,7 @@ def test_the_hgx_nic_never_carries_more_than_its_rate_under_sharing(policy):
     nic_bytes = next(link.bytes for link in nic if link.name == "port0.out")
     assert nic_bytes / topo.ports[0].bandwidth_bytes_per_ns / 1e3 <= fair.time_us * (1 + 1e-9)
     if policy == "themis":  # Themis balances dims 1 and 2 as if each had its own 46.57 GB/s
-        ideal, engine = model_collective(topo, coll, policy, RunConfig(intra=intra))
+        ideal, engine = model_collective(topo, coll, policy, RunConfig(intra=intra, network="ideal"))
         links = link_results(engine.records, topo, CostModels(topo), ideal.time_us)
         assert max(link.busy_pct for link in links if link.name.startswith("port0.")) > 100
 
@@ -362,10 +362,10 @@ def test_stages_behind_the_hgx_nic_end_as_step_by_step_in_about_one_network_even
 @pytest.mark.parametrize(
     ("args", "nic", "note"),
     [
-        (["-t", "HGX-H100-SW_SW_SW"], True, True),
-        (["-t", "HGX-H100-SW_SW_SW", "--network", "fair"], True, False),
-        (["-t", "SW(8,100,0,ring)", "--active-chunks-per-dim", "4"], False, True),
-        (["-t", "SW(8,100,0,ring)"], False, False),
+        (["-t", "HGX-H100-SW_SW_SW", "--network", "ideal"], True, True),
+        (["-t", "HGX-H100-SW_SW_SW"], True, False),
+        (["-t", "SW(8,100,0,ring)", "--active-chunks-per-dim", "4", "--network", "ideal"], False, True),
+        (["-t", "SW(8,100,0,ring)", "--network", "ideal"], False, False),
     ],
 )
 def test_the_header_names_a_shared_nic_and_what_ideal_leaves_out(args, nic, note):

@@ -250,13 +250,15 @@ def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(tmp_path, 
     assert all(r[4] == "0" for r in got) and all(r[4] == "N/A" for r in want)
 
 
-@pytest.mark.parametrize("rule", ["fair", "store-forward"])
+@pytest.mark.parametrize("rule", ["packet", "fair", "store-forward"])
 def test_a_pipeline_under_sharing_takes_at_least_its_ideal_time_and_no_link_is_overfull(tmp_path, rule):
     """GPT TP2 x PP2 x DP2 (pp messages beside TP and DP collectives): >= its ideal time; every NPU's links <= 100 % busy."""
     graph = load_graph(pipeline(tmp_path))
     topo = parse_topology("2x2x2")
     spec = TrainingSpec(4, "float32", 1)
-    ideal = run_graph(ModelTransport(topo, RunConfig(active_per_dim=2)), graph, "baseline", spec)
+    ideal = run_graph(
+        ModelTransport(topo, RunConfig(active_per_dim=2, network="ideal")), graph, "baseline", spec
+    )
     cfg = RunConfig(network=rule, active_per_dim=2)
     shared = run_graph(ModelTransport(topo, cfg), graph, "baseline", spec)
     assert shared.iteration_us >= ideal.iteration_us * (1 - 1e-12)

@@ -333,3 +333,55 @@ def test_the_packet_rule_is_within_3pct_of_htsim_on_every_development_row(htsim)
     """The issue's target: every row within 3 % of htsim_us (median within 1 %); the failing rows are listed."""
     errs = errors(htsim)
     assert max(abs(e) for e in errs) <= 0.03, "rows above 3 %:\n" + report(htsim, errs, 0.03)
+
+
+# --- beyond physics (results.beyond_physics) -------------------------------------------------------
+
+
+def test_a_row_beyond_physics_says_so_in_every_output_and_the_table(tmp_path):
+    """Under ideal, 4 active chunks on one Switch overdraw its links 4x: beyond_physics in JSON, CSV, JSONL, a `!`."""
+    base = [
+        "model",
+        "-t",
+        "SW(8,100,0,ring)",
+        "-b",
+        "1G",
+        "-c",
+        "16",
+        "--active-chunks-per-dim",
+        "4",
+        "-p",
+        "baseline",
+    ]
+    for network, beyond in (("ideal", True), ("packet", False), ("fair", False)):
+        out = {ext: str(tmp_path / f"{network}.{ext}") for ext in ("json", "csv", "jsonl")}
+        r = in_process([*base, "--network", network, *(f for ext, p in out.items() for f in (f"--{ext}", p))])
+        assert r.returncode == 0, r.stderr
+        (row,) = json.loads(open(out["json"]).read())
+        assert row["beyond_physics"] is beyond
+        assert json.loads(open(out["jsonl"]).read().splitlines()[0])["beyond_physics"] is beyond
+        (csv_row,) = list(__import__("csv").DictReader(open(out["csv"])))
+        assert csv_row["beyond_physics"] == str(beyond)
+        (line,) = [x for x in r.stdout.splitlines() if x.strip().startswith("1 GiB")]
+        util = f"{100 * row['utilization']:.2f}"
+        assert (util + "!" in line) is beyond and util in line
+
+
+def test_beyond_physics_is_a_link_over_its_rate_and_not_a_sharing_rules_row():
+    """HGX under ideal, Themis: its NIC over 100 % (flagged); the baseline and every packet row: not flagged."""
+    (base, themis) = api.sweep("HGX-H100-SW_SW_SW", "64M", "baseline,themis", 4, network="ideal")
+    assert themis.beyond_physics and not base.beyond_physics
+    assert not any(r.beyond_physics for r in api.sweep("HGX-H100-SW_SW_SW", "64M", "baseline,themis", 4))
+
+
+def test_a_training_row_beyond_physics_says_so():
+    """DLRM with little compute behind a shared NIC: under ideal its dims overdraw the NIC (flagged); packet not."""
+    workload = str(ROOT / "tests" / "data" / "astra-sim-1.0-text" / "DLRM_HybridParallel.txt")
+    topo = "Ring(2,100,0)_SW(4,50,0)_SW(4,50,0)_NIC(1+2,50)"
+    kw = dict(compute_scale=0.001, iterations=1)
+    assert all(
+        r.beyond_physics for r in api.train(workload, topo, ["baseline", "themis"], 16, network="ideal", **kw)
+    )
+    packet = api.train(workload, topo, ["baseline", "themis"], 16, **kw)
+    assert not any(r.beyond_physics for r in packet) and {r.network for r in packet} == {"packet"}
+    assert all(max(link.busy_pct for link in r.links) <= 100 * (1 + 1e-9) for r in packet)

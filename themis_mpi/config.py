@@ -21,7 +21,7 @@ from .limits import (
     in_range,
 )
 from .timing.packet import check_mtu
-from .timing.rules import IDEAL, PACKET, STORE_FORWARD, check_rule, default_rule, rule_names
+from .timing.rules import DEFAULT_RULE, IDEAL, PACKET, STORE_FORWARD, check_rule, default_rule, rule_names
 from .topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
@@ -151,7 +151,7 @@ class RunConfig:
         nccl dims are timed by the NCCL-like model, per collective, not per link
         (`timing.rules.check_rule`).
         """
-        if self.network_default and topology.flat and self.network != IDEAL and not self.compat:
+        if self.network_default and topology.flat and self.network == DEFAULT_RULE and not self.compat:
             return replace(self, network=IDEAL)
         check_rule(topology, self.network)
         return self

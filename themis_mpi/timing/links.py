@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from ..errors import UsageError
 from ..topology import Topology
 from .events import EventLoop
 
@@ -216,6 +217,16 @@ class Host(Protocol):
 
     def ended(self, owner: Any) -> None:
         """A flow's last step and its delay are over."""
+
+
+def check_link_scale(topology: Topology, scales: tuple[tuple[int, int, float], ...]) -> None:
+    """Refuse a ``--link-scale`` that names a dim or rank the topology does not have (one line)."""
+    for d, rank, _ in scales:
+        if not 0 <= d < len(topology.dims) or not 0 <= rank < topology.npus:
+            raise UsageError(
+                f"--link-scale names dim {d} of rank {rank}, but {topology.label()} has "
+                f"{len(topology.dims)} dims and {topology.npus} NPUs"
+            )
 
 
 class Settings(Protocol):

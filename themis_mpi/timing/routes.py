@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, steps
 from ..topology import Topology
-from .links import Link, Step, Transfer, Usage, one_transfer, physical_links
+from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links
 
 
 class StepPlanner:
@@ -292,6 +292,7 @@ class NpuRoutes:
     """
 
     def __init__(self, topology: Topology, link_scale: tuple[tuple[int, int, float], ...] = ()):
+        check_link_scale(topology, link_scale)
         self.topology = topology
         local = physical_links(topology)
         self.per_npu = len(local)
