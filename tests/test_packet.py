@@ -6,13 +6,12 @@ two transfers started together, the second one packet behind: ends at 2m/B and 2
 transfers whole, one after the other.
 """
 
-import importlib.util
 import json
 import random
 import statistics
 
 import pytest
-from harness import ROOT, cli, in_process, local
+from harness import ROOT, cli, in_process, local, script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_network import emulator_equals_model, solo_matches_step_wise, stage_ends, topologies
@@ -177,6 +176,17 @@ def test_the_emulator_equals_the_model_under_the_packet_rule(tmp_path, topology,
     emulator_equals_model(tmp_path, args, "packet")
 
 
+def test_every_iteration_of_the_emulator_takes_the_models_time(tmp_path):
+    """`run` with a warm-up and 3 iterations: each the model's time (the rule starts each run afresh)."""
+    args = ["-t", "2x2x2", "-b", "4M", "-c", "16", "-p", "baseline", "-q"]
+    emu = cli(8, ["run", *args, "-n", "3", "-w", "1", "--json", str(tmp_path / "e.json")])
+    assert emu.returncode == 0, emu.stderr
+    model = in_process(["model", *args, "--json", str(tmp_path / "m.json")])
+    assert model.returncode == 0, model.stderr
+    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "m.json"))
+    assert e["network"] == "packet" and e["time_us"] == m["time_us"] and e["wrong"] == 0
+
+
 def test_a_straggler_under_the_packet_rule_runs_on_every_npus_links_and_the_emulator_agrees(tmp_path):
     """NPU 3's links at half rate on SW(8,100,500,hd): above fair's time (its packets), and 8 ranks give the model's."""
     args = [
@@ -262,10 +272,7 @@ def test_settings_the_packet_rule_cannot_take_are_one_line(args, message):
 
 def check_htsim():
     """scripts/check_htsim.py as a module: the rows, and one row's run as the issue's command runs it."""
-    spec = importlib.util.spec_from_file_location("check_htsim", ROOT / "scripts" / "check_htsim.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script("check_htsim")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,9 @@
 """Rules of scripts/study_stragglers.py: its --quick rows match the shipped ones, and its findings hold."""
 
-import importlib.util
 import json
 
 import pytest
-from harness import ROOT
+from harness import ROOT, script
 
 SHIPPED = ROOT / "docs" / "stragglers" / "study.json"
 KEYS = {  # what names a row in each part
@@ -17,13 +16,8 @@ BIG = ("256M", "1G")  # sizes where bandwidth, not latency, sets the all-reduce 
 
 
 def load_script():
-    """The script as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "study_stragglers", ROOT / "scripts" / "study_stragglers.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script as a module (`harness.script`)."""
+    return script("study_stragglers")
 
 
 def key(row: dict) -> tuple:

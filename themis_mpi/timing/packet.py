@@ -120,6 +120,7 @@ class Packet(Fair):
         self._atoms: list[deque[Flow]] = [deque() for _ in links]  # whole-packet transfers, in order
         self._held: set[Flow] = set()  # whole-packet transfers being sent
         self._joined = [-math.inf] * len(links)  # when the last transfer took (or takes) a share of a link
+        self._last_ns = -math.inf  # the latest instant a transfer entered (a smaller one: a new run)
         self._plans: dict[int, tuple[tuple[Step, ...], tuple[PacketStep, ...]]] = {}  # by id of steps
 
     @classmethod
@@ -173,6 +174,9 @@ class Packet(Fair):
     def _enter(self, flow: Flow, step: Step) -> None:
         """A transfer starts: whole, after those queued before it; or shared, after the packet in service."""
         assert isinstance(step, PacketStep)
+        if self.loop.now_ns < self._last_ns:  # a new run on these links, its clock from 0 again
+            self._joined = [-math.inf] * len(self.links)
+        self._last_ns = self.loop.now_ns
         self._place(step.links)
         if step.atom and step.sends:
             flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf
