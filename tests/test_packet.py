@@ -392,3 +392,28 @@ def test_a_training_row_beyond_physics_says_so():
     packet = api.train(workload, topo, ["baseline", "themis"], 16, **kw)
     assert not any(r.beyond_physics for r in packet) and {r.network for r in packet} == {"packet"}
     assert all(max(link.busy_pct for link in r.links) <= 100 * (1 + 1e-9) for r in packet)
+
+
+# --- nccl dims keep the NCCL-like model -------------------------------------------------------------
+
+
+def test_a_calibrated_fit_without_network_keeps_its_times(tmp_path):
+    """`model -t FIT.json` (nccl dims) with no --network: ideal's times to the bit, the row says ideal."""
+    fit = tmp_path / "fit.json"
+    log = ROOT / "tests" / "data" / "nccl-tests" / "h100x16_2node_ib_ring_issue309_gjaion.txt"
+    assert in_process(["calibrate", str(log), "--json", str(fit)]).returncode == 0
+    topology = json.loads(fit.read_text())["topology"]
+    assert parse_topology(topology).flat  # (the NCCL-like model's dims)
+    rows = {}
+    for name, flags in (("default", []), ("ideal", ["--network", "ideal"])):
+        for t in (str(fit), topology):
+            r = in_process(["model", "-t", t, "-b", "64M", "-e", "1G", "-f", "4", "-p", "baseline", "-q",
+                            *flags, "--json", str(tmp_path / "m.json")])  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            rows[name, t] = [
+                (x["time_us"], x["network"]) for x in json.loads((tmp_path / "m.json").read_text())
+            ]
+    for t in (str(fit), topology):
+        assert rows["default", t] == rows["ideal", t] and {n for _, n in rows["default", t]} == {"ideal"}
+    refused = in_process(["model", "-t", str(fit), "-b", "64M", "--network", "packet", "-q"])
+    assert refused.returncode == 2 and "nccl dims take --network ideal" in refused.stderr
