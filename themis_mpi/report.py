@@ -45,7 +45,7 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
     elif (config.active_per_dim > 1 or topo.ports) and not topo.flat:  # what ideal leaves out, said once
         lines.append(
             "#   network ideal: stages that run at once share nothing, so a link or port may carry more "
-            "than its rate (--network fair shares them)"
+            "than its rate (the default, --network packet, shares them)"
         )
     if config.asymmetric:
         lines.append(stragglers_line(config))
