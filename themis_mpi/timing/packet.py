@@ -84,12 +84,16 @@ def check_mtu(mtu_bytes: object) -> None:
 
 def mtu_of(topology: Topology, settings: Settings) -> int:
     """The run's packet: ``--mtu`` (`mtu_bytes`), else the topology's ``MTU(...)``, else 4096."""
-    return settings.mtu_bytes or topology.mtu_bytes or DEFAULT_MTU_BYTES
+    return _mtu(topology, settings.mtu_bytes)
+
+
+def _mtu(topology: Topology, mtu_bytes: int | None) -> int:
+    return mtu_bytes or topology.mtu_bytes or DEFAULT_MTU_BYTES
 
 
 def recorded_mtu(topology: Topology, network: str, mtu_bytes: int | None) -> int:
     """The packet a trace records (its ``mtu_bytes`` attribute): the run's under this rule, else 0."""
-    return (mtu_bytes or topology.mtu_bytes or DEFAULT_MTU_BYTES) if network == Packet.name else 0
+    return _mtu(topology, mtu_bytes) if network == Packet.name else 0
 
 
 class Packet(Fair):
