@@ -145,11 +145,17 @@ def test_a_solo_stage_ends_where_the_step_wise_path_ends_it_under_the_packet_rul
 # --- issue 42's lines: the default, physics, the emulator -----------------------------------------
 
 
-def test_with_no_network_flag_four_active_chunks_keep_the_one_link_time_and_no_link_is_over():
+def test_with_no_network_flag_four_active_chunks_keep_the_one_link_time_and_no_link_is_over(tmp_path):
     """`model -t 'SW(8,100,0,ring)' -b 1G -c 16 --active-chunks-per-dim 4`: >= 17,500 us, every link <= 100 %."""
-    (row,) = api.sweep("SW(8,100,0,ring)", "1G", "baseline", 16, active_per_dim=4)
-    assert row.network == "packet" and row.time_us >= 17500.0 and not row.beyond_physics
-    assert row.links and max(link.busy_pct for link in row.links) <= 100 * (1 + 1e-9)
+    out = tmp_path / "m.json"
+    args = ["model", "-t", "SW(8,100,0,ring)", "-b", "1G", "-c", "16", "--active-chunks-per-dim", "4"]
+    r = in_process([*args, "-q", "--json", str(out)])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())
+    assert [row["policy"] for row in rows] == ["baseline", "themis"]
+    for row in rows:
+        assert row["network"] == "packet" and row["time_us"] >= 17500.0 and not row["beyond_physics"]
+        assert row["links"] and max(link["busy_pct"] for link in row["links"]) <= 100 * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("size", ["1M", "64M"])
