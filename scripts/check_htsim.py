@@ -13,7 +13,7 @@ the recorded ``fair_gp_us`` and ``sf_gp_us`` (checked first: the data and the me
 then every rule's error against ``htsim_us``, per group (algorithm, NPUs, latency) and per active
 chunk count. Exit 1 when the packet rule misses the issue's target (every row within 3 %, the
 median within 1 %). With ``--jitter`` (htsim's runs of the same rows with 1-10 ns of start jitter,
-`docs/packet-rule/htsim-jitter.csv`), each worst row also shows the span of htsim's own times.
+`tests/data/network-reference/htsim-jitter.csv`), each worst row also shows the span of htsim's own times.
 
     python scripts/check_htsim.py --out results/check-htsim
 """
@@ -95,7 +95,7 @@ def _line(label: str, stats: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the tables; write the JSON; exit 1 when the packet rule misses the target."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default=str(CSV), help="htsim.csv (default ../shared/network-reference/)")
+    ap.add_argument("--csv", default=str(CSV), help="htsim.csv (default tests/data/network-reference/)")
     ap.add_argument("--out", default=os.path.join("results", "check-htsim"), help="output directory")
     ap.add_argument("--worst", type=int, default=15, help="worst rows of the packet rule to print (15)")
     ap.add_argument("--jitter", default=str(JITTER), help="htsim's jittered runs ('' for none)")
