@@ -36,10 +36,11 @@ def study(tmp_path_factory):
 
 
 def iteration_us(policy, intra, bucket):
-    """`model_training`'s iteration time of GNMT on the tiny case."""
+    """`model_training`'s iteration time of GNMT on the tiny case, under the study's rule (its `NETWORK`)."""
     wl = parse_workload(str(WORKLOAD))
     spec = TrainingSpec(64, "float32", 2, 1 / SPEED, 1.0, bucket)
-    return model_training(wl, parse_topology(TOPO), policy, spec, RunConfig(intra=intra)).iteration_us
+    config = RunConfig(intra=intra, network=load_script().NETWORK)
+    return model_training(wl, parse_topology(TOPO), policy, spec, config).iteration_us
 
 
 def test_themis_speedup_is_the_ratio_of_model_training_times(study):
