@@ -68,7 +68,8 @@ def per_dim(fitted: Topology, size_bytes: int) -> Topology:
     """The per-dim view of a fitted topology that agrees with it on a one-chunk all-reduce of this size.
 
     The fit's per-step latencies stay; one factor on every bandwidth makes the view's one-chunk
-    baseline take the flat time (module doc; the factor stays in `SCALE_RANGE`).
+    baseline take the flat time under ``ideal``, the cost model alone (module doc; the factor
+    stays in `SCALE_RANGE`).
     """
     view = raw_view(fitted)
     flat = collective_ns(fitted, range(len(fitted.dims)), "all_reduce", size_bytes)
