@@ -1,9 +1,10 @@
 """The model's CPU time under each sharing rule, side by side: the cost of shared links.
 
 For each paper topology (1024 NPUs) and policy, one all-reduce of --size in --chunks chunks on the
-model under ``ideal``, ``fair`` and ``store-forward``, repeated --repeats times with the rules
-interleaved; prints the median CPU ms per run and each rule's ratio to ``ideal`` (target: fair
-within 3x), and writes ``bench_network.json`` into --out.
+model under ``ideal``, ``fair``, ``packet`` (the default) and ``store-forward``, repeated
+--repeats times with the rules interleaved; prints the median CPU ms per run and the ratios of
+``fair`` and ``packet`` to ``ideal`` (target: fair within 3x) and of ``packet`` to ``fair``, and
+writes ``bench_network.json`` into --out.
 
     python scripts/bench_network.py --out results/bench-network
 """
@@ -30,7 +31,7 @@ TOPOLOGIES = (
     "HGX-H100-SW_SW_SW",
 )
 POLICIES = (("baseline", "fifo"), ("themis", "scf"))
-RULES = ("ideal", "fair", "store-forward")
+RULES = ("ideal", "fair", "packet", "store-forward")
 TARGET = 3.0  # fair's CPU over ideal's
 
 
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     size = parse_size(args.size)
     rows, ok = [], True
     print(f"# model CPU per all-reduce of {args.size} in {args.chunks} chunks, median of {args.repeats}")
-    print(f"#{'topology':>20} {'policy':>8} " + " ".join(f"{r + '_ms':>16}" for r in RULES) + " fair/ideal")
+    print(
+        f"#{'topology':>20} {'policy':>8} "
+        + " ".join(f"{r + '_ms':>16}" for r in RULES)
+        + " fair/ideal packet/ideal packet/fair"
+    )
     for name in TOPOLOGIES:
         topo = parse_topology(name)
         coll = Collective("all_reduce", size // 4, "float32", args.chunks, tuple(range(len(topo.dims))))
@@ -60,12 +65,24 @@ def main(argv: list[str] | None = None) -> int:
                     times[rule] = result.time_us
             ms = {r: median(v) for r, v in cpu.items()}
             ratio = ms["fair"] / ms["ideal"]
+            packet = ms["packet"] / ms["ideal"]
+            packet_fair = ms["packet"] / ms["fair"]
             ok &= ratio <= TARGET
             rows.append(
-                {"topology": name, "policy": policy, "cpu_ms": ms, "time_us": times, "fair_over_ideal": ratio}
+                {
+                    "topology": name,
+                    "policy": policy,
+                    "cpu_ms": ms,
+                    "time_us": times,
+                    "fair_over_ideal": ratio,
+                    "packet_over_ideal": packet,
+                    "packet_over_fair": packet_fair,
+                }
             )
             print(
-                f" {name:>20} {policy:>8} " + " ".join(f"{ms[r]:>16.2f}" for r in RULES) + f" {ratio:>9.2f}x"
+                f" {name:>20} {policy:>8} "
+                + " ".join(f"{ms[r]:>16.2f}" for r in RULES)
+                + f" {ratio:>9.2f}x {packet:>11.2f}x {packet_fair:>10.2f}x"
             )
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "bench_network.json")

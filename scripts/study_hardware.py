@@ -60,6 +60,8 @@ WORKLOADS = {
 MULTIPLES = [1, 1.5, 2, 3, 4, 6, 8]
 GIB = 1 << 30
 
+NETWORK = "ideal"  # the endpoint model is ideal's (not modelled under a sharing rule): like with like
+
 
 def network_gbps(topo) -> float:
     """Summed per-NPU bandwidth of the dims with more than one NPU."""
@@ -70,7 +72,9 @@ def utilization(topo, size, policy, endpoint, chunks=64) -> float:
     """Ideal / time of one float32 all-reduce on the model."""
     coll = Collective("all_reduce", size // 4, "float32", chunks, tuple(range(len(topo.dims))))
     intra = "fifo" if policy == "baseline" else "scf"
-    result, _ = model_collective(topo, coll, policy, RunConfig(intra=intra, endpoint=endpoint))
+    result, _ = model_collective(
+        topo, coll, policy, RunConfig(intra=intra, endpoint=endpoint, network=NETWORK)
+    )
     return result.utilization
 
 
@@ -159,20 +163,28 @@ def ace_training(rows: list, quick: bool) -> list[str]:
     ]
     for wl_name, path in WORKLOADS.items():
         wl = parse_workload(path)
-        net = model_training(wl, topo, "themis", spec, RunConfig(intra="scf")).iteration_us
+        net = model_training(wl, topo, "themis", spec, RunConfig(intra="scf", network=NETWORK)).iteration_us
         cells = []
         for m in multiples:
             best = min(
                 (
                     model_training(
-                        wl, topo, "themis", spec, RunConfig(intra="scf", endpoint=Endpoint(m * b, s))
+                        wl,
+                        topo,
+                        "themis",
+                        spec,
+                        RunConfig(intra="scf", endpoint=Endpoint(m * b, s), network=NETWORK),
                     ).iteration_us,
                     s,
                 )
                 for s in shares
             )
             ace = model_training(
-                wl, topo, "themis", spec, RunConfig(intra="scf", endpoint=Endpoint(m * b, 0, True))
+                wl,
+                topo,
+                "themis",
+                spec,
+                RunConfig(intra="scf", endpoint=Endpoint(m * b, 0, True), network=NETWORK),
             ).iteration_us
             rows.append(
                 {
@@ -205,7 +217,7 @@ def ina_study(rows: list, quick: bool) -> list[str]:
             t = {}
             for label, tp in (("", topo), ("+ina", ina)):
                 for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
-                    result, _ = model_collective(tp, coll, policy, RunConfig(intra=intra))
+                    result, _ = model_collective(tp, coll, policy, RunConfig(intra=intra, network=NETWORK))
                     t[policy + label] = result.time_us
             gain = min(t["baseline"], t["themis"]) / min(t["baseline+ina"], t["themis+ina"])
             rows.append({"study": "ina", "topology": name, "size": size, **t})

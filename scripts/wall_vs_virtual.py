@@ -37,7 +37,8 @@ def main():
             "all_reduce", args.size_mib * 2**20 // 8, "float64", args.chunks, tuple(range(len(topo.dims)))
         )
         for policy, intra in (("baseline", "fifo"), ("themis", "scf")):
-            virtual, _ = run_collective(MpiTransport(grid, RunConfig(intra=intra)), coll, policy)
+            ideal = RunConfig(intra=intra, network="ideal")  # (the wall clock runs ideal: like with like)
+            virtual, _ = run_collective(MpiTransport(grid, ideal), coll, policy)
             scale = args.target_s / (virtual.time_us * 1e-6)
             config = RunConfig(intra=intra, clock="wall", time_scale=scale)
             wall, _ = run_collective(MpiTransport(grid, config), coll, policy, check=False)

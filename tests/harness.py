@@ -27,6 +27,17 @@ SHARED = ROOT.parent / "shared"
 TIMEOUT_S = 180
 
 
+def script(name: str):
+    """``scripts/NAME.py`` as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def shared(relative: str) -> Path:
     """A path in the ../shared folder beside the checkout; skip the test when it is absent.
 

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+from dataclasses import replace
 
 import pytest
 from harness import DATA, ROOT, cli, in_process
@@ -40,10 +41,11 @@ T16 = "SW(4,100,700)_FC(4,50,700)"  # 4x4
 CONFIGS = {"baseline": RunConfig(intra="fifo"), "themis": RunConfig(intra="scf")}
 
 
-def model_graph(graph, topology, policy, chunks=8, dtype="float32"):
-    """A graph on the model under one policy (intra as the CLI's auto)."""
+def model_graph(graph, topology, policy, chunks=8, dtype="float32", network=""):
+    """A graph on the model under one policy (intra as the CLI's auto; `network`: the default rule)."""
     topo = parse_topology(topology) if isinstance(topology, str) else topology
-    return run_graph(ModelTransport(topo, CONFIGS[policy]), graph, policy, TrainingSpec(chunks, dtype))
+    config = replace(CONFIGS[policy], network=network) if network else CONFIGS[policy]
+    return run_graph(ModelTransport(topo, config), graph, policy, TrainingSpec(chunks, dtype))
 
 
 def comp(node_id, micros, deps=(), cpu=False, data=()):
@@ -272,12 +274,12 @@ def ring_shift(tmp_path, npus, nbytes, peer_of, tag=3):
 
 
 def test_a_point_to_point_message_takes_latency_plus_bytes_over_the_link(tmp_path):
-    """Ring(4): a neighbour shift of 1 MiB ends at 10 us + latency + S/B; across both dims of 2x2, the sum of the dims."""
+    """Under ideal, Ring(4): a neighbour shift of 1 MiB ends at 10 us + latency + S/B; across 2x2, the sum of the dims."""
     prefix = ring_shift(tmp_path, 4, MIB, lambda r: (r + 1) % 4)
-    row = model_graph(load_graph(prefix), "Ring(4,100,500)", "baseline")
+    row = model_graph(load_graph(prefix), "Ring(4,100,500)", "baseline", network="ideal")
     assert row.iteration_us * 1e3 == pytest.approx(10e3 + 500 + MIB / (100 * 2**30 / 1e9))
     cross = ring_shift(tmp_path / "..", 4, MIB, lambda r: r ^ 3)
-    row = model_graph(load_graph(cross), "Ring(2,100,20)_FC(2,50,700)", "baseline")
+    row = model_graph(load_graph(cross), "Ring(2,100,20)_FC(2,50,700)", "baseline", network="ideal")
     want = 10e3 + (20 + MIB / (100 * 2**30 / 1e9)) + (700 + MIB / (50 * 2**30 / 1e9))
     assert row.iteration_us * 1e3 == pytest.approx(want)
     assert CostModel(parse_topology("Ring(2,100,20)_FC(2,50,700)"), 1).p2p_ns(

@@ -27,12 +27,12 @@ GB = BYTES_PER_GB / 1e9  # bytes per ns of 1 GB/s
 
 
 def ar_time_us(topology, size_bytes, chunks=1, policy="baseline", endpoint=None):
-    """One all-reduce of float32 on the model."""
+    """One all-reduce of float32 on the model, under ideal (the cost model's closed forms)."""
     coll = Collective(
         "all_reduce", size_bytes // 4, "float32", chunks, tuple(range(len(parse_topology(topology).dims)))
     )
     result, _ = model_collective(
-        parse_topology(topology), coll, policy, RunConfig(endpoint=endpoint or Endpoint())
+        parse_topology(topology), coll, policy, RunConfig(endpoint=endpoint or Endpoint(), network="ideal")
     )
     return result.time_us
 

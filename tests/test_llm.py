@@ -325,7 +325,7 @@ def test_interleaved_takes_mv_plus_p_minus_1_over_v_stage_times(p, m, v):
 
 
 def test_a_schedule_where_every_rank_waits_is_refused(tmp_path):
-    """Two ranks that each receive before they send: the linked model names the deadlock."""
+    """Two ranks that each receive before they send: the linked model (ideal's) names the deadlock."""
     for r in (0, 1):
         msg = dict(comm_size=64, comm_tag=1)
         recv = [Attr("comm_src", "int64", 1 - r), *[Attr(k, "int64", v) for k, v in msg.items()]]
@@ -336,7 +336,7 @@ def test_a_schedule_where_every_rank_waits_is_refused(tmp_path):
         ]
         write_et(str(tmp_path / f"dl.{r}.et"), EtTrace("dl", "0.0.4", [], nodes))
     with pytest.raises(UsageError, match="the graph deadlocks: ranks 0, 1"):
-        run_graph(ModelTransport(line(2), RunConfig()), load_graph(str(tmp_path / "dl")), "baseline",
+        run_graph(ModelTransport(line(2), RunConfig(network="ideal")), load_graph(str(tmp_path / "dl")), "baseline",
                   TrainingSpec(4, "float32", 1))  # fmt: skip
 
 
@@ -390,7 +390,7 @@ def test_simai_files_parse_to_their_header_and_collectives_per_group():
 
 def test_micro_all_reduce_takes_compute_plus_2_n_minus_1_over_n_bytes_over_nvlink():
     """microAllReduce.txt: 2 x 556 us + 2 (n-1)/n x 80 MiB / 360 GB/s, within 0.1% of SimAI's 1,492 us."""
-    proc = in_process(["workload", "simai", str(SIMAI / "microAllReduce.txt"), "--run"])
+    proc = in_process(["workload", "simai", str(SIMAI / "microAllReduce.txt"), "--run", "--network", "ideal"])
     assert proc.returncode == 0, proc.stderr
     row = next(line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"])
     want_us = 2 * 556 + 2 * 7 / 8 * (16 + 64) * 2**20 / (360 * 2**30) * 1e6

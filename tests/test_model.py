@@ -46,7 +46,7 @@ def test_one_chunk_time_is_the_sum_of_its_stage_times(topo_name, policy):
     """With one chunk nothing overlaps: the collective time is the sum of its stages' costs."""
     topo = parse_topology(topo_name)
     coll = Collective("all_reduce", 3 * 2**20 + 1, "float32", 1, tuple(range(len(topo.dims))))
-    row, engine = model_collective(topo, coll, policy)
+    row, engine = model_collective(topo, coll, policy, RunConfig(network="ideal"))  # (the cost model's sum)
     cost = CostModel(topo, 4)
     fused = inter_class(policy).fuses_last_dim
     stages = chunk_stages(topo, coll, 0, 0, coll.count, list(range(len(topo.dims))), fused)
@@ -60,8 +60,10 @@ def test_equal_bandwidth_2x2x2_baseline_utilization_is_58_percent():
     """Equal bandwidth per dim: the baseline loads dim 0 with S/2 and reaches 7/12 = 58.3 %."""
     topo = parse_topology("SW(2,100,0)_SW(2,100,0)_SW(2,100,0)")
     coll = Collective("all_reduce", 2**27, "float64", 64, (0, 1, 2))
-    base, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
-    themis, _ = model_collective(topo, coll, "themis", RunConfig(intra="scf"))
+    base, _ = model_collective(
+        topo, coll, "baseline", RunConfig(intra="fifo", network="ideal")
+    )  # (the paper's)
+    themis, _ = model_collective(topo, coll, "themis", RunConfig(intra="scf", network="ideal"))
     assert base.utilization == pytest.approx(7 / 12, rel=0.01)
     assert themis.time_us < base.time_us
     assert themis.utilization > 0.9

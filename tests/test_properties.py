@@ -79,7 +79,10 @@ def test_every_run_completes_conserves_bytes_and_respects_the_bounds(case):
     """Random runs finish every stage, send exactly the required bytes, and obey the lower bounds."""
     topo, coll, policy, intra, active, delay = case
     row, engine = model_collective(
-        topo, coll, policy, RunConfig(intra=intra, active_per_dim=active, endpoint_delay_ns=delay)
+        topo,
+        coll,
+        policy,
+        RunConfig(intra=intra, active_per_dim=active, endpoint_delay_ns=delay, network="ideal"),
     )
     run = engine.collectives[0]
     orders = run.orders

@@ -44,9 +44,12 @@ def test_a_late_npu_ends_a_ring_all_reduce_that_much_later(rank, delay_us):
     """On one ring every step waits for its neighbour, so one NPU late by d ends the all-reduce d later."""
     topo = parse_topology(RING)
     coll = collective(topo, chunks=4)
-    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(network="ideal", intra="fifo"))
     late, _ = model_collective(
-        topo, coll, "baseline", RunConfig(intra="fifo", npu_delay_ns=((rank, delay_us * 1e3),))
+        topo,
+        coll,
+        "baseline",
+        RunConfig(network="ideal", intra="fifo", npu_delay_ns=((rank, delay_us * 1e3),)),
     )
     assert late.time_us == pytest.approx(on_time.time_us + delay_us, rel=0, abs=1e-6)
 
@@ -55,8 +58,10 @@ def test_groups_without_the_late_npu_finish_on_time():
     """On 4x2 over dim 0 only, NPU 5's ring (NPUs 4-7) ends d later and the other ring on time."""
     topo = parse_topology("4x2")
     coll = collective(topo, chunks=4, dims=(0,))
-    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
-    ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", npu_delay_ns=((5, 30_000.0),)))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(network="ideal", intra="fifo"))
+    ends = per_npu_end_ns(
+        topo, coll, "baseline", RunConfig(network="ideal", intra="fifo", npu_delay_ns=((5, 30_000.0),))
+    )
     solo_ns = on_time.time_us * 1e3
     assert ends[:4] == pytest.approx([solo_ns] * 4, rel=0, abs=1e-3)
     assert max(ends[4:]) == pytest.approx(solo_ns + 30_000.0, rel=0, abs=1e-3)
@@ -99,11 +104,14 @@ def test_one_slow_link_on_a_ring_is_as_slow_as_halving_the_dim(chunks, size):
         parse_topology(RING),
         collective(parse_topology(RING), count=size, chunks=chunks),
         "baseline",
-        RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)),
+        RunConfig(network="ideal", intra="fifo", link_scale=((0, 3, 0.5),)),
     )
     half = parse_topology("Ring(8,50,500)")
     halved, _ = model_collective(
-        half, collective(half, count=size, chunks=chunks), "baseline", RunConfig(intra="fifo")
+        half,
+        collective(half, count=size, chunks=chunks),
+        "baseline",
+        RunConfig(network="ideal", intra="fifo"),
     )
     assert slow.time_us == pytest.approx(halved.time_us, rel=1e-12)
 
@@ -112,10 +120,12 @@ def test_rings_without_the_slow_link_keep_their_time():
     """On 4x2 over dim 0, NPU 3's ring (NPUs 0-3) runs at the slow link's rate and NPUs 4-7 on time."""
     topo = parse_topology("4x2")
     coll = collective(topo, chunks=4, dims=(0,))
-    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(intra="fifo"))
+    on_time, _ = model_collective(topo, coll, "baseline", RunConfig(network="ideal", intra="fifo"))
     half = topo.with_overrides(bandwidth_gbps=[topo.dims[0].bandwidth_gbps / 2, None])
-    halved, _ = model_collective(half, coll, "baseline", RunConfig(intra="fifo"))
-    ends = per_npu_end_ns(topo, coll, "baseline", RunConfig(intra="fifo", link_scale=((0, 3, 0.5),)))
+    halved, _ = model_collective(half, coll, "baseline", RunConfig(network="ideal", intra="fifo"))
+    ends = per_npu_end_ns(
+        topo, coll, "baseline", RunConfig(network="ideal", intra="fifo", link_scale=((0, 3, 0.5),))
+    )
     assert max(ends[:4]) == pytest.approx(halved.time_us * 1e3, rel=1e-12)
     assert ends[4:] == pytest.approx([on_time.time_us * 1e3] * 4, rel=1e-12)
 
@@ -144,7 +154,7 @@ def test_the_vectorised_model_equals_running_every_npu(
     """`model` times stragglers for all NPUs at once (`timing.vectors.NpuVectors`); it must equal running every NPU exactly."""
     topo = parse_topology(topo_spec)
     coll = collective(topo, op=op, count=count, chunks=chunks)
-    config = RunConfig(intra=intra, npu_delay_ns=late, link_scale=links)
+    config = RunConfig(network="ideal", intra=intra, npu_delay_ns=late, link_scale=links)
     fast, _ = model_collective(topo, coll, policy, config)
     plain = every_npu(topo, coll, policy, config)
     assert fast.time_us == plain.time_us
@@ -250,14 +260,18 @@ def train(workload, topo_spec, policy="themis", config=None, **spec):
         parse_topology(topo_spec),
         policy,
         TrainingSpec(**spec),
-        config or RunConfig(),
+        config or RunConfig(network="ideal"),
     )
 
 
 def train_every_npu(workload, topo_spec, policy="themis", config=None, **spec):
     """The plain per-NPU path of `train`: every NPU's driver and engine (`NpuWorld`), NPU 0's row."""
     spec.setdefault("chunks", 4)
-    wl, topo, config = parse_workload(str(TEXT / workload)), parse_topology(topo_spec), config or RunConfig()
+    wl, topo, config = (
+        parse_workload(str(TEXT / workload)),
+        parse_topology(topo_spec),
+        config or RunConfig(network="ideal"),
+    )
     return NpuWorld(topo, config).run(lambda npu: run_training(npu, wl, policy, TrainingSpec(**spec)))[0]
 
 
@@ -276,8 +290,10 @@ def train_every_npu(workload, topo_spec, policy="themis", config=None, **spec):
 @pytest.mark.parametrize("policy", ["baseline", "themis"])
 def test_training_on_every_npu_at_once_equals_running_every_npu(workload, topo_spec, config, spec, policy):
     """`model` trains stragglers with vector times (`timing.vectors.NpuVectors`); every field equals running every NPU's engine."""
-    fast = train(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
-    plain = train_every_npu(workload, topo_spec, policy, RunConfig(**config), **spec).to_dict()
+    fast = train(workload, topo_spec, policy, RunConfig(network="ideal", **config), **spec).to_dict()
+    plain = train_every_npu(
+        workload, topo_spec, policy, RunConfig(network="ideal", **config), **spec
+    ).to_dict()
     assert fast.pop("transport") == "model" and plain.pop("transport") == "npus"
     for key in ("wall_s", "decision_s"):
         fast.pop(key), plain.pop(key)
@@ -455,7 +471,7 @@ class _AnyOrder(deque):
 def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monkeypatch, seed):
     """Times follow from the data alone: running the NPUs in a random order gives the same iteration."""
     settings = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4, chunks=8)
-    config = RunConfig(npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
+    config = RunConfig(network="ideal", npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
     in_order = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
     init = NpuWorld.__init__
 

@@ -1,10 +1,9 @@
 """Rules of scripts/study_llm.py and of its shipped results (docs/llm/study.json)."""
 
-import importlib.util
 import json
 
 import pytest
-from harness import ROOT
+from harness import ROOT, script
 
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.llm import compute_ns, fit_groups, rank_graph
@@ -13,11 +12,8 @@ SHIPPED = ROOT / "docs" / "llm" / "study.json"
 
 
 def load_script():
-    """The script as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("study_llm", ROOT / "scripts" / "study_llm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script as a module (`harness.script`)."""
+    return script("study_llm")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,9 @@
 """Rules of scripts/study_regime.py, on a tiny case: GNMT on a 2-dim topology, two buckets, one speed."""
 
-import importlib.util
 import json
 
 import pytest
-from harness import ROOT
+from harness import ROOT, script
 
 from themis_mpi.config import RunConfig
 from themis_mpi.policies import inter_names, intra_names
@@ -20,11 +19,8 @@ SPEED = 4
 
 
 def load_script():
-    """The script as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("study_regime", ROOT / "scripts" / "study_regime.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The script as a module (`harness.script`)."""
+    return script("study_regime")
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +36,11 @@ def study(tmp_path_factory):
 
 
 def iteration_us(policy, intra, bucket):
-    """`model_training`'s iteration time of GNMT on the tiny case."""
+    """`model_training`'s iteration time of GNMT on the tiny case, under the study's rule (its `NETWORK`)."""
     wl = parse_workload(str(WORKLOAD))
     spec = TrainingSpec(64, "float32", 2, 1 / SPEED, 1.0, bucket)
-    return model_training(wl, parse_topology(TOPO), policy, spec, RunConfig(intra=intra)).iteration_us
+    config = RunConfig(intra=intra, network=load_script().NETWORK)
+    return model_training(wl, parse_topology(TOPO), policy, spec, config).iteration_us
 
 
 def test_themis_speedup_is_the_ratio_of_model_training_times(study):

@@ -19,7 +19,7 @@ MIB = 1 << 20
 
 def run_loop(tmp_path, text, topology):
     """Run one iteration of a workload given as text on the model (1 chunk); returns the loop and the engine."""
-    spec, config = TrainingSpec(chunks=1, iterations=1), RunConfig()
+    spec, config = TrainingSpec(chunks=1, iterations=1), RunConfig(network="ideal")  # (ideal's closed forms)
     path = tmp_path / "w.txt"
     path.write_text(text)
     wl = parse_workload(str(path))

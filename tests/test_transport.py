@@ -90,7 +90,7 @@ topo = parse_topology("2x2x2")
 with CartGrid(MPI.COMM_WORLD, topo) as grid:
     counting = [Counting(c) for c in grid.subcomms]
     real, grid.subcomms = grid.subcomms, counting
-    transport = MpiTransport(grid, RunConfig())
+    transport = MpiTransport(grid, RunConfig(network="ideal"))  # (one NPU's rule on each rank: no planner here)
     collective = Collective("all_reduce", count, "float64", chunks, (0, 1, 2))
     result, engine = run_collective(transport, collective, "baseline")
     transport.drain()

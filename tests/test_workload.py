@@ -7,6 +7,7 @@ import json
 import pytest
 from harness import DATA, cli, in_process
 
+from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.run.training import model_training
 from themis_mpi.topology import parse_topology
@@ -151,6 +152,7 @@ def test_weight_gradient_collective_delays_the_next_forward(tmp_path):
         parse_topology("SW(2,100,0)"),
         "baseline",
         TrainingSpec(chunks=1, iterations=2),
+        RunConfig(network="ideal"),
     )
     ar_ns = 2 * (2**25) / (100 * 2**30 / 1e9)  # RS + AG of 32 MiB each over 100 GB/s
     # each iteration: forward 100, wg 100, the all-reduce, its update; the second forward waits for

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 from .run.pool import parse_workers, run_cells
 from .run.sweep import policy_configs, sweep_cells
 from .run.training import model_training, run_graph
-from .timing.rules import check_rule
 from .topology import PRESETS, parse_topology, read_fit
 from .units import parse_size
 from .workloads.chakra import is_et_source, load_graph
@@ -81,7 +80,8 @@ def sweep(
     active_per_dim: int = 1,
     endpoint_delay_ns: float | None = None,
     compat: str = "",
-    network: str = "ideal",
+    network: str | None = None,
+    mtu_bytes: int | None = None,
     bandwidth_gbps: Sequence[float | None] | None = None,
     latency_ns: Sequence[float | None] | None = None,
     algorithm: Sequence[str | None] | None = None,
@@ -105,8 +105,10 @@ def sweep(
         active_per_dim: stages each dim runs at once.
         endpoint_delay_ns: delay added to every algorithm step (default 0, or ASTRA-sim's 10 ns
             with compat "astra-sim-1.0").
-        compat: "" or "astra-sim-1.0".
-        network: how stages that run at once share links: ideal, fair or store-forward.
+        compat: "", "astra-sim-1.0" or "astra-sim-2".
+        network: how stages that run at once share links: packet, fair, store-forward or ideal
+            (None: the default, as without ``--network``: packet, ideal on nccl dims).
+        mtu_bytes: the packet rule's packet, as --mtu (None: the topology's MTU(...), else 4096).
         bandwidth_gbps: per-dim bandwidth overrides in GB/s (None keeps a dim's), as --bandwidth.
         latency_ns: per-dim latency overrides in ns, as --latency.
         algorithm: per-dim algorithm overrides, as --algorithm (``["msccl:FILE.xml"]``: a custom
@@ -133,7 +135,8 @@ def sweep(
         active_per_dim=active_per_dim,
         endpoint_delay_ns=delay_ns,
         compat=compat,
-        network=network,
+        network=network or "",
+        mtu_bytes=mtu_bytes,
         **_stragglers(npu_delay_us, link_scale),
     )
     cells = sweep_cells(
@@ -164,7 +167,8 @@ def train(
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",
-    network: str = "ideal",
+    network: str | None = None,
+    mtu_bytes: int | None = None,
     bucket_mib: float = 0.0,
     first_bucket_mib: float | None = None,
     comm_group: str | None = None,
@@ -186,7 +190,8 @@ def train(
     `first_bucket_mib`) apply to text workloads. The scheduler between collectives
     (`comm_scheduler`, `partition_mib`, `credit_mib`) and stragglers (`npu_delay_us`,
     `link_scale`, `npu_compute_scale`, `compute_jitter` with `seed`) are train's flags of the
-    same names (text workloads; see `sweep` for the mapping forms).
+    same names (text workloads; see `sweep` for the mapping forms); `network` and `mtu_bytes`
+    are `sweep`'s.
     """
     _one(workload, "workload", (str,), "a path (str)")
     topo = parse_topology(
@@ -207,7 +212,8 @@ def train(
     base = RunConfig(
         endpoint_delay_ns=default_endpoint_delay_ns(compat),
         compat=compat,
-        network=network,
+        network=network or "",
+        mtu_bytes=mtu_bytes,
         comm_scheduler=_one(comm_scheduler, "comm_scheduler", (str,), "a name (str)"),
         credit_bytes=credit_bytes,
         **_stragglers(npu_delay_us, link_scale),
@@ -218,14 +224,13 @@ def train(
         compute_jitter=_one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
         seed=_one(seed, "seed", (int,), "a whole number (int)"),
     )
-    policies = policy_configs(_policies(policy), _names(intra, "intra"), base)
+    policies = policy_configs(_policies(policy), _names(intra, "intra"), base.on(topo))
     dtype = _one(dtype, "dtype", (str,), "a name (str)")
     if is_et_source(workload):
         if bucket_mib or first_bucket_mib is not None:
             raise UsageError("bucket_mib and first_bucket_mib apply to text workloads only")
         graph = load_graph(workload, comm_group)
         fitted = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(topo)
-        check_rule(fitted, network)
         spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale, **pace)
         return [run_graph(ModelTransport(fitted, config), graph, p, spec) for p, config in policies]
     wl = parse_workload(workload)

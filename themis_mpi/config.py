@@ -20,7 +20,8 @@ from .limits import (
     MIN_LINK_SCALE,
     in_range,
 )
-from .timing.rules import DEFAULT_RULE, IDEAL, STORE_FORWARD, rule_names
+from .timing.packet import check_mtu
+from .timing.rules import DEFAULT_RULE, IDEAL, PACKET, STORE_FORWARD, check_rule, default_rule, rule_names
 from .topology import Topology
 
 DEFAULT_TIMEOUT_S = 60.0  # a rank that sees no progress this long ends the job (MPI only)
@@ -40,8 +41,14 @@ class RunConfig:
         compat: "" for this project's model, or "astra-sim-1.0" for ASTRA-sim 1.0's exact
             semantics where they are modelling choices (see `cost` and `engine`).
         endpoint: the NPU's memory bandwidth, compute share and ACE (`cost.Endpoint`; off).
-        network: how stages that run at once share links, a rule's name (`timing.rules`): ideal
-            (they share nothing: the cost model alone, ASTRA-sim 1.0's rule), fair or store-forward.
+        network: how stages that run at once share links, a rule's name (`timing.rules`): packet
+            (the default), fair, store-forward or ideal (they share nothing: the cost model alone,
+            ASTRA-sim 1.0's rule). Empty: the default (`timing.rules.default_rule`), chosen when
+            the settings are made (`network_default` is then set; `on` a topology of nccl dims
+            it becomes ideal).
+        network_default: whether `network` is the default's choice rather than one named.
+        mtu_bytes: the packet rule's packet (``--mtu``); None: the topology's ``MTU(...)``, else
+            4096 (`timing.packet.mtu_of`).
         compat_concurrent: under ``astra-sim-2``, let collectives be in flight together (its
             ``hwres_multi_comm`` build); by default one runs at a time per NPU, as its workload layer.
         compat_fifo: under ``astra-sim-2``, its ``scheduling-policy: FIFO`` (the earlier collective
@@ -65,7 +72,9 @@ class RunConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S
     compat: str = ""
     endpoint: Endpoint = NO_ENDPOINT
-    network: str = DEFAULT_RULE
+    network: str = ""
+    network_default: bool = False
+    mtu_bytes: int | None = None
     compat_concurrent: bool = False
     compat_fifo: bool = False
     comm_scheduler: str = ""
@@ -79,6 +88,10 @@ class RunConfig:
             raise UsageError(
                 f"the endpoint model (--hbm-gbps) is not part of --compat {self.compat}; drop one of the two"
             )
+        if not self.network:  # the default: ideal where no rule times the run per link
+            per_link = not self.endpoint.on and self.clock != "wall"
+            object.__setattr__(self, "network", default_rule(self.compat, per_link))
+            object.__setattr__(self, "network_default", True)
         if self.network not in rule_names():
             raise UsageError(f"unknown --network {self.network!r}; use one of {', '.join(rule_names())}")
         if self.network not in (IDEAL, STORE_FORWARD) and self.compat == ASTRA_SIM_2:
@@ -92,6 +105,11 @@ class RunConfig:
         if self.network != IDEAL and self.endpoint.on:
             raise UsageError(
                 f"the endpoint model (--hbm-gbps) is not modelled under --network {self.network}"
+            )
+        check_mtu(self.mtu_bytes)
+        if self.mtu_bytes is not None and self.network != PACKET:
+            raise UsageError(
+                f"--mtu is the packet rule's (--network packet); this run is under --network {self.network}"
             )
         if not isinstance(self.intra, str) or not self.intra:
             raise UsageError(f"intra-dim policy must be a name, got {self.intra!r}")
@@ -126,6 +144,17 @@ class RunConfig:
             raise UsageError(
                 "a late NPU or a scaled link (--npu-delay-us, --link-scale) runs with one active chunk a dim"
             )
+
+    def on(self, topology: Topology) -> RunConfig:
+        """These settings on a topology: the default rule is ideal on nccl dims; a named rule is checked.
+
+        nccl dims are timed by the NCCL-like model, per collective, not per link
+        (`timing.rules.check_rule`).
+        """
+        if self.network_default and topology.flat and self.network == DEFAULT_RULE and not self.compat:
+            return replace(self, network=IDEAL)
+        check_rule(topology, self.network)
+        return self
 
     def alike(self) -> RunConfig:
         """These settings with every NPU alike, on the virtual clock: the run NPUs agree with."""

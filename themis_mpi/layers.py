@@ -44,6 +44,7 @@ LAYERS: tuple[Layer, ...] = (
             "timing.routes",
             "timing.ideal",
             "timing.fair",
+            "timing.packet",
             "timing.store_forward",
             "timing.replay",
             "timing.rules",

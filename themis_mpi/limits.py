@@ -18,6 +18,7 @@ MAX_NPUS = 2**24
 MAX_DIMS = 16
 MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS = 1e-3, 1e6
 MAX_LATENCY_NS = 1e9
+MAX_MTU_BYTES = 2**30  # --mtu, MTU(...): a packet of the packet rule
 MIN_INA_EFFICIENCY = 0.01  # share of a Switch dim's bandwidth an in-switch reduction reaches
 MIN_HBM_GBPS, MAX_HBM_GBPS = 1.0, 1e6  # --hbm-gbps: NPU memory bandwidth (endpoint model)
 MAX_COMPUTE_SHARE = 0.95  # --compute-share: share of HBM kept for compute while both run

@@ -42,7 +42,7 @@ class ModelTransport:
         if config.clock != "virtual":
             raise UsageError("the model runs on the virtual clock only; --clock wall needs mpiexec")
         self.topology = topology
-        self.config = config
+        self.config = config = config.on(topology)  # (the default rule on nccl dims: ideal)
         self.clock = VirtualClock()
         self.cost = config.costs(self.topology)
         self.issue_ns: Any = config.late_ns(0)

@@ -20,7 +20,8 @@ from .policies import Schedule, inter_class, is_inter
 from .results import CollectiveResult
 from .run.backend import Backend
 from .run.collective import run_collective
-from .timing.rules import check_rule
+from .timing.packet import recorded_mtu
+from .timing.rules import PACKET, check_rule
 from .topology import Topology
 from .trace import Trace, TraceRecorder
 from .units import format_size
@@ -111,12 +112,18 @@ class ReplayResult:
 
 
 def replay_trace(
-    trace: Trace, topology: Topology, backend: Backend, timeout_s: float, network: str | None = None
+    trace: Trace,
+    topology: Topology,
+    backend: Backend,
+    timeout_s: float,
+    network: str | None = None,
+    mtu_bytes: int | None = None,
 ) -> ReplayResult:
     """Run the trace's collectives with their recorded orders and settings on `topology`.
 
-    `network` replays under another sharing rule (None: the recorded one); a changed rule is a
-    what-if, like a changed topology.
+    `network` replays under another sharing rule (None: the recorded one) and `mtu_bytes` with
+    another packet (None: the recorded one, under the packet rule); a changed rule or packet is
+    a what-if, like a changed topology.
 
     Raises:
         UsageError: the topology's dim sizes differ from the recorded ones.
@@ -132,6 +139,8 @@ def replay_trace(
     compat = str(trace.attrs.get("compat", ""))
     network = trace.network if network is None else network
     check_rule(topology, network)
+    if mtu_bytes is None and network == PACKET and trace.mtu_bytes:
+        mtu_bytes = trace.mtu_bytes
     recorder = TraceRecorder(
         topology,
         backend.name,
@@ -141,6 +150,7 @@ def replay_trace(
         endpoint_delay_ns=delay,
         compat=compat,
         network=network,
+        mtu_bytes=recorded_mtu(topology, network, mtu_bytes),
     )
     results = []
     for coll, policy, intra, schedule in recorded_collectives(trace):
@@ -151,6 +161,7 @@ def replay_trace(
             timeout_s=timeout_s,
             compat=compat,
             network=network,
+            mtu_bytes=mtu_bytes,
         )
         result, engine = run_collective(backend.transport(config), coll, policy, schedule=schedule)
         results.append(result)
@@ -164,7 +175,11 @@ def replay_trace(
     compared = events
     if len(recorded_ranks) == 1 and backend.name == "mpi":  # a model trace: its NPU is rank 0
         compared = events[events["rank"] == recorded_ranks[0]]
-    unchanged = topology.dims == recorded_topo.dims and network == trace.network
+    unchanged = (
+        topology.dims == recorded_topo.dims
+        and network == trace.network
+        and recorded_mtu(topology, network, mtu_bytes) == trace.mtu_bytes
+    )
     return ReplayResult(results, recorder, events, unchanged, compare_events(trace.events, compared))
 
 

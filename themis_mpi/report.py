@@ -60,7 +60,7 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
     elif (config.active_per_dim > 1 or topo.ports) and not topo.flat:  # what ideal leaves out, said once
         lines.append(
             "#   network ideal: stages that run at once share nothing, so a link or port may carry more "
-            "than its rate (--network fair shares them)"
+            "than its rate (the default, --network packet, shares them)"
         )
     if config.asymmetric:
         lines.append(stragglers_line(config))
@@ -103,6 +103,11 @@ def table_header(n_dims: int, clock: str) -> str:
     return f"{head}\n{unit}"
 
 
+def _beyond(beyond_physics: bool) -> str:
+    """The mark after a row's utilization: ``!`` where it is beyond physics (`results.beyond_physics`)."""
+    return "!" if beyond_physics else " "
+
+
 def table_row(r: CollectiveResult) -> str:
     """One row of the `run`/`model` table: percentages for utilization, GB/s = 2^30 B/s."""
     dim_vals = "".join(f" {100 * d.utilization:6.1f}" for d in r.dims)
@@ -110,7 +115,7 @@ def table_row(r: CollectiveResult) -> str:
     return (
         f" {format_size(r.size_bytes):>9} {r.count:>11} {r.dtype:>7} {r.policy:>10} "
         f"{r.intra:>5} {r.chunks:>6} {r.time_us:>12.2f} {r.ideal_us:>12.2f} {r.dim_bound_us:>12.2f} "
-        f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f} "
+        f"{r.algbw_gbps:>8.2f} {r.busbw_gbps:>8.2f} {100 * r.utilization:>6.2f}{_beyond(r.beyond_physics)}"
         f"{wrong:>7}{dim_vals} {r.wall_s:>9.4f}"
     )
 
@@ -138,7 +143,7 @@ def training_table(rows: Sequence[TrainingResult], n_dims: int) -> str:
             f" {r.policy:>9} {r.intra:>5} {r.iteration_us:>13.2f} {r.compute_us:>11.2f} "
             f"{r.exposed_comm_us:>11.2f} {r.collectives:>6} {wrong:>7}"
             + "".join(f" {100 * d.utilization:>6.1f}" for d in r.dims)
-            + f" {speed:>8}"
+            + f"{_beyond(r.beyond_physics)}{speed:>8}"
         )
     return "\n".join(lines)
 

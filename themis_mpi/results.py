@@ -120,6 +120,7 @@ class CollectiveResult:
     network: str = IDEAL
     links: list[LinkResult] = field(default_factory=list)
     requested_chunks: int = 0
+    beyond_physics: bool = False
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -153,6 +154,7 @@ class TrainingResult:
     links: list[LinkResult] = field(default_factory=list)
     scheduler: str = "fifo"  # the communication scheduler between collectives (`policies.scheduler`)
     partition_mib: float = 0.0  # its partitions (0: whole tensors)
+    beyond_physics: bool = False  # (`beyond_physics`)
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -246,6 +248,31 @@ def _link_rows(links: Sequence, carried: Sequence[float], time_us: float) -> lis
     ]
 
 
+OVERDRAWN = 1 + 1e-9  # a link's bytes over what its rate carries in the row's time, beyond float rounding
+
+
+def beyond_physics(
+    records: Sequence[StageRun],
+    topology: Topology,
+    cost: Callable[[int], CostModel],
+    time_us: float,
+    links: Sequence[LinkResult] = (),
+) -> bool:
+    """Whether a row's time is beyond physics: a link or shared port carried more than its rate allows.
+
+    The test (docs/time-model.md#beyond-physics): some physical link or shared-port direction of
+    one NPU (`link_results`: the bytes the row's stages put on it; `links` where a sharing rule
+    counted them) carried more bytes than its rate carries in the row's time. A busbw above the
+    links' rate is such a row. Under a sharing rule no row is (the rule never lets a link run
+    above its rate); under ``ideal`` stages that run at once, or dims behind one port, overdraw.
+    nccl dims are not: the NCCL-like model is fitted to measured times, not made of links.
+    """
+    if topology.flat:
+        return False
+    loads = links or link_results(records, topology, cost, time_us)
+    return any(x.busy_pct > 100 * OVERDRAWN for x in loads)
+
+
 def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
     """The runs of each dim, in their order (one pass)."""
     by_dim: list[list[StageRun]] = [[] for _ in range(n_dims)]
@@ -308,6 +335,7 @@ def summarize(
     algbw, busbw = bandwidths(coll.op, coll.size_bytes, time_us, topology.group_npus(coll.dims))
     links = link_results(run.runs, topology, cost, time_us) if network != IDEAL else []
     dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns), links)
+    beyond = beyond_physics(run.runs, topology, cost, time_us, links)
     return CollectiveResult(
         op=coll.op,
         involved=list(coll.dims),
@@ -338,6 +366,7 @@ def summarize(
         network=network,
         links=links,
         requested_chunks=coll.chunks,
+        beyond_physics=beyond,
     )
 
 

@@ -21,6 +21,7 @@ from .limits import (
     MAX_DIM_NPUS,
     MAX_DIMS,
     MAX_LATENCY_NS,
+    MAX_MTU_BYTES,
     MAX_NPUS,
     MIN_BANDWIDTH_GBPS,
     MIN_INA_EFFICIENCY,
@@ -387,13 +388,16 @@ class Topology:
     """An ordered list of dims; dim 0 is the first (in the paper, the fastest).
 
     `ports` are NICs that several dims share (`Port`); the dims' own links stay as they are, and
-    the port's rate bounds their traffic together under a sharing rule (`network`).
+    the port's rate bounds their traffic together under a sharing rule (`network`). `mtu_bytes`
+    is the packet of its links (an inline ``MTU(9000)`` item; 0: not given), which the packet rule
+    takes where ``--mtu`` is not given (`timing.packet.mtu_of`).
     """
 
     dims: tuple[Dim, ...]
     name: str = ""
     ports: tuple[Port, ...] = ()
     nccl: NcclParams | None = None
+    mtu_bytes: int = 0
 
     def __post_init__(self):
         if not self.dims:
@@ -414,6 +418,8 @@ class Topology:
             raise UsageError(f"a shared port names a dim that is not there (dims 0..{len(self.dims) - 1})")
         if len(shared) != len(set(shared)):
             raise UsageError("a dim can leave the NPU through one shared port only")
+        if self.mtu_bytes:
+            in_range("MTU", self.mtu_bytes, 1, MAX_MTU_BYTES, "B")
 
     def port_of(self, dim: int) -> int | None:
         """The index of the port dim `dim` shares, or None."""
@@ -449,6 +455,7 @@ class Topology:
     def spec(self) -> str:
         """The inline form, which `parse_topology` reads back to an equal topology."""
         items = [d.spec() for d in self.dims] + [p.spec() for p in self.ports]
+        items += [f"MTU({self.mtu_bytes})"] if self.mtu_bytes else []
         return "_".join(items + ([self.nccl.spec()] if self.nccl is not None else []))
 
     def label(self) -> str:
@@ -463,7 +470,7 @@ class Topology:
         dims = tuple(dims)
         ports = self.ports if len(dims) == len(self.dims) else ()
         nccl = self.nccl if any(d.algorithm == "nccl" for d in dims) else None
-        return Topology(dims, "", ports, nccl)
+        return Topology(dims, "", ports, nccl, self.mtu_bytes)
 
     def with_overrides(self, bandwidth_gbps=None, latency_ns=None, algorithms=None) -> Topology:
         """A copy with per-dim bandwidth, latency or algorithm replaced (None keeps a value).
@@ -497,6 +504,7 @@ class Topology:
             self.name,
             self.ports,
             self.nccl if any(d.algorithm == "nccl" for d in dims) else None,
+            self.mtu_bytes,
         )
         return changed if changed == self else self.with_dims(dims)
 
@@ -518,8 +526,7 @@ def _as_long(values, n: int, field: str) -> list:
 
 
 def _preset(spec: str, name: str) -> Topology:
-    parsed = parse_inline(spec)
-    return Topology(parsed.dims, name, parsed.ports, parsed.nccl)
+    return replace(parse_inline(spec), name=name)
 
 
 PRESETS = {
@@ -628,10 +635,12 @@ def _items(spec: str) -> list[str]:
 def parse_inline(spec: str) -> Topology:
     """Parse ``KIND(npus,GB/s,ns[,algorithm])`` items joined by ``_``, then ``NIC(d1+d2,GB/s)`` ports.
 
-    An ``NCCL(...)`` item gives the NCCL-like model's parameters (`NcclParams`) of nccl dims.
+    An ``NCCL(...)`` item gives the NCCL-like model's parameters (`NcclParams`) of nccl dims; an
+    ``MTU(BYTES)`` item after the dims, the links' packet (`Topology.mtu_bytes`).
     """
     dims, ports = [], []
     nccl = None
+    mtu_bytes = 0
     for item in _items(spec):
         match = _INLINE_DIM.match(item)
         if not match:
@@ -646,9 +655,15 @@ def parse_inline(spec: str) -> Topology:
         if match.group(1).upper() == "NIC":
             ports.append(_port(item, match.group(2)))
             continue
-        if ports:
+        if match.group(1).upper() == "MTU":
+            if mtu_bytes:
+                raise UsageError("a topology has at most one MTU(...) item")
+            mtu_bytes = _mtu(item, match.group(2))
+            continue
+        if ports or mtu_bytes:
             raise UsageError(
-                f"topology dim {shown(item)} comes after a shared port: write the NIC(...) items last"
+                f"topology dim {shown(item)} comes after a shared port or an MTU: write the NIC(...) "
+                "and MTU(...) items last"
             )
         kind = KIND_ALIASES.get(match.group(1).lower())
         if kind is None:
@@ -665,8 +680,17 @@ def parse_inline(spec: str) -> Topology:
             Dim(kind, int(npus), _number(fields[1], "GB/s", item), _number(fields[2], "ns", item), algorithm)
         )
     if not dims:
-        raise UsageError("a topology needs at least one dim besides NCCL(...) and NIC(...)")
-    return Topology(tuple(dims), "", tuple(ports), nccl)
+        raise UsageError("a topology needs at least one dim besides NCCL(...), NIC(...) and MTU(...)")
+    return Topology(tuple(dims), "", tuple(ports), nccl, mtu_bytes)
+
+
+def _mtu(item: str, text: str) -> int:
+    """``MTU(9000)``: the links' packet, a whole number of bytes."""
+    if not text.strip().isdigit():
+        raise UsageError(f"{shown(item)} needs a whole number of bytes, e.g. MTU(9000)")
+    mtu_bytes = int(text)
+    in_range("MTU", mtu_bytes, 1, MAX_MTU_BYTES, "B")
+    return mtu_bytes
 
 
 def parse_yaml(path: str) -> Topology:
@@ -812,7 +836,7 @@ def parse_topology(text: str) -> Topology:
     fit = read_fit(text) if not text.endswith((".yml", ".yaml")) else None
     if fit is not None:
         parsed = parse_inline(fit.topology)
-        return Topology(parsed.dims, os.path.basename(text), parsed.ports, parsed.nccl)
+        return replace(parsed, name=os.path.basename(text))
     if text.endswith((".yml", ".yaml")) or os.path.isfile(text):
         return parse_yaml(text)
     if _SHAPE.match(text):

@@ -9,7 +9,8 @@ Layout (format version 2)::
 
     /                  attrs: format, format_version, complete, transport, topology, topology_label,
                               npus, clock, time_scale, active_per_dim, endpoint_delay_ns, compat,
-                              network, command_line, start_time, versions (JSON)
+                              network, mtu_bytes (the packet rule's packet; 0 under another rule, absent
+                              in traces that predate it), command_line, start_time, versions (JSON)
     /topology          dim, kind, npus, bandwidth_gbps, latency_ns, algorithm
     /collectives       collective, op, policy, intra, dtype, redop, size_bytes, count, chunks,
                        dims_mask, issued_us, time_us, ideal_us, utilization, algbw_gbps, busbw_gbps,
@@ -49,7 +50,7 @@ from .child import in_child
 from .cost import CostModel
 from .engine import Engine
 from .errors import UsageError
-from .limits import MAX_SIZE_BYTES, MAX_TIME_NS
+from .limits import MAX_MTU_BYTES, MAX_SIZE_BYTES, MAX_TIME_NS
 from .output import atomic_path
 from .results import CollectiveResult
 from .timing.links import physical_links
@@ -378,6 +379,11 @@ class Trace:
         """The sharing rule the run used (``ideal`` in traces that predate the attribute)."""
         return str(self.attrs.get("network", IDEAL))
 
+    @property
+    def mtu_bytes(self) -> int:
+        """The packet the run used under the packet rule (0: another rule, or a trace that predates it)."""
+        return int(self.attrs.get("mtu_bytes", 0))
+
     def topology(self):
         """The recorded topology."""
         topo = parse_inline(self.attrs["topology"])
@@ -541,6 +547,8 @@ def _read_open(path: str, f):
     _check_ranges(path, attrs, *tables[:5])
     if str(attrs.get("network", IDEAL)) not in rule_names():
         raise UsageError(f"{path}: damaged trace (unknown network {attrs['network']!r})")
+    if not 0 <= int(attrs.get("mtu_bytes", 0)) <= MAX_MTU_BYTES:
+        raise UsageError(f"{path}: damaged trace (mtu_bytes out of range)")
     if (
         (links["collective"] < 0).any()
         or (links["collective"] >= len(tables[1])).any()

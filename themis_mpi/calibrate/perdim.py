@@ -17,12 +17,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..collectives import Collective
+from ..config import RunConfig
 from ..nccl import STEP_FACTORS, collective_ns
 from ..run.collective import model_collective
 from ..topology import Dim, Topology
 
 SCALE_RANGE = (1e-3, 1e3)
 SCALE_STEPS = 60  # bisection steps: the view's one-chunk time matches to ~1e-12 of the range
+
+IDEAL = RunConfig(network="ideal")  # one chunk, one stage per dim at a time: the cost model alone
 
 
 def raw_view(fitted: Topology) -> Topology:
@@ -49,7 +52,7 @@ def _scaled(view: Topology, bandwidth: float) -> Topology:
 
 def _baseline_us(view: Topology, size_bytes: int) -> float:
     coll = Collective("all_reduce", max(1, size_bytes // 4), "float32", 1, tuple(range(len(view.dims))))
-    return model_collective(view, coll, "baseline")[0].time_us
+    return model_collective(view, coll, "baseline", IDEAL)[0].time_us  # (as the study runs it)
 
 
 def _bisect(f, target: float) -> float:
@@ -65,7 +68,8 @@ def per_dim(fitted: Topology, size_bytes: int) -> Topology:
     """The per-dim view of a fitted topology that agrees with it on a one-chunk all-reduce of this size.
 
     The fit's per-step latencies stay; one factor on every bandwidth makes the view's one-chunk
-    baseline take the flat time (module doc; the factor stays in `SCALE_RANGE`).
+    baseline take the flat time under ``ideal``, the cost model alone (module doc; the factor
+    stays in `SCALE_RANGE`).
     """
     view = raw_view(fitted)
     flat = collective_ns(fitted, range(len(fitted.dims)), "all_reduce", size_bytes)

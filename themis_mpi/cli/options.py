@@ -20,7 +20,6 @@ from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
 from ..output import STDOUT, check_output_path
 from ..policies import default_partition_mib
 from ..run.sweep import PolicyConfig, policy_configs
-from ..timing.rules import default_rule
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
 from .parser import DefaultInt, DefaultList
@@ -125,7 +124,8 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         timeout_s=getattr(args, "timeout_s", DEFAULT_TIMEOUT_S),
         compat=args.compat,
         endpoint=Endpoint(args.hbm_gbps, args.compute_share, args.ace),
-        network=args.network or default_rule(args.compat),
+        network=args.network or "",
+        mtu_bytes=args.mtu,
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
         npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
@@ -181,10 +181,14 @@ def compute_jitter(text: str | None) -> float:
         raise UsageError(f"--compute-jitter takes lognormal:SIGMA, not {text!r}") from None
 
 
-def policy_settings(args: argparse.Namespace) -> list[PolicyConfig]:
-    """(policy, settings) per ``-p`` policy and ``--intra`` policy (`run.sweep.policy_configs`)."""
+def policy_settings(args: argparse.Namespace, topology: Topology) -> list[PolicyConfig]:
+    """(policy, settings) per ``-p`` and ``--intra`` policy (`run.sweep.policy_configs`), on a topology.
+
+    The settings are `RunConfig.on` the topology: the default rule is ideal on nccl dims, and a
+    named rule that the topology cannot take is refused here.
+    """
     policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
-    return policy_configs(policies, split_list(args.intra), base_config(args))
+    return policy_configs(policies, split_list(args.intra), base_config(args).on(topology))
 
 
 def check_outputs(*paths: str | None, inputs: Sequence[str | None] = ()) -> None:

@@ -164,7 +164,11 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         choices=("LIFO", "FIFO"),
         help="with --compat astra-sim-2: its scheduling-policy between collectives (default LIFO)",
     )
-    _add_network(p, "ideal; store-forward with --compat astra-sim-2")
+    _add_network(
+        p,
+        "packet; ideal on nccl dims, with --hbm-gbps or --clock wall and with --compat astra-sim-1.0; "
+        "store-forward with --compat astra-sim-2",
+    )
     p.add_argument(
         "--npu-delay-us",
         metavar="RANK=US[,RANK=US...]",
@@ -437,14 +441,26 @@ def _convert_parser(sub: Any) -> None:
     p.add_argument("-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)")
 
 
-def _add_network(p: argparse.ArgumentParser, default: str) -> None:
+def _add_network(
+    p: argparse.ArgumentParser, default: str, mtu: str = "4096, or the topology's MTU(...)"
+) -> None:
     p.add_argument(
         "--network",
         default=None,
         choices=rule_names(),
-        help="how stages that run at once share the links: fair (max-min fair, cut-through), "
-        "store-forward (whole messages in arrival order; a switch forwards a message once it has all of "
-        f"it) or ideal (they share nothing: ASTRA-sim 1.0's rule) (default {default})",
+        help="how stages that run at once share the links: packet (max-min per message, whole packets, "
+        "round robin at the sender, per-packet store-and-forward: what a packet network does), fair "
+        "(max-min fair per stage, cut-through: the fluid bound), store-forward (whole messages in "
+        "arrival order: ASTRA-sim 2.x's view) or ideal (they share nothing: ASTRA-sim 1.0's rule) "
+        f"(default {default})",
+    )
+    p.add_argument(
+        "--mtu",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="the packet rule's packet: what a sender interleaves and a switch stores before forwarding "
+        f"(default {mtu})",
     )
 
 
@@ -458,7 +474,7 @@ def _replay_parser(sub: Any) -> None:
     )
     p.add_argument("trace_in", metavar="TRACE.h5", help="the trace to replay")
     _add_topology(p, default=None)
-    _add_network(p, "the recorded one")
+    _add_network(p, "the recorded one", "the recorded one")
     _add_mpi(p, clock=False)
     p.add_argument("--json", metavar="PATH", type=_path, help="write the comparison as JSON")
     p.add_argument("--trace", metavar="PATH.h5", type=_path, help="write the replay's own trace")
@@ -703,6 +719,7 @@ def _workload_parser(sub: Any) -> None:
     _add_topology(p, "2x2x2")
     p.add_argument("--out", metavar="PREFIX", type=_path, help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
+    _add_network(p, "packet; ideal on nccl dims")
     p.add_argument(
         "-c",
         "--chunks",

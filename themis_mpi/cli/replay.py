@@ -23,7 +23,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with open_backend(topo, use_mpi, args.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, args.trace, inputs=(args.trace_in,))
-        result = replay_trace(trace, topo, backend, args.timeout_s, args.network)
+        result = replay_trace(trace, topo, backend, args.timeout_s, args.network, args.mtu)
         if backend.rank != 0:
             return 0
         print(format_replay(trace, result, topo, backend.name))

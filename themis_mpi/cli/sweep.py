@@ -24,6 +24,7 @@ from ..run.backend import open_backend
 from ..run.collective import run_collective
 from ..run.pool import fingerprint, parse_workers, run_cells
 from ..run.sweep import check_row, sweep_cells
+from ..timing.packet import recorded_mtu
 from ..topology import Topology
 from ..units import format_size
 from .options import (
@@ -243,4 +244,5 @@ def _trace_recorder(topo, use_mpi: bool, clock: str, config):
         topo, "mpi" if use_mpi else "model", clock=clock, time_scale=config.time_scale,
         active_per_dim=config.active_per_dim, endpoint_delay_ns=config.endpoint_delay_ns,
         compat=config.compat, network=config.network,
+        mtu_bytes=recorded_mtu(topo, config.network, config.mtu_bytes),
     )  # fmt: skip

@@ -27,7 +27,6 @@ from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
 from ..timing.planner import GRAPH, JOBS, WORLD, Run
 from ..timing.planner import plan as plan_of
-from ..timing.rules import check_rule
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
@@ -82,8 +81,7 @@ def _train(args: argparse.Namespace) -> int:
     given = one_topology(args)
     topo = wl.fit_topology(given)
     spec = _text_spec(args)
-    settings = policy_settings(args)
-    check_rule(topo, settings[0].config.network)
+    settings = policy_settings(args, topo)
     collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
     use_mpi, workers = _where(args)
     if use_mpi and collectives:
@@ -145,8 +143,7 @@ def _train_jobs(args: argparse.Namespace) -> int:
         jobs.append(Job(parse_workload(path), parse_placement(placement), name))
     topo = one_topology(args)
     spec = _text_spec(args)
-    settings = policy_settings(args)
-    check_rule(topo, settings[0].config.network)
+    settings = policy_settings(args, topo)
     check_jobs(jobs, topo, spec)  # refused on every rank before MPI starts
     plan_of(Run(topo, settings[0].config, JOBS, slow_compute=spec.heterogeneous))  # (stragglers are refused)
     use_mpi, workers = _where(args)
@@ -245,8 +242,7 @@ def _train_graph(args: argparse.Namespace) -> int:
         compute_jitter=compute_jitter(args.compute_jitter),
         seed=args.seed,
     )
-    settings = policy_settings(args)
-    check_rule(topo, settings[0].config.network)
+    settings = policy_settings(args, topo)
     use_mpi, workers = _where(args)
     if not graph.symmetric and len(graph.traces) != topo.npus:
         raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")

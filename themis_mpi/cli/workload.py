@@ -165,6 +165,11 @@ def price_all(
     return out
 
 
+def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
+    """--run's settings of one intra policy: --network and --mtu, `RunConfig.on` the topology."""
+    return RunConfig(intra=intra, network=args.network or "", mtu_bytes=args.mtu).on(topology)
+
+
 def simai_network(npus: int, args: argparse.Namespace) -> Topology:
     """SimAI's README network for one stage: 8 GPUs per server on NVLink, a NIC per GPU beyond."""
     nv = in_range("--nvlink-gbps", args.nvlink_gbps, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS, "GB/s")
@@ -195,7 +200,7 @@ def cmd_simai(args: argparse.Namespace) -> int:
             + "".join(f"{g + '_us':>14}" for g in GROUPS)
         )
         for policy, intra in POLICIES:
-            config = RunConfig(intra=intra)
+            config = run_config(args, intra, layout.topology)
 
             def run(drop: frozenset[str], policy: str = policy, config: RunConfig = config):
                 graph = Graph(args.file, [simai_graph(wl, layout, drop)])
@@ -253,11 +258,11 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
         row = run_graph(ModelTransport(on, config), graph, policy, spec)
         return row.iteration_us, row.compute_us
 
-    first = RunConfig(intra=POLICIES[0][1])
+    first = run_config(args, POLICIES[0][1], topo)
     messages, _ = run(POLICIES[0][0], first, colls, topo)
     idle, compute = run(POLICIES[0][0], first, colls, free)
     for policy, intra in POLICIES:
-        config = RunConfig(intra=intra)
+        config = run_config(args, intra, topo)
         full, _ = run(policy, config, frozenset(), topo)
         saved = [full - run(policy, config, frozenset((g,)), topo)[0] for g in GROUPS]
         cells = [full, compute, full - compute, *saved, messages - idle, idle - compute]
@@ -297,7 +302,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
         )
         head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
         print("#" + "".join(f"{h:>14}" for h in head)[1:])
-        priced = price_all(c, layout, [(p, RunConfig(intra=i)) for p, i in POLICIES], spec)
+        priced = price_all(c, layout, [(p, run_config(args, i, layout.topology)) for p, i in POLICIES], spec)
         for policy, _ in POLICIES:
             r = priced[policy]
             cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]

@@ -324,7 +324,7 @@ class MpiTransport:
     def __init__(self, grid: CartGrid, config: RunConfig, timer: Timer | None = None):
         self.grid = grid
         self.topology = grid.topology
-        self.config = config
+        self.config = config = config.on(grid.topology)  # (the default rule on nccl dims: ideal)
         self.clock = make_clock(config.clock, config.time_scale)
         self._wall = self.clock.name == "wall"
         self.rank = self.ranks = grid.rank

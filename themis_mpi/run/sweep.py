@@ -21,7 +21,6 @@ from ..config import RunConfig
 from ..errors import UsageError
 from ..output import CELL, FINGERPRINT
 from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
-from ..timing.rules import check_rule
 from ..topology import Topology
 from ..verify import check_range
 
@@ -125,16 +124,16 @@ def sweep_cells(
 ) -> list[SweepCell]:
     """Every cell of a sweep, in its order (topology, size, chunks, policy, intra).
 
-    Everything is checked before the first cell runs: names, dims, sizes and settings.
+    Everything is checked before the first cell runs: names, dims, sizes and settings (each
+    topology's, `RunConfig.on`).
     """
     configs = policy_configs(policies, intras, base)
-    for topo in topologies:
-        check_rule(topo, base.network)
+    on = {topo: [(policy, config.on(topo)) for policy, config in configs] for topo in topologies}
     return [
         SweepCell(topo, coll, policy, config)
         for topo in topologies
         for coll in collectives(topo, sizes_bytes, chunks, op=op, dtype=dtype, dims=dims, redop=redop)
-        for policy, config in configs
+        for policy, config in on[topo]
     ]
 
 

@@ -18,7 +18,7 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule, default_scheduler
-from ..results import TrainingResult, dim_results, link_results
+from ..results import TrainingResult, beyond_physics, dim_results, link_results
 from ..timing.planner import GRAPH, TRAINING, WORLD, Run, graph_ranks, plan, run_on
 from ..timing.rules import IDEAL
 from ..timing.vectors import npu0
@@ -98,6 +98,7 @@ def _training_result(
         decision_s=decision_s,
         network=network,
         links=links,
+        beyond_physics=beyond_physics(engine.records, topo, transport.cost, span_us, links),
         scheduler=default_scheduler(transport.config),
         partition_mib=spec.partition_mib,
     )

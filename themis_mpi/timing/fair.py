@@ -34,13 +34,20 @@ from .links import Flow, Host, Link, LinkModel, Step, Usage
 SATURATED = 1e-12  # relative slack within which a link counts as full when rates are filled
 
 
-def max_min_rates(usages: list[Usage], capacity: list[float], users: list[int] | None = None) -> list[float]:
+def max_min_rates(
+    usages: list[Usage],
+    capacity: list[float],
+    users: list[int] | None = None,
+    weights: list[int] | None = None,
+) -> list[float]:
     """Max-min fair rates (bytes per ns) of transfers on links (progressive filling).
 
     Every transfer's rate grows at the same pace until a link it uses is full; then it keeps
     that rate while the others grow on. A transfer that shares no link gets its links' rate
     directly (the same number whatever else runs). `users`, when the caller keeps it, is how
-    many of these transfers use each link.
+    many of these transfers use each link. `weights` (``packet``: each transfer's messages): a
+    transfer of weight w grows w times as fast, as w transfers would (weights of 1: the
+    unweighted rates to the bit).
     """
     if users is None:
         users = [0] * len(capacity)
@@ -65,8 +72,9 @@ def max_min_rates(usages: list[Usage], capacity: list[float], users: list[int] |
     while active:
         load: dict[int, float] = {}
         for f in active:
+            weight = 1 if weights is None else weights[f]
             for link, share in usages[f]:
-                load[link] = load.get(link, 0.0) + share
+                load[link] = load.get(link, 0.0) + share * weight
         step = math.inf
         for link, w in load.items():
             r = left.setdefault(link, capacity[link]) / w
@@ -79,7 +87,7 @@ def max_min_rates(usages: list[Usage], capacity: list[float], users: list[int] |
                 full.add(link)
         still = []
         for f in active:
-            rates[f] += step
+            rates[f] += step if weights is None else step * weights[f]
             for link, _ in usages[f]:
                 if link in full:
                     break
@@ -210,8 +218,13 @@ class Fair(LinkModel):
                 if f.solo_ns >= 0:  # a solo stage is over
                     self._passed(f, len(f.steps) - 1)
                     self.host.ended(f.owner)
-                elif self.host.through(f):
-                    self.resume(f)
+                else:
+                    self._through(f)
+
+    def _through(self, flow: Flow) -> None:
+        """Step k's transfer is through (off its links): the host says when it goes on."""
+        if self.host.through(flow):
+            self.resume(flow)
 
     def _delay_over(self, flow: Flow) -> None:
         flow.k += 1
@@ -224,8 +237,11 @@ class Fair(LinkModel):
     def _begin_step(self, flow: Flow) -> None:
         """Start the flow's step k, or end the flow after its last step."""
         step = self._leaving(flow)
-        if step is None:
-            return
+        if step is not None:
+            self._enter(flow, step)
+
+    def _enter(self, flow: Flow, step: Step) -> None:
+        """The step's transfer takes its share of its links from now."""
         flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf  # (set by `_join`)
         self._moving.append(flow)
         self._join(flow, step)
@@ -399,7 +415,10 @@ class Fair(LinkModel):
         flow.solo_ns = -1.0
         for i, (start, end, k, left, rate) in enumerate(windows):
             if now < end:  # in the transfer of step k
-                flow.k, flow.left, flow.rate, flow.end_ns = k, left - rate * (now - start), rate, end
+                left = left - rate * (now - start)
+                if i + 1 < len(windows) and windows[i + 1][2] == k:  # (a meeting's part: its end is
+                    end = now + left / rate  # where the other's transfer ends, not where this one does)
+                flow.k, flow.left, flow.rate, flow.end_ns = k, left, rate, end
                 self._passed(flow, k)
                 self._rates_stale = True
                 break

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from ..cost import CostModels
 from ..errors import UsageError
-from .links import Flow, LinkModel
+from .links import Flow, LinkModel, check_link_scale
 
 
 class Ideal(LinkModel):
@@ -61,12 +61,7 @@ class LinkScales:
         self.costs = costs
         self.factors = {(d, rank): f for d, rank, f in scales}
         topo = costs.topology
-        for d, rank, _ in scales:
-            if not 0 <= d < len(topo.dims) or not 0 <= rank < topo.npus:
-                raise UsageError(
-                    f"--link-scale names dim {d} of rank {rank}, but {topo.label()} has "
-                    f"{len(topo.dims)} dims and {topo.npus} NPUs"
-                )
+        check_link_scale(topo, scales)
         if scales and topo.flat:
             raise UsageError("--link-scale does not apply to nccl dims")
         self._scaled: dict[tuple[int, float], CostModels] = {}

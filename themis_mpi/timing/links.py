@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from ..errors import UsageError
 from ..topology import Topology
 from .events import EventLoop
 
@@ -93,11 +94,20 @@ class Transfer:
     """Bytes over a route: its hops in order, each the links it crosses there with their shares.
 
     The hops are used at once by a cut-through rule (``fair``) and one after the other by a
-    store-and-forward one (``store-forward``).
+    store-and-forward one (``store-forward``). What it is made of, for a rule that shares per
+    message or cuts messages into packets (``packet``): `messages` messages of `message_bytes`
+    each on a link they cross (a Ring's half of each message each way; 0: ``bytes / messages``).
     """
 
     bytes: float
     hops: tuple[Usage, ...]
+    messages: int = 1
+    message_bytes: float = 0.0
+
+    @property
+    def each_bytes(self) -> float:
+        """One message's bytes on a link it crosses."""
+        return self.message_bytes or self.bytes / self.messages
 
 
 @dataclass(frozen=True)
@@ -140,9 +150,16 @@ class Step:
         object.__setattr__(self, "loads", tuple((link, total * share) for link, share in usage))
 
 
-def one_transfer(nbytes: float, hops: tuple[Usage, ...], delay_ns: float, capacity) -> Step:
-    """A step of one transfer, its solo rate on links of these capacities set."""
-    return rated(Step((Transfer(nbytes, hops),), delay_ns), capacity)
+def one_transfer(
+    nbytes: float,
+    hops: tuple[Usage, ...],
+    delay_ns: float,
+    capacity,
+    messages: int = 1,
+    message_bytes: float = 0.0,
+) -> Step:
+    """A step of one transfer (of `messages` messages), its solo rate on links of these capacities set."""
+    return rated(Step((Transfer(nbytes, hops, messages, message_bytes),), delay_ns), capacity)
 
 
 def rated(step: Step, capacity) -> Step:
@@ -202,12 +219,27 @@ class Host(Protocol):
         """A flow's last step and its delay are over."""
 
 
+def check_link_scale(topology: Topology, scales: tuple[tuple[int, int, float], ...]) -> None:
+    """Refuse a ``--link-scale`` that names a dim or rank the topology does not have (one line)."""
+    for d, rank, _ in scales:
+        if not 0 <= d < len(topology.dims) or not 0 <= rank < topology.npus:
+            raise UsageError(
+                f"--link-scale names dim {d} of rank {rank}, but {topology.label()} has "
+                f"{len(topology.dims)} dims and {topology.npus} NPUs"
+            )
+
+
 class Settings(Protocol):
     """What a rule may read of a run's settings when it is made (`config.RunConfig` has it)."""
 
     @property
     def compat(self) -> str:
         """The compat mode (empty, or ASTRA-sim's), whose details a rule may follow."""
+        ...
+
+    @property
+    def mtu_bytes(self) -> int | None:
+        """The packet's bytes asked for (``--mtu``; None: the topology's, else the rule's default)."""
         ...
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, steps
 from ..topology import Topology
-from .links import Link, Step, Transfer, Usage, one_transfer, physical_links
+from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links
 
 
 class StepPlanner:
@@ -105,7 +105,8 @@ class StepPlanner:
             else:  # ring: the next NPU; halving-doubling: the partner at the step's distance
                 distance = 1 if dim.algorithm == "ring" else max(1, msg // block)
                 hops = (((i[f"dim{d}.peer+{distance}"], 1.0), *p_out, *p_in),)
-            out.append(one_transfer(v, hops, delay_ns, capacity))
+            half = 0.5 if dim.kind == "Ring" else 1.0  # (a Ring's message goes half each way)
+            out.append(one_transfer(v, hops, delay_ns, capacity, n, msg * half))
         return out
 
 
@@ -291,6 +292,7 @@ class NpuRoutes:
     """
 
     def __init__(self, topology: Topology, link_scale: tuple[tuple[int, int, float], ...] = ()):
+        check_link_scale(topology, link_scale)
         self.topology = topology
         local = physical_links(topology)
         self.per_npu = len(local)
@@ -340,7 +342,12 @@ class NpuRoutes:
                     else:
                         usage[own + link] = usage.get(own + link, 0.0) + share
                 hops.append(tuple(usage.items()))
-            out.append(one_transfer(step.bytes, tuple(hops), step.delay_ns, self.capacity))
+            (made,) = step.transfers
+            out.append(
+                one_transfer(
+                    step.bytes, tuple(hops), step.delay_ns, self.capacity, made.messages, made.message_bytes
+                )
+            )
             recvs.append(tuple(sorted({base + (c - k) % p * stride for k, _ in peers})))
             consumers.append(len({r for r, _ in to}))
         return tuple(out), tuple(recvs), tuple(consumers)

@@ -12,11 +12,12 @@ from ..topology import Topology
 from .fair import Fair
 from .ideal import Ideal
 from .links import Host, Link, LinkModel, Settings
+from .packet import Packet
 from .store_forward import StoreForward
 
-IDEAL, FAIR, STORE_FORWARD = Ideal.name, Fair.name, StoreForward.name
-DEFAULT_RULE = IDEAL  # what runs without --network (outside the compat modes)
-RULES: dict[str, type[LinkModel]] = {FAIR: Fair, STORE_FORWARD: StoreForward, IDEAL: Ideal}
+IDEAL, FAIR, STORE_FORWARD, PACKET = Ideal.name, Fair.name, StoreForward.name, Packet.name
+DEFAULT_RULE = PACKET  # what runs without --network (outside the compat modes)
+RULES: dict[str, type[LinkModel]] = {PACKET: Packet, FAIR: Fair, STORE_FORWARD: StoreForward, IDEAL: Ideal}
 
 
 def register_rule(cls: type[LinkModel]) -> None:
@@ -36,9 +37,15 @@ def rule_names() -> tuple[str, ...]:
     return tuple(RULES)
 
 
-def default_rule(compat: str) -> str:
-    """The rule without ``--network``: `DEFAULT_RULE`, 1.0's ``ideal``, 2.x's congestion-aware backend."""
-    return {ASTRA_SIM_1_0: IDEAL, ASTRA_SIM_2: STORE_FORWARD}.get(compat, DEFAULT_RULE)
+def default_rule(compat: str, per_link: bool = True) -> str:
+    """The rule without ``--network``: `DEFAULT_RULE`; 1.0's ``ideal``, 2.x's congestion-aware backend.
+
+    Outside the compat modes a run that no rule times per link (`per_link` False: nccl dims, timed
+    by the NCCL-like model; the endpoint model; the wall clock) takes ``ideal``.
+    """
+    if compat:
+        return {ASTRA_SIM_1_0: IDEAL, ASTRA_SIM_2: STORE_FORWARD}.get(compat, DEFAULT_RULE)
+    return DEFAULT_RULE if per_link else IDEAL
 
 
 def check_rule(topology: Topology, rule: str) -> None:
