@@ -49,8 +49,12 @@ class Unproven(Exception):
 
 
 def fluid(rule: str) -> bool:
-    """Whether a rule's transfers may stand for several (`FLUID`): classes run on its links."""
-    return issubclass(rule_class(rule), FLUID)
+    """Whether a rule's transfers may stand for several (`FLUID`): classes run on its links.
+
+    The rule's own class, not a subclass: `packet` builds on `fair`'s machinery, but its
+    per-sender order of packets is no fluid share.
+    """
+    return rule_class(rule) in FLUID
 
 
 @dataclass(frozen=True)
