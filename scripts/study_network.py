@@ -405,17 +405,19 @@ def plots(ar: list[dict], splits: list[dict], pipe: list[dict], out: str) -> lis
     with atomic_path(paths[0]) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels, values = [], []
-    for r in ar:
-        if r["size_bytes"] == 64 * MIB:
-            labels.append(f"{r['machine']}\n{r['latency']}\n{r['rule']}")
-            values.append(r["speedup"])
-    ax.bar(range(len(values)), values, color=["C0" if "shared" in x else "C1" for x in labels])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    cells = [r for r in ar if r["size_bytes"] == 64 * MIB]
+    labels = [f"{r['machine']}\n{r['latency']}\n{r['rule']}" for r in cells]
+    colors = ["C0" if r["machine"] == "shared NIC" else "C1" for r in cells]
+    at = range(len(cells))
+    ax.bar([i - 0.2 for i in at], [r["speedup"] for r in cells], width=0.4, color=colors, label="Themis")
+    ax.bar([i + 0.2 for i in at], [r["ports_speedup"] for r in cells], width=0.4, color=colors, hatch="//",
+           edgecolor="black", label="themis-ports")  # fmt: skip
     ax.axhline(1.0, color="grey", linestyle=":")
-    ax.set_xticks(range(len(values)))
+    ax.set_xticks(list(at))
     ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
-    ax.set_ylabel("Themis speedup over baseline")
+    ax.set_ylabel("speedup over the baseline")
+    ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{HGX}, 64 MiB all-reduce: shared NIC (blue) or a NIC per dim (orange)", fontsize=9)
     fig.tight_layout()
     with atomic_path(paths[1]) as tmp:
