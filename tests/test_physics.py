@@ -92,6 +92,7 @@ def test_a_planted_row_beyond_physics_is_caught(tmp_path):
     below = {"network": "packet", "beyond_physics": False, "time_us": 4.0, "ideal_us": 5.0, "topology": "2x2"}
     assert "below its bound" in physics_violation(below)
     assert physics_violation({**below, "topology": "SW(8,100,0,nccl)"}) is None  # fitted times, not links
+    assert physics_violation({**below, "topology": "SW(8,100,0,ina)"}) is None  # the switch reduces
     assert "shorter than its compute" in physics_violation({"iteration_us": 1.0, "compute_us": 2.0})
     result, _ = model_collective(
         parse_topology("2x2x2"),
