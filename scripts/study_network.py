@@ -7,13 +7,15 @@ Usage::
 ``--quick`` runs part 2 on `QUICK_WORKLOADS` only (parts 1, 3 and 4 whole); its rows are those of the
 full study (a test compares them with docs/network).
 
-Three parts, all on the model (1024 NPUs), under each sharing rule (ideal: nothing shared,
-ASTRA-sim 1.0's rule; fair: max-min fair links; store-forward: whole messages in arrival order):
+Four parts, all on the model (1024 NPUs), under each sharing rule (ideal: nothing shared,
+ASTRA-sim 1.0's rule; fair: max-min fair links; packet, the default: max-min per message with
+packets' pipelining and no lockstep; store-forward: whole messages in arrival order):
 
 1. One all-reduce (64 MiB and 1 GiB per NPU, 64 chunks) on the HGX H100 preset, whose dims 1
    and 2 leave each GPU through one NIC, and on the same machine with a NIC per dim; paper
-   latencies and zero latency; baseline (FIFO) against Themis (SCF).
-2. Two training iterations of the four workloads in --traces on the same two machines.
+   latencies and zero latency; baseline (FIFO) against Themis (SCF) and themis-ports (SCF).
+2. Two training iterations of the four workloads in --traces on the same two machines (ideal,
+   fair and packet).
 3. Active chunks per dim 1, 2, 4, 8 x chunks 1 to 64, one 64 MiB all-reduce (baseline) on
    3D-SW_SW_SW_hetero with paper latencies (ASTRA-sim issue 155: do more splits congest links?).
 
@@ -50,8 +52,9 @@ from themis_mpi.workloads.llm import LlmConfig, fit_groups  # noqa: E402
 from themis_mpi.workloads.text import parse_workload  # noqa: E402
 from themis_mpi.workloads.training import TrainingSpec  # noqa: E402
 
-RULES = ("ideal", "fair", "store-forward")
-POLICIES = (("baseline", "fifo"), ("themis", "scf"))
+RULES = ("ideal", "fair", "packet", "store-forward")
+TRAINING_RULES = ("ideal", "fair", "packet")
+POLICIES = (("baseline", "fifo"), ("themis", "scf"), ("themis-ports", "scf"))
 HGX = "HGX-H100-SW_SW_SW"
 MACHINES = {"shared NIC": HGX, "NIC per dim": PRESETS[HGX].rsplit("_NIC", 1)[0]}
 LATENCIES = {"paper latency": None, "zero latency": 0.0}
@@ -96,6 +99,7 @@ def all_reduce_part() -> list[dict]:
                         row[f"{policy}_us"] = result.time_us
                         row[f"{policy}_nic_pct"] = _nic_pct(topo, result, engine)
                     row["speedup"] = row["baseline_us"] / row["themis_us"]
+                    row["ports_speedup"] = row["baseline_us"] / row["themis-ports_us"]
                     rows.append(row)
     return rows
 
@@ -111,6 +115,7 @@ def _training_row(point) -> dict:
         result = model_training(wl, topo, policy, spec, RunConfig(intra=intra, network=rule))
         row[f"{policy}_us"] = result.iteration_us
     row["speedup"] = row["baseline_us"] / row["themis_us"]
+    row["ports_speedup"] = row["baseline_us"] / row["themis-ports_us"]
     return row
 
 
@@ -121,7 +126,7 @@ def training_part(traces: str, workers: int | str = 1, workloads=WORKLOADS) -> l
         for name in workloads
         for machine in MACHINES
         for latency_name in LATENCIES
-        for rule in ("ideal", "fair")
+        for rule in TRAINING_RULES
     ]
     return list(ordered_map(_training_row, points, workers))
 
@@ -208,6 +213,36 @@ def _training_finding(training: list[dict]) -> str:
     )
 
 
+def _ports_finding(ar: list[dict]) -> str:
+    """Where themis-ports recovers what Themis loses behind the shared NIC, and where it equals Themis."""
+
+    def cell(machine: str, latency: str, size: int, rule: str) -> dict:
+        return next(
+            r
+            for r in ar
+            if (r["machine"], r["latency"], r["size_bytes"], r["rule"]) == (machine, latency, size, rule)
+        )
+
+    zero, big = (
+        cell("shared NIC", "zero latency", 64 * MIB, "packet"),
+        cell("shared NIC", "paper latency", 1024 * MIB, "packet"),
+    )
+    own = [r for r in ar if r["machine"] == "NIC per dim"]
+    same = all(r["themis-ports_us"] == r["themis_us"] for r in own)
+    worst = min(r["ports_speedup"] for r in ar if r["machine"] == "shared NIC" and r["rule"] != "ideal")
+    return (
+        "- **themis-ports keeps what Themis loses behind the shared NIC.** Under packet (the default) at "
+        f"zero latency and 64 MiB it is {zero['ports_speedup']:.3f}x the baseline where Themis is "
+        f"{zero['speedup']:.3f}x; at 1 GiB with the paper's latencies {big['ports_speedup']:.3f}x against "
+        f"{big['speedup']:.3f}x. On the shared NIC under every sharing rule its worst is {worst:.3f}x. "
+        + (
+            "With a NIC per dim it gives Themis's times exactly in every cell (no port to see)."
+            if same
+            else "With a NIC per dim it differs from Themis in some cells (table 1)."
+        )
+    )
+
+
 def findings(ar: list[dict], training: list[dict], splits: list[dict], pipe: list[dict]) -> list[str]:
     """What the tables say, with their numbers (so a rerun rewrites them)."""
 
@@ -231,19 +266,24 @@ def findings(ar: list[dict], training: list[dict], splits: list[dict], pipe: lis
         f"{speedup('shared NIC', 'zero latency', 'ideal'):.3f}x the baseline when links share nothing, "
         f"but it keeps the NIC {ideal_nic['themis_nic_pct']:.0f} % busy: bandwidth the GPU does not have. "
         f"Under fair sharing it is {speedup('shared NIC', 'zero latency', 'fair'):.3f}x "
-        f"(store-forward {speedup('shared NIC', 'zero latency', 'store-forward'):.3f}x): it balances dims 1 "
+        f"(packet, the default, {speedup('shared NIC', 'zero latency', 'packet'):.3f}x; store-forward "
+        f"{speedup('shared NIC', 'zero latency', 'store-forward'):.3f}x): it balances dims 1 "
         "and 2 as if each had its own 46.57 GB/s and moves load off NVLink onto the one NIC. With a NIC "
         f"per dim its {speedup('NIC per dim', 'zero latency', 'fair'):.3f}x stands under every rule.",
         f"- With the paper's latencies the gain is small either way ("
         f"{speedup('shared NIC', 'paper latency', 'ideal'):.3f}x ideal, "
         f"{speedup('shared NIC', 'paper latency', 'fair'):.3f}x fair at 64 MiB); at 1 GiB the shared NIC "
         "turns it into a loss (table 1).",
+        _ports_finding(ar),
         _training_finding(training),
         f"- **Active chunks under ideal are free bandwidth**: 8 active chunks make 64 chunks "
         f"{split('ideal', 1, 64) / split('ideal', 8, 64):.1f}x faster and push the busiest link to several "
         "hundred percent. Under fair sharing they only overlap latencies: c chunks with a active take what "
         f"c/a chunks take with one (64 chunks: {split('fair', 1, 64):.1f} us with 1 active, "
         f"{split('fair', 8, 64):.1f} us with 8 = {split('fair', 1, 8):.1f} us of 8 chunks with 1). "
+        f"Under packet (the default) the stages drift apart and hide each other's latency: 64 chunks with 8 "
+        f"active take {split('packet', 8, 64):.1f} us (fair {split('fair', 8, 64):.1f}), and from 16 chunks "
+        "the busiest link stays near 100 %. "
         "Under store-forward they pipeline the switch's two hops, which a single chunk cannot.",
         _pipeline_finding(pipe),
         "",
@@ -259,8 +299,11 @@ def markdown(
         "",
         "Generated by `python scripts/study_network.py --out docs/network` (the model: 1024 NPUs, part 4 16; "
         f"{seconds:.0f} s of CPU, {measured_on()}). Rules: `ideal` shares nothing (ASTRA-sim "
-        "1.0's rule), `fair` is max-min fair on every link, `store-forward` serves whole messages in "
-        "arrival order and a switch forwards a message once it has all of it (up, then down).",
+        "1.0's rule), `fair` is max-min fair on every link (the fluid bound), `packet` (the default) "
+        "shares max-min per message with packets pipelined through switches and no lockstep "
+        "(docs/time-model.md), `store-forward` serves whole messages in arrival order and a switch "
+        "forwards a message once it has all of it (up, then down). Policies: the baseline (FIFO), "
+        "Themis (SCF) and themis-ports (Themis with its loads per physical resource, SCF).",
         "",
         *findings(ar, training, splits, pipe),
         f"## 1. One all-reduce on {HGX}: dims 1 and 2 behind one NIC, or a NIC per dim",
@@ -270,26 +313,30 @@ def markdown(
         "not have.",
         "",
         "| machine | latency | size | rule | baseline us | Themis us | Themis/baseline speedup | "
-        "baseline NIC% | Themis NIC% |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "themis-ports us | themis-ports speedup | baseline NIC% | Themis NIC% | themis-ports NIC% |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in ar:
         lines.append(
             f"| {r['machine']} | {r['latency']} | {r['size_bytes'] // MIB} MiB | {r['rule']} | "
             f"{r['baseline_us']:.2f} | {r['themis_us']:.2f} | {r['speedup']:.3f}x | "
-            f"{_fmt(r['baseline_nic_pct'])} | {_fmt(r['themis_nic_pct'])} |"
+            f"{r['themis-ports_us']:.2f} | {r['ports_speedup']:.3f}x | "
+            f"{_fmt(r['baseline_nic_pct'])} | {_fmt(r['themis_nic_pct'])} | "
+            f"{_fmt(r['themis-ports_nic_pct'])} |"
         )
     lines += [
         "",
         "## 2. Two training iterations (mean iteration time, 64 chunks per collective)",
         "",
-        "| workload | machine | latency | rule | baseline us | Themis us | speedup |",
-        "| --- | --- | --- | --- | ---: | ---: | ---: |",
+        "| workload | machine | latency | rule | baseline us | Themis us | speedup | themis-ports us | "
+        "themis-ports speedup |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in training:
         lines.append(
             f"| {r['workload']} | {r['machine']} | {r['latency']} | {r['rule']} | {r['baseline_us']:.2f} | "
-            f"{r['themis_us']:.2f} | {r['speedup']:.3f}x |"
+            f"{r['themis_us']:.2f} | {r['speedup']:.3f}x | {r['themis-ports_us']:.2f} | "
+            f"{r['ports_speedup']:.3f}x |"
         )
     lines += [
         "",
@@ -335,7 +382,7 @@ def markdown(
 
 def plots(ar: list[dict], splits: list[dict], pipe: list[dict], out: str) -> list[str]:
     """splits.png (part 3), hgx_nic.png (part 1) and pipeline.png (part 4)."""
-    fig, axes = plt.subplots(1, len(RULES), figsize=(13, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(RULES), figsize=(16, 4), sharey=True)
     for ax, rule in zip(axes, RULES):
         for active in ACTIVE:
             cells = [r for r in splits if r["rule"] == rule and r["active"] == active]
@@ -358,17 +405,19 @@ def plots(ar: list[dict], splits: list[dict], pipe: list[dict], out: str) -> lis
     with atomic_path(paths[0]) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels, values = [], []
-    for r in ar:
-        if r["size_bytes"] == 64 * MIB:
-            labels.append(f"{r['machine']}\n{r['latency']}\n{r['rule']}")
-            values.append(r["speedup"])
-    ax.bar(range(len(values)), values, color=["C0" if "shared" in x else "C1" for x in labels])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    cells = [r for r in ar if r["size_bytes"] == 64 * MIB]
+    labels = [f"{r['machine']}\n{r['latency']}\n{r['rule']}" for r in cells]
+    colors = ["C0" if r["machine"] == "shared NIC" else "C1" for r in cells]
+    at = range(len(cells))
+    ax.bar([i - 0.2 for i in at], [r["speedup"] for r in cells], width=0.4, color=colors, label="Themis")
+    ax.bar([i + 0.2 for i in at], [r["ports_speedup"] for r in cells], width=0.4, color=colors, hatch="//",
+           edgecolor="black", label="themis-ports")  # fmt: skip
     ax.axhline(1.0, color="grey", linestyle=":")
-    ax.set_xticks(range(len(values)))
+    ax.set_xticks(list(at))
     ax.set_xticklabels(labels, fontsize=6, rotation=60, ha="right")
-    ax.set_ylabel("Themis speedup over baseline")
+    ax.set_ylabel("speedup over the baseline")
+    ax.legend(fontsize=8, loc="lower left")
     ax.set_title(f"{HGX}, 64 MiB all-reduce: shared NIC (blue) or a NIC per dim (orange)", fontsize=9)
     fig.tight_layout()
     with atomic_path(paths[1]) as tmp:

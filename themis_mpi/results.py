@@ -166,14 +166,16 @@ class TrainingResult:
     ) -> TrainingResult:
         """A row from its times in ns: the per-iteration means and the exposed communication, in us."""
         mean_ns = total_ns / iterations
-        return cls(
-            iterations=iterations,
-            total_us=total_ns / 1e3,
-            iteration_us=mean_ns / 1e3,
-            last_iteration_us=last_iteration_ns / 1e3,
-            compute_us=compute_ns / iterations / 1e3,
-            exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
-            **fields,
+        return checked(
+            cls(
+                iterations=iterations,
+                total_us=total_ns / 1e3,
+                iteration_us=mean_ns / 1e3,
+                last_iteration_us=last_iteration_ns / 1e3,
+                compute_us=compute_ns / iterations / 1e3,
+                exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
+                **fields,
+            )
         )
 
 
@@ -273,6 +275,45 @@ def beyond_physics(
     return any(x.busy_pct > 100 * OVERDRAWN for x in loads)
 
 
+class BeyondPhysics(RuntimeError):
+    """A row a sharing rule made faster than its links allow: a bug of themis-mpi, never printed."""
+
+
+def physics_violation(row: Any) -> str | None:
+    """What in a finished row beats physics, or None (the one check of every row, fresh or resumed).
+
+    `row` is a result's fields (`vars`) or a row read back (`--resume`). A link or port above its
+    rate is allowed only under ``ideal``, which shares nothing and says so (`beyond_physics`);
+    otherwise a collective never ends before its bound (``ideal_us``: every link of every dim busy,
+    on the model's or the virtual clock; nccl dims are fitted times and ina dims reduce in the
+    switch, so ideal_us bounds neither), and an iteration
+    never ends before its compute.
+    """
+    rule = row.get("network", IDEAL)
+    if row.get("beyond_physics"):
+        return None if rule == IDEAL else f"a link or port above its rate under --network {rule}"
+    time_us, bound_us = row.get("time_us"), row.get("ideal_us")
+    label = str(row.get("topology", ""))
+    unbound = ",nccl" in label or ",ina" in label  # fitted times; reduced in the switch (half the bytes)
+    measured = row.get("clock", "model") == "wall"
+    if time_us is not None and bound_us and not (unbound or measured) and time_us < bound_us / OVERDRAWN:
+        return f"time_us {time_us:.9g} below its bound ideal_us {bound_us:.9g}, with no link over its rate"
+    iteration_us, compute_us = row.get("iteration_us"), row.get("compute_us")
+    if iteration_us is not None and compute_us is not None and iteration_us < compute_us / OVERDRAWN:
+        return f"an iteration of {iteration_us:.9g} us shorter than its compute, {compute_us:.9g} us"
+    return None
+
+
+def checked(result: Any) -> Any:
+    """The result, once `physics_violation` finds nothing in it (else `BeyondPhysics`: a bug to report)."""
+    why = physics_violation(vars(result))
+    if why:
+        raise BeyondPhysics(
+            f"a {type(result).__name__} beats physics ({why}); please report it with its command"
+        )
+    return result
+
+
 def runs_by_dim(runs: Sequence[StageRun], n_dims: int) -> list[list[StageRun]]:
     """The runs of each dim, in their order (one pass)."""
     by_dim: list[list[StageRun]] = [[] for _ in range(n_dims)]
@@ -336,37 +377,39 @@ def summarize(
     links = link_results(run.runs, topology, cost, time_us) if network != IDEAL else []
     dims = dim_results(run.runs, topology, cost, time_us, (run.issued_ns, run.end_ns), links)
     beyond = beyond_physics(run.runs, topology, cost, time_us, links)
-    return CollectiveResult(
-        op=coll.op,
-        involved=list(coll.dims),
-        issued_us=run.issued_ns / 1e3,
-        size_bytes=coll.size_bytes,
-        count=coll.count,
-        dtype=coll.dtype,
-        redop=coll.redop,
-        chunks=len(run.bounds) - 1,
-        time_us=time_us,
-        ideal_us=ideal_us,
-        algbw_gbps=algbw,
-        busbw_gbps=busbw,
-        utilization=ideal_us / time_us if time_us > 0 else 1.0,
-        dims=dims,
-        policy=policy,
-        intra=intra,
-        clock=clock,
-        wrong=wrong,
-        wall_s=wall_s,
-        virtual_us=None if wall_time_us is None else virtual_us,
-        topology=topology.label(),
-        npus=topology.npus,
-        time_scale=time_scale,
-        dim_bound_us=dim_bound_us(dims, topology),
-        schedule=schedule,
-        decision_s=decision_s,
-        network=network,
-        links=links,
-        requested_chunks=coll.chunks,
-        beyond_physics=beyond,
+    return checked(
+        CollectiveResult(
+            op=coll.op,
+            involved=list(coll.dims),
+            issued_us=run.issued_ns / 1e3,
+            size_bytes=coll.size_bytes,
+            count=coll.count,
+            dtype=coll.dtype,
+            redop=coll.redop,
+            chunks=len(run.bounds) - 1,
+            time_us=time_us,
+            ideal_us=ideal_us,
+            algbw_gbps=algbw,
+            busbw_gbps=busbw,
+            utilization=ideal_us / time_us if time_us > 0 else 1.0,
+            dims=dims,
+            policy=policy,
+            intra=intra,
+            clock=clock,
+            wrong=wrong,
+            wall_s=wall_s,
+            virtual_us=None if wall_time_us is None else virtual_us,
+            topology=topology.label(),
+            npus=topology.npus,
+            time_scale=time_scale,
+            dim_bound_us=dim_bound_us(dims, topology),
+            schedule=schedule,
+            decision_s=decision_s,
+            network=network,
+            links=links,
+            requested_chunks=coll.chunks,
+            beyond_physics=beyond,
+        )
     )
 
 

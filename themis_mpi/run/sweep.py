@@ -21,6 +21,7 @@ from ..config import RunConfig
 from ..errors import UsageError
 from ..output import CELL, FINGERPRINT
 from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
+from ..results import physics_violation
 from ..topology import Topology
 from ..verify import check_range
 
@@ -138,7 +139,7 @@ def sweep_cells(
 
 
 def check_row(row: dict) -> str | None:
-    """Why a sweep's row may not be written or kept, or None: a time, every number finite and >= 0.
+    """Why a sweep's row may not be written or kept, or None: a time, finite numbers >= 0, physics.
 
     `row` is flat, as CSV holds it (`results.flat_row`; CSV's numbers are text, read as numbers
     here). This is the one check of a row's values: `--resume` drops a row read back that fails
@@ -157,4 +158,5 @@ def check_row(row: dict) -> str | None:
                 return "a negative or non-finite number"
     if "time_us" not in numbers:
         return "no time_us"
-    return None
+    beyond = row.get("beyond_physics", False)
+    return physics_violation({**row, **numbers, "beyond_physics": beyond in (True, "True", "true", 1)})
