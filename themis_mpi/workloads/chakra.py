@@ -51,6 +51,7 @@ from ..engine import Engine, Event, ProcessGenerator
 from ..errors import UsageError
 from ..limits import MAX_TIME_NS
 from ..policies import UNKNOWN, Need, Schedule
+from ..progress import Progress, tell
 from ..topology import Topology, _shown
 from .et import (
     COMM_COLL_NODE,
@@ -525,6 +526,7 @@ class GraphReplay:
         schedules: the schedule (chunk bounds, orders, queue policy) of every distinct collective.
         spec: with `topology`, slices collectives into partitions (``spec.partition_mib``).
         topology: the network (the group sizes of the partitions).
+        progress: told each node finished, of all the NPU's nodes.
     """
 
     def __init__(
@@ -533,8 +535,10 @@ class GraphReplay:
         schedules: dict[Collective, Schedule],
         spec: TrainingSpec | None = None,
         topology: Topology | None = None,
+        progress: Progress | None = None,
     ):
         self.plan, self.schedules = plan, schedules
+        self.progress, self.nodes_done = progress, 0
         self.spec, self.topology = spec, topology
         self.collectives_issued = 0
         self.messages: list = []
@@ -569,3 +573,5 @@ class GraphReplay:
             run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)
             yield run.done
+        self.nodes_done += 1
+        tell(self.progress, self.nodes_done, len(self.plan.ops))
