@@ -22,3 +22,23 @@ def tell(progress: Progress | None, done: int, total: int) -> None:
     """Call `progress` when there is one."""
     if progress is not None:
         progress(done, total)
+
+
+class Runs:
+    """`n` runs one after the other, each telling its own units: `next()` is the next run's callback."""
+
+    def __init__(self, progress: Progress | None, n: int):
+        self.progress, self.n, self.started = progress, n, 0
+
+    def next(self) -> Progress | None:
+        """The callback of the next run (None without a `progress`)."""
+        i, whole = self.started, self.progress
+        self.started += 1
+        if whole is None:
+            return None
+
+        def tell_run(done: int, total: int) -> None:
+            if total:
+                whole(i * total + done, self.n * total)
+
+        return tell_run

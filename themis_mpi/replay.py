@@ -17,6 +17,7 @@ from .collectives import Collective
 from .config import RunConfig
 from .errors import UsageError
 from .policies import Schedule, inter_class, is_inter
+from .progress import Progress, tell
 from .results import CollectiveResult
 from .run.backend import Backend
 from .run.collective import run_collective
@@ -111,12 +112,17 @@ class ReplayResult:
 
 
 def replay_trace(
-    trace: Trace, topology: Topology, backend: Backend, timeout_s: float, network: str | None = None
+    trace: Trace,
+    topology: Topology,
+    backend: Backend,
+    timeout_s: float,
+    network: str | None = None,
+    progress: Progress | None = None,
 ) -> ReplayResult:
     """Run the trace's collectives with their recorded orders and settings on `topology`.
 
     `network` replays under another sharing rule (None: the recorded one); a changed rule is a
-    what-if, like a changed topology.
+    what-if, like a changed topology. `progress` is told each collective replayed.
 
     Raises:
         UsageError: the topology's dim sizes differ from the recorded ones.
@@ -143,6 +149,7 @@ def replay_trace(
         network=network,
     )
     results = []
+    total = len(trace.collectives)
     for coll, policy, intra, schedule in recorded_collectives(trace):
         config = RunConfig(
             intra=intra,
@@ -155,6 +162,7 @@ def replay_trace(
         result, engine = run_collective(backend.transport(config), coll, policy, schedule=schedule)
         results.append(result)
         recorder.add_run(result, engine, backend.rank)
+        tell(progress, len(results), total)
     events = backend.gather(recorder.my_events())
     if events is None:
         return ReplayResult()
@@ -174,17 +182,28 @@ def _with_rank(events: np.ndarray, rank: int) -> np.ndarray:
     return out
 
 
-def format_replay(trace: Trace, replay: ReplayResult, topology: Topology, backend: str) -> str:
-    """The replay table: recorded and replayed time and per-dim busy time of every collective."""
-    lines = [
+def replay_header(trace: Trace, topology: Topology, backend: str, network: str | None = None) -> str:
+    """The replay's first line, known before it runs: what is replayed, where, and what changed."""
+    network = trace.network if network is None else network
+    unchanged = topology.dims == trace.topology().dims and network == trace.network
+    return (
         f"# replay of {trace.path} ({trace.attrs['transport']}, {trace.attrs['topology_label']}) on "
         f"{'the emulator' if backend == 'mpi' else 'the model'}, topology {topology.label()}"
-        + "".join(
-            f", network {r.network} (recorded {trace.network})"
-            for r in replay.results[:1]
-            if r.network != trace.network
-        )
-        + ("" if replay.unchanged else " (changed)"),
+        + (f", network {network} (recorded {trace.network})" if network != trace.network else "")
+        + ("" if unchanged else " (changed)")
+    )
+
+
+def format_replay(
+    trace: Trace, replay: ReplayResult, topology: Topology, backend: str, header: bool = True
+) -> str:
+    """The replay table: recorded and replayed time and per-dim busy time of every collective.
+
+    Its first line is `replay_header` (without `header`: the command printed it before the run).
+    """
+    network = replay.results[0].network if replay.results else None
+    lines = [replay_header(trace, topology, backend, network)] if header else []
+    lines += [
         f"#{'coll':>4} {'op':>14} {'policy':>8} {'size':>12} {'recorded_us':>12} {'replay_us':>12} "
         f"{'change%':>8}  per-dim busy_us recorded -> replay",
     ]

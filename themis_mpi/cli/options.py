@@ -359,6 +359,13 @@ class Meter:
             self.last_s = time.perf_counter()
             print(f"themis-mpi: {self.line()}", file=sys.stderr, flush=True)
 
+    def write(self, line: str) -> None:
+        """A line on standard output (above the bar, which tqdm clears and redraws)."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
     def line(self) -> str:
         """E.g. ``baseline: 40% done in 12 s, ETA 18 s``."""
         spent_s = time.perf_counter() - self.t0_s

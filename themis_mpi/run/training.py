@@ -245,7 +245,7 @@ def run_graph(
         transport,
         lambda npu: graph_on(npu, graph, policy, spec, schedules, progress),
         keep_starts=True,
-        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules),
+        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress),
         deadlock="the graph deadlocks on every NPU's links",
     )
     if timing.simulator == WORLD:
@@ -280,10 +280,11 @@ def _linked(
     spec: TrainingSpec,
     plans: dict[int, GraphPlan],
     schedules: dict[Collective, Schedule],
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """Per-rank graphs with messages on the model: the linked ranks' engines in lock step (`run.linked`)."""
     t0 = time.perf_counter()
-    engines = run_linked(transport.topology, transport.config, plans, schedules)
+    engines = run_linked(transport.topology, transport.config, plans, schedules, progress)
     engine, wall_s = engines[0], time.perf_counter() - t0
     replay = GraphReplay(plans[0], schedules)
     replay.collectives_issued = len(engine.collectives)
