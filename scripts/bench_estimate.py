@@ -12,7 +12,8 @@ each: the chunk steps (`timing.planner.chunk_steps` of the listed collectives, a
 counts them), CPU seconds (``time.process_time``, which a loaded machine does not inflate as it
 does wall time), CPU per step (one NPU's view) or per NPU and step (every NPU), and what
 `estimate` predicts with the constants it has. Constants in `timing.planner.STEP_US` come from
-this table (docs/performance.md, "What a run will cost").
+this table; ``hgx`` repeats the every-NPU-links rows on cuts of the HGX-H100 preset (64 to 256
+NPUs), whose NIC the two outer dims share (docs/performance.md, "What a run will cost").
 """
 
 from __future__ import annotations
@@ -35,11 +36,19 @@ from themis_mpi.workloads.training import TrainingSpec, listed_collectives  # no
 GNMT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "traces", "gnmt.txt")
 SLOW = ((5, 1.5),)
 HGX = "HGX-H100-SW_SW_SW"
+
+
+def hgx_cut(nodes: int, pods: int) -> str:
+    """The HGX-H100 preset's dims (8 GPUs on NVLink, two NIC-shared switch dims) at fewer NPUs."""
+    return f"SW(8,419.1,700,hd)_SW({nodes},46.57,1700,hd)_SW({pods},46.57,1700,hd)_NIC(1+2,46.57)"
+
+
 CASES = {  # name: [(topology, rule, comm scheduler, slow NPUs)]
     "one": [(HGX, "ideal", "", ()), (HGX, "fair", "", ())],
     "vectors": [(s, "ideal", "", SLOW) for s in ("4x4x4", "8x8x8", HGX)],
     "greenlets": [(s, "ideal", "bytescheduler", SLOW) for s in ("4x4x4", "8x4x4")],
     "world": [(s, "fair", "", SLOW) for s in ("4x4x4", "8x4x4", "8x8x4", "8x8x8")],
+    "hgx": [(hgx_cut(b, c), "fair", "", SLOW) for b, c in ((4, 2), (8, 2), (8, 4))],
 }
 
 

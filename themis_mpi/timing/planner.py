@@ -54,12 +54,14 @@ LINKED = "the linked ranks"
 SLICES = "one NPU per slice"
 
 SAY_ABOVE_S = 30.0  # a command whose run `estimate`s more than this says so before it starts
-# Wall us per chunk step (`chunk_steps`) on the development machine (2 cores, Python 3.11), from
+# CPU us per chunk step (`chunk_steps`) on the development machine (2 cores, Python 3.11), from
 # scripts/bench_estimate.py (docs/performance.md, "What a run will cost"): one NPU's view per step
-# of that NPU; every NPU vectorised a part per step and a part per NPU and step; every NPU in event
-# order or on every NPU's links per NPU and step.
-STEP_US = {ONE_NPU: 9.0, SLICES: 9.0, LINKED: 9.0, VECTORS: 60.0, GREENLETS: 20.0, WORLD: 40.0}
-VECTORS_NPU_STEP_US = 0.1
+# of that NPU; every NPU vectorised per step (the numpy calls serve every NPU at once) plus a little
+# per NPU and step; every NPU in event order per NPU and step; every NPU's links per NPU and step
+# at 64 NPUs, growing as NPUs^0.3 (more flows share each link's rate).
+STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 12.5}
+VECTORS_NPU_STEP_US = 0.002
+WORLD_NPUS, WORLD_GROWTH = 64, 0.3  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.3
 
 
 @dataclass(frozen=True)
@@ -268,10 +270,12 @@ def chunk_steps(topology: Topology, collectives: Iterable[Collective]) -> int:
 def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> tuple[float, str]:
     """A cheap prediction of a run's wall seconds, and its reason in a few words.
 
-    From what the planner chose: one NPU's view costs per chunk step of that NPU; every NPU
-    costs per NPU and step (vectorised: mostly per step, the numpy calls serve every NPU at
-    once). The constants (`STEP_US`) are this machine's, measured by a benchmark; a faster
-    every-NPU simulator only moves them. Stragglers add the agreed order's one-NPU run.
+    From what the planner chose: one NPU's view (and the linked ranks, the slices of jobs) costs
+    per chunk step of that NPU; every NPU costs per NPU and step (vectorised: mostly per step,
+    the numpy calls serve every NPU at once; on every NPU's links a little more per step the more
+    NPUs share the links). The constants (`STEP_US`) are CPU seconds of this machine, measured
+    by a benchmark; a faster every-NPU simulator only moves them. Stragglers add the agreed
+    order's one-NPU run. The themis policy's oracle runs and the run's start are not counted.
 
     Args:
         plan: the run's plan.
@@ -280,15 +284,17 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
         slow_npus: NPUs that compute slower (named in the reason).
 
     Returns:
-        (seconds, reason), e.g. ``(240.0, "every NPU's links under fair (NPU 5 computes slower,
-        1024 NPUs x 5,760 chunk steps)")``.
+        (seconds, reason); the reason e.g. ``every NPU's links under fair (NPU 5 computes slower,
+        1024 NPUs x 4,480 chunk steps)``.
     """
     run, npus = plan.run, plan.run.topology.npus
     one_us = steps_per_npu * STEP_US[ONE_NPU]
     if plan.simulator == VECTORS:
         cost_us = steps_per_npu * (STEP_US[VECTORS] + npus * VECTORS_NPU_STEP_US)
-    elif plan.every_npu and plan.simulator != LINKED:
-        cost_us = steps_per_npu * npus * STEP_US[plan.simulator]
+    elif plan.simulator == WORLD:
+        cost_us = steps_per_npu * npus * STEP_US[WORLD] * (npus / WORLD_NPUS) ** WORLD_GROWTH
+    elif plan.simulator == GREENLETS:
+        cost_us = steps_per_npu * npus * STEP_US[GREENLETS]
     else:
         cost_us = steps_per_npu * STEP_US[plan.simulator]
     cost_us += one_us if plan.agreed else 0.0
