@@ -50,6 +50,7 @@ CASES = {  # name: [(topology, rule, comm scheduler, slow NPUs)]
     "world": [(s, "fair", "", SLOW) for s in ("4x4x4", "8x4x4", "8x8x4", "8x8x8")],
     "hgx": [(hgx_cut(b, c), "fair", "", SLOW) for b, c in ((4, 2), (8, 2), (8, 4))],
 }
+HGX_CUTS = {hgx_cut(b, c): f"HGX cut ({b}, {c})" for b, c in ((4, 2), (8, 2), (8, 4))}  # short names
 
 
 def row(spec_text: str, rule: str, scheduler: str, slow: tuple, chunks: int) -> dict:
@@ -66,7 +67,7 @@ def row(spec_text: str, rule: str, scheduler: str, slow: tuple, chunks: int) -> 
     cpu_s = time.process_time() - cpu0
     units = steps * (topo.npus if timing.every_npu else 1)
     return {
-        "topology": spec_text,
+        "topology": HGX_CUTS.get(spec_text, spec_text),
         "npus": topo.npus,
         "simulator": timing.simulator,
         "rule": rule + (f"+{scheduler}" if scheduler else ""),
