@@ -188,6 +188,7 @@ def run_example(example: Example, root: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
+        env={**os.environ, "THEMIS_MPI_PROGRESS_S": "inf"},  # the pages are terminal sessions: the bar clears
     )
     actual = done.stdout.rstrip("\n").split("\n") if done.stdout.strip() else []
     why = mismatch(example.expected, actual)

@@ -28,8 +28,19 @@ class Layer(NamedTuple):
 LAYERS: tuple[Layer, ...] = (
     Layer(
         "leaves",
-        "errors, units and limits every layer shares; atomic output files",
-        ("errors", "version", "launch", "limits", "units", "output", "child", "watchdog", "layers"),
+        "errors, units and limits every layer shares; atomic output files; the progress callback",
+        (
+            "errors",
+            "version",
+            "launch",
+            "limits",
+            "units",
+            "output",
+            "child",
+            "watchdog",
+            "progress",
+            "layers",
+        ),
     ),
     Layer(
         "network",

@@ -17,6 +17,7 @@ from .collectives import Collective
 from .config import RunConfig
 from .errors import UsageError
 from .policies import Schedule, inter_class, is_inter
+from .progress import Progress, tell
 from .results import CollectiveResult
 from .run.backend import Backend
 from .run.collective import run_collective
@@ -118,12 +119,13 @@ def replay_trace(
     timeout_s: float,
     network: str | None = None,
     mtu_bytes: int | None = None,
+    progress: Progress | None = None,
 ) -> ReplayResult:
     """Run the trace's collectives with their recorded orders and settings on `topology`.
 
     `network` replays under another sharing rule (None: the recorded one) and `mtu_bytes` with
     another packet (None: the recorded one, under the packet rule); a changed rule or packet is
-    a what-if, like a changed topology.
+    a what-if, like a changed topology. `progress` is told each collective replayed.
 
     Raises:
         UsageError: the topology's dim sizes differ from the recorded ones.
@@ -153,6 +155,7 @@ def replay_trace(
         mtu_bytes=recorded_mtu(topology, network, mtu_bytes),
     )
     results = []
+    total = len(trace.collectives)
     for coll, policy, intra, schedule in recorded_collectives(trace):
         config = RunConfig(
             intra=intra,
@@ -166,6 +169,7 @@ def replay_trace(
         result, engine = run_collective(backend.transport(config), coll, policy, schedule=schedule)
         results.append(result)
         recorder.add_run(result, engine, backend.rank)
+        tell(progress, len(results), total)
     events = backend.gather(recorder.my_events())
     if events is None:
         return ReplayResult()
@@ -189,17 +193,28 @@ def _with_rank(events: np.ndarray, rank: int) -> np.ndarray:
     return out
 
 
-def format_replay(trace: Trace, replay: ReplayResult, topology: Topology, backend: str) -> str:
-    """The replay table: recorded and replayed time and per-dim busy time of every collective."""
-    lines = [
+def replay_header(trace: Trace, topology: Topology, backend: str, network: str | None = None) -> str:
+    """The replay's first line, known before it runs: what is replayed, where, and what changed."""
+    network = trace.network if network is None else network
+    unchanged = topology.dims == trace.topology().dims and network == trace.network
+    return (
         f"# replay of {trace.path} ({trace.attrs['transport']}, {trace.attrs['topology_label']}) on "
         f"{'the emulator' if backend == 'mpi' else 'the model'}, topology {topology.label()}"
-        + "".join(
-            f", network {r.network} (recorded {trace.network})"
-            for r in replay.results[:1]
-            if r.network != trace.network
-        )
-        + ("" if replay.unchanged else " (changed)"),
+        + (f", network {network} (recorded {trace.network})" if network != trace.network else "")
+        + ("" if unchanged else " (changed)")
+    )
+
+
+def format_replay(
+    trace: Trace, replay: ReplayResult, topology: Topology, backend: str, header: bool = True
+) -> str:
+    """The replay table: recorded and replayed time and per-dim busy time of every collective.
+
+    Its first line is `replay_header` (without `header`: the command printed it before the run).
+    """
+    network = replay.results[0].network if replay.results else None
+    lines = [replay_header(trace, topology, backend, network)] if header else []
+    lines += [
         f"#{'coll':>4} {'op':>14} {'policy':>8} {'size':>12} {'recorded_us':>12} {'replay_us':>12} "
         f"{'change%':>8}  per-dim busy_us recorded -> replay",
     ]

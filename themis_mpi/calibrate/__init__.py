@@ -11,7 +11,7 @@ from .logs import NCCL_TYPES, NcclLog, NcclRow, infer_npus, read_nccl_log
 from .machine import Machine, machine_of, parse_algos
 from .ncclfit import NcclFit, busbw_of, fit_nccl, nccl_rows, predict, read_base, summary
 from .perdim import per_dim
-from .report import format_fit, format_nccl_fit
+from .report import fit_header, format_fit, format_nccl_fit, nccl_fit_header
 
 __all__ = [
     "NCCL_TYPES",
@@ -23,8 +23,10 @@ __all__ = [
     "busbw_of",
     "fit",
     "fit_nccl",
+    "fit_header",
     "format_fit",
     "format_nccl_fit",
+    "nccl_fit_header",
     "infer_npus",
     "machine_of",
     "nccl_rows",

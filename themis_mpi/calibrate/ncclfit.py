@@ -30,6 +30,7 @@ from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS
 from ..nccl import Pair, pairs
 from ..output import read_json
+from ..progress import Progress, tell
 from ..results import busbw_factor
 from ..topology import PROTOCOL_CAPS, PROTOCOLS, NcclParams, Topology, parse_topology
 from ..units import BYTES_PER_GB
@@ -456,6 +457,7 @@ def fit_nccl(
     nic_gbps: float | None = None,
     gpus_per_node: int | None = None,
     seed: int = 1,
+    progress: Progress | None = None,
 ) -> NcclFit:
     """Fit the NCCL-like model to every run of the log (module doc).
 
@@ -469,6 +471,7 @@ def fit_nccl(
         nic_gbps: the NIC per GPU, GB/s of 1e9 B (default: the GPU's platform).
         gpus_per_node: GPUs per node, where the log does not say.
         seed: the seed of the random starting points (the fit is deterministic for one seed).
+        progress: told each whole staged fit done (of `RESTARTS`).
     """
     runs_logs = log.runs or [log]
     for run_log in runs_logs:
@@ -501,7 +504,10 @@ def fit_nccl(
                 f"{machine.per_node} per node (NCCL runs Tree and NVLSTree only across nodes); "
                 "allow Ring with --nccl-algo, or fit a multi-node log"
             )
-    tries = [_staged(model, runs, base is not None, np.random.default_rng(seed + k)) for k in range(RESTARTS)]
+    tries = []
+    for k in range(RESTARTS):
+        tries.append(_staged(model, runs, base is not None, np.random.default_rng(seed + k)))
+        tell(progress, k + 1, RESTARTS)
     values, labels, _ = min(tries, key=lambda t: t[2])
     values = {k: float(f"{v:.5g}") for k, v in values.items()}
     on_bounds = {}

@@ -23,15 +23,23 @@ def summary_line(s: dict[str, float]) -> str:
     )
 
 
-def format_nccl_fit(log: NcclLog, result: NcclFit) -> str:
-    """The machine, the fitted parameters, the command that predicts each run, and its error per size."""
+def nccl_fit_header(log: NcclLog) -> str:
+    """The NCCL-like fit's first lines, known before it runs: the log's tables and their notes."""
+    runs = log.runs or [log]
+    head = f"# calibrate {log.path}: {len(runs)} table(s); fitted together: " + "; ".join(
+        f"{r.label} ({r.op} from the {r.op_source}, NPUs from the {r.npus_source})" for r in runs
+    )
+    return "\n".join([head, *(f"# note: {n}" for r in runs for n in r.notes)])
+
+
+def format_nccl_fit(log: NcclLog, result: NcclFit, header: bool = True) -> str:
+    """The machine, the fitted parameters, the command that predicts each run, and its error per size.
+
+    It starts with `nccl_fit_header` (without `header`: the command printed it before the fit).
+    """
     runs = log.runs or [log]
     lines = [
-        f"# calibrate {log.path}: {len(runs)} table(s); fitted together: "
-        + "; ".join(
-            f"{r.label} ({r.op} from the {r.op_source}, NPUs from the {r.npus_source})" for r in runs
-        ),
-        *(f"# note: {n}" for r in runs for n in r.notes),
+        *([nccl_fit_header(log)] if header else []),
         *(f"# machine: {s}" for s in result.machine),
         f"# NCCL-like model fitted on the even-indexed sizes (*) of each run (all sizes of a run with fewer "
         f"than 6), judged on the others; {len(result.fitted)} parameters, each within its bounds:",
@@ -73,12 +81,22 @@ def format_nccl_fit(log: NcclLog, result: NcclFit) -> str:
     return "\n".join(lines)
 
 
-def format_fit(log: NcclLog, result: Fit) -> str:
-    """The fitted topology, the command that predicts the table, and the error per size."""
+def fit_header(log: NcclLog) -> str:
+    """The one-dim fit's first line, known before it runs: the log's op, NPUs and sizes."""
+    return (
+        f"# calibrate {log.path}: {log.op} ({'from the ' + log.op_source}), {log.npus} NPUs, "
+        f"{len(log.rows)} sizes, type {log.rows[0].type}"
+    )
+
+
+def format_fit(log: NcclLog, result: Fit, header: bool = True) -> str:
+    """The fitted topology, the command that predicts the table, and the error per size.
+
+    It starts with `fit_header` (without `header`: the command printed it before the fit).
+    """
     last = log.rows[-1].size_bytes
     lines = [
-        f"# calibrate {log.path}: {log.op} ({'from the ' + log.op_source}), {log.npus} NPUs, "
-        f"{len(log.rows)} sizes, type {log.rows[0].type}",
+        *([fit_header(log)] if header else []),
         f"# fitted on the sizes >= {result.min_size} B by least squares on time (absolute residuals: "
         "large sizes set the bandwidth, smaller ones the latency)",
         f"# latency {result.latency_ns:g} ns/hop, bandwidth {result.bandwidth_gbps:g} GB/s (2^30 B/s) = "

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import argparse
 
-from ..calibrate import fit, fit_nccl, format_fit, format_nccl_fit, parse_algos, read_base, read_nccl_log
+from ..calibrate import (
+    fit,
+    fit_header,
+    fit_nccl,
+    format_fit,
+    format_nccl_fit,
+    nccl_fit_header,
+    parse_algos,
+    read_base,
+    read_nccl_log,
+)
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MAX_CHUNKS, MIN_BANDWIDTH_GBPS, in_range
 from ..output import write_json
 from ..topology import KIND_ALIASES
 from ..units import parse_size
-from .options import check_outputs
+from .options import Meter, check_outputs
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -35,19 +45,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 in_range(flag, value, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS)
         if args.gpus_per_node is not None:
             in_range("--gpus-per-node", args.gpus_per_node, 1, 2**20)
-        flat = fit_nccl(
-            log,
-            base,
-            parse_algos(args.nccl_algo),
-            link_gbps=args.link_gbps,
-            nic_gbps=args.nic_gbps,
-            gpus_per_node=args.gpus_per_node,
-        )
-        print(format_nccl_fit(log, flat))
+        print(nccl_fit_header(log), flush=True)
+        with Meter(1, args.quiet) as meter:
+            flat = fit_nccl(
+                log,
+                base,
+                parse_algos(args.nccl_algo),
+                link_gbps=args.link_gbps,
+                nic_gbps=args.nic_gbps,
+                gpus_per_node=args.gpus_per_node,
+                progress=meter.part(0),
+            )
+        print(format_nccl_fit(log, flat, header=False))
         doc = flat.to_dict()
     else:
+        print(fit_header(log), flush=True)
         one_dim = fit(log, kind, args.algorithm.lower(), args.chunks, parse_size(args.min_size))
-        print(format_fit(log, one_dim))
+        print(format_fit(log, one_dim, header=False))
         doc = one_dim.to_dict()
     if args.json:
         write_json(args.json, doc)

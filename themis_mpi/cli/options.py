@@ -19,7 +19,9 @@ from ..launch import env_rank
 from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
 from ..output import STDOUT, check_output_path
 from ..policies import default_partition_mib
+from ..progress import Progress
 from ..run.sweep import PolicyConfig, policy_configs
+from ..timing.planner import SAY_ABOVE_S
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
 from .parser import DefaultInt, DefaultList
@@ -297,3 +299,92 @@ def link_scales(text: str | None) -> tuple[tuple[int, int, float], ...]:
         except ValueError:
             raise UsageError(f"--link-scale takes DIM:RANK=F[,DIM:RANK=F...], not {item!r}") from None
     return tuple(triples)
+
+
+def expect_line(seconds: float, reason: str) -> str | None:
+    """``# expect ~4 min: <reason>`` when a run is expected to take over `timing.planner.SAY_ABOVE_S`.
+
+    ``THEMIS_MPI_EXPECT_S`` in the environment moves that threshold (the tests lower it).
+    """
+    if seconds <= float(os.environ.get("THEMIS_MPI_EXPECT_S", SAY_ABOVE_S)):
+        return None
+    n, unit = (
+        (seconds, "s") if seconds < 90 else (seconds / 60, "min") if seconds < 5400 else (seconds / 3600, "h")
+    )
+    return f"# expect ~{n:.2g} {unit}: {reason}" if n < 10 else f"# expect ~{n:.0f} {unit}: {reason}"
+
+
+class Meter:
+    """Progress of one long command on stderr, from the library's `progress.Progress` calls.
+
+    The work is `parts` runs done one after the other (a policy each, say); `part(i)` is run i's
+    callback, which the library calls in its own units (layer steps, graph nodes, rows). Shown as
+    a bar with the ETA on a terminal, else as a line every `NOTE_S` seconds (a job's log), nothing
+    when `quiet` (``-q``, or an MPI rank other than 0). Standard output is never touched.
+    """
+
+    NOTE_S = float(os.environ.get("THEMIS_MPI_PROGRESS_S", "5"))  # off a terminal: a line this often
+
+    def __init__(self, parts: int, quiet: bool):
+        self.parts, self.quiet = max(1, parts), quiet
+        self.fraction, self.label = 0.0, ""
+        self.t0_s = self.last_s = time.perf_counter()
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm  # only on a terminal
+
+            self.bar = tqdm(
+                total=100,
+                file=sys.stderr,
+                leave=False,
+                bar_format="{desc} {percentage:3.0f}% |{bar}| {elapsed} elapsed, ETA {remaining}",
+            )
+
+    def part(self, i: int, label: str = "") -> Progress:
+        """The callback of run `i` (0-based) of the parts; `label` names it (a policy)."""
+        best = [0.0]
+
+        def tell(done: int, total: int) -> None:
+            share = done / total if total else 1.0
+            if share > best[0]:  # (every NPU of a run may report: the furthest counts)
+                best[0] = share
+                self._show((i + min(share, 1.0)) / self.parts, label)
+
+        return tell
+
+    def _show(self, fraction: float, label: str) -> None:
+        self.fraction, self.label = max(self.fraction, fraction), label
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.set_description_str(label, refresh=False)
+            self.bar.update(100 * self.fraction - self.bar.n)
+        elif time.perf_counter() - self.last_s >= self.NOTE_S:
+            self.last_s = time.perf_counter()
+            print(f"themis-mpi: {self.line()}", file=sys.stderr, flush=True)
+
+    def write(self, line: str) -> None:
+        """A line on standard output (above the bar, which tqdm clears and redraws)."""
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+    def line(self) -> str:
+        """E.g. ``baseline: 40% done in 12 s, ETA 18 s``."""
+        spent_s = time.perf_counter() - self.t0_s
+        eta = f"{spent_s / self.fraction * (1 - self.fraction):.0f} s" if self.fraction else "?"
+        head = f"{self.label}: " if self.label else ""
+        return f"{head}{100 * self.fraction:.0f}% done in {spent_s:.0f} s, ETA {eta}"
+
+    def close(self) -> None:
+        """Remove the bar."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -424,6 +424,7 @@ def _train_parser(sub: Any) -> None:
     _add_mpi(p)
     p.add_argument("--json", metavar="PATH", type=_path, help="write the rows as a JSON list")
     p.add_argument("--workers", default="1", help="model: run the policies on N local processes, or mpi (1)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
 
 
 def _convert_parser(sub: Any) -> None:
@@ -478,6 +479,7 @@ def _replay_parser(sub: Any) -> None:
     _add_mpi(p, clock=False)
     p.add_argument("--json", metavar="PATH", type=_path, help="write the comparison as JSON")
     p.add_argument("--trace", metavar="PATH.h5", type=_path, help="write the replay's own trace")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
 
 
 def _analyze_parser(sub: Any) -> None:
@@ -607,6 +609,7 @@ def _calibrate_parser(sub: Any) -> None:
     p.add_argument(
         "--json", metavar="PATH", type=_path, help='write {"topology", "chunks", "args", "rows", ...}'
     )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
 
 
 PLOT_SCALES = ("auto", "log", "linear")  # plots.SCALES (not imported here: the parser stays light)
@@ -727,6 +730,7 @@ def _workload_parser(sub: Any) -> None:
         default=DefaultInt(4),
         help="chunks per collective for --run (default 4, or a calibrate fit's given as -t FIT.json)",
     )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
 
 
 def build_parser() -> argparse.ArgumentParser:

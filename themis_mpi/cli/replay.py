@@ -7,11 +7,11 @@ import argparse
 from ..config import RunConfig
 from ..launch import under_mpiexec
 from ..output import write_json
-from ..replay import format_replay, replay_trace
+from ..replay import format_replay, replay_header, replay_trace
 from ..run.backend import open_backend
 from ..topology import parse_topology
 from ..trace import Trace
-from .options import check_outputs, one_topology
+from .options import Meter, check_outputs, one_topology
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -23,10 +23,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with open_backend(topo, use_mpi, args.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, args.trace, inputs=(args.trace_in,))
-        result = replay_trace(trace, topo, backend, args.timeout_s, args.network, args.mtu)
+            print(replay_header(trace, topo, backend.name, args.network), flush=True)
+        with Meter(1, args.quiet or backend.rank != 0) as meter:
+            result = replay_trace(trace, topo, backend, args.timeout_s, args.network, args.mtu, meter.part(0))
         if backend.rank != 0:
             return 0
-        print(format_replay(trace, result, topo, backend.name))
+        print(format_replay(trace, result, topo, backend.name, header=False))
         if args.json:
             write_json(args.json, result.to_dict(trace))
         if args.trace and result.recorder is not None and result.events is not None:

@@ -22,18 +22,22 @@ from ..policies import default_scheduler, make_scheduler
 from ..report import stragglers_line, training_table, with_speedups
 from ..results import TrainingResult
 from ..run.backend import open_backend
+from ..run.coordinator import policy_name
 from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, solo_times_us
 from ..run.pool import MPI, ordered_map, parse_workers
 from ..run.training import run_graph, run_training
-from ..timing.planner import GRAPH, JOBS, WORLD, Run
+from ..timing.planner import GRAPH, JOBS, TRAINING, WORLD, Run, chunk_steps, estimate
+from ..timing.planner import Plan as TimingPlan
 from ..timing.planner import plan as plan_of
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
 from ..workloads.text import Workload, parse_workload
-from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives
+from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives, listed_collectives
 from .options import (
+    Meter,
     check_outputs,
     compute_jitter,
+    expect_line,
     input_files,
     one_chunk_count,
     one_topology,
@@ -89,11 +93,6 @@ def _train(args: argparse.Namespace) -> int:
     with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(args.workload, args.topology, args.comm_group))
-        if workers == 1:
-            rows = [run_training(backend.transport(config), wl, policy, spec) for policy, config in settings]
-        else:
-            rows = _on_pool(run_training, (wl, spec), topo, settings, workers)
-        if backend.rank == 0:
             print(
                 f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology "
                 f"{topo.label()}, {topo.npus} NPUs; {spec.iterations} iterations, {spec.chunks} chunks per "
@@ -108,8 +107,35 @@ def _train(args: argparse.Namespace) -> int:
                 print(_scheduler_line(settings[0].config, spec))
             if settings[0].config.asymmetric or spec.heterogeneous:
                 print(stragglers_line(settings[0].config, spec))
+            timing = plan_of(Run(topo, settings[0].config, TRAINING, slow_compute=spec.heterogeneous))
+            _expect(
+                timing,
+                spec.iterations * chunk_steps(topo, listed_collectives(wl, topo, spec)),
+                spec,
+                settings,
+            )
+        with Meter(len(settings), args.quiet or backend.rank != 0) as meter:
+            if workers == 1:
+                rows = [
+                    run_training(
+                        backend.transport(config), wl, policy, spec, meter.part(i, policy_name(policy))
+                    )
+                    for i, (policy, config) in enumerate(settings)
+                ]
+            else:
+                rows = _on_pool(run_training, (wl, spec), topo, settings, workers)
+        if backend.rank == 0:
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
+
+
+def _expect(timing: TimingPlan, steps: int, spec: TrainingSpec, settings: list) -> None:
+    """The one line a run that `estimate` expects to be long prints before it starts (every policy's)."""
+    seconds, reason = estimate(timing, steps, [r for r, f in spec.npu_compute_scale if f != 1])
+    line = expect_line(seconds * len(settings), reason)
+    if line:
+        print(line)
+    sys.stdout.flush()  # the header now, before the run (stdout is block-buffered on a pipe)
 
 
 def _text_spec(args: argparse.Namespace) -> TrainingSpec:
@@ -159,14 +185,19 @@ def _train_jobs(args: argparse.Namespace) -> int:
     with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, inputs=input_files(*[j.workload.path for j in jobs], args.topology))
-        results = [run_jobs(backend.transport(config), jobs, policy, spec) for policy, config in settings]
-        if backend.rank == 0:
-            solo = [solo_times_us(topo, config, jobs, policy, spec) for policy, config in settings]
             print(
                 f"# {len(jobs)} jobs on topology {topo.label()}, {topo.npus} NPUs; {spec.iterations} "
                 f"iterations, {spec.chunks} chunks per collective, --network {settings[0].config.network}, "
-                f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model"
+                f"{'emulator' if use_mpi else 'model'}; solo_us: each job alone on the model",
+                flush=True,
             )
+        results = []
+        with Meter(len(settings), args.quiet or backend.rank != 0) as meter:
+            for i, (policy, config) in enumerate(settings):
+                results.append(run_jobs(backend.transport(config), jobs, policy, spec))
+                meter.part(i, policy_name(policy))(1, 1)
+        if backend.rank == 0:
+            solo = [solo_times_us(topo, config, jobs, policy, spec) for policy, config in settings]
             print(jobs_table(results, solo))
             _rows_out(args, [r.to_dict() for r in results])
     return wrong_exit(sum(row.wrong or 0 for r in results for row in r.jobs))
@@ -256,14 +287,6 @@ def _train_graph(args: argparse.Namespace) -> int:
             check_outputs(
                 args.json, inputs=[t.path for t in graph.traces] + input_files(args.topology, args.comm_group)
             )
-        if workers == 1:
-            rows = [
-                run_graph(backend.transport(config), graph, policy, spec, ranks)
-                for policy, config in settings
-            ]
-        else:
-            rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
-        if backend.rank == 0:
             config = settings[0].config
             print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi, config))
             if config.comm_scheduler or spec.partition_mib:
@@ -273,6 +296,25 @@ def _train_graph(args: argparse.Namespace) -> int:
                     f"# model-parallel group {graph.model_parallel_group} splits a dim: "
                     f"{given.spec()} runs as {topo.spec()}"
                 )
+            timing = plan_of(Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric))
+            issued = [op.collective for op in plan.ops if op.collective is not None]
+            _expect(timing, chunk_steps(topo, issued), spec, settings)
+        with Meter(len(settings), args.quiet or backend.rank != 0) as meter:
+            if workers == 1:
+                rows = [
+                    run_graph(
+                        backend.transport(config),
+                        graph,
+                        policy,
+                        spec,
+                        ranks,
+                        meter.part(i, policy_name(policy)),
+                    )
+                    for i, (policy, config) in enumerate(settings)
+                ]
+            else:
+                rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
+        if backend.rank == 0:
             _report(args, rows, topo)
     return wrong_exit(sum(r.wrong or 0 for r in rows))
 

@@ -16,6 +16,7 @@ from ..config import RunConfig
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
 from ..model import ModelTransport
+from ..progress import Progress, Runs
 from ..run.training import run_graph
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
@@ -48,7 +49,7 @@ from ..workloads.simai import (
     split_micro_batches,
 )
 from ..workloads.training import TrainingSpec
-from .options import one_topology
+from .options import Meter, one_topology
 
 SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk", "micro_batch", "global_batch")
 POLICIES = (("baseline", "fifo"), ("themis", "scf"))
@@ -130,7 +131,11 @@ def price(c: LlmConfig, layout: Layout, policy: str, config: RunConfig, spec: Tr
 
 
 def price_all(
-    c: LlmConfig, layout: Layout, policies: list[tuple[str, RunConfig]], spec: TrainingSpec
+    c: LlmConfig,
+    layout: Layout,
+    policies: list[tuple[str, RunConfig]],
+    spec: TrainingSpec,
+    progress: Progress | None = None,
 ) -> dict[str, dict]:
     """`price` under each (policy, config); the runs without collectives are run once for all.
 
@@ -139,17 +144,19 @@ def price_all(
     the iteration with every collective left out - the same on a free network (1 PB/s, no
     latency), and the bubble = that free iteration - the compute. No policy schedules anything
     in those two runs (they hold no collective), so they are run once, under the first policy.
+    `progress` is told the graph nodes done over every run.
     """
+    present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
+    runs = Runs(progress, 2 + len(policies) * (1 + sum(present.values())))
 
     def run(policy: str, config: RunConfig, drop: frozenset[str], topo: Topology) -> tuple[float, float]:
         graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, drop))  # type: ignore[arg-type]
-        row = run_graph(ModelTransport(topo, config), graph, policy, spec)
+        row = run_graph(ModelTransport(topo, config), graph, policy, spec, None, runs.next())
         return row.iteration_us, row.compute_us
 
     topo = layout.topology
     free = topo.free()
     colls = frozenset(("TP", "DP", "EP"))
-    present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
     first, first_config = policies[0]
     messages, _ = run(first, first_config, colls, topo)
     idle, compute = run(first, first_config, colls, free)
@@ -199,17 +206,22 @@ def cmd_simai(args: argparse.Namespace) -> int:
             "#   policy  iteration_us    compute_us    exposed_us"
             + "".join(f"{g + '_us':>14}" for g in GROUPS)
         )
+        meter = Meter(1, args.quiet)
+        runs = Runs(meter.part(0), len(POLICIES) * (1 + len(GROUPS)))
         for policy, intra in POLICIES:
             config = run_config(args, intra, layout.topology)
 
             def run(drop: frozenset[str], policy: str = policy, config: RunConfig = config):
                 graph = Graph(args.file, [simai_graph(wl, layout, drop)])
-                return run_graph(ModelTransport(layout.topology, config), graph, policy, spec)
+                return run_graph(
+                    ModelTransport(layout.topology, config), graph, policy, spec, None, runs.next()
+                )
 
             row = run(frozenset())
             saved = [row.iteration_us - run(frozenset((g,))).iteration_us for g in GROUPS]
             cells = [row.iteration_us, row.compute_us, row.exposed_comm_us, *saved]
-            print(f"{policy:>10}" + "".join(f"{v:14.2f}" for v in cells))
+            meter.write(f"{policy:>10}" + "".join(f"{v:14.2f}" for v in cells))
+        meter.close()
     return 0
 
 
@@ -252,10 +264,12 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     topo = layout.topology
     free = topo.free()
     colls = frozenset(GROUPS)
+    meter = Meter(1, args.quiet)
+    runs = Runs(meter.part(0), 2 + len(POLICIES) * (1 + len(GROUPS)))
 
     def run(policy: str, config: RunConfig, drop: frozenset[str], on: Topology) -> tuple[float, float]:
         graph = Graph(args.file, SimaiTraces(wl, layout, drop, schedule))  # type: ignore[arg-type]
-        row = run_graph(ModelTransport(on, config), graph, policy, spec)
+        row = run_graph(ModelTransport(on, config), graph, policy, spec, None, runs.next())
         return row.iteration_us, row.compute_us
 
     first = run_config(args, POLICIES[0][1], topo)
@@ -266,7 +280,8 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
         full, _ = run(policy, config, frozenset(), topo)
         saved = [full - run(policy, config, frozenset((g,)), topo)[0] for g in GROUPS]
         cells = [full, compute, full - compute, *saved, messages - idle, idle - compute]
-        print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in cells))
+        meter.write(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in cells))
+    meter.close()
     return 0
 
 
@@ -281,7 +296,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
     c = llm_config(args)
     layout = fit_groups(c, one_topology(args))
     for line in summary(c, layout):
-        print(line)
+        print(line, flush=True)
     if args.out:
         if rank_nodes(c) * c.npus > MAX_ET_NODES:
             raise UsageError(
@@ -301,8 +316,15 @@ def cmd_workload(args: argparse.Namespace) -> int:
             "with free communication"
         )
         head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
-        print("#" + "".join(f"{h:>14}" for h in head)[1:])
-        priced = price_all(c, layout, [(p, run_config(args, i, layout.topology)) for p, i in POLICIES], spec)
+        print("#" + "".join(f"{h:>14}" for h in head)[1:], flush=True)
+        with Meter(1, args.quiet) as meter:
+            priced = price_all(
+                c,
+                layout,
+                [(p, run_config(args, i, layout.topology)) for p, i in POLICIES],
+                spec,
+                meter.part(0),
+            )
         for policy, _ in POLICIES:
             r = priced[policy]
             cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]

@@ -22,6 +22,7 @@ from ..engine import Engine, MessageRun, StageRun
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule
+from ..progress import Progress
 from ..timing.symmetric import Symmetric
 from ..topology import Topology
 from ..workloads.chakra import GraphReplay, Plan
@@ -149,8 +150,12 @@ def run_linked(
     config: RunConfig,
     plans: dict[int, Plan],
     schedules: dict[Collective, Schedule],
+    progress: Progress | None = None,
 ) -> dict[int, Engine]:
-    """Every plan on its own engine, the ranks in lock step; returns each rank's finished engine."""
+    """Every plan on its own engine, the ranks in lock step; returns each rank's finished engine.
+
+    `progress` is told the nodes each rank has finished (from each rank's thread).
+    """
     exchange = _Exchange(len(plans))
     engines: dict[int, Engine] = {}
 
@@ -158,7 +163,7 @@ def run_linked(
         try:
             engine = Engine(topology, LinkedTransport(topology, config, rank, exchange), config)
             engines[rank] = engine
-            replay = GraphReplay(plans[rank], schedules)
+            replay = GraphReplay(plans[rank], schedules, progress=progress)
             engine.process(replay.process(engine))
             engine.run()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread

@@ -18,6 +18,7 @@ from ..engine import Engine, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule, default_scheduler
+from ..progress import Progress
 from ..results import TrainingResult, beyond_physics, dim_results, link_results
 from ..timing.planner import GRAPH, TRAINING, WORLD, Run, graph_ranks, plan, run_on
 from ..timing.rules import IDEAL
@@ -105,13 +106,17 @@ def _training_result(
 
 
 def run_training(
-    transport: Transport, workload: Workload, policy: PolicyLike, spec: TrainingSpec
+    transport: Transport,
+    workload: Workload,
+    policy: PolicyLike,
+    spec: TrainingSpec,
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """Training iterations of a workload; every collective on real data (and checked) in MPI.
 
     The transport's topology must fit the workload (see `workloads.text.Workload.fit_topology`).
     What times it is the planner's choice (`timing.planner.plan`); this runs the loop on every
-    NPU that choice runs (`training_on`).
+    NPU that choice runs (`training_on`). `progress` is told the layer steps of every NPU run.
     """
     topo, config = transport.topology, transport.config
     if spec.heterogeneous and config.compat:
@@ -127,7 +132,9 @@ def run_training(
     order = _start_order(workload, topo, spec, config, by_collective) if timing.agreed else None
 
     def body(npu: Transport) -> TrainingResult:
-        return training_on(npu, workload, policy, spec, by_collective, order, decision_s, timing.every_npu)
+        return training_on(
+            npu, workload, policy, spec, by_collective, order, decision_s, timing.every_npu, progress
+        )
 
     kinds = None if spec.compute_jitter else dict(spec.npu_compute_scale)  # (jitter: each NPU its own)
     row = run_on(timing, transport, body, kinds=kinds)
@@ -143,6 +150,7 @@ def training_on(
     order: list | None,
     decision_s: float,
     spans: bool,
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """The training loop on one NPU's engine (or every NPU's, vectorised): its row.
 
@@ -151,7 +159,8 @@ def training_on(
     """
     topo, config = npu.topology, npu.config
     engine = Engine(topo, npu, config)
-    loop = TrainingLoop(workload, topo, spec, schedules, loop_tick_ns(config.compat), rank=npu.ranks)
+    tick_ns = loop_tick_ns(config.compat)
+    loop = TrainingLoop(workload, topo, spec, schedules, tick_ns, rank=npu.ranks, progress=progress)
     if order is not None:
         engine.agree(order)
 
@@ -207,6 +216,7 @@ def run_graph(
     policy: PolicyLike,
     spec: TrainingSpec,
     ranks: Sequence[int] | None = None,
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """A Chakra execution graph once; every collective and message on real data in MPI.
 
@@ -214,7 +224,8 @@ def run_graph(
     runs its own graph (MPI, every NPU's links), rank 0 on the model. ``iterations`` and the
     per-iteration times come from the graph's ``themis_iterations`` metadata (1 unless it was
     converted from a text workload). What times it is the planner's choice (`graph_on` runs it
-    on each NPU; the linked ranks of per-rank graphs with messages run in `run.linked`).
+    on each NPU; the linked ranks of per-rank graphs with messages run in `run.linked`). `progress`
+    is told the graph nodes each NPU has finished.
     """
     topo, config = transport.topology, transport.config
     if config.asymmetric or spec.heterogeneous:
@@ -237,9 +248,9 @@ def run_graph(
     row = run_on(
         timing,
         transport,
-        lambda npu: graph_on(npu, graph, policy, spec, schedules),
+        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress),
         keep_starts=True,
-        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules),
+        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress),
         deadlock="the graph deadlocks on every NPU's links",
     )
     if timing.simulator == WORLD:
@@ -253,12 +264,13 @@ def graph_on(
     policy: PolicyLike,
     spec: TrainingSpec,
     schedules: dict[Collective, Schedule],
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """The graph of NPU `npu.rank` on its engine: its row (the iteration ends with the last rank)."""
     topo = npu.topology
     mine = plan_graph(graph.trace(npu.rank), topo, npu.rank, spec, graph.groups)
     engine = Engine(topo, npu, npu.config)
-    replay = GraphReplay(mine, schedules, spec, topo)
+    replay = GraphReplay(mine, schedules, spec, topo, progress)
     _, wall_s = execute(npu, engine, "the graph replay", lambda: engine.process(replay.process(engine)))
     total_ns = engine.now_ns
     if not graph.symmetric:  # the iteration ends with the last rank
@@ -273,10 +285,11 @@ def _linked(
     spec: TrainingSpec,
     plans: dict[int, GraphPlan],
     schedules: dict[Collective, Schedule],
+    progress: Progress | None = None,
 ) -> TrainingResult:
     """Per-rank graphs with messages on the model: the linked ranks' engines in lock step (`run.linked`)."""
     t0 = time.perf_counter()
-    engines = run_linked(transport.topology, transport.config, plans, schedules)
+    engines = run_linked(transport.topology, transport.config, plans, schedules, progress)
     engine, wall_s = engines[0], time.perf_counter() - t0
     replay = GraphReplay(plans[0], schedules)
     replay.collectives_issued = len(engine.collectives)

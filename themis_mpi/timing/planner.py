@@ -30,12 +30,13 @@ is what defines the order (the decisions of a run without stragglers), so it is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from ..collectives import Collective
 from ..config import RunConfig
-from ..cost import ASTRA_SIM_2
+from ..cost import A2A, ASTRA_SIM_2, RS, steps
 from ..engine import Transport
 from ..errors import Stalled, UsageError
 from ..model import ModelTransport
@@ -57,6 +58,17 @@ WORLD = "every NPU's links"
 LINKED = "the linked ranks"
 SLICES = "one NPU per slice"
 CUSTOM = "every NPU's program on every NPU's links"
+
+SAY_ABOVE_S = 30.0  # a command whose run `estimate`s more than this says so before it starts
+# CPU us per chunk step (`chunk_steps`) on the development machine (2 cores, Python 3.11), from
+# scripts/bench_estimate.py (docs/performance.md, "What a run will cost"): one NPU's view per step
+# of that NPU; every NPU vectorised per step (the numpy calls serve every NPU at once) plus a little
+# per NPU and step; every NPU in event order per NPU and step; every NPU's links per NPU and step
+# at 64 NPUs, growing as NPUs^0.4 (more flows share each link's rate: 0.29 on Ring x FC x SW
+# shapes, 0.46 on cuts of the HGX-H100 preset, whose outer dims share a NIC).
+STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 12.5}
+VECTORS_NPU_STEP_US = 0.002
+WORLD_NPUS, WORLD_GROWTH = 64, 0.4  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.4
 
 
 @dataclass(frozen=True)
@@ -263,3 +275,60 @@ def graph_ranks(plan: Plan, transport: Transport) -> Sequence[int] | None:
     if plan.simulator == WORLD or not model:
         return range(plan.run.topology.npus)
     return None if plan.simulator == LINKED else [0]
+
+
+def chunk_steps(topology: Topology, collectives: Iterable[Collective]) -> int:
+    """The algorithm steps one NPU runs for these collectives (each as issued): chunks x dim stages x steps.
+
+    An all-reduce visits each of its dims twice (reduce-scatter, all-gather), an all-to-all
+    takes one step per dim; a stage's steps are its dim algorithm's (`cost.steps`).
+    """
+    per_dim = [len(steps(dim, RS, dim.npus, 1)) for dim in topology.dims]
+    total = 0
+    for coll in collectives:
+        visits = 2 if coll.op == "all_reduce" else 1
+        total += coll.n_chunks * visits * sum(1 if coll.op == A2A else per_dim[d] for d in coll.dims)
+    return total
+
+
+def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> tuple[float, str]:
+    """A cheap prediction of a run's wall seconds, and its reason in a few words.
+
+    From what the planner chose: one NPU's view (and the linked ranks, the slices of jobs) costs
+    per chunk step of that NPU; every NPU costs per NPU and step (vectorised: mostly per step,
+    the numpy calls serve every NPU at once; on every NPU's links a little more per step the more
+    NPUs share the links). The constants (`STEP_US`) are CPU seconds of this machine, measured
+    by a benchmark; a faster every-NPU simulator only moves them. Stragglers add the agreed
+    order's one-NPU run. The themis policy's oracle runs and the run's start are not counted.
+
+    Args:
+        plan: the run's plan.
+        steps_per_npu: the chunk steps one NPU runs over the whole run (`chunk_steps` of every
+            collective it issues, each time it issues it).
+        slow_npus: NPUs that compute slower (named in the reason).
+
+    Returns:
+        (seconds, reason); the reason e.g. ``every NPU's links under fair (NPU 5 computes slower,
+        1024 NPUs x 4,480 chunk steps)``.
+    """
+    run, npus = plan.run, plan.run.topology.npus
+    one_us = steps_per_npu * STEP_US[ONE_NPU]
+    if plan.simulator == VECTORS:
+        cost_us = steps_per_npu * (STEP_US[VECTORS] + npus * VECTORS_NPU_STEP_US)
+    elif plan.simulator == WORLD:
+        cost_us = steps_per_npu * npus * STEP_US[WORLD] * (npus / WORLD_NPUS) ** WORLD_GROWTH
+    elif plan.simulator == GREENLETS:
+        cost_us = steps_per_npu * npus * STEP_US[GREENLETS]
+    else:
+        cost_us = steps_per_npu * STEP_US[plan.simulator]
+    cost_us += one_us if plan.agreed else 0.0
+    causes = [f"NPU {r} computes slower" for r in slow_npus][:2]
+    causes += [f"NPU {r} starts late" for r, _ in run.config.npu_delay_ns][:2]
+    causes += [f"link {d}:{r} is scaled" for d, r, _ in run.config.link_scale][:2]
+    causes += ["NPUs run their own graphs"] * run.per_rank + ["point-to-point messages"] * run.messages
+    if not one_npu_exact(run.topology, run.config):
+        causes.append(f"uneven dim {uneven_dims(run.topology)[0]} under --compat {ASTRA_SIM_2}")
+    size = (
+        f"{npus} NPUs x {steps_per_npu:,} chunk steps" if plan.every_npu else f"{steps_per_npu:,} chunk steps"
+    )
+    return cost_us / 1e6, f"{plan.simulator} under {plan.rule} ({', '.join([*causes, size])})"

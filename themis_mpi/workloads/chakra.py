@@ -52,6 +52,7 @@ from ..errors import UsageError, shown
 from ..limits import MAX_TIME_NS
 from ..output import read_json
 from ..policies import UNKNOWN, Need, Schedule
+from ..progress import Progress, tell
 from ..topology import Topology
 from .et import (
     COMM_COLL_NODE,
@@ -542,6 +543,7 @@ class GraphReplay:
         schedules: the schedule (chunk bounds, orders, queue policy) of every distinct collective.
         spec: with `topology`, slices collectives into partitions (``spec.partition_mib``).
         topology: the network (the group sizes of the partitions).
+        progress: told each node finished, of all the NPU's nodes.
     """
 
     def __init__(
@@ -550,8 +552,10 @@ class GraphReplay:
         schedules: dict[Collective, Schedule],
         spec: TrainingSpec | None = None,
         topology: Topology | None = None,
+        progress: Progress | None = None,
     ):
         self.plan, self.schedules = plan, schedules
+        self.progress, self.nodes_done = progress, 0
         self.spec, self.topology = spec, topology
         self.collectives_issued = 0
         self.messages: list = []
@@ -586,3 +590,5 @@ class GraphReplay:
             run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)
             yield run.done
+        self.nodes_done += 1
+        tell(self.progress, self.nodes_done, len(self.plan.ops))

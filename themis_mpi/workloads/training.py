@@ -73,6 +73,7 @@ from ..limits import (
     in_range,
 )
 from ..policies import BLOCKING, UNKNOWN, Need, Schedule
+from ..progress import Progress, tell
 from ..topology import Topology
 from .text import PHASES, Layer, Workload
 
@@ -315,8 +316,16 @@ def distinct_collectives(workload: Workload, topology: Topology, spec: TrainingS
     Every rank computes this before the first collective, so a workload that does not fit the
     topology is refused on every rank at once.
     """
+    return list(dict.fromkeys(listed_collectives(workload, topology, spec)))
+
+
+def listed_collectives(workload: Workload, topology: Topology, spec: TrainingSpec) -> list[Collective]:
+    """The collectives (partitions) of one iteration as the file lists them, repeats kept, in file order.
+
+    What one iteration costs in collectives (`timing.planner.chunk_steps`, the run's estimate).
+    """
     buckets = {b.issuer: b.collective for b in bucket_plan(workload, topology, spec)}
-    out: dict[Collective, None] = {}
+    out = []
     for layer in workload.layers:
         for phase in PHASES:
             if phase == "wg" and buckets:
@@ -324,9 +333,8 @@ def distinct_collectives(workload: Workload, topology: Topology, spec: TrainingS
             else:
                 coll = collective_of(workload, layer, phase, topology, spec)
             if coll is not None:
-                for part in partitions(coll, spec, topology.group_npus(coll.dims)):
-                    out.setdefault(part)
-    return list(out)
+                out += partitions(coll, spec, topology.group_npus(coll.dims))
+    return out
 
 
 HYBRID_LOOPS = (
@@ -363,6 +371,7 @@ class TrainingLoop:
             converter names its nodes so); None by default.
         rank: whose compute pace and jitter (`TrainingSpec.npu_factor`); every rank's at once
             for an array of ranks (`timing.vectors.NpuVectors`).
+        progress: told each layer step done (a layer's forward, or its backward) of all of them.
     """
 
     def __init__(
@@ -374,6 +383,7 @@ class TrainingLoop:
         tick_ns: float = 0.0,
         listener: TrainingListener | None = None,
         rank: int | np.ndarray = 0,
+        progress: Progress | None = None,
     ):
         self.wl, self.topology, self.spec, self.schedules = workload, topology, spec, schedules
         self.npu_factor = spec.npu_factor(rank)  # a straggler's compute pace
@@ -393,6 +403,9 @@ class TrainingLoop:
         # when the next forward pass needs each layer's weight gradient (its place, compute before it)
         fwd_ns = [layer.fwd.compute_ns * spec.compute_scale for layer in workload.layers]
         self.needs = [Need(i, float(sum(fwd_ns[:i]))) for i in range(n)]
+        self.progress = progress
+        passes = 1 if workload.parallelism in ("MICRO", "DISTRIBUTED_INFERENCE") else 2
+        self.steps_done, self.steps_total = 0, spec.iterations * n * passes
 
     # --- steps ---------------------------------------------------------------------------------
 
@@ -425,7 +438,8 @@ class TrainingLoop:
         runs = self._issue_parts(engine, coll, self._wg_need(layer.index) if phase == "wg" else BLOCKING)
         if phase == "wg":
             self.wg_runs[len(self.iteration_starts) - 1, layer.index] = runs
-        return engine.process(self._finished(engine, layer, runs))
+        finish = self._finished(engine, layer, runs)
+        return engine.process(self._then_step(finish) if phase == "wg" else finish)
 
     def _wg_need(self, layer: int) -> Need:
         """When a weight gradient is needed: by the layer's next forward; never in the last iteration."""
@@ -453,7 +467,8 @@ class TrainingLoop:
         runs = self._issue_parts(engine, coll, self._wg_need(min(bucket.layers)))
         for i in bucket.layers:
             self.wg_runs[len(self.iteration_starts) - 1, i] = runs
-            self.wg_done[i] = engine.process(self._finished(engine, self.wl.layers[i], runs))
+            finish = self._finished(engine, self.wl.layers[i], runs)
+            self.wg_done[i] = engine.process(self._then_step(finish) if i == layer.index else finish)
         return self.wg_done[layer.index]
 
     def _finished(self, engine: Engine, layer: Layer, runs: list[CollectiveRun]) -> ProcessGenerator:
@@ -464,6 +479,16 @@ class TrainingLoop:
             if self.listener is not None:
                 self.listener.updating(layer)
             yield engine.timeout(update_ns)
+
+    def _then_step(self, finish: ProcessGenerator) -> ProcessGenerator:
+        """A weight gradient's `_finished`, then its layer's backward step is done."""
+        yield from finish
+        self._stepped()
+
+    def _stepped(self) -> None:
+        """One more layer step done (`progress`): a forward, or a backward once its gradient is applied."""
+        self.steps_done += 1
+        tell(self.progress, self.steps_done, self.steps_total)
 
     @staticmethod
     def _wait(event: Event | None) -> ProcessGenerator:
@@ -480,7 +505,8 @@ class TrainingLoop:
             self.iteration_starts += [engine.now_ns] * self.spec.iterations
             for _ in range(self.spec.iterations):
                 for layer in layers:
-                    self._issue(engine, layer, "wg")
+                    if self._issue(engine, layer, "wg") is None:
+                        self._stepped()
             return
         for _ in range(self.spec.iterations):
             self.iteration_starts.append(engine.now_ns)
@@ -510,6 +536,8 @@ class TrainingLoop:
             elif kind != "DATA":
                 yield from self._wait(self._issue(engine, layer, "fwd"))
             yield from self._tick(engine)
+            if stop == len(self.wl.layers) and first == 0:
+                self._stepped()
 
     def _backward_data(self, engine: Engine) -> ProcessGenerator:
         """DATA and DLRM: weight gradient, then input gradient, layer by layer."""
@@ -518,6 +546,8 @@ class TrainingLoop:
             layer = self.wl.layers[i]
             yield from self._compute(engine, layer.wg.compute_ns)
             self.wg_done[i] = self._issue(engine, layer, "wg")
+            if self.wg_done[i] is None:  # (else once the gradient is applied: `_finished`)
+                self._stepped()
             if self.wl.parallelism == "HYBRID_DLRM":
                 yield from self._wait(self.ig_done[i])
                 self.ig_done[i] = None
@@ -543,5 +573,7 @@ class TrainingLoop:
             yield from self._tick(engine)
             yield from self._compute(engine, layer.wg.compute_ns)
             self.wg_done[i] = self._issue(engine, layer, "wg")
+            if self.wg_done[i] is None:
+                self._stepped()
             yield from self._wait(ig)
             yield from self._tick(engine)
