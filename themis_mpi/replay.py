@@ -193,10 +193,16 @@ def _with_rank(events: np.ndarray, rank: int) -> np.ndarray:
     return out
 
 
-def replay_header(trace: Trace, topology: Topology, backend: str, network: str | None = None) -> str:
+def replay_header(
+    trace: Trace, topology: Topology, backend: str, network: str | None = None, mtu_bytes: int | None = None
+) -> str:
     """The replay's first line, known before it runs: what is replayed, where, and what changed."""
     network = trace.network if network is None else network
-    unchanged = topology.dims == trace.topology().dims and network == trace.network
+    unchanged = (
+        topology.dims == trace.topology().dims
+        and network == trace.network
+        and (mtu_bytes is None or recorded_mtu(topology, network, mtu_bytes) == trace.mtu_bytes)
+    )
     return (
         f"# replay of {trace.path} ({trace.attrs['transport']}, {trace.attrs['topology_label']}) on "
         f"{'the emulator' if backend == 'mpi' else 'the model'}, topology {topology.label()}"

@@ -23,7 +23,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     with open_backend(topo, use_mpi, args.timeout_s) as backend:
         if backend.rank == 0:
             check_outputs(args.json, args.trace, inputs=(args.trace_in,))
-            print(replay_header(trace, topo, backend.name, args.network), flush=True)
+            print(replay_header(trace, topo, backend.name, args.network, args.mtu), flush=True)
         with Meter(1, args.quiet or backend.rank != 0) as meter:
             result = replay_trace(trace, topo, backend, args.timeout_s, args.network, args.mtu, meter.part(0))
         if backend.rank != 0:
