@@ -44,6 +44,8 @@ from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
 from themis_mpi.output import write_json
 from themis_mpi.run.collective import run_collective
+from themis_mpi.timing.planner import emulator_timer
+from themis_mpi.timing.rules import DEFAULT_RULE
 from themis_mpi.topology import parse_topology
 from themis_mpi.units import parse_size, size_sweep
 
@@ -192,6 +194,7 @@ def main():
     ap.add_argument("-c", "--chunks", default="1,8,64", help="chunk counts (default 1,8,64)")
     ap.add_argument("--iters", type=int, default=5, help="timed rounds per row (default 5)")
     ap.add_argument("--out", default="results", help="output folder (default results)")
+    ap.add_argument("--network", default=DEFAULT_RULE, help=f"the sharing rule (default {DEFAULT_RULE})")
     args = ap.parse_args()
     topo = parse_topology(args.topology)
     sizes = size_sweep(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
@@ -199,7 +202,9 @@ def main():
     dims = tuple(range(len(topo.dims)))
     rows = []
     with CartGrid(MPI.COMM_WORLD, topo) as grid:
-        transport = MpiTransport(grid, RunConfig())  # keeps its buffers from one run to the next
+        config = RunConfig(network=args.network).on(topo)
+        # (one NPU's view times a sharing rule's stages, as the planner gives it; ideal: none)
+        transport = MpiTransport(grid, config, emulator_timer(topo, config))  # keeps its buffers
         for size in sizes:
             for chunks in chunk_counts:
                 coll = Collective("all_reduce", size // 8, "float64", chunks, dims)
