@@ -173,12 +173,12 @@ def straggling(network: str) -> RunConfig:
 def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(monkeypatch, algorithm):
     """The all-reduce with a late NPU and a slow link on the 512-NPU cut, field by field.
 
-    Under the default rule (``ideal``: every NPU vectorised) against every NPU's engine
+    Under ``ideal`` (every NPU vectorised) against every NPU's engine
     (`greenlets.NpuWorld`); under ``fair`` by classes against every NPU's links.
     """
     topo = parse_topology(CUT.format(a=algorithm))
     coll = Collective("all_reduce", 1 << 24, "float32", 16, (0, 1, 2))
-    config = straggling(RunConfig().network)
+    config = straggling("ideal")
     fast, _ = model_collective(topo, coll, "themis", config)
     plain = NpuWorld(topo, config).run(lambda npu: run_collective(npu, coll, "themis"))[0][0]
     same_fields(fast, plain, "clock")  # (the model's, and the greenlets' virtual one)
@@ -191,10 +191,10 @@ def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(monkeypatch, algorith
 
 @pytest.mark.slow
 def test_gnmt_on_a_64_npu_cut_of_hgx_with_a_slow_npu_equals_every_npu():
-    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: the default rule's path equals every NPU's engine."""
+    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: ideal's fast path equals every NPU's engine."""
     topo = parse_topology("SW(8,419.1,700,hd)_SW(4,46.57,1700,hd)_SW(2,46.57,1700,hd)_NIC(1+2,46.57)")
     wl = parse_workload(str(Path(__file__).parents[1] / "traces" / "gnmt.txt"))
-    spec, config = TrainingSpec(chunks=16, npu_compute_scale=((5, 1.5),)), RunConfig()
+    spec, config = TrainingSpec(chunks=16, npu_compute_scale=((5, 1.5),)), RunConfig(network="ideal")
     fast = model_training(wl, topo, "baseline", spec, config)
     plain = NpuWorld(topo, config).run(lambda npu: run_training(npu, wl, "baseline", spec))[0]
     same_fields(fast, plain, "transport")
