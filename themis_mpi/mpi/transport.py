@@ -871,7 +871,11 @@ class MpiTransport:
                 backoff.reset()  # waiting for our own deadline: silence counts from when it passes
 
     def _wait_timed(self, horizon_ns: float) -> tuple[float, list[StageRun]]:
-        """Under a timer: its next ends (or the horizon), once their data is here."""
+        """Under a timer: its next ends (or the horizon), once their data is here.
+
+        The stages that end are found once; then, as on the ideal path, steps are applied as
+        they complete and, with nothing to apply, the rank waits for a request (`_await`).
+        """
         if self._timed is None:
             assert self.timer is not None
             t_ns, runs = self.timer.next(horizon_ns)
@@ -880,20 +884,22 @@ class MpiTransport:
             self._timed = (t_ns, runs)
         t_ns, runs = self._timed
         ending = {id(run) for run in runs}
+        done: list[_StageExec | _MessageExec] = []
+        running: list[_StageExec | _MessageExec] = []
+        for ex in self._active:
+            (done if id(ex.run) in ending else running).append(ex)
+        assert len(done) == len(runs), "the timer ended a stage this transport does not run"
         backoff = None
-        while True:
-            done = [ex for ex in self._active if id(ex.run) in ending]
-            if len(done) == len(runs) and all(ex.end_ns is not None for ex in done):
-                break
-            if self._progress():
-                if backoff is not None:
-                    backoff.reset()
-                continue
-            if backoff is None:
-                backoff = self.grid.watchdog.backoff(self._waiting_for)
-            backoff.pause(None)
+        for ex in done:
+            while ex.end_ns is None:
+                if self._progress():
+                    continue
+                if backoff is None:
+                    backoff = self.grid.watchdog.backoff(self._waiting_for)
+                self._await(backoff)  # (only a message can move things)
+                backoff.reset()
         self._timed = None
-        self._active = [ex for ex in self._active if id(ex.run) not in ending]
+        self._active = running
         for ex in done:
             if isinstance(ex, _StageExec):
                 self._release(ex)

@@ -181,6 +181,14 @@ class Packet(Fair):
         if self.loop.now_ns < self._last_ns:  # a new run on these links, its clock from 0 again
             self._joined = [-math.inf] * len(self.links)
         self._last_ns = self.loop.now_ns
+        if self.solo and flow.uniform and self._free(step):
+            # (nothing on its links, nothing queued, no packet to wait for: what the general path
+            # below comes to then, without placing anything or queueing the transfer first)
+            if not step.atom:
+                for link in step.sends:
+                    self._joined[link] = self._last_ns
+            super()._enter(flow, step)
+            return
         self._place(step.links)
         if step.atom and step.sends:
             flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf
@@ -201,6 +209,17 @@ class Packet(Fair):
             self.loop.at(at, self._join_now, flow)
         else:
             super()._enter(flow, step)
+
+    def _free(self, step: PacketStep) -> bool:
+        """Whether no transfer uses the step's links, none waits on its sender's, none took them just now."""
+        users, atoms, joined, now = self._users, self._atoms, self._joined, self._last_ns
+        for link in step.links:
+            if users[link]:
+                return False
+        for link in step.sends:
+            if atoms[link] or (not step.atom and joined[link] >= now and joined[link] + step.packet_ns > now):
+                return False
+        return True
 
     def _join_now(self, flow: Flow) -> None:
         """A transfer that waited for the packet in service takes its share."""
