@@ -649,17 +649,18 @@ class MpiTransport:
         if isinstance(ex, _MessageExec):
             return self._finish_message(ex)
         recvs, _, hdrs, _ = ex.views[ex.k]
-        sent_ns = -math.inf
-        extras = ex.shape.extras
-        for i, hdr in enumerate(hdrs):
-            t = float(hdr[0]) if extras is None else float(hdr[0]) + extras[ex.k][i]
-            if t > sent_ns:
-                sent_ns = t
         costs = ex.shape.costs
-        t = ex.t_ns
-        t_next = max(t, t + ex.shape.send_ns[ex.k], sent_ns + costs[ex.k])
-        if self._wall and self.clock.now_ns() < t_next:
-            return False
+        t_next = t = ex.t_ns
+        if self.timer is None:  # (under a timer the steps only move the data: it says when stages end)
+            sent_ns = -math.inf
+            extras = ex.shape.extras
+            for i, hdr in enumerate(hdrs):
+                sent = float(hdr[0]) if extras is None else float(hdr[0]) + extras[ex.k][i]
+                if sent > sent_ns:
+                    sent_ns = sent
+            t_next = max(t, t + ex.shape.send_ns[ex.k], sent_ns + costs[ex.k])
+            if self._wall and self.clock.now_ns() < t_next:
+                return False
         mode = ex.shape.steps[ex.k].mode
         buf, lo = ex.buf, ex.lo
         for _, a, b, _, data, _, _ in recvs:
