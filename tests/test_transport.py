@@ -1,7 +1,7 @@
 """Rules for the MPI data path: messages with the send time folded in, and the ones without.
 
 Blocks up to ``FOLD_MAX_BYTES`` travel in one message with their send time; larger ones as a
-header and the data. Every case runs under `mpiexec` (pytest itself never starts MPI).
+header and the data (under a sharing rule, whose timer times the stages, the data alone). Every case runs under `mpiexec` (pytest itself never starts MPI).
 """
 
 import json
@@ -68,6 +68,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import run_collective
 from themis_mpi.mpi.grid import CartGrid
 from themis_mpi.mpi.transport import MpiTransport
+from themis_mpi.timing.planner import emulator_timer
 from themis_mpi.topology import parse_topology
 
 
@@ -85,12 +86,13 @@ class Counting:
         return self.comm.Irecv(*args)
 
 
-count, chunks = int(sys.argv[1]), int(sys.argv[2])
+count, chunks, network = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 topo = parse_topology("2x2x2")
 with CartGrid(MPI.COMM_WORLD, topo) as grid:
     counting = [Counting(c) for c in grid.subcomms]
     real, grid.subcomms = grid.subcomms, counting
-    transport = MpiTransport(grid, RunConfig(network="ideal"))  # (one NPU's rule on each rank: no planner here)
+    config = RunConfig(network=network).on(topo)
+    transport = MpiTransport(grid, config, emulator_timer(topo, config))  # (ideal: no timer)
     collective = Collective("all_reduce", count, "float64", chunks, (0, 1, 2))
     result, engine = run_collective(transport, collective, "baseline")
     transport.drain()
@@ -101,12 +103,18 @@ with CartGrid(MPI.COMM_WORLD, topo) as grid:
 """
 
 
-@pytest.mark.parametrize("block_bytes,per_step", [(FOLD_MAX_BYTES, 1), (FOLD_MAX_BYTES + 8, 2)])
-def test_a_step_sends_one_message_per_peer_up_to_the_fold_limit_and_two_above(block_bytes, per_step):
-    """On 2x2x2 (one peer per step, six steps per chunk) blocks up to the limit go as one message, larger ones as two."""
+@pytest.mark.parametrize(
+    "block_bytes,network,per_step",
+    [(FOLD_MAX_BYTES, "ideal", 1), (FOLD_MAX_BYTES + 8, "ideal", 2), (FOLD_MAX_BYTES + 8, "packet", 1)],
+)
+def test_a_step_sends_one_message_per_peer_up_to_the_fold_limit_and_two_above(block_bytes, network, per_step):
+    """On 2x2x2 (one peer per step, six steps per chunk) blocks up to the limit go as one message, larger ones as two.
+
+    Under a sharing rule its timer times the stages: no send time travels, a larger block goes alone.
+    """
     chunks = 4
     count = 2 * block_bytes // 8 * chunks  # the first step's block of every chunk is block_bytes
-    proc = mpirun(8, ["-c", COUNT_MESSAGES, str(count), str(chunks)])
+    proc = mpirun(8, ["-c", COUNT_MESSAGES, str(count), str(chunks), network])
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["wrong"] == 0

@@ -12,6 +12,7 @@ time, so it is kept short:
   copied into a staging buffer behind which the time is written, so one message per step and
   peer goes out instead of two. A larger block goes straight from the collective's buffer,
   preceded by an 8-byte header message; there the copy would cost more than the extra message.
+  Under a timer (below) no send time is read, and a larger block goes alone.
 - A step ends when its receives are done; its staged sends may still be in flight (their data
   is a copy, and each step stages into its own bytes), which saves waiting for the peer to
   acknowledge a rendezvous. Sends from the collective's buffer are waited for, as that buffer
@@ -95,8 +96,9 @@ class _StepPlan:
 
     __slots__ = ("mode", "sends", "recvs", "staged", "peers", "n_must", "recv_bytes", "send_bytes")
 
-    def __init__(self, step: Step, itemsize: int, world: list[int]):
+    def __init__(self, step: Step, itemsize: int, world: list[int], headers: bool = True):
         self.mode = MODES[step.mode]
+        apart = 2 if headers else 1  # requests of a block sent apart: its header (the send time) and it
         recvs, sends, staged, peers = [], [], [], []
         at = 0
         for peer, a, b in step.recvs:
@@ -110,8 +112,8 @@ class _StepPlan:
             else:  # scratch for the data, the header apart
                 recvs.append((peer, a, b, at, nbytes, False))
                 at += _aligned(nbytes)
-            staged += [False] * (1 if folded else 2)
-            peers += [world[peer]] * (1 if folded else 2)
+            staged += [False] * (1 if folded else apart)
+            peers += [world[peer]] * (1 if folded else apart)
         self.recv_bytes, at = at, 0
         for peer, a, b in step.sends:
             nbytes = (b - a) * itemsize
@@ -119,8 +121,8 @@ class _StepPlan:
             sends.append((peer, a, b, at if folded else -1, nbytes, folded))
             if folded:
                 at += _aligned(nbytes + HDR_BYTES)
-            staged += [True] if folded else [False, False]
-            peers += [world[peer]] * (1 if folded else 2)
+            staged += [True] if folded else [False] * apart
+            peers += [world[peer]] * (1 if folded else apart)
         self.send_bytes = at
         self.recvs, self.sends = tuple(recvs), tuple(sends)
         self.staged = tuple(staged)  # per request, in posting order: a staged send?
@@ -149,6 +151,7 @@ class _Shape:
         "pooled",
         "retired",
         "free",
+        "headers",
     )
 
     def __init__(
@@ -161,9 +164,11 @@ class _Shape:
         itemsize: int,
         world: list[int],
         links: tuple = ((), None),
+        headers: bool = True,
     ):
         self.dim, self.comm = dim, comm
-        self.steps = [_StepPlan(st, itemsize, world) for st in steps]
+        self.headers = headers  # a block sent apart goes after its send time (not under a timer)
+        self.steps = [_StepPlan(st, itemsize, world, headers) for st in steps]
         at = max((st.recv_bytes for st in self.steps), default=0)
         self.send_bases = []
         for st in self.steps:
@@ -524,6 +529,7 @@ class MpiTransport:
             collective.itemsize,
             world,
             links,
+            headers=self.timer is None,  # (a timer times the stages: no send time travels apart)
         )
         self._shapes[key] = shape
         return shape
@@ -624,7 +630,8 @@ class MpiTransport:
             if folded:
                 reqs.append(comm.Irecv(msg, peer, tag))
             else:
-                reqs.append(comm.Irecv(hdr, peer, tag))
+                if ex.shape.headers:
+                    reqs.append(comm.Irecv(hdr, peer, tag))
                 reqs.append(comm.Irecv(buf[lo + a : lo + b] if msg is None else msg, peer, tag))
         ex.hdr_send[0] = t_ns
         for peer, a, b, msg, data, hdr, folded in sends:
@@ -633,7 +640,8 @@ class MpiTransport:
                 hdr[0] = t_ns
                 reqs.append(comm.Isend(msg, peer, tag))
             else:
-                reqs.append(comm.Isend(hdr, peer, tag))
+                if ex.shape.headers:
+                    reqs.append(comm.Isend(hdr, peer, tag))
                 reqs.append(comm.Isend(buf[lo + a : lo + b], peer, tag))
         step = ex.shape.steps[ex.k]
         ex.pending = step.n_must
