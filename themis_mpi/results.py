@@ -325,8 +325,8 @@ def physics_violation(row: Any, unbound: bool | None = None) -> str | None:
     rate is allowed only under ``ideal``, which shares nothing and says so (`beyond_physics`);
     otherwise a collective never ends before its bound (``ideal_us``: every link of every dim busy,
     on the model's or the virtual clock; nccl dims are fitted times and ina dims reduce in the
-    switch, so ideal_us bounds neither), and an iteration
-    never ends before its compute.
+    switch, so ideal_us bounds neither), and an iteration never ends before the slowest NPU's
+    compute (``max_compute_us``; ``compute_us`` in a row without it).
     """
     rule = row.get("network", IDEAL)
     if row.get("beyond_physics"):
@@ -338,9 +338,13 @@ def physics_violation(row: Any, unbound: bool | None = None) -> str | None:
     measured = row.get("clock", "model") == "wall"
     if time_us is not None and bound_us and not (unbound or measured) and time_us < bound_us / OVERDRAWN:
         return f"time_us {time_us:.9g} below its bound ideal_us {bound_us:.9g}, with no link over its rate"
-    iteration_us, compute_us = row.get("iteration_us"), row.get("compute_us")
-    if iteration_us is not None and compute_us is not None and iteration_us < compute_us / OVERDRAWN:
-        return f"an iteration of {iteration_us:.9g} us shorter than its compute, {compute_us:.9g} us"
+    iteration_us = row.get("iteration_us")
+    compute_us = max((row.get(k) or 0.0) for k in ("compute_us", "max_compute_us"))
+    if iteration_us is not None and iteration_us < compute_us / OVERDRAWN:
+        return (
+            f"an iteration of {iteration_us:.9g} us shorter than the slowest NPU's compute, "
+            f"{compute_us:.9g} us"
+        )
     return None
 
 
