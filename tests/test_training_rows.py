@@ -13,6 +13,7 @@ import pytest
 from themis_mpi.cli.workload import layer_activation_bytes, price
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
+from themis_mpi.results import flat_row
 from themis_mpi.run.training import model_training, run_graph
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph
@@ -78,6 +79,8 @@ def test_the_train_row_of_a_generated_gpt_lists_stages_and_waits_for_the_slowest
     assert row.wait_us == pytest.approx(row.max_compute_us - row.compute_us, rel=1e-12)
     assert row.iteration_us == pytest.approx(row.compute_us + row.wait_us + row.exposed_comm_us, rel=1e-12)
     assert row.to_dict()["stage_compute_us"] == row.stage_compute_us
+    flat = flat_row(row.to_dict())  # CSV: a column per stage
+    assert [flat[f"stage{s}_compute_us"] for s in range(c.pp)] == row.stage_compute_us
 
 
 @pytest.mark.parametrize("order", ["tp-dp-pp", "tp-pp-dp"])

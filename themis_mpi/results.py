@@ -477,9 +477,12 @@ def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[flo
 def flat_row(row: dict) -> dict:
     """A result's dict with its per-dim and per-link lists spread into columns, for CSV.
 
-    ``dim0_busy_us``, ... for the dims; ``dim0.up_busy_pct``, ... for the links.
+    ``dim0_busy_us``, ... for the dims; ``dim0.up_busy_pct``, ... for the links; ``stage0_compute_us``,
+    ... for a training row's stages.
     """
-    out = {k: v for k, v in row.items() if k not in ("dims", "links")}
+    out = {k: v for k, v in row.items() if k not in ("dims", "links", "stage_compute_us")}
+    for s, us in enumerate(row.get("stage_compute_us", [])):
+        out[f"stage{s}_compute_us"] = us
     out["involved"] = " ".join(map(str, out.get("involved", []))) if "involved" in out else None
     for d in row.get("dims", []):
         for key, value in d.items():
