@@ -81,7 +81,7 @@ def test_every_training_row_holds_physics(tmp_path, mode, slow):
     except UsageError:
         pytest.skip(f"{compat or rule} refuses a slow NPU")
     assert physics_violation(vars(row)) is None
-    assert row.iteration_us >= row.compute_us
+    assert row.iteration_us >= row.max_compute_us >= row.compute_us
 
 
 def test_a_planted_row_beyond_physics_is_caught(tmp_path):
@@ -93,7 +93,9 @@ def test_a_planted_row_beyond_physics_is_caught(tmp_path):
     assert "below its bound" in physics_violation(below)
     assert physics_violation({**below, "topology": "SW(8,100,0,nccl)"}) is None  # fitted times, not links
     assert physics_violation({**below, "topology": "SW(8,100,0,ina)"}) is None  # the switch reduces
-    assert "shorter than its compute" in physics_violation({"iteration_us": 1.0, "compute_us": 2.0})
+    assert "shorter than the slowest NPU's compute" in physics_violation(
+        {"iteration_us": 1.0, "compute_us": 2.0}
+    )
     result, _ = model_collective(
         parse_topology("2x2x2"),
         Collective("all_reduce", 1 << 17, "float64", 4, (0, 1, 2)),
@@ -102,6 +104,21 @@ def test_a_planted_row_beyond_physics_is_caught(tmp_path):
     )
     with pytest.raises(BeyondPhysics, match="below its bound"):
         checked(_Forged({**vars(result), "ideal_us": 2 * result.time_us}))
+
+
+def test_an_iteration_shorter_than_the_slowest_npus_compute_is_caught(tmp_path):
+    """A planted row longer than NPU 0's compute but shorter than the slowest NPU's fails; a real straggler row passes."""
+    path = tmp_path / "micro.txt"
+    path.write_text(MICRO)
+    spec = TrainingSpec(chunks=4, npu_compute_scale=((3, 3.0),))
+    row = model_training(parse_workload(str(path)), parse_topology("2x2x2"), "themis", spec, RunConfig())
+    assert row.max_compute_us == pytest.approx(3 * row.compute_us, rel=1e-12)  # NPU 3 at 3x
+    assert physics_violation(vars(row)) is None and row.iteration_us >= row.max_compute_us
+    planted = {**vars(row), "iteration_us": 2 * row.compute_us}  # the old check: above compute_us, passes
+    assert planted["iteration_us"] > planted["compute_us"]
+    assert "shorter than the slowest NPU's compute" in physics_violation(planted)
+    with pytest.raises(BeyondPhysics, match="slowest NPU"):
+        checked(_Forged(planted))
 
 
 def test_resume_drops_a_row_that_beats_physics(tmp_path, capsys):

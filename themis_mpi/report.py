@@ -130,7 +130,11 @@ def with_speedups(rows: Sequence[TrainingResult]) -> list[TrainingResult]:
 
 
 def training_table(rows: Sequence[TrainingResult], n_dims: int) -> str:
-    """The rows of `train` (with their speedups, see `with_speedups`)."""
+    """The rows of `train` (with their speedups, see `with_speedups`).
+
+    `exposed_us` is the communication beyond the slowest NPU's compute; where NPUs compute
+    unequally (a pipeline's stages, stragglers) a line per row below says how (`waits`).
+    """
     dim_cols = "".join(f" {'dim' + str(d) + '%':>6}" for d in range(n_dims))
     lines = [
         f"#{'policy':>9} {'intra':>5} {'iteration_us':>13} {'compute_us':>11} {'exposed_us':>11} "
@@ -145,7 +149,18 @@ def training_table(rows: Sequence[TrainingResult], n_dims: int) -> str:
             + "".join(f" {100 * d.utilization:>6.1f}" for d in r.dims)
             + f"{_beyond(r.beyond_physics)}{speed:>8}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + [w for r in rows if (w := waits(r))])
+
+
+def waits(r: TrainingResult) -> str:
+    """A row's unequal compute in one line: per pipeline stage, the slowest NPU's, the wait ('' if equal)."""
+    if r.wait_us <= 0 and len(r.stage_compute_us) <= 1:
+        return ""
+    stages = " ".join(f"{us:.2f}" for us in r.stage_compute_us)
+    return (
+        f"#   {r.policy}: compute per pipeline stage {stages} us, the slowest NPU's "
+        f"{r.max_compute_us:.2f} us; waited for it {r.wait_us:.2f} us (iteration = compute + wait + exposed)"
+    )
 
 
 NCCL_TYPE_OF_DTYPE = {"float32": "float", "float64": "double", "int32": "int32", "int64": "int64"}

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModel, link_bytes_per_ns
 from .engine import CollectiveRun, MessageRun, StageRun
 from .timing.links import physical_links
 from .timing.routes import StepPlanner, step_planner
@@ -129,7 +129,14 @@ class CollectiveResult:
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """Training iterations of a workload under one policy (a row of `train`)."""
+    """Training iterations of a workload under one policy (a row of `train`).
+
+    Per iteration (docs/time-model.md#training-rows): `compute_us` is this NPU's (rank 0's)
+    compute, `max_compute_us` the slowest NPU's, `stage_compute_us` each pipeline stage's (one
+    entry without a pipeline). The iteration splits as ``compute_us + wait_us + exposed_comm_us``:
+    `wait_us` (``max_compute_us - compute_us``) is the time this NPU waits for the slowest NPU's
+    extra compute (a straggler, a heavier stage), `exposed_comm_us` the communication beyond it.
+    """
 
     policy: str
     intra: str
@@ -155,6 +162,9 @@ class TrainingResult:
     scheduler: str = "fifo"  # the communication scheduler between collectives (`policies.scheduler`)
     partition_mib: float = 0.0  # its partitions (0: whole tensors)
     beyond_physics: bool = False  # (`beyond_physics`)
+    max_compute_us: float = 0.0  # the slowest NPU's compute per iteration
+    wait_us: float = 0.0  # waited for the slowest NPU's extra compute: max_compute_us - compute_us
+    stage_compute_us: list[float] = field(default_factory=list)  # per pipeline stage
 
     def to_dict(self) -> dict:
         """Plain values for JSON (dims as a list of dicts)."""
@@ -162,10 +172,24 @@ class TrainingResult:
 
     @classmethod
     def timed(
-        cls, *, total_ns: float, iterations: int, last_iteration_ns: float, compute_ns: float, **fields: Any
+        cls,
+        *,
+        total_ns: float,
+        iterations: int,
+        last_iteration_ns: float,
+        compute_ns: float,
+        max_compute_ns: float | None = None,
+        stage_compute_ns: Sequence[float] | None = None,
+        **fields: Any,
     ) -> TrainingResult:
-        """A row from its times in ns: the per-iteration means and the exposed communication, in us."""
+        """A row from its times in ns (totals over the iterations): per-iteration means in us.
+
+        `max_compute_ns`: the slowest NPU's compute (None: this NPU's); `stage_compute_ns`: each
+        pipeline stage's (None: this NPU's, one stage).
+        """
         mean_ns = total_ns / iterations
+        slowest_ns = max(compute_ns, compute_ns if max_compute_ns is None else max_compute_ns)
+        stages = [compute_ns] if stage_compute_ns is None else list(stage_compute_ns)
         return checked(
             cls(
                 iterations=iterations,
@@ -173,7 +197,10 @@ class TrainingResult:
                 iteration_us=mean_ns / 1e3,
                 last_iteration_us=last_iteration_ns / 1e3,
                 compute_us=compute_ns / iterations / 1e3,
-                exposed_comm_us=max(0.0, mean_ns - compute_ns / iterations) / 1e3,
+                exposed_comm_us=max(0.0, mean_ns - slowest_ns / iterations) / 1e3,
+                max_compute_us=slowest_ns / iterations / 1e3,
+                wait_us=(slowest_ns - compute_ns) / iterations / 1e3,
+                stage_compute_us=[float(ns) / iterations / 1e3 for ns in stages],
                 **fields,
             )
         )
@@ -186,18 +213,29 @@ def dim_results(
     time_us: float,
     span_ns: tuple[float, float] = (0.0, 0.0),
     links: Sequence[LinkResult] = (),
+    messages: Sequence[MessageRun] = (),
 ) -> list[DimResult]:
     """Per dim: busy time, bytes and stages of the given stage runs, and busy share of time_us.
 
     `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well. With
     `links` (a sharing rule's run) a dim's utilization is its busiest link's, which stages that
-    share the dim cannot push above 100 %; without, it is the stages' time on the dim.
+    share the dim cannot push above 100 %; without, it is the stages' time on the dim. Either
+    way it counts the point-to-point `messages` too (docs/time-model.md#dim-busy-share): the links
+    carried them; without links a message adds its bytes' time at one link's rate on every dim
+    it crosses, sends and receives apart, the busier direction counting (as the busiest link).
     """
     astra = astra_busy_pct(records, len(topology.dims), span_ns[1], start_ns=span_ns[0])
     names = [link.name for link in physical_links(topology)]
     out = []
     for d, mine in enumerate(runs_by_dim(records, len(topology.dims))):
         busy_us = sum([r.end_ns - r.start_ns for r in mine]) / 1e3
+        if messages and not links:
+            rate = link_bytes_per_ns(topology.dims[d])
+            ways = [
+                sum(m.nbytes for m in messages if m.send == send and any(x == d for x, _ in m.path))
+                for send in (True, False)
+            ]
+            busy_us += max(ways) / rate / 1e3
         shapes = Counter([(r.stage.itemsize, r.stage.op, r.stage.full_elems) for r in mine])
         sent = sum(cost(size).stage_bytes(d, op, elems) * n for (size, op, elems), n in shapes.items())
         utilization = busy_us / time_us if time_us > 0 else 0.0
@@ -287,8 +325,8 @@ def physics_violation(row: Any, unbound: bool | None = None) -> str | None:
     rate is allowed only under ``ideal``, which shares nothing and says so (`beyond_physics`);
     otherwise a collective never ends before its bound (``ideal_us``: every link of every dim busy,
     on the model's or the virtual clock; nccl dims are fitted times and ina dims reduce in the
-    switch, so ideal_us bounds neither), and an iteration
-    never ends before its compute.
+    switch, so ideal_us bounds neither), and an iteration never ends before the slowest NPU's
+    compute (``max_compute_us``; ``compute_us`` in a row without it).
     """
     rule = row.get("network", IDEAL)
     if row.get("beyond_physics"):
@@ -300,9 +338,13 @@ def physics_violation(row: Any, unbound: bool | None = None) -> str | None:
     measured = row.get("clock", "model") == "wall"
     if time_us is not None and bound_us and not (unbound or measured) and time_us < bound_us / OVERDRAWN:
         return f"time_us {time_us:.9g} below its bound ideal_us {bound_us:.9g}, with no link over its rate"
-    iteration_us, compute_us = row.get("iteration_us"), row.get("compute_us")
-    if iteration_us is not None and compute_us is not None and iteration_us < compute_us / OVERDRAWN:
-        return f"an iteration of {iteration_us:.9g} us shorter than its compute, {compute_us:.9g} us"
+    iteration_us = row.get("iteration_us")
+    compute_us = max((row.get(k) or 0.0) for k in ("compute_us", "max_compute_us"))
+    if iteration_us is not None and iteration_us < compute_us / OVERDRAWN:
+        return (
+            f"an iteration of {iteration_us:.9g} us shorter than the slowest NPU's compute, "
+            f"{compute_us:.9g} us"
+        )
     return None
 
 
@@ -435,9 +477,12 @@ def bandwidths(op: str, size_bytes: int, time_us: float, npus: int) -> tuple[flo
 def flat_row(row: dict) -> dict:
     """A result's dict with its per-dim and per-link lists spread into columns, for CSV.
 
-    ``dim0_busy_us``, ... for the dims; ``dim0.up_busy_pct``, ... for the links.
+    ``dim0_busy_us``, ... for the dims; ``dim0.up_busy_pct``, ... for the links; ``stage0_compute_us``,
+    ... for a training row's stages.
     """
-    out = {k: v for k, v in row.items() if k not in ("dims", "links")}
+    out = {k: v for k, v in row.items() if k not in ("dims", "links", "stage_compute_us")}
+    for s, us in enumerate(row.get("stage_compute_us", [])):
+        out[f"stage{s}_compute_us"] = us
     out["involved"] = " ".join(map(str, out.get("involved", []))) if "involved" in out else None
     for d in row.get("dims", []):
         for key, value in d.items():

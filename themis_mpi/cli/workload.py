@@ -17,6 +17,7 @@ from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
 from ..model import ModelTransport
 from ..progress import Progress, Runs
+from ..results import TrainingResult
 from ..run.training import run_graph
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
@@ -105,7 +106,7 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
     """What the generated iteration holds, as comment lines."""
     nodes = LazyTraces(c, layout)[0].nodes
     sent = traffic(nodes)
-    flight = [in_flight(stage_order(c.schedule, c.pp, s, c.micro_batches, c.chunks)) for s in range(c.pp)]
+    flight = stage_flight(c)
     topo = layout.topology
     moe = f", {c.experts} experts top-{c.topk}, EP {c.ep} on dims {_dims(layout.ep)}" if c.moe else ""
     schedule = c.schedule + (f":{c.chunks}" if c.schedule == "interleaved" else "")
@@ -125,6 +126,33 @@ def summary(c: LlmConfig, layout: Layout) -> list[str]:
     ]
 
 
+def layer_activation_bytes(c: LlmConfig) -> int:
+    """Activations one layer keeps for one micro-batch's backward on one TP rank, in bytes.
+
+    Korthikanti et al. (MLSys 2023), Table 2, 16-bit activations: ``S*b*H*(10 + 24/t + 5*a*S/(H*t))``
+    with tensor parallelism t and a heads; with full recompute only the layer's input, ``2*S*b*H``.
+    """
+    sbh = c.seq * c.micro_batch * c.hidden
+    if c.recompute:
+        return 2 * sbh
+    return round(sbh * (10 + 24 / c.tp + 5 * c.heads * c.seq / (c.hidden * c.tp)))
+
+
+def stage_activation_bytes(c: LlmConfig) -> list[int]:
+    """Activations in flight per pipeline stage: the most micro-batches it holds x its layers x a layer's.
+
+    A stage holds the forwards it has not yet run backward (`in_flight`: ``min(p - s, m)`` under
+    1F1B, m under GPipe), each of ``L / (p*V)`` layers (one virtual stage).
+    """
+    per_unit = c.layers_per_stage * layer_activation_bytes(c)
+    return [n * per_unit for n in stage_flight(c)]
+
+
+def stage_flight(c: LlmConfig) -> list[int]:
+    """The most micro-batches (virtual-stage forwards) each pipeline stage holds at once (`in_flight`)."""
+    return [in_flight(stage_order(c.schedule, c.pp, s, c.micro_batches, c.chunks)) for s in range(c.pp)]
+
+
 def price(c: LlmConfig, layout: Layout, policy: str, config: RunConfig, spec: TrainingSpec) -> dict:
     """One iteration on the model, and what each parallelism's communication and the bubble cost it."""
     return price_all(c, layout, [(policy, config)], spec)[policy]
@@ -142,32 +170,43 @@ def price_all(
     Per policy: the iteration, and X = iteration - the iteration with X's collectives left out,
     for TP, DP and EP (0 without run where the model has none of X's collectives). Shared: PP =
     the iteration with every collective left out - the same on a free network (1 PB/s, no
-    latency), and the bubble = that free iteration - the compute. No policy schedules anything
-    in those two runs (they hold no collective), so they are run once, under the first policy.
-    `progress` is told the graph nodes done over every run.
+    latency), and the bubble = that free iteration - the compute (rank 0's, the first stage's).
+    No policy schedules anything in those two runs (they hold no collective), so they are run
+    once, under the first policy. `progress` is told the graph nodes done over every run.
+
+    The iteration splits into parts that add up (docs/workloads.md, "LLM training"): compute +
+    the schedule's ideal bubble ``(p-1)/(m*V)`` x compute + stage imbalance (the rest of the
+    bubble) + exposed communication (the iteration - the free one). Each row also lists the compute
+    per pipeline stage (`stage_compute_us`) and the activations in flight per stage
+    (`stage_activation_bytes`).
     """
     present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
     runs = Runs(progress, 2 + len(policies) * (1 + sum(present.values())))
 
-    def run(policy: str, config: RunConfig, drop: frozenset[str], topo: Topology) -> tuple[float, float]:
+    def run(policy: str, config: RunConfig, drop: frozenset[str], topo: Topology) -> TrainingResult:
         graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, drop))  # type: ignore[arg-type]
-        row = run_graph(ModelTransport(topo, config), graph, policy, spec, None, runs.next())
-        return row.iteration_us, row.compute_us
+        return run_graph(ModelTransport(topo, config), graph, policy, spec, None, runs.next())
 
     topo = layout.topology
     free = topo.free()
     colls = frozenset(("TP", "DP", "EP"))
     first, first_config = policies[0]
-    messages, _ = run(first, first_config, colls, topo)
-    idle, compute = run(first, first_config, colls, free)
+    messages = run(first, first_config, colls, topo).iteration_us
+    idle_row = run(first, first_config, colls, free)
+    idle, compute = idle_row.iteration_us, idle_row.compute_us
+    ideal_bubble = (c.pp - 1) / (c.micro_batches * c.chunks) * compute
     out = {}
     for policy, config in policies:
-        full, _ = run(policy, config, frozenset(), topo)
-        row = {"iteration_us": full, "compute_us": compute, "exposed_us": full - compute}
+        full = run(policy, config, frozenset(), topo).iteration_us
+        row: dict = {"iteration_us": full, "compute_us": compute, "exposed_us": full - idle}
         for k in ("TP", "DP", "EP"):
-            row[k] = full - run(policy, config, frozenset((k,)), topo)[0] if present[k] else 0.0
+            row[k] = full - run(policy, config, frozenset((k,)), topo).iteration_us if present[k] else 0.0
         row["PP"] = messages - idle
         row["bubble_us"] = idle - compute
+        row["ideal_bubble_us"] = ideal_bubble
+        row["imbalance_us"] = idle - compute - ideal_bubble
+        row["stage_compute_us"] = idle_row.stage_compute_us
+        row["stage_activation_bytes"] = stage_activation_bytes(c)
         out[policy] = row
     return out
 
@@ -311,12 +350,13 @@ def cmd_workload(args: argparse.Namespace) -> int:
     if args.run:
         spec = TrainingSpec(args.chunks, "float32", 1)
         print(
-            f"# model: one rank per pipeline stage, {spec.chunks} chunks per collective; exposed X = time "
-            "saved were X's collectives free (PP: the messages, collectives left out); bubble = idle time "
-            "with free communication"
+            f"# model: one rank per pipeline stage, {spec.chunks} chunks per collective; X = time saved were "
+            "X's collectives free (PP: the messages, collectives left out); bubble = idle time with free "
+            "communication, split into the schedule's ideal (p-1)/(m*V) x compute and stage imbalance; "
+            "exposed = iteration - compute - bubble"
         )
-        head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us".split()
-        print("#" + "".join(f"{h:>14}" for h in head)[1:], flush=True)
+        head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us ideal_us imbal_us"
+        print("#" + "".join(f"{h:>14}" for h in head.split())[1:], flush=True)
         with Meter(1, args.quiet) as meter:
             priced = price_all(
                 c,
@@ -328,5 +368,15 @@ def cmd_workload(args: argparse.Namespace) -> int:
         for policy, _ in POLICIES:
             r = priced[policy]
             cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]
-            print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in [*cells, r["bubble_us"]]))
+            bubble = [r["bubble_us"], r["ideal_bubble_us"], r["imbalance_us"]]
+            print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in [*cells, *bubble]))
+        r = priced[POLICIES[0][0]]
+        print(
+            "# per pipeline stage: compute "
+            + " ".join(f"{us:.2f}" for us in r["stage_compute_us"])
+            + " us; activations in flight "
+            + " ".join(f"{b / 2**20:.2f}" for b in r["stage_activation_bytes"])
+            + " MiB (micro-batches in flight x L/(p*V) layers x "
+            + ("2*S*b*H B: recompute)" if c.recompute else "S*b*H*(10 + 24/t + 5*a*S/(H*t)) B)")
+        )
     return 0

@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from ..collectives import Collective
 from ..config import RunConfig
 from ..cost import loop_tick_ns
@@ -73,8 +75,13 @@ def _training_result(
     workload: str,
     decision_s: float = 0.0,
     total_ns: float | None = None,
+    max_compute_ns: float | None = None,
+    stage_compute_ns: Sequence[float] | None = None,
 ) -> TrainingResult:
-    """The row of a training run or a graph replay, from its engine (`total_ns`: the last rank's end)."""
+    """The row of a training run or a graph replay, from its engine (`total_ns`: the last rank's end).
+
+    `max_compute_ns` and `stage_compute_ns`: as `TrainingResult.timed` takes them.
+    """
     topo, network = transport.topology, transport.config.network
     total_ns = engine.now_ns if total_ns is None else total_ns
     carried = transport.link_bytes  # what every NPU's links carried, where they ran
@@ -85,12 +92,16 @@ def _training_result(
         iterations=iterations,
         last_iteration_ns=last_iteration_ns,
         compute_ns=compute_ns,
+        max_compute_ns=max_compute_ns,
+        stage_compute_ns=stage_compute_ns,
         policy=policy_name(policy),
         intra=transport.config.intra,
         chunks=spec.chunks,
         transport=transport.name,
         collectives=collectives,
-        dims=dim_results(engine.records, topo, transport.cost, total_ns / 1e3, (0.0, total_ns), links),
+        dims=dim_results(
+            engine.records, topo, transport.cost, span_us, (0.0, total_ns), links, engine.messages
+        ),
         wrong=wrong_elements(transport, engine),
         wall_s=wall_s,
         workload=workload,
@@ -170,6 +181,7 @@ def training_on(
 
     _, wall_s = execute(npu, engine, "training", begin)
     total_ns = engine.now_ns
+    slowest_ns = float(npu.reduce([float(np.max(loop.compute_ns))], "max", "the slowest NPU's compute")[0])
     if spans:
         _, total_ns = npu.span_ns(engine)
         loop.iteration_starts[-1] = npu0(loop.iteration_starts[-1])
@@ -184,6 +196,7 @@ def training_on(
         total_ns=total_ns,
         last_iteration_ns=total_ns - loop.iteration_starts[-1],
         compute_ns=loop.compute_ns,
+        max_compute_ns=slowest_ns,
         collectives=loop.collectives_issued,
         workload=workload.path,
         decision_s=decision_s,
@@ -234,12 +247,16 @@ def run_graph(
     plans = {transport.rank: mine}
     timing = plan(Run(topo, config, GRAPH, messages=bool(mine.messages), per_rank=not graph.symmetric))
     here = graph_ranks(timing, transport)
+    stages = [transport.rank]  # rank 0 and the ranks it exchanges messages with: the pipeline's stages
+    if mine.messages and not graph.symmetric:
+        stages = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
+    stage_ns = [plans[r].compute_ns for r in stages]
     if here is None:  # the linked ranks, on the model
         if spec.partition_mib:
             raise UsageError(
                 "--partition-mib is not supported for per-rank Chakra traces with messages on the model"
             )
-        ranks = linked_ranks(plans, lambda r: plan_graph(graph.trace(r), topo, r, spec, graph.groups))
+        ranks = stages
     elif ranks is None or timing.simulator == WORLD:
         ranks = here
     collectives = graph_collectives(graph, topo, spec, ranks)
@@ -248,9 +265,9 @@ def run_graph(
     row = run_on(
         timing,
         transport,
-        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress),
+        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns),
         keep_starts=True,
-        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress),
+        on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress, stage_ns),
         deadlock="the graph deadlocks on every NPU's links",
     )
     if timing.simulator == WORLD:
@@ -265,17 +282,23 @@ def graph_on(
     spec: TrainingSpec,
     schedules: dict[Collective, Schedule],
     progress: Progress | None = None,
+    stage_compute_ns: Sequence[float] = (),
 ) -> TrainingResult:
-    """The graph of NPU `npu.rank` on its engine: its row (the iteration ends with the last rank)."""
+    """The graph of NPU `npu.rank` on its engine: its row (the iteration ends with the last rank).
+
+    `stage_compute_ns`: each pipeline stage's compute (`run_graph`).
+    """
     topo = npu.topology
     mine = plan_graph(graph.trace(npu.rank), topo, npu.rank, spec, graph.groups)
     engine = Engine(topo, npu, npu.config)
     replay = GraphReplay(mine, schedules, spec, topo, progress)
     _, wall_s = execute(npu, engine, "the graph replay", lambda: engine.process(replay.process(engine)))
-    total_ns = engine.now_ns
+    total_ns, slowest_ns = engine.now_ns, mine.compute_ns
     if not graph.symmetric:  # the iteration ends with the last rank
-        total_ns = float(npu.reduce([engine.now_ns], "max")[0])
-    return _graph_row(npu, engine, policy, spec, wall_s, graph, mine, replay, total_ns)
+        total_ns, slowest_ns = map(float, npu.reduce([engine.now_ns, mine.compute_ns], "max"))
+    return _graph_row(
+        npu, engine, policy, spec, wall_s, graph, mine, replay, total_ns, stage_compute_ns, slowest_ns
+    )
 
 
 def _linked(
@@ -286,6 +309,7 @@ def _linked(
     plans: dict[int, GraphPlan],
     schedules: dict[Collective, Schedule],
     progress: Progress | None = None,
+    stage_compute_ns: Sequence[float] = (),
 ) -> TrainingResult:
     """Per-rank graphs with messages on the model: the linked ranks' engines in lock step (`run.linked`)."""
     t0 = time.perf_counter()
@@ -294,7 +318,9 @@ def _linked(
     replay = GraphReplay(plans[0], schedules)
     replay.collectives_issued = len(engine.collectives)
     total_ns = max(e.now_ns for e in engines.values())
-    return _graph_row(transport, engine, policy, spec, wall_s, graph, plans[0], replay, total_ns)
+    slowest_ns = max(plans[r].compute_ns for r in engines)
+    row = (wall_s, graph, plans[0], replay, total_ns, stage_compute_ns, slowest_ns)
+    return _graph_row(transport, engine, policy, spec, *row)
 
 
 def _graph_row(
@@ -307,8 +333,10 @@ def _graph_row(
     mine: GraphPlan,
     replay: GraphReplay,
     total_ns: float,
+    stage_compute_ns: Sequence[float],
+    max_compute_ns: float,
 ) -> TrainingResult:
-    """A graph replay's row."""
+    """A graph replay's row (`stage_compute_ns`, `max_compute_ns`: as `TrainingResult.timed` takes them)."""
     return _training_result(
         transport,
         engine,
@@ -318,6 +346,8 @@ def _graph_row(
         iterations=graph.iterations,
         last_iteration_ns=total_ns / graph.iterations,
         compute_ns=mine.compute_ns,
+        max_compute_ns=max([max_compute_ns, *stage_compute_ns]),
+        stage_compute_ns=list(stage_compute_ns) or None,
         collectives=replay.collectives_issued,
         workload=graph.source,
         total_ns=total_ns,
