@@ -10,22 +10,21 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
-from .model import ModelTransport
-from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
 
 if TYPE_CHECKING:
     from .calibrate import NcclFit
-from .run.pool import parse_workers, run_cells
-from .run.sweep import policy_configs, sweep_cells
-from .run.training import model_training, run_graph
+from .run.pool import parse_workers, run_cells, run_training_cells, train_graph, train_text
+from .run.sweep import baseline_cells, sweep_cells, training_cells
 from .topology import PRESETS, parse_topology, read_fit
-from .units import parse_size
+from .units import parse_size, size_sweep
 from .workloads.chakra import is_et_source, load_graph
 from .workloads.text import Workload, parse_workload
 from .workloads.training import TrainingSpec
@@ -70,10 +69,13 @@ def _stragglers(npu_delay_us, link_scale) -> dict:
 
 def sweep(
     topology: str | Sequence[str] = "2x2x2",
-    size: int | str | Sequence[int | str] = "64M",
+    size: int | str | Sequence[int | str] | None = None,
     policy: str | Sequence[str] = ("baseline", "themis"),
     chunks: int | Sequence[int] | None = None,
     *,
+    begin: int | str | None = None,
+    end: int | str | None = None,
+    factor: float = 2.0,
     op: str = "all_reduce",
     dtype: str = "float64",
     intra: str | Sequence[str] = "auto",
@@ -95,7 +97,10 @@ def sweep(
 
     Args:
         topology: preset names, inline specs or ASTRA-sim YAML paths (see `themis-mpi topologies`).
-        size: bytes per NPU, as numbers or with K/M/G suffixes ("64M").
+        size: bytes per NPU, as numbers or with K/M/G suffixes (default "64M"); or give a range:
+        begin: the first size of a range, as ``-b`` (with `end` and `factor`; not with `size`).
+        end: the range's last size, as ``-e`` (default: `begin`).
+        factor: the factor between the range's sizes, as ``-f`` (default 2).
         policy: inter-dim policies ("all" names every one, "both" baseline and Themis).
         chunks: chunk counts (default 64, or the chunk count of the first `calibrate` fit among the
             topologies, given as its JSON file).
@@ -144,7 +149,7 @@ def sweep(
             parse_topology(t).with_overrides(bandwidth_gbps, latency_ns, algorithm)
             for t in _names(topology, "topology")
         ],
-        [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
+        _sizes(size, begin, end, factor),
         _items(_chunks(chunks, _names(topology, "topology"), 64), "chunks", (int,), "a whole number (int)"),
         _policies(policy),
         _names(intra, "intra"),
@@ -155,24 +160,38 @@ def sweep(
     return [result for _, result in run_cells(cells, range(len(cells)), parse_workers(workers))]
 
 
+def _sizes(size: Any, begin: Any, end: Any, factor: Any) -> list[int]:
+    """`sweep`'s sizes in bytes: the list given, or `begin` .. `end` by `factor` (nccl-tests' -b/-e/-f)."""
+    accepts = 'a byte count (int) or a size like "64M"'
+    if begin is None:
+        if end is not None:
+            raise UsageError("end needs begin (the range's first size)")
+        return [_size_bytes(s) for s in _items("64M" if size is None else size, "size", (int, str), accepts)]
+    if size is not None:
+        raise UsageError("give either size (a list) or begin/end/factor (a range), not both")
+    first = _size_bytes(_one(begin, "begin", (int, str), accepts))
+    last = None if end is None else _size_bytes(_one(end, "end", (int, str), accepts))
+    return size_sweep(first, last, _one(factor, "factor", (int, float), "a number"))
+
+
 def train(
     workload: str,
-    topology: str = "2x2x2",
+    topology: str | Sequence[str] = "2x2x2",
     policy: str | Sequence[str] = ("baseline", "themis"),
-    chunks: int | None = None,
+    chunks: int | Sequence[int] | None = None,
     iterations: int = 2,
     *,
-    intra: str = "auto",
+    intra: str | Sequence[str] = "auto",
     dtype: str = "float32",
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",
-    network: str | None = None,
+    network: str | Sequence[str] | None = None,
     mtu_bytes: int | None = None,
     bucket_mib: float = 0.0,
     first_bucket_mib: float | None = None,
     comm_group: str | None = None,
-    comm_scheduler: str = "",
+    comm_scheduler: str | Sequence[str] = "",
     partition_mib: float | None = None,
     credit_mib: float | None = None,
     npu_delay_us: Mapping[int, float] | None = None,
@@ -180,26 +199,28 @@ def train(
     npu_compute_scale: Mapping[int, float] | None = None,
     compute_jitter: float = 0.0,
     seed: int = 0,
+    workers: int | str = 1,
 ) -> list[TrainingResult]:
-    """Training iterations of a workload on the model, one result per policy, as ``themis-mpi train``.
+    """Training iterations of a workload on the model, one result per cell, as ``themis-mpi train``.
 
-    `chunks` defaults to 64, or to the chunk count of a `calibrate` fit given as `topology`.
+    `topology`, `chunks`, `policy`, `intra`, `network` and `comm_scheduler` take a value or a
+    list; the cells are those of ``train`` with the same lists (topologies x chunks x policies x
+    intra x rules x schedulers), and the results its rows, speedups included (over the first
+    baseline row of the same topology, chunks, rule and scheduler).
+    `chunks` defaults to 64, or to the chunk count of a `calibrate` fit among the topologies.
     `workload` is an ASTRA-sim 1.0 text workload, or a Chakra trace (a .et file, or the prefix of
     prefix.<rank>.et files; `comm_group` names its communicator-group JSON). Each policy runs
     with its own intra-dim policy under ``intra="auto"``. Buckets (`bucket_mib`,
     `first_bucket_mib`) apply to text workloads. The scheduler between collectives
     (`comm_scheduler`, `partition_mib`, `credit_mib`) and stragglers (`npu_delay_us`,
     `link_scale`, `npu_compute_scale`, `compute_jitter` with `seed`) are train's flags of the
-    same names (text workloads; see `sweep` for the mapping forms); `network` and `mtu_bytes`
-    are `sweep`'s.
+    same names (text workloads; see `sweep` for the mapping forms); `network`, `mtu_bytes` and
+    `workers` are `sweep`'s.
     """
     _one(workload, "workload", (str,), "a path (str)")
-    topo = parse_topology(
-        _one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path (str)")
-    )
-    chunks = _chunks(chunks, [topology], 64)
-    for what, count in (("chunks", chunks), ("iterations", iterations)):
-        _one(count, what, (int,), "a whole number (int)")
+    names = _names(topology, "topology")
+    counts = _items(_chunks(chunks, names, 64), "chunks", (int,), "a whole number (int)")
+    _one(iterations, "iterations", (int,), "a whole number (int)")
     for what, scale in (
         ("compute_scale", compute_scale),
         ("comm_scale", comm_scale),
@@ -209,35 +230,59 @@ def train(
     credit_bytes = (
         0 if credit_mib is None else max(1, int(_one(credit_mib, "credit_mib", (int, float), "MiB") * 2**20))
     )
-    base = RunConfig(
-        endpoint_delay_ns=default_endpoint_delay_ns(compat),
-        compat=compat,
-        network=network or "",
-        mtu_bytes=mtu_bytes,
-        comm_scheduler=_one(comm_scheduler, "comm_scheduler", (str,), "a name (str)"),
-        credit_bytes=credit_bytes,
-        **_stragglers(npu_delay_us, link_scale),
-    )
-    pace = dict(
-        partition_mib=default_partition_mib(comm_scheduler, partition_mib),
+    bases = [
+        RunConfig(
+            endpoint_delay_ns=default_endpoint_delay_ns(compat),
+            compat=compat,
+            network=rule,
+            mtu_bytes=mtu_bytes,
+            comm_scheduler=scheduler,
+            credit_bytes=credit_bytes,
+            **_stragglers(npu_delay_us, link_scale),
+        )
+        for rule in _names(network or "", "network")
+        for scheduler in _names(comm_scheduler, "comm_scheduler")
+    ]
+    spec = TrainingSpec(
+        counts[0],
+        _one(dtype, "dtype", (str,), "a name (str)"),
+        iterations,
+        compute_scale,
+        comm_scale,
+        bucket_mib,
+        first_bucket_mib,
         npu_compute_scale=tuple(sorted((npu_compute_scale or {}).items())),
         compute_jitter=_one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
         seed=_one(seed, "seed", (int,), "a whole number (int)"),
     )
-    policies = policy_configs(_policies(policy), _names(intra, "intra"), base.on(topo))
-    dtype = _one(dtype, "dtype", (str,), "a name (str)")
+    given = [parse_topology(t) for t in names]
     if is_et_source(workload):
         if bucket_mib or first_bucket_mib is not None:
             raise UsageError("bucket_mib and first_bucket_mib apply to text workloads only")
         graph = load_graph(workload, comm_group)
-        fitted = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(topo)
-        spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale, **pace)
-        return [run_graph(ModelTransport(fitted, config), graph, p, spec) for p, config in policies]
-    wl = parse_workload(workload)
-    spec = TrainingSpec(
-        chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib, **pace
+        wl = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group)
+        spec = replace(spec, iterations=1)
+        run: Any = partial(train_graph, graph, None)
+    else:
+        wl = parse_workload(workload)
+        run = partial(train_text, wl)
+    cells = training_cells(
+        [(t, wl.fit_topology(t)) for t in given],
+        counts,
+        _policies(policy),
+        _names(intra, "intra"),
+        bases,
+        spec,
+        partition_mib,
     )
-    return [model_training(wl, topo, p, spec, config) for p, config in policies]
+    rows = dict(run_training_cells(run, cells, range(len(cells)), parse_workers(workers)))
+    out = []
+    for i, base in enumerate(baseline_cells(cells)):
+        row = rows[i]
+        if base is not None and row.iteration_us:
+            row = replace(row, speedup=rows[base].iteration_us / row.iteration_us)
+        out.append(row)
+    return out
 
 
 def _chunks(chunks: Any, topologies: list[str], default: int) -> Any:

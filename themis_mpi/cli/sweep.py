@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
 from ..msccl.custom import choose
-from ..output import STDOUT, SweepFiles
+from ..output import SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
 from ..results import CollectiveResult, flat_row, median
 from ..run.backend import open_backend
@@ -32,8 +32,11 @@ from .options import (
     all_topologies,
     base_config,
     check_outputs,
+    check_resume,
     chunk_counts,
+    data_on_stdout,
     input_files,
+    say_dropped,
     size_list,
     split_list,
     wrong_exit,
@@ -61,8 +64,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     topologies = all_topologies(args)
     if args.trace and len(topologies) > 1:
         raise UsageError("--trace records one topology; sweep topologies without it")
-    if args.resume and not any(p and p != "-" for p in (args.json, args.csv, args.jsonl)):
-        raise UsageError("--resume reads the rows already written: give --json, --csv or --jsonl")
+    check_resume(args)
     if args.trace and (workers != 1 or args.resume):
         raise UsageError("--trace records every cell in this process: drop --workers and --resume")
     cells = sweep_cells(
@@ -96,7 +98,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     if not use_mpi and not args.trace:
         return _model_sweep(args, cells, workers, command)
     files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
-    progress = Lines(len(cells), args.quiet or env_rank() != 0, data_on_stdout=_data_on_stdout(args))
+    progress = Lines(len(cells), args.quiet or env_rank() != 0, data_on_stdout=data_on_stdout(args))
     index = {id(cell): i for i, cell in enumerate(cells)}
     wrong = 0  # elements that differ from the closed form, over every row
     for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
@@ -167,10 +169,10 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
         check=check_row,
     )
     if files.dropped:
-        _say_dropped(files.dropped)
+        say_dropped(files.dropped)
     todo = [i for i in range(len(cells)) if i not in files.done]
     progress = Lines(
-        len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=_data_on_stdout(args)
+        len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=data_on_stdout(args)
     )
     if files.done and not quiet:
         progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
@@ -198,29 +200,10 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
     return 0
 
 
-def _say_dropped(dropped: dict[str, tuple[int, dict[str, int]]]) -> None:
-    """One line: the rows --resume dropped from each file (and why), which it rewrote without them."""
-    parts = []
-    for path, (read, why) in dropped.items():
-        reasons = ", ".join(f"{reason}: {n}" for reason, n in why.items())
-        parts.append(f"{sum(why.values())} of {read} rows of {path} ({reasons})")
-    print(
-        f"themis-mpi: warning: --resume dropped {'; '.join(parts)}, and rewrote the files without them; "
-        "their cells run again",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
 def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quiet: bool) -> None:
     """nccl-tests' blocks of a topology, once its last row is in."""
     if topo is not None and rows and not quiet and args.format == "nccl":
         progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
-
-
-def _data_on_stdout(args: argparse.Namespace) -> bool:
-    """Whether an output is `-` (standard output): then the table goes to stderr."""
-    return STDOUT in (args.json, args.csv, args.jsonl)
 
 
 def _warn_small(cells) -> None:
