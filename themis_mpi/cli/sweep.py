@@ -1,15 +1,16 @@
 """`themis-mpi run` and `themis-mpi model`: one collective sweep, on the emulator or the model.
 
 The cells come from `run.sweep.sweep_cells` (as for `api.sweep`): topologies x sizes x chunks x
-policies x intra-dim policies. Each row is shown and saved as it ends. `model` runs its cells
-on a pool (`--workers`, `run.pool`) and resumes a killed sweep from its files (`--resume`);
-`run` is serial, each of its cells an MPI job.
+policies x intra-dim policies. One loop shows and saves each row as it ends, whoever runs the
+cells: `model` on a pool (`--workers`, `run.pool`), resuming a killed sweep from its files
+(`--resume`); `run` (each cell an MPI job) and ``--trace`` in this process, in order (`_serial`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from itertools import groupby
 
@@ -95,76 +96,19 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
             3 * max(c.collective.size_bytes for c in cells), "the buffer and scratch of the largest size"
         )
     clock = config.clock if use_mpi else "model"
-    if not use_mpi and not args.trace:
-        return _model_sweep(args, cells, workers, command)
-    files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
-    progress = Lines(len(cells), args.quiet or env_rank() != 0, data_on_stdout=data_on_stdout(args))
-    index = {id(cell): i for i, cell in enumerate(cells)}
-    wrong = 0  # elements that differ from the closed form, over every row
-    for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
-        group = list(same_topology)
-        topo = group[0].topology
-        recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
-        with open_backend(topo, use_mpi, config.timeout_s) as backend:
-            if backend.rank == 0:
-                check_outputs(
-                    args.json,
-                    args.csv,
-                    args.jsonl,
-                    args.trace,
-                    inputs=input_files(*split_list(args.topology)),
-                )
-            rows: list[CollectiveResult] = []
-            headed = False  # the header once the policy has decided once: a failing policy's line comes first
-            for cell in group:
-                transport = backend.transport(cell.config)
-                walls = []
-                for it in range(warmup + iters):
-                    check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
-                    result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
-                    if backend.rank == 0 and not headed:
-                        progress.write(run_header(topo, command, config))
-                        if args.format != "nccl":
-                            progress.write(table_header(len(topo.dims), clock))
-                        headed = True
-                    if it >= warmup:
-                        walls.append(result.wall_s)
-                result = replace(result, wall_s=median(walls), iters=iters)
-                if recorder:
-                    recorder.add_run(result, engine, backend.rank)
-                if backend.rank == 0:
-                    if args.format != "nccl":
-                        progress.write(table_row(result))
-                    files.add(index[id(cell)], result.to_dict())
-                rows.append(result)
-                wrong += result.wrong or 0
-                progress.update()
-            if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
-                progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
-            events = backend.gather(recorder.my_events()) if recorder else None
-            if backend.rank == 0 and recorder and events is not None:
-                recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
-                progress.write(
-                    f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
-                )
-    progress.close()
-    if backend.rank == 0:
-        files.close()
-    return wrong_exit(wrong)
-
-
-def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, command: str) -> int:
-    """`model`'s cells on a pool, rows shown and saved in grid order; a resumed sweep runs the rest."""
-    quiet = env_rank() != 0  # (plain mpiexec: every rank models, rank 0 speaks and writes)
-    if not quiet:
-        check_outputs(args.json, args.csv, args.jsonl, inputs=input_files(*split_list(args.topology)))
+    serial = use_mpi or bool(args.trace)  # the emulator and --trace: every cell in this process, in order
+    speaks = env_rank() == 0  # (plain mpiexec of model: every rank models, rank 0 speaks and writes)
+    if speaks and not use_mpi:
+        check_outputs(
+            args.json, args.csv, args.jsonl, args.trace, inputs=input_files(*split_list(args.topology))
+        )
     files = SweepFiles(
-        fingerprint(cells, command, 1),
+        fingerprint(cells, command, iters),
         args.json,
         args.csv,
         args.jsonl,
         flat_row,
-        args.resume and not quiet,
+        args.resume and speaks,
         cells=len(cells),
         check=check_row,
     )
@@ -172,38 +116,84 @@ def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, comm
         say_dropped(files.dropped)
     todo = [i for i in range(len(cells)) if i not in files.done]
     progress = Lines(
-        len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=data_on_stdout(args)
+        len(cells), args.quiet or not speaks, done=len(cells) - len(todo), data_on_stdout=data_on_stdout(args)
     )
-    if files.done and not quiet:
+    if files.done and speaks:
         progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
+    last = {id(cells[i].topology): i for i in todo}  # each topology's last cell
     shown: Topology | None = None  # the topology whose table is open
     rows: list[CollectiveResult] = []  # its rows (for --format nccl)
-    for i, result in run_cells(cells, todo, workers):
+    wrong = 0  # elements that differ from the closed form, over every row
+    results = (
+        _serial(args, cells, use_mpi, iters, warmup, progress) if serial else run_cells(cells, todo, workers)
+    )
+    for i, result in results:
         topo = cells[i].topology
-        if shown is not topo:
-            _end_table(args, progress, shown, rows, quiet)
+        wrong += result.wrong or 0
+        if (
+            shown is not topo
+        ):  # the header once a policy has decided once: a failing policy's line comes first
             shown, rows = topo, []
-            if not quiet:
+            if speaks:
                 progress.write(run_header(topo, command, cells[i].config))
                 if args.format != "nccl":
-                    progress.write(table_header(len(topo.dims), "model"))
-        if not quiet:
+                    progress.write(table_header(len(topo.dims), clock))
+        rows.append(result)
+        if speaks:
             if args.format != "nccl":
                 progress.write(table_row(result))
             files.add(i, result.to_dict())
-        rows.append(result)
+            if args.format == "nccl" and last[id(topo)] == i:  # nccl-tests' blocks, at the end of a topology
+                progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
         progress.update()
-    _end_table(args, progress, shown, rows, quiet)
     progress.close()
-    if not quiet:
+    if speaks:
         files.close()
-    return 0
+    return wrong_exit(wrong)
 
 
-def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quiet: bool) -> None:
-    """nccl-tests' blocks of a topology, once its last row is in."""
-    if topo is not None and rows and not quiet and args.format == "nccl":
-        progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
+def _serial(
+    args: argparse.Namespace, cells: list, use_mpi: bool, iters: int, warmup: int, progress: Lines
+) -> Iterator[tuple[int, CollectiveResult]]:
+    """(cell, result) of every cell, in order, in this process: the emulator's and --trace's runs.
+
+    A backend per topology; each cell timed over its iterations (the emulator's); with --trace,
+    each topology's stage events written at its end.
+    """
+    config = cells[0].config
+    clock = config.clock if use_mpi else "model"
+    index = {id(cell): i for i, cell in enumerate(cells)}
+    for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
+        group = list(same_topology)
+        topo = group[0].topology
+        recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
+        with open_backend(topo, use_mpi, config.timeout_s) as backend:
+            if backend.rank == 0 and use_mpi:  # (MPI has started: a refusal here ends the job)
+                check_outputs(
+                    args.json,
+                    args.csv,
+                    args.jsonl,
+                    args.trace,
+                    inputs=input_files(*split_list(args.topology)),
+                )
+            for cell in group:
+                transport = backend.transport(cell.config)
+                walls = []
+                for it in range(warmup + iters):
+                    check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
+                    result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
+                    if it >= warmup:
+                        walls.append(result.wall_s)
+                result = replace(result, wall_s=median(walls), iters=iters)
+                if recorder:
+                    recorder.add_run(result, engine, backend.rank)
+                yield index[id(cell)], result
+            events = backend.gather(recorder.my_events()) if recorder else None
+            if backend.rank == 0 and recorder and events is not None:
+                recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
+                progress.write(
+                    f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
+                )
 
 
 def _warn_small(cells) -> None:
