@@ -172,3 +172,19 @@ def test_api_sweep_takes_a_size_range_as_nccl_tests_does():
     listed = themis_mpi.sweep("2x2x2", size=["1M", "4M", "16M"], policy="baseline")
     assert [r.size_bytes for r in ranged] == [2**20, 2**22, 2**24]
     assert [r.time_us for r in ranged] == [r.time_us for r in listed]
+
+
+def test_api_gpt_writes_the_files_of_workload_gpt(tmp_path):
+    """`api.gpt(topology, out, ...)` writes the bytes `workload gpt --out` writes and names its topology."""
+    from themis_mpi import api
+
+    shape = dict(layers=4, hidden=256, heads=4, seq=128, vocab=1000, global_batch=8, tp=2, pp=2, dp=2)
+    flags = [a for name, value in shape.items() for a in (f"--{name.replace('_', '-')}", str(value))]
+    proc = in_process(["workload", "gpt", *flags, "-t", "2x2x2", "--out", tmp_path / "cli" / "g"])
+    assert proc.returncode == 0, proc.stderr
+    config, topology = api.gpt("2x2x2", str(tmp_path / "api" / "g"), **shape)
+    assert f"-t '{topology.spec()}'" in proc.stdout and config.npus == 8
+    for rank in range(8):
+        assert (tmp_path / "api" / f"g.{rank}.et").read_bytes() == (
+            tmp_path / "cli" / f"g.{rank}.et"
+        ).read_bytes()

@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from .calibrate import NcclFit
 from .run.pool import parse_workers, run_cells, run_training_cells, train_graph, train_text
 from .run.sweep import baseline_cells, sweep_cells, training_cells
-from .topology import PRESETS, parse_topology, read_fit
+from .topology import PRESETS, Topology, parse_topology, read_fit
 from .units import parse_size, size_sweep
 from .workloads.chakra import is_et_source, load_graph
+from .workloads.et import MAX_ET_NODES
+from .workloads.llm import PRESETS as LLM_PRESETS
+from .workloads.llm import Layout, LlmConfig, fit_groups, parse_order, parse_schedule, rank_nodes, write_llm
 from .workloads.text import Workload, parse_workload
 from .workloads.training import TrainingSpec
 
@@ -60,6 +63,13 @@ def _size_bytes(size: int | str) -> int:
     return parse_size(size) if isinstance(size, str) else size
 
 
+class _DefaultSize(str):
+    """`sweep`'s size when none is given (a range may then be)."""
+
+
+DEFAULT_SIZE = _DefaultSize("64M")
+
+
 def _stragglers(npu_delay_us, link_scale) -> dict:
     """The `RunConfig` fields of the mapping forms ``{rank: us}`` and ``{(dim, rank): factor}``."""
     delays = tuple((rank, us * 1e3) for rank, us in sorted((npu_delay_us or {}).items()))
@@ -69,7 +79,7 @@ def _stragglers(npu_delay_us, link_scale) -> dict:
 
 def sweep(
     topology: str | Sequence[str] = "2x2x2",
-    size: int | str | Sequence[int | str] | None = None,
+    size: int | str | Sequence[int | str] = DEFAULT_SIZE,
     policy: str | Sequence[str] = ("baseline", "themis"),
     chunks: int | Sequence[int] | None = None,
     *,
@@ -97,7 +107,7 @@ def sweep(
 
     Args:
         topology: preset names, inline specs or ASTRA-sim YAML paths (see `themis-mpi topologies`).
-        size: bytes per NPU, as numbers or with K/M/G suffixes (default "64M"); or give a range:
+        size: bytes per NPU, as numbers or with K/M/G suffixes ("64M"); or give a range:
         begin: the first size of a range, as ``-b`` (with `end` and `factor`; not with `size`).
         end: the range's last size, as ``-e`` (default: `begin`).
         factor: the factor between the range's sizes, as ``-f`` (default 2).
@@ -163,11 +173,12 @@ def sweep(
 def _sizes(size: Any, begin: Any, end: Any, factor: Any) -> list[int]:
     """`sweep`'s sizes in bytes: the list given, or `begin` .. `end` by `factor` (nccl-tests' -b/-e/-f)."""
     accepts = 'a byte count (int) or a size like "64M"'
+    sizes = [_size_bytes(s) for s in _items(size, "size", (int, str), accepts)]
     if begin is None:
         if end is not None:
             raise UsageError("end needs begin (the range's first size)")
-        return [_size_bytes(s) for s in _items("64M" if size is None else size, "size", (int, str), accepts)]
-    if size is not None:
+        return sizes
+    if not isinstance(size, _DefaultSize):
         raise UsageError("give either size (a list) or begin/end/factor (a range), not both")
     first = _size_bytes(_one(begin, "begin", (int, str), accepts))
     last = None if end is None else _size_bytes(_one(end, "end", (int, str), accepts))
@@ -283,6 +294,105 @@ def train(
             row = replace(row, speedup=rows[base].iteration_us / row.iteration_us)
         out.append(row)
     return out
+
+
+SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk", "micro_batch", "global_batch")
+
+
+def gpt_config(
+    preset: str | None = None,
+    shape: Mapping[str, int | None] | None = None,
+    flag: Any = str,
+    **settings: Any,
+) -> LlmConfig:
+    """An LLM's shape and parallelism as `workloads.llm.LlmConfig`: a preset's shape, `shape` over it.
+
+    `shape` maps the names of `SHAPE` to values (None keeps the preset's); `settings` are the
+    other fields of `LlmConfig` (tp, pp, dp, ep, zero, recompute, overlap_dp, peak_tflops,
+    efficiency, bytes_per_element, order) and ``schedule`` as ``workload gpt --schedule`` takes it
+    ("interleaved:V" included). `flag` spells a name in a message (the CLI's ``--name``).
+    A shape that does not divide, or a missing size, is a `UsageError`.
+    """
+    if preset is not None and preset not in LLM_PRESETS:
+        raise UsageError(f"unknown preset {preset!r}; use one of {', '.join(LLM_PRESETS)}")
+    values = dict(LLM_PRESETS[preset]) if preset else {}
+    for name, value in (shape or {}).items():
+        if name not in SHAPE:
+            raise TypeError(f"gpt has no shape parameter {name!r}; it takes {', '.join(SHAPE)}")
+        if value is not None:
+            _one(value, name, (int,), "a whole number (int)")
+            if value < 1 and name in ("vocab", "ffn"):  # (0 is the library's "none" and "4 x hidden")
+                raise UsageError(f"{flag(name)} must be >= 1, got {value}")
+            values[name] = value
+    missing = [flag(n) for n in ("layers", "hidden", "heads", "seq", "vocab") if n not in values]
+    if missing:
+        raise UsageError(f"workload gpt needs {' '.join(missing)} (or {flag('preset')})")
+    values.setdefault("micro_batch", 1)
+    values.setdefault("global_batch", values["micro_batch"] * settings.get("dp", 1))
+    schedule, chunks = parse_schedule(settings.pop("schedule", "1f1b"))
+    order = "-".join(parse_order(settings.pop("order", "tp-dp-pp")))
+    return LlmConfig(**values, **settings, schedule=schedule, chunks=chunks, order=order)
+
+
+def gpt(
+    topology: str = "2x2x2",
+    out: str | None = None,
+    *,
+    preset: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    seq: int | None = None,
+    vocab: int | None = None,
+    ffn: int | None = None,
+    experts: int | None = None,
+    topk: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
+    zero: int = 0,
+    schedule: str = "1f1b",
+    order: str = "tp-dp-pp",
+    recompute: bool = False,
+    overlap_dp: bool = False,
+    peak_tflops: float = 989.0,
+    efficiency: float = 0.5,
+    bytes_per_element: int = 2,
+) -> tuple[LlmConfig, Topology]:
+    """An LLM's training iteration, as ``themis-mpi workload gpt``: its config and the topology it runs on.
+
+    The parameters are the command's flags of the same names (``--preset`` a shape whose sizes
+    the others override). With `out`, ``OUT.<rank>.et`` are written, one file per rank, as
+    ``--out`` writes them; `train` (``train(out, topology)`` with the returned topology's
+    ``spec()``) replays them.
+
+    Returns:
+        The `workloads.llm.LlmConfig` (parameters, FLOPs, sizes) and the topology its groups fit,
+        a dim split where a group ends inside it.
+    """
+    shape = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn, experts=experts,
+                 topk=topk, micro_batch=micro_batch, global_batch=global_batch)  # fmt: skip
+    c = gpt_config(
+        preset, shape, tp=tp, pp=pp, dp=dp, ep=ep, zero=zero, schedule=schedule, order=order,
+        recompute=recompute, overlap_dp=overlap_dp, peak_tflops=peak_tflops, efficiency=efficiency,
+        bytes_per_element=bytes_per_element,
+    )  # fmt: skip
+    topo = parse_topology(_one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path"))
+    layout = write_gpt(c, topo, out) if out else fit_groups(c, topo)
+    return c, layout.topology
+
+
+def write_gpt(c: LlmConfig, topology: Topology, prefix: str) -> Layout:
+    """``PREFIX.<rank>.et`` of every rank (`workloads.llm.write_llm`), once their size is known to be sane."""
+    if rank_nodes(c) * c.npus > MAX_ET_NODES:
+        raise UsageError(
+            f"--out would write {c.npus} files of up to {rank_nodes(c)} nodes each; at most "
+            f"{MAX_ET_NODES} nodes in all, as convert writes (fewer NPUs, or a smaller shape)"
+        )
+    return write_llm(c, topology, prefix)
 
 
 def _chunks(chunks: Any, topologies: list[str], default: int) -> Any:
