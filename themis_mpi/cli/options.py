@@ -257,6 +257,28 @@ def say_dropped(dropped: dict[str, tuple[int, dict[str, int]]]) -> None:
     )
 
 
+def sweep_files(
+    args: argparse.Namespace, fingerprint: str, cells: int, speaks: bool
+) -> tuple[SweepFiles, list[int]]:
+    """A sweep's ``--json``/``--csv``/``--jsonl`` files, and the cells left to run.
+
+    Under ``--resume`` the rank that speaks reads the rows back; those dropped are said in one line.
+    """
+    files = SweepFiles(
+        fingerprint,
+        args.json,
+        args.csv,
+        args.jsonl,
+        flat_row,
+        args.resume and speaks,
+        cells=cells,
+        check=check_row,
+    )
+    if files.dropped:
+        say_dropped(files.dropped)
+    return files, [i for i in range(cells) if i not in files.done]
+
+
 def data_on_stdout(args: argparse.Namespace) -> bool:
     """Whether an output is `-` (standard output): then the table goes to stderr."""
     return STDOUT in (args.json, args.csv, args.jsonl)
@@ -466,19 +488,7 @@ def training_sweep(
     speaks = env_rank() == 0
     if speaks and not use_mpi:
         check_outputs(args.json, args.csv, args.jsonl, inputs=inputs)
-    files = SweepFiles(
-        training_fingerprint(cells, *extra),
-        args.json,
-        args.csv,
-        args.jsonl,
-        flat_row,
-        args.resume and speaks,
-        cells=len(cells),
-        check=check_row,
-    )
-    if files.dropped:
-        say_dropped(files.dropped)
-    todo = [i for i in range(len(cells)) if i not in files.done]
+    files, todo = sweep_files(args, training_fingerprint(cells, *extra), len(cells), speaks)
     table = _TrainingTable(args, cells, files, head, speaks)
     if files.done and speaks:
         table.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")

@@ -18,13 +18,12 @@ from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
 from ..msccl.custom import choose
-from ..output import SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
-from ..results import CollectiveResult, flat_row, median
+from ..results import CollectiveResult, median
 from ..run.backend import open_backend
 from ..run.collective import run_collective
 from ..run.pool import fingerprint, parse_workers, run_cells
-from ..run.sweep import check_row, sweep_cells
+from ..run.sweep import sweep_cells
 from ..timing.packet import recorded_mtu
 from ..topology import Topology
 from ..units import format_size
@@ -37,9 +36,9 @@ from .options import (
     chunk_counts,
     data_on_stdout,
     input_files,
-    say_dropped,
     size_list,
     split_list,
+    sweep_files,
     wrong_exit,
 )
 
@@ -102,19 +101,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
         check_outputs(
             args.json, args.csv, args.jsonl, args.trace, inputs=input_files(*split_list(args.topology))
         )
-    files = SweepFiles(
-        fingerprint(cells, command, iters),
-        args.json,
-        args.csv,
-        args.jsonl,
-        flat_row,
-        args.resume and speaks,
-        cells=len(cells),
-        check=check_row,
-    )
-    if files.dropped:
-        say_dropped(files.dropped)
-    todo = [i for i in range(len(cells)) if i not in files.done]
+    files, todo = sweep_files(args, fingerprint(cells, command, iters), len(cells), speaks)
     progress = Lines(
         len(cells), args.quiet or not speaks, done=len(cells) - len(todo), data_on_stdout=data_on_stdout(args)
     )
