@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from harness import ROOT, in_process, local, mpi_env
+from harness import ROOT, cli, in_process, local, mpi_env
 
 import themis_mpi
 from themis_mpi.policies import make_inter
@@ -188,3 +188,16 @@ def test_api_gpt_writes_the_files_of_workload_gpt(tmp_path):
         assert (tmp_path / "api" / f"g.{rank}.et").read_bytes() == (
             tmp_path / "cli" / f"g.{rank}.et"
         ).read_bytes()
+
+
+def test_the_emulator_runs_the_sweep_serially_to_the_models_rows(tmp_path):
+    """Under mpiexec a `-c 4,16` sweep runs cell by cell on real data: every row checked, the model's times."""
+    out = tmp_path / "mpi.jsonl"
+    proc = cli(8, ["train", WORKLOAD, "-t", "2x2x2", "-c", "4,16", "-n", "1", "--jsonl", str(out), "-q"])
+    assert proc.returncode == 0, proc.stderr
+    model = in_process(["train", WORKLOAD, "-t", "2x2x2", "-c", "4,16", "-n", "1", "--json", "-", "-q"])
+    emulated, modelled = rows_of(out), json.loads(model.stdout)
+    assert [r["transport"] for r in emulated] == ["mpi"] * 4 and all(r["wrong"] == 0 for r in emulated)
+    for mine, theirs in zip(emulated, modelled):
+        for key in ("policy", "chunks", "iteration_us", "compute_us", "exposed_comm_us", "speedup"):
+            assert mine[key] == theirs[key], key
