@@ -1,8 +1,10 @@
 """`themis-mpi train`: training iterations of a workload under each policy, with the speedup.
 
 A text workload runs its layer loop (`workloads.training`); a Chakra trace (a .et file, or the
-prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`). The policies run one after
-the other, or on a pool (``--workers``, the model only).
+prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`). Comma lists of -t, -c,
+-p, --intra, --network and --comm-scheduler sweep, in `run.sweep.training_cells`' order; the
+cells run one after the other, or on a pool (``--workers``, the model only), each row printed and
+saved as it ends (`cli.options.training_sweep`).
 """
 
 from __future__ import annotations
