@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import groupby
 
@@ -108,23 +108,31 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     if files.done and speaks:
         progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
     last = {id(cells[i].topology): i for i in todo}  # each topology's last cell
-    shown: Topology | None = None  # the topology whose table is open
-    rows: list[CollectiveResult] = []  # its rows (for --format nccl)
+    shown: list[Topology] = []  # the topologies whose header is out (the last one's table is open)
+    rows: list[CollectiveResult] = []  # the open table's rows (for --format nccl)
     wrong = 0  # elements that differ from the closed form, over every row
+
+    def head(i: int) -> None:
+        """Cell i's topology's header, once a policy has decided (a failing policy's line comes first)."""
+        topo = cells[i].topology
+        if shown and shown[-1] is topo:
+            return
+        shown.append(topo)
+        rows.clear()
+        if speaks:
+            progress.write(run_header(topo, command, cells[i].config))
+            if args.format != "nccl":
+                progress.write(table_header(len(topo.dims), clock))
+
     results = (
-        _serial(args, cells, use_mpi, iters, warmup, progress) if serial else run_cells(cells, todo, workers)
+        _serial(args, cells, use_mpi, iters, warmup, progress, head)
+        if serial
+        else run_cells(cells, todo, workers)
     )
     for i, result in results:
         topo = cells[i].topology
         wrong += result.wrong or 0
-        if (
-            shown is not topo
-        ):  # the header once a policy has decided once: a failing policy's line comes first
-            shown, rows = topo, []
-            if speaks:
-                progress.write(run_header(topo, command, cells[i].config))
-                if args.format != "nccl":
-                    progress.write(table_header(len(topo.dims), clock))
+        head(i)
         rows.append(result)
         if speaks:
             if args.format != "nccl":
@@ -140,11 +148,18 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
 
 
 def _serial(
-    args: argparse.Namespace, cells: list, use_mpi: bool, iters: int, warmup: int, progress: Lines
+    args: argparse.Namespace,
+    cells: list,
+    use_mpi: bool,
+    iters: int,
+    warmup: int,
+    progress: Lines,
+    head: Callable[[int], None],
 ) -> Iterator[tuple[int, CollectiveResult]]:
     """(cell, result) of every cell, in order, in this process: the emulator's and --trace's runs.
 
-    A backend per topology; each cell timed over its iterations (the emulator's); with --trace,
+    A backend per topology; each cell timed over its iterations (the emulator's), `head` told
+    after its first (the header comes out once the job runs, not after a long cell); with --trace,
     each topology's stage events written at its end.
     """
     config = cells[0].config
@@ -169,6 +184,8 @@ def _serial(
                 for it in range(warmup + iters):
                     check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
                     result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
+                    if it == 0:
+                        head(index[id(cell)])
                     if it >= warmup:
                         walls.append(result.wall_s)
                 result = replace(result, wall_s=median(walls), iters=iters)
