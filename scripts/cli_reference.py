@@ -27,22 +27,23 @@ program. For what the numbers mean, see [the time model](time-model.md); for wor
 [the tutorial](tutorial.md).
 
 **What goes where.** Standard output carries the results: the `# ...` header lines, then the table.
-With `--json -` (and `model`'s `--csv -`, `--jsonl -`) it carries the data alone, and the header and
-table go to standard error. Standard error carries progress and warnings; under mpiexec only rank 0
-prints. `train`, `workload ... --run`, `replay` and `calibrate` print their header at once, before
-any simulation (`model` and `run`: each topology's before its first row). Then progress: on a
-terminal a bar with the share done, the time spent and the ETA; off a terminal (a pipe, a job's
-log) a line such as `themis-mpi: baseline: 40% done in 12 s, ETA 18 s` every 5 s
-(`THEMIS_MPI_PROGRESS_S` sets the interval; `model` and `run`: a line a minute); nothing with `-q`.
-It counts real work where it happens: layer steps for a text workload (a layer's forward, its
-backward once its gradient is applied), graph nodes finished for a Chakra trace and for every run
-`workload --run` prices, collectives for `replay`, whole staged fits for `calibrate`, cells for
-`model` and `run`. Before it starts, `train` asks the planner what the run will cost
-(`timing.planner.estimate`: the simulator it chose, the NPUs and the chunk steps, at costs per step
-measured on the development machine, [performance](performance.md#what-a-run-will-cost-issue-43)); above
-30 s (`THEMIS_MPI_EXPECT_S` moves that threshold) it adds one line to the header; GNMT on `HGX-H100-SW_SW_SW`
-with `-c 16 --network fair --npu-compute-scale 5=1.5` prints `# expect ~4.4 min: every NPU's links
-under fair (NPU 5 computes slower, 1024 NPUs x 4,480 chunk steps)`.
+With `--json -` (and `model`'s and `train`'s `--csv -`, `--jsonl -`) it carries the data alone, and
+the header and table go to standard error. Standard error carries progress and warnings; under
+mpiexec only rank 0 prints. `train`, `workload ... --run`, `replay` and `calibrate` print their
+header at once, before any simulation (`model` and `run`: each topology's before its first row; a
+`train` sweep: each topology's before its runs). Then progress: on a terminal a bar with the share
+done, the time spent and the ETA; off a terminal (a pipe, a job's log) a line such as `themis-mpi:
+baseline: 40% done in 12 s, ETA 18 s` every 5 s (`THEMIS_MPI_PROGRESS_S` sets the interval; `model`
+and `run`: a line a minute); nothing with `-q`. It counts real work where it happens: layer steps
+for a text workload (a layer's forward, its backward once its gradient is applied), graph nodes
+finished for a Chakra trace and for every run `workload --run` prices, collectives for `replay`,
+whole staged fits for `calibrate`, cells for `model` and `run`. Before it starts, `train` asks the
+planner what the run will cost (`timing.planner.estimate`: the simulator it chose, the NPUs and the
+chunk steps, at costs per step measured on the development machine,
+[performance](performance.md#what-a-run-will-cost-issue-43)); above 30 s (`THEMIS_MPI_EXPECT_S`
+moves that threshold) it adds one line to the header; GNMT on `HGX-H100-SW_SW_SW` with `-c 16
+--network fair --npu-compute-scale 5=1.5` prints `# expect ~4.4 min: every NPU's links under fair
+(NPU 5 computes slower, 1024 NPUs x 4,480 chunk steps)`.
 """
 
 

@@ -10,23 +10,25 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
-from .model import ModelTransport
-from .policies import default_partition_mib
 from .results import CollectiveResult, TrainingResult, flat_row
 
 if TYPE_CHECKING:
     from .calibrate import NcclFit
-from .run.pool import parse_workers, run_cells
-from .run.sweep import policy_configs, sweep_cells
-from .run.training import model_training, run_graph
-from .topology import PRESETS, parse_topology, read_fit
-from .units import parse_size
+from .run.pool import parse_workers, run_cells, run_training_cells, train_graph, train_text
+from .run.sweep import baseline_cells, sweep_cells, training_cells
+from .topology import PRESETS, Topology, parse_topology, read_fit
+from .units import parse_size, size_sweep
 from .workloads.chakra import is_et_source, load_graph
+from .workloads.et import MAX_ET_NODES
+from .workloads.llm import PRESETS as LLM_PRESETS
+from .workloads.llm import Layout, LlmConfig, fit_groups, parse_order, parse_schedule, rank_nodes, write_llm
 from .workloads.text import Workload, parse_workload
 from .workloads.training import TrainingSpec
 
@@ -61,6 +63,13 @@ def _size_bytes(size: int | str) -> int:
     return parse_size(size) if isinstance(size, str) else size
 
 
+class _DefaultSize(str):
+    """`sweep`'s size when none is given (a range may then be)."""
+
+
+DEFAULT_SIZE = _DefaultSize("64M")
+
+
 def _stragglers(npu_delay_us, link_scale) -> dict:
     """The `RunConfig` fields of the mapping forms ``{rank: us}`` and ``{(dim, rank): factor}``."""
     delays = tuple((rank, us * 1e3) for rank, us in sorted((npu_delay_us or {}).items()))
@@ -70,10 +79,13 @@ def _stragglers(npu_delay_us, link_scale) -> dict:
 
 def sweep(
     topology: str | Sequence[str] = "2x2x2",
-    size: int | str | Sequence[int | str] = "64M",
+    size: int | str | Sequence[int | str] = DEFAULT_SIZE,
     policy: str | Sequence[str] = ("baseline", "themis"),
     chunks: int | Sequence[int] | None = None,
     *,
+    begin: int | str | None = None,
+    end: int | str | None = None,
+    factor: float = 2.0,
     op: str = "all_reduce",
     dtype: str = "float64",
     intra: str | Sequence[str] = "auto",
@@ -95,7 +107,10 @@ def sweep(
 
     Args:
         topology: preset names, inline specs or ASTRA-sim YAML paths (see `themis-mpi topologies`).
-        size: bytes per NPU, as numbers or with K/M/G suffixes ("64M").
+        size: bytes per NPU, as numbers or with K/M/G suffixes ("64M"); or give a range:
+        begin: the first size of a range, as ``-b`` (with `end` and `factor`; not with `size`).
+        end: the range's last size, as ``-e`` (default: `begin`).
+        factor: the factor between the range's sizes, as ``-f`` (default 2).
         policy: inter-dim policies ("all" names every one, "both" baseline and Themis).
         chunks: chunk counts (default 64, or the chunk count of the first `calibrate` fit among the
             topologies, given as its JSON file).
@@ -144,7 +159,7 @@ def sweep(
             parse_topology(t).with_overrides(bandwidth_gbps, latency_ns, algorithm)
             for t in _names(topology, "topology")
         ],
-        [_size_bytes(s) for s in _items(size, "size", (int, str), 'a byte count (int) or a size like "64M"')],
+        _sizes(size, begin, end, factor),
         _items(_chunks(chunks, _names(topology, "topology"), 64), "chunks", (int,), "a whole number (int)"),
         _policies(policy),
         _names(intra, "intra"),
@@ -155,24 +170,39 @@ def sweep(
     return [result for _, result in run_cells(cells, range(len(cells)), parse_workers(workers))]
 
 
+def _sizes(size: Any, begin: Any, end: Any, factor: Any) -> list[int]:
+    """`sweep`'s sizes in bytes: the list given, or `begin` .. `end` by `factor` (nccl-tests' -b/-e/-f)."""
+    accepts = 'a byte count (int) or a size like "64M"'
+    sizes = [_size_bytes(s) for s in _items(size, "size", (int, str), accepts)]
+    if begin is None:
+        if end is not None:
+            raise UsageError("end needs begin (the range's first size)")
+        return sizes
+    if not isinstance(size, _DefaultSize):
+        raise UsageError("give either size (a list) or begin/end/factor (a range), not both")
+    first = _size_bytes(_one(begin, "begin", (int, str), accepts))
+    last = None if end is None else _size_bytes(_one(end, "end", (int, str), accepts))
+    return size_sweep(first, last, _one(factor, "factor", (int, float), "a number"))
+
+
 def train(
     workload: str,
-    topology: str = "2x2x2",
+    topology: str | Sequence[str] = "2x2x2",
     policy: str | Sequence[str] = ("baseline", "themis"),
-    chunks: int | None = None,
+    chunks: int | Sequence[int] | None = None,
     iterations: int = 2,
     *,
-    intra: str = "auto",
+    intra: str | Sequence[str] = "auto",
     dtype: str = "float32",
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",
-    network: str | None = None,
+    network: str | Sequence[str] | None = None,
     mtu_bytes: int | None = None,
     bucket_mib: float = 0.0,
     first_bucket_mib: float | None = None,
     comm_group: str | None = None,
-    comm_scheduler: str = "",
+    comm_scheduler: str | Sequence[str] = "",
     partition_mib: float | None = None,
     credit_mib: float | None = None,
     npu_delay_us: Mapping[int, float] | None = None,
@@ -180,26 +210,28 @@ def train(
     npu_compute_scale: Mapping[int, float] | None = None,
     compute_jitter: float = 0.0,
     seed: int = 0,
+    workers: int | str = 1,
 ) -> list[TrainingResult]:
-    """Training iterations of a workload on the model, one result per policy, as ``themis-mpi train``.
+    """Training iterations of a workload on the model, one result per cell, as ``themis-mpi train``.
 
-    `chunks` defaults to 64, or to the chunk count of a `calibrate` fit given as `topology`.
+    `topology`, `chunks`, `policy`, `intra`, `network` and `comm_scheduler` take a value or a
+    list; the cells are those of ``train`` with the same lists (topologies x chunks x policies x
+    intra x rules x schedulers), and the results its rows, speedups included (over the first
+    baseline row of the same topology, chunks, rule and scheduler).
+    `chunks` defaults to 64, or to the chunk count of a `calibrate` fit among the topologies.
     `workload` is an ASTRA-sim 1.0 text workload, or a Chakra trace (a .et file, or the prefix of
     prefix.<rank>.et files; `comm_group` names its communicator-group JSON). Each policy runs
     with its own intra-dim policy under ``intra="auto"``. Buckets (`bucket_mib`,
     `first_bucket_mib`) apply to text workloads. The scheduler between collectives
     (`comm_scheduler`, `partition_mib`, `credit_mib`) and stragglers (`npu_delay_us`,
     `link_scale`, `npu_compute_scale`, `compute_jitter` with `seed`) are train's flags of the
-    same names (text workloads; see `sweep` for the mapping forms); `network` and `mtu_bytes`
-    are `sweep`'s.
+    same names (text workloads; see `sweep` for the mapping forms); `network`, `mtu_bytes` and
+    `workers` are `sweep`'s.
     """
     _one(workload, "workload", (str,), "a path (str)")
-    topo = parse_topology(
-        _one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path (str)")
-    )
-    chunks = _chunks(chunks, [topology], 64)
-    for what, count in (("chunks", chunks), ("iterations", iterations)):
-        _one(count, what, (int,), "a whole number (int)")
+    names = _names(topology, "topology")
+    counts = _items(_chunks(chunks, names, 64), "chunks", (int,), "a whole number (int)")
+    _one(iterations, "iterations", (int,), "a whole number (int)")
     for what, scale in (
         ("compute_scale", compute_scale),
         ("comm_scale", comm_scale),
@@ -209,35 +241,158 @@ def train(
     credit_bytes = (
         0 if credit_mib is None else max(1, int(_one(credit_mib, "credit_mib", (int, float), "MiB") * 2**20))
     )
-    base = RunConfig(
-        endpoint_delay_ns=default_endpoint_delay_ns(compat),
-        compat=compat,
-        network=network or "",
-        mtu_bytes=mtu_bytes,
-        comm_scheduler=_one(comm_scheduler, "comm_scheduler", (str,), "a name (str)"),
-        credit_bytes=credit_bytes,
-        **_stragglers(npu_delay_us, link_scale),
-    )
-    pace = dict(
-        partition_mib=default_partition_mib(comm_scheduler, partition_mib),
+    bases = [
+        RunConfig(
+            endpoint_delay_ns=default_endpoint_delay_ns(compat),
+            compat=compat,
+            network=rule,
+            mtu_bytes=mtu_bytes,
+            comm_scheduler=scheduler,
+            credit_bytes=credit_bytes,
+            **_stragglers(npu_delay_us, link_scale),
+        )
+        for rule in _names(network or "", "network")
+        for scheduler in _names(comm_scheduler, "comm_scheduler")
+    ]
+    spec = TrainingSpec(
+        counts[0],
+        _one(dtype, "dtype", (str,), "a name (str)"),
+        iterations,
+        compute_scale,
+        comm_scale,
+        bucket_mib,
+        first_bucket_mib,
         npu_compute_scale=tuple(sorted((npu_compute_scale or {}).items())),
         compute_jitter=_one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
         seed=_one(seed, "seed", (int,), "a whole number (int)"),
     )
-    policies = policy_configs(_policies(policy), _names(intra, "intra"), base.on(topo))
-    dtype = _one(dtype, "dtype", (str,), "a name (str)")
+    given = [parse_topology(t) for t in names]
     if is_et_source(workload):
         if bucket_mib or first_bucket_mib is not None:
             raise UsageError("bucket_mib and first_bucket_mib apply to text workloads only")
         graph = load_graph(workload, comm_group)
-        fitted = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(topo)
-        spec = TrainingSpec(chunks, dtype, 1, compute_scale, comm_scale, **pace)
-        return [run_graph(ModelTransport(fitted, config), graph, p, spec) for p, config in policies]
-    wl = parse_workload(workload)
-    spec = TrainingSpec(
-        chunks, dtype, iterations, compute_scale, comm_scale, bucket_mib, first_bucket_mib, **pace
+        wl = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group)
+        spec = replace(spec, iterations=1)
+        run: Any = partial(train_graph, graph, None)
+    else:
+        wl = parse_workload(workload)
+        run = partial(train_text, wl)
+    cells = training_cells(
+        [(t, wl.fit_topology(t)) for t in given],
+        counts,
+        _policies(policy),
+        _names(intra, "intra"),
+        bases,
+        spec,
+        partition_mib,
     )
-    return [model_training(wl, topo, p, spec, config) for p, config in policies]
+    rows = dict(run_training_cells(run, cells, range(len(cells)), parse_workers(workers)))
+    out = []
+    for i, base in enumerate(baseline_cells(cells)):
+        row = rows[i]
+        if base is not None and row.iteration_us:
+            row = replace(row, speedup=rows[base].iteration_us / row.iteration_us)
+        out.append(row)
+    return out
+
+
+SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk", "micro_batch", "global_batch")
+
+
+def gpt_config(
+    preset: str | None = None,
+    shape: Mapping[str, int | None] | None = None,
+    flag: Any = str,
+    **settings: Any,
+) -> LlmConfig:
+    """An LLM's shape and parallelism as `workloads.llm.LlmConfig`: a preset's shape, `shape` over it.
+
+    `shape` maps the names of `SHAPE` to values (None keeps the preset's); `settings` are the
+    other fields of `LlmConfig` (tp, pp, dp, ep, zero, recompute, overlap_dp, peak_tflops,
+    efficiency, bytes_per_element, order) and ``schedule`` as ``workload gpt --schedule`` takes it
+    ("interleaved:V" included). `flag` spells a name in a message (the CLI's ``--name``).
+    A shape that does not divide, or a missing size, is a `UsageError`.
+    """
+    if preset is not None and preset not in LLM_PRESETS:
+        raise UsageError(f"unknown preset {preset!r}; use one of {', '.join(LLM_PRESETS)}")
+    values = dict(LLM_PRESETS[preset]) if preset else {}
+    for name, value in (shape or {}).items():
+        if name not in SHAPE:
+            raise TypeError(f"gpt has no shape parameter {name!r}; it takes {', '.join(SHAPE)}")
+        if value is not None:
+            _one(value, name, (int,), "a whole number (int)")
+            if value < 1 and name in ("vocab", "ffn"):  # (0 is the library's "none" and "4 x hidden")
+                raise UsageError(f"{flag(name)} must be >= 1, got {value}")
+            values[name] = value
+    missing = [flag(n) for n in ("layers", "hidden", "heads", "seq", "vocab") if n not in values]
+    if missing:
+        raise UsageError(f"workload gpt needs {' '.join(missing)} (or {flag('preset')})")
+    values.setdefault("micro_batch", 1)
+    values.setdefault("global_batch", values["micro_batch"] * settings.get("dp", 1))
+    schedule, chunks = parse_schedule(settings.pop("schedule", "1f1b"))
+    order = "-".join(parse_order(settings.pop("order", "tp-dp-pp")))
+    return LlmConfig(**values, **settings, schedule=schedule, chunks=chunks, order=order)
+
+
+def gpt(
+    topology: str = "2x2x2",
+    out: str | None = None,
+    *,
+    preset: str | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    seq: int | None = None,
+    vocab: int | None = None,
+    ffn: int | None = None,
+    experts: int | None = None,
+    topk: int | None = None,
+    micro_batch: int | None = None,
+    global_batch: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 1,
+    ep: int = 1,
+    zero: int = 0,
+    schedule: str = "1f1b",
+    order: str = "tp-dp-pp",
+    recompute: bool = False,
+    overlap_dp: bool = False,
+    peak_tflops: float = 989.0,
+    efficiency: float = 0.5,
+    bytes_per_element: int = 2,
+) -> tuple[LlmConfig, Topology]:
+    """An LLM's training iteration, as ``themis-mpi workload gpt``: its config and the topology it runs on.
+
+    The parameters are the command's flags of the same names (``--preset`` a shape whose sizes
+    the others override). With `out`, ``OUT.<rank>.et`` are written, one file per rank, as
+    ``--out`` writes them; `train` (``train(out, topology)`` with the returned topology's
+    ``spec()``) replays them.
+
+    Returns:
+        The `workloads.llm.LlmConfig` (parameters, FLOPs, sizes) and the topology its groups fit,
+        a dim split where a group ends inside it.
+    """
+    shape = dict(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=vocab, ffn=ffn, experts=experts,
+                 topk=topk, micro_batch=micro_batch, global_batch=global_batch)  # fmt: skip
+    c = gpt_config(
+        preset, shape, tp=tp, pp=pp, dp=dp, ep=ep, zero=zero, schedule=schedule, order=order,
+        recompute=recompute, overlap_dp=overlap_dp, peak_tflops=peak_tflops, efficiency=efficiency,
+        bytes_per_element=bytes_per_element,
+    )  # fmt: skip
+    topo = parse_topology(_one(topology, "topology", (str,), "a preset name, an inline spec or a YAML path"))
+    layout = write_gpt(c, topo, out) if out else fit_groups(c, topo)
+    return c, layout.topology
+
+
+def write_gpt(c: LlmConfig, topology: Topology, prefix: str) -> Layout:
+    """``PREFIX.<rank>.et`` of every rank (`workloads.llm.write_llm`), once their size is known to be sane."""
+    if rank_nodes(c) * c.npus > MAX_ET_NODES:
+        raise UsageError(
+            f"--out would write {c.npus} files of up to {rank_nodes(c)} nodes each; at most "
+            f"{MAX_ET_NODES} nodes in all, as convert writes (fewer NPUs, or a smaller shape)"
+        )
+    return write_llm(c, topology, prefix)
 
 
 def _chunks(chunks: Any, topologies: list[str], default: int) -> Any:

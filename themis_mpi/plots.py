@@ -413,8 +413,8 @@ def sweep_figure(rows: Sequence[dict], spec: SweepPlot) -> Any:
     keys = [k for k in styles if k in handles]
     if len(keys) > 1 or (keys and fields):
         fig.legend([handles[k] for k in keys], [labels[k] for k in keys], loc="outside right upper",
-                   fontsize=7, ncols=math.ceil(len(keys) / 40), title=", ".join(fields) or None,
-                   title_fontsize=7)  # fmt: skip
+                   fontsize=7, handlelength=3.5, ncols=math.ceil(len(keys) / 40),
+                   title=", ".join(fields) or None, title_fontsize=7)  # fmt: skip
     return fig
 
 

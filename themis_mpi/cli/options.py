@@ -7,20 +7,29 @@ below (`run.sweep`) checks what the names and numbers mean.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from itertools import groupby
+from typing import Any
 
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
 from ..errors import UsageError
 from ..launch import env_rank
 from ..limits import MAX_CHUNKS, MAX_SIZE_BYTES, in_range
-from ..output import STDOUT, check_output_path
+from ..output import STDOUT, SweepFiles, check_output_path
 from ..policies import default_partition_mib
 from ..progress import Progress
-from ..run.sweep import PolicyConfig, policy_configs
+from ..report import training_table
+from ..results import TrainingResult, flat_row
+from ..run.backend import open_backend
+from ..run.coordinator import policy_name
+from ..run.pool import chain_tasks, run_training_cells, training_fingerprint
+from ..run.sweep import PolicyConfig, TrainingCell, baseline_cells, check_row, policy_configs
 from ..timing.planner import SAY_ABOVE_S
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
@@ -104,12 +113,26 @@ def chunk_counts(args: argparse.Namespace) -> list[int]:
     return list(args.chunks)
 
 
-def one_chunk_count(args: argparse.Namespace) -> int:
-    """The chunk count of a command that takes one (train)."""
+def one_chunk_count(args: argparse.Namespace, command: str = "train --job") -> int:
+    """The chunk count of a command that takes one (train --job)."""
     counts = chunk_counts(args)
     if len(counts) > 1:
-        raise UsageError("train takes one chunk count (sweep with the Python API or a shell loop)")
+        raise UsageError(f"{command} takes one chunk count, not a list")
     return counts[0]
+
+
+def names(text: str | None) -> list[str]:
+    """A flag's comma list of names; none given is the one default, ``""``."""
+    return split_list(text) if text else [""]
+
+
+def rule_bases(args: argparse.Namespace) -> list[RunConfig]:
+    """The shared settings of every ``--network`` x ``--comm-scheduler`` asked (a comma list sweeps each)."""
+    return [
+        base_config(argparse.Namespace(**{**vars(args), "network": rule, "comm_scheduler": scheduler}))
+        for rule in names(args.network)
+        for scheduler in names(getattr(args, "comm_scheduler", ""))
+    ]
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
@@ -212,6 +235,53 @@ def check_outputs(*paths: str | None, inputs: Sequence[str | None] = ()) -> None
                 f"cannot write {path}: {seen[real]} is the same file; give each output its own path"
             )
         seen[real] = path
+
+
+def check_resume(args: argparse.Namespace) -> None:
+    """``--resume`` needs a file to read the rows back from."""
+    if args.resume and not any(p and p != STDOUT for p in (args.json, args.csv, args.jsonl)):
+        raise UsageError("--resume reads the rows already written: give --json, --csv or --jsonl")
+
+
+def say_dropped(dropped: dict[str, tuple[int, dict[str, int]]]) -> None:
+    """One line: the rows --resume dropped from each file (and why), which it rewrote without them."""
+    parts = []
+    for path, (read, why) in dropped.items():
+        reasons = ", ".join(f"{reason}: {n}" for reason, n in why.items())
+        parts.append(f"{sum(why.values())} of {read} rows of {path} ({reasons})")
+    print(
+        f"themis-mpi: warning: --resume dropped {'; '.join(parts)}, and rewrote the files without them; "
+        "their cells run again",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def sweep_files(
+    args: argparse.Namespace, fingerprint: str, cells: int, speaks: bool
+) -> tuple[SweepFiles, list[int]]:
+    """A sweep's ``--json``/``--csv``/``--jsonl`` files, and the cells left to run.
+
+    Under ``--resume`` the rank that speaks reads the rows back; those dropped are said in one line.
+    """
+    files = SweepFiles(
+        fingerprint,
+        args.json,
+        args.csv,
+        args.jsonl,
+        flat_row,
+        args.resume and speaks,
+        cells=cells,
+        check=check_row,
+    )
+    if files.dropped:
+        say_dropped(files.dropped)
+    return files, [i for i in range(cells) if i not in files.done]
+
+
+def data_on_stdout(args: argparse.Namespace) -> bool:
+    """Whether an output is `-` (standard output): then the table goes to stderr."""
+    return STDOUT in (args.json, args.csv, args.jsonl)
 
 
 def wrong_exit(wrong: int) -> int:
@@ -388,3 +458,178 @@ class Meter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+RunCell = Callable[[Any, Any, Any, Progress | None], TrainingResult]  # (transport, policy, spec, progress)
+
+
+def training_sweep(
+    args: argparse.Namespace,
+    cells: list[TrainingCell],
+    run: RunCell,
+    head: Callable[[list[TrainingCell]], list[str]],
+    use_mpi: bool,
+    workers: int | str,
+    inputs: Sequence[str],
+    extra: tuple = (),
+) -> int:
+    """The cells of `train` (and `workload --run`): each row printed and saved as it ends.
+
+    One loop for the emulator (under mpiexec: the cells one after the other, a backend per
+    topology) and the model (in this process, or on a pool: `run.pool.run_training_cells`).
+    Rows go to ``--json``/``--csv``/``--jsonl`` in grid order (`output.SweepFiles`); ``--resume``
+    keeps the rows already there. `head` gives a topology's header lines (printed before its
+    table); each row's speedup is over the first baseline row of its topology, chunks, rule and
+    scheduler. `extra` goes into the sweep's fingerprint (the workload, say).
+    """
+    check_resume(args)
+    if use_mpi and args.resume:
+        raise UsageError("train under mpiexec is the emulator: --resume is for the model")
+    speaks = env_rank() == 0
+    if speaks and not use_mpi:
+        check_outputs(args.json, args.csv, args.jsonl, inputs=inputs)
+    files, todo = sweep_files(args, training_fingerprint(cells, *extra), len(cells), speaks)
+    table = _TrainingTable(args, cells, files, head, speaks)
+    if files.done and speaks:
+        table.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
+    runs = sorted(run for task in chain_tasks([c.policy for c in cells], todo) for run in task)
+    if todo and not use_mpi:
+        table.head(todo[0])  # before the progress bar
+    with Meter(len(runs) if workers == 1 else len(todo), args.quiet or not speaks) as meter:
+        table.meter = meter
+        if workers != 1:
+            for k, (i, result) in enumerate(run_training_cells(run, cells, todo, workers)):
+                meter.part(k, policy_name(cells[i].policy))(1, 1)
+                table.add(i, result)
+        else:
+            for _, same in groupby(enumerate(runs), key=lambda kr: id(cells[kr[1][0]].topology)):
+                group = list(same)
+                first = cells[group[0][1][0]]
+                with open_backend(first.topology, use_mpi, first.config.timeout_s) as backend:
+                    if (
+                        backend.rank == 0 and use_mpi and not table.headed
+                    ):  # (MPI runs: a refusal ends the job)
+                        check_outputs(args.json, args.csv, args.jsonl, inputs=inputs)
+                    table.head(group[0][1][0])
+                    for k, (i, keep) in group:
+                        cell = cells[i]
+                        part = meter.part(k, policy_name(cell.policy))
+                        result = run(backend.transport(cell.config), cell.policy, cell.spec, part)
+                        if keep:
+                            table.add(i, result)
+    if speaks:
+        with table.rows_out():
+            files.close()
+    return wrong_exit(table.wrong)
+
+
+class _TrainingTable:
+    """`training_sweep`'s rows on the way out: in grid order, with their speedups, printed and saved."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        cells: list[TrainingCell],
+        files: SweepFiles,
+        head: Callable[[list[TrainingCell]], list[str]],
+        speaks: bool,
+    ):
+        self.args, self.cells, self.files, self.heading, self.speaks = args, cells, files, head, speaks
+        self.meter: Meter | None = None
+        self.todo = [i for i in range(len(cells)) if i not in files.done]
+        self.next = 0  # the place in `todo` of the next row to show
+        self.fresh: dict[int, TrainingResult] = {}
+        self.headed: set[int] = set()
+        self.titled: set[int] = set()
+        self.wrong = 0
+        self.groups = [0] * len(cells)  # each cell's topology (as given), numbered in grid order
+        for i in range(1, len(cells)):
+            self.groups[i] = self.groups[i - 1] + (cells[i].given is not cells[i - 1].given)
+        self.base = baseline_cells(cells)
+        self.varies = [
+            name
+            for name, value in (
+                ("chunks", lambda c: c.spec.chunks),
+                ("network", lambda c: c.config.network),
+                ("scheduler", lambda c: c.config.comm_scheduler),
+            )
+            if len({value(c) for c in cells}) > 1
+        ]
+
+    def _key(self, i: int) -> tuple:
+        cell = self.cells[i]
+        return (self.groups[i], cell.spec.chunks, cell.config.network, cell.config.comm_scheduler)
+
+    def write(self, line: str) -> None:
+        if self.meter is not None:
+            self.meter.write(line)
+        else:
+            print(line, flush=True)
+
+    def head(self, i: int) -> None:
+        """A topology's header and table header, once, before its first run or row (rank 0)."""
+        g = self.groups[i]
+        if g in self.headed:
+            return
+        self.headed.add(g)
+        if not self.speaks:
+            return
+        todo = set(self.todo)
+        group = [c for j, c in enumerate(self.cells) if self.groups[j] == g and j in todo]
+        for line in self.heading(group):
+            self.write(line)
+
+    def _base_us(self, i: int) -> float | None | bool:
+        """The iteration of cell i's baseline row, None without one, False while it is not known."""
+        j = self.base[i]
+        if j is None:
+            return None
+        if j in self.fresh:
+            return self.fresh[j].iteration_us
+        for rows in self.files.kept.values():
+            if j in rows:
+                return float(rows[j]["iteration_us"])
+        return False
+
+    def add(self, i: int, result: TrainingResult) -> None:
+        """A cell's result; the rows now in order are shown and saved."""
+        self.fresh[i] = result
+        self.wrong += result.wrong or 0
+        while self.next < len(self.todo) and self.todo[self.next] in self.fresh:
+            j = self.todo[self.next]
+            base_us = self._base_us(j)
+            if base_us is False:
+                return
+            row = self.fresh[j]
+            if row.iteration_us and base_us is not None:
+                row = replace(row, speedup=base_us / row.iteration_us)
+                self.fresh[j] = row
+            self.next += 1
+            if self.speaks:
+                self._show(j, row)
+
+    def _show(self, i: int, row: TrainingResult) -> None:
+        self.head(i)
+        if self.groups[i] not in self.titled:  # the table's title with its first row
+            self.titled.add(self.groups[i])
+            title = training_table([], len(row.dims))
+            self.write(title + ("  " + " ".join(self.varies) if self.varies else ""))
+        line = training_table([row], len(row.dims)).split("\n")[1]
+        cell = self.cells[i]
+        values = {
+            "chunks": cell.spec.chunks,
+            "network": cell.config.network,
+            "scheduler": cell.config.comm_scheduler,
+        }
+        self.write(
+            line + ("  " + " ".join(str(values[v] or "-") for v in self.varies) if self.varies else "")
+        )
+        with self.rows_out():
+            self.files.add(i, row.to_dict())
+
+    @contextlib.contextmanager
+    def rows_out(self) -> Iterator[None]:
+        """Rows for standard output go to the real one (`train` sends its table to stderr then)."""
+        stream = getattr(self.args, "rows_stream", None)
+        with contextlib.redirect_stdout(stream) if stream is not None else contextlib.nullcontext():
+            yield

@@ -91,7 +91,7 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
         "--topology",
         default=default,
         help="preset name (see `themis-mpi topologies`), inline KIND(npus,GB/s,ns[,algorithm])_..., "
-        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run and model take a "
+        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run, model and train take a "
         "comma-separated list to sweep",
     )
     p.add_argument(
@@ -115,7 +115,7 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
     )
 
 
-def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
+def _add_schedule(p: argparse.ArgumentParser, dtype: str, sweeps_rules: bool = False) -> None:
     p.add_argument(
         "-c",
         "--chunks",
@@ -168,6 +168,7 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str) -> None:
         p,
         "packet; ideal on nccl dims, with --hbm-gbps or --clock wall and with --compat astra-sim-1.0; "
         "store-forward with --compat astra-sim-2",
+        sweeps=sweeps_rules,
     )
     p.add_argument(
         "--npu-delay-us",
@@ -230,17 +231,8 @@ def _add_mpi(p: argparse.ArgumentParser, clock: bool = True) -> None:
     )
 
 
-def _add_collective(p: argparse.ArgumentParser) -> None:
-    _add_topology(p)
-    p.add_argument("-o", "--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
-    p.add_argument("-b", "--minbytes", default="64M", help="first size per NPU (default 64M)")
-    p.add_argument("-e", "--maxbytes", default=None, help="last size per NPU (default: the first)")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
-    _add_schedule(p, "float64")
-    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
-    p.add_argument(
-        "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
-    )
+def _add_rows(p: argparse.ArgumentParser, command: str) -> None:
+    """Where a sweep's rows go, and how its cells run (`run`, `model`, `train`)."""
     p.add_argument(
         "--json",
         metavar="PATH",
@@ -256,18 +248,32 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="model: keep the rows already in the --json/--csv/--jsonl files (same sweep), run the rest",
+        help="the model: keep the rows already in the --json/--csv/--jsonl files (same sweep), run the rest",
     )
     p.add_argument(
         "--workers",
         default="1",
-        help="model: run the cells on N local processes, or mpi (an mpi4py.futures pool: mpiexec -n K "
-        "python -m mpi4py.futures -m themis_mpi model ...); the rows are the same, in order (default 1)",
+        help="the model: run the cells on N local processes, or mpi (an mpi4py.futures pool: mpiexec -n K "
+        f"python -m mpi4py.futures -m themis_mpi {command} ...); the rows are the same, in order (default 1)",
     )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
+
+
+def _add_collective(p: argparse.ArgumentParser) -> None:
+    _add_topology(p)
+    p.add_argument("-o", "--op", default="all_reduce", choices=OPS, help="collective (default all_reduce)")
+    p.add_argument("-b", "--minbytes", default="64M", help="first size per NPU (default 64M)")
+    p.add_argument("-e", "--maxbytes", default=None, help="last size per NPU (default: the first)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
+    _add_schedule(p, "float64")
+    p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
+    p.add_argument(
+        "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
+    )
+    _add_rows(p, "model")
     p.add_argument(
         "--trace", metavar="PATH.h5", type=_path, help="write an HDF5 trace of every stage (last iteration)"
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument(
         "--format",
         default="themis",
@@ -351,7 +357,7 @@ def _train_parser(sub: Any) -> None:
         "A.txt@dims=0,1:at=2/0; see docs/jobs.md",
     )
     _add_topology(p)
-    _add_schedule(p, "float32")
+    _add_schedule(p, "float32", sweeps_rules=True)
     p.add_argument("-n", "--iters", type=int, default=2, help="training iterations (default 2)")
     p.add_argument(
         "--compute-scale",
@@ -399,7 +405,8 @@ def _train_parser(sub: Any) -> None:
         metavar="NAME",
         default="",
         help="communication scheduler between collectives: fifo, lifo, p3, bytescheduler, tictac or a "
-        "plugin (themis-mpi policies; docs/scheduling.md); default fifo, lifo under --compat",
+        "plugin (themis-mpi policies; docs/scheduling.md), a comma list sweeps; default fifo, lifo under "
+        "--compat",
     )
     p.add_argument(
         "--partition-mib",
@@ -422,9 +429,7 @@ def _train_parser(sub: Any) -> None:
         "--comm-group-configuration)",
     )
     _add_mpi(p)
-    p.add_argument("--json", metavar="PATH", type=_path, help="write the rows as a JSON list")
-    p.add_argument("--workers", default="1", help="model: run the policies on N local processes, or mpi (1)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
+    _add_rows(p, "train")
 
 
 def _convert_parser(sub: Any) -> None:
@@ -442,14 +447,32 @@ def _convert_parser(sub: Any) -> None:
     p.add_argument("-n", "--iters", type=int, default=1, help="training iterations to unroll (default 1)")
 
 
+def _choice_list(choices: Sequence[str]) -> Callable[[str], str]:
+    """A comma list of `choices` (each checked), kept as its text."""
+
+    def parse(text: str) -> str:
+        bad = [x for x in text.split(",") if x.strip() not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"invalid choice: {bad[0]!r} (choose from {', '.join(choices)})")
+        return text
+
+    return parse
+
+
 def _add_network(
-    p: argparse.ArgumentParser, default: str, mtu: str = "4096, or the topology's MTU(...)"
+    p: argparse.ArgumentParser,
+    default: str,
+    mtu: str = "4096, or the topology's MTU(...)",
+    sweeps: bool = False,
 ) -> None:
     p.add_argument(
         "--network",
         default=None,
-        choices=rule_names(),
-        help="how stages that run at once share the links: packet (max-min per message, whole packets, "
+        type=_choice_list(rule_names()) if sweeps else str,
+        metavar="RULE[,RULE...]" if sweeps else None,
+        choices=None if sweeps else rule_names(),
+        help=("a comma list sweeps; " if sweeps else "")
+        + "how stages that run at once share the links: packet (max-min per message, whole packets, "
         "round robin at the sender, per-packet store-and-forward: what a packet network does), fair "
         "(max-min fair per stage, cut-through: the fluid bound), store-forward (whole messages in "
         "arrival order: ASTRA-sim 2.x's view) or ideal (they share nothing: ASTRA-sim 1.0's rule) "

@@ -1,15 +1,16 @@
 """`themis-mpi run` and `themis-mpi model`: one collective sweep, on the emulator or the model.
 
 The cells come from `run.sweep.sweep_cells` (as for `api.sweep`): topologies x sizes x chunks x
-policies x intra-dim policies. Each row is shown and saved as it ends. `model` runs its cells
-on a pool (`--workers`, `run.pool`) and resumes a killed sweep from its files (`--resume`);
-`run` is serial, each of its cells an MPI job.
+policies x intra-dim policies. One loop shows and saves each row as it ends, whoever runs the
+cells: `model` on a pool (`--workers`, `run.pool`), resuming a killed sweep from its files
+(`--resume`); `run` (each cell an MPI job) and ``--trace`` in this process, in order (`_serial`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from itertools import groupby
 
@@ -17,13 +18,12 @@ from ..errors import UsageError
 from ..launch import env_rank, under_mpiexec
 from ..limits import MAX_ITERS, check_memory, in_range
 from ..msccl.custom import choose
-from ..output import STDOUT, SweepFiles
 from ..report import format_nccl, run_header, table_header, table_row
-from ..results import CollectiveResult, flat_row, median
+from ..results import CollectiveResult, median
 from ..run.backend import open_backend
 from ..run.collective import run_collective
 from ..run.pool import fingerprint, parse_workers, run_cells
-from ..run.sweep import check_row, sweep_cells
+from ..run.sweep import sweep_cells
 from ..timing.packet import recorded_mtu
 from ..topology import Topology
 from ..units import format_size
@@ -32,10 +32,13 @@ from .options import (
     all_topologies,
     base_config,
     check_outputs,
+    check_resume,
     chunk_counts,
+    data_on_stdout,
     input_files,
     size_list,
     split_list,
+    sweep_files,
     wrong_exit,
 )
 
@@ -61,8 +64,7 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
     topologies = all_topologies(args)
     if args.trace and len(topologies) > 1:
         raise UsageError("--trace records one topology; sweep topologies without it")
-    if args.resume and not any(p and p != "-" for p in (args.json, args.csv, args.jsonl)):
-        raise UsageError("--resume reads the rows already written: give --json, --csv or --jsonl")
+    check_resume(args)
     if args.trace and (workers != 1 or args.resume):
         raise UsageError("--trace records every cell in this process: drop --workers and --resume")
     cells = sweep_cells(
@@ -93,18 +95,82 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
             3 * max(c.collective.size_bytes for c in cells), "the buffer and scratch of the largest size"
         )
     clock = config.clock if use_mpi else "model"
-    if not use_mpi and not args.trace:
-        return _model_sweep(args, cells, workers, command)
-    files = SweepFiles(fingerprint(cells, command, iters), args.json, args.csv, args.jsonl, flat_row)
-    progress = Lines(len(cells), args.quiet or env_rank() != 0, data_on_stdout=_data_on_stdout(args))
-    index = {id(cell): i for i, cell in enumerate(cells)}
+    serial = use_mpi or bool(args.trace)  # the emulator and --trace: every cell in this process, in order
+    speaks = env_rank() == 0  # (plain mpiexec of model: every rank models, rank 0 speaks and writes)
+    if speaks and not use_mpi:
+        check_outputs(
+            args.json, args.csv, args.jsonl, args.trace, inputs=input_files(*split_list(args.topology))
+        )
+    files, todo = sweep_files(args, fingerprint(cells, command, iters), len(cells), speaks)
+    progress = Lines(
+        len(cells), args.quiet or not speaks, done=len(cells) - len(todo), data_on_stdout=data_on_stdout(args)
+    )
+    if files.done and speaks:
+        progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
+    last = {id(cells[i].topology): i for i in todo}  # each topology's last cell
+    shown: list[Topology] = []  # the topologies whose header is out (the last one's table is open)
+    rows: list[CollectiveResult] = []  # the open table's rows (for --format nccl)
     wrong = 0  # elements that differ from the closed form, over every row
+
+    def head(i: int) -> None:
+        """Cell i's topology's header, once a policy has decided (a failing policy's line comes first)."""
+        topo = cells[i].topology
+        if shown and shown[-1] is topo:
+            return
+        shown.append(topo)
+        rows.clear()
+        if speaks:
+            progress.write(run_header(topo, command, cells[i].config))
+            if args.format != "nccl":
+                progress.write(table_header(len(topo.dims), clock))
+
+    results = (
+        _serial(args, cells, use_mpi, iters, warmup, progress, head)
+        if serial
+        else run_cells(cells, todo, workers)
+    )
+    for i, result in results:
+        topo = cells[i].topology
+        wrong += result.wrong or 0
+        head(i)
+        rows.append(result)
+        if speaks:
+            if args.format != "nccl":
+                progress.write(table_row(result))
+            files.add(i, result.to_dict())
+            if args.format == "nccl" and last[id(topo)] == i:  # nccl-tests' blocks, at the end of a topology
+                progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
+        progress.update()
+    progress.close()
+    if speaks:
+        files.close()
+    return wrong_exit(wrong)
+
+
+def _serial(
+    args: argparse.Namespace,
+    cells: list,
+    use_mpi: bool,
+    iters: int,
+    warmup: int,
+    progress: Lines,
+    head: Callable[[int], None],
+) -> Iterator[tuple[int, CollectiveResult]]:
+    """(cell, result) of every cell, in order, in this process: the emulator's and --trace's runs.
+
+    A backend per topology; each cell timed over its iterations (the emulator's), `head` told
+    after its first (the header comes out once the job runs, not after a long cell); with --trace,
+    each topology's stage events written at its end.
+    """
+    config = cells[0].config
+    clock = config.clock if use_mpi else "model"
+    index = {id(cell): i for i, cell in enumerate(cells)}
     for _, same_topology in groupby(cells, key=lambda c: id(c.topology)):
         group = list(same_topology)
         topo = group[0].topology
         recorder = _trace_recorder(topo, use_mpi, clock, config) if args.trace else None
         with open_backend(topo, use_mpi, config.timeout_s) as backend:
-            if backend.rank == 0:
+            if backend.rank == 0 and use_mpi:  # (MPI has started: a refusal here ends the job)
                 check_outputs(
                     args.json,
                     args.csv,
@@ -112,115 +178,26 @@ def collective_sweep(args: argparse.Namespace, use_mpi: bool, command: str) -> i
                     args.trace,
                     inputs=input_files(*split_list(args.topology)),
                 )
-            rows: list[CollectiveResult] = []
-            headed = False  # the header once the policy has decided once: a failing policy's line comes first
             for cell in group:
                 transport = backend.transport(cell.config)
                 walls = []
                 for it in range(warmup + iters):
                     check = bool(getattr(args, "check", 1)) and it == warmup + iters - 1
                     result, engine = run_collective(transport, cell.collective, cell.policy, check=check)
-                    if backend.rank == 0 and not headed:
-                        progress.write(run_header(topo, command, config))
-                        if args.format != "nccl":
-                            progress.write(table_header(len(topo.dims), clock))
-                        headed = True
+                    if it == 0:
+                        head(index[id(cell)])
                     if it >= warmup:
                         walls.append(result.wall_s)
                 result = replace(result, wall_s=median(walls), iters=iters)
                 if recorder:
                     recorder.add_run(result, engine, backend.rank)
-                if backend.rank == 0:
-                    if args.format != "nccl":
-                        progress.write(table_row(result))
-                    files.add(index[id(cell)], result.to_dict())
-                rows.append(result)
-                wrong += result.wrong or 0
-                progress.update()
-            if backend.rank == 0 and args.format == "nccl":  # nccl-tests' blocks, at the end of a topology
-                progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
+                yield index[id(cell)], result
             events = backend.gather(recorder.my_events()) if recorder else None
             if backend.rank == 0 and recorder and events is not None:
                 recorder.write(args.trace, events, backend.service)  # the other ranks wait, patiently
                 progress.write(
                     f"# wrote {args.trace}: {len(events)} stage events of {len(recorder.rows)} collectives"
                 )
-    progress.close()
-    if backend.rank == 0:
-        files.close()
-    return wrong_exit(wrong)
-
-
-def _model_sweep(args: argparse.Namespace, cells: list, workers: int | str, command: str) -> int:
-    """`model`'s cells on a pool, rows shown and saved in grid order; a resumed sweep runs the rest."""
-    quiet = env_rank() != 0  # (plain mpiexec: every rank models, rank 0 speaks and writes)
-    if not quiet:
-        check_outputs(args.json, args.csv, args.jsonl, inputs=input_files(*split_list(args.topology)))
-    files = SweepFiles(
-        fingerprint(cells, command, 1),
-        args.json,
-        args.csv,
-        args.jsonl,
-        flat_row,
-        args.resume and not quiet,
-        cells=len(cells),
-        check=check_row,
-    )
-    if files.dropped:
-        _say_dropped(files.dropped)
-    todo = [i for i in range(len(cells)) if i not in files.done]
-    progress = Lines(
-        len(cells), args.quiet or quiet, done=len(cells) - len(todo), data_on_stdout=_data_on_stdout(args)
-    )
-    if files.done and not quiet:
-        progress.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
-    shown: Topology | None = None  # the topology whose table is open
-    rows: list[CollectiveResult] = []  # its rows (for --format nccl)
-    for i, result in run_cells(cells, todo, workers):
-        topo = cells[i].topology
-        if shown is not topo:
-            _end_table(args, progress, shown, rows, quiet)
-            shown, rows = topo, []
-            if not quiet:
-                progress.write(run_header(topo, command, cells[i].config))
-                if args.format != "nccl":
-                    progress.write(table_header(len(topo.dims), "model"))
-        if not quiet:
-            if args.format != "nccl":
-                progress.write(table_row(result))
-            files.add(i, result.to_dict())
-        rows.append(result)
-        progress.update()
-    _end_table(args, progress, shown, rows, quiet)
-    progress.close()
-    if not quiet:
-        files.close()
-    return 0
-
-
-def _say_dropped(dropped: dict[str, tuple[int, dict[str, int]]]) -> None:
-    """One line: the rows --resume dropped from each file (and why), which it rewrote without them."""
-    parts = []
-    for path, (read, why) in dropped.items():
-        reasons = ", ".join(f"{reason}: {n}" for reason, n in why.items())
-        parts.append(f"{sum(why.values())} of {read} rows of {path} ({reasons})")
-    print(
-        f"themis-mpi: warning: --resume dropped {'; '.join(parts)}, and rewrote the files without them; "
-        "their cells run again",
-        file=sys.stderr,
-        flush=True,
-    )
-
-
-def _end_table(args: argparse.Namespace, progress: Lines, topo, rows: list, quiet: bool) -> None:
-    """nccl-tests' blocks of a topology, once its last row is in."""
-    if topo is not None and rows and not quiet and args.format == "nccl":
-        progress.write(format_nccl(rows, topo.group_npus(rows[0].involved)))
-
-
-def _data_on_stdout(args: argparse.Namespace) -> bool:
-    """Whether an output is `-` (standard output): then the table goes to stderr."""
-    return STDOUT in (args.json, args.csv, args.jsonl)
 
 
 def _warn_small(cells) -> None:

@@ -1,8 +1,10 @@
 """`themis-mpi train`: training iterations of a workload under each policy, with the speedup.
 
 A text workload runs its layer loop (`workloads.training`); a Chakra trace (a .et file, or the
-prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`). The policies run one after
-the other, or on a pool (``--workers``, the model only).
+prefix of prefix.<rank>.et files) runs as a graph (`workloads.chakra`). Comma lists of -t, -c,
+-p, --intra, --network and --comm-scheduler sweep, in `run.sweep.training_cells`' order; the
+cells run one after the other, or on a pool (``--workers``, the model only), each row printed and
+saved as it ends (`cli.options.training_sweep`).
 """
 
 from __future__ import annotations
@@ -11,21 +13,20 @@ import argparse
 import contextlib
 import os
 import sys
+from functools import partial
 
 from ..config import RunConfig
 from ..errors import UsageError
 from ..launch import under_mpiexec
 from ..limits import check_memory
-from ..model import ModelTransport
 from ..output import STDOUT, write_json
 from ..policies import default_scheduler, make_scheduler
-from ..report import stragglers_line, training_table, with_speedups
-from ..results import TrainingResult
+from ..report import stragglers_line
 from ..run.backend import open_backend
 from ..run.coordinator import policy_name
 from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, solo_times_us
-from ..run.pool import MPI, ordered_map, parse_workers
-from ..run.training import run_graph, run_training
+from ..run.pool import MPI, parse_workers, train_graph, train_text
+from ..run.sweep import TrainingCell, training_cells
 from ..timing.planner import GRAPH, JOBS, TRAINING, WORLD, Run, chunk_steps, estimate
 from ..timing.planner import Plan as TimingPlan
 from ..timing.planner import plan as plan_of
@@ -35,7 +36,9 @@ from ..workloads.text import Workload, parse_workload
 from ..workloads.training import TrainingSpec, bucket_plan, distinct_collectives, listed_collectives
 from .options import (
     Meter,
+    all_topologies,
     check_outputs,
+    chunk_counts,
     compute_jitter,
     expect_line,
     input_files,
@@ -44,6 +47,9 @@ from .options import (
     partition_mib,
     policy_settings,
     rank_values,
+    rule_bases,
+    split_list,
+    training_sweep,
     wrong_exit,
 )
 
@@ -54,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     With ``--json -`` the rows alone go to standard output, as `model`'s do; what the command
     prints besides (its header and table) goes to standard error.
     """
-    if args.json != STDOUT:
+    if STDOUT not in (args.json, args.csv, args.jsonl):
         return _train(args)
     args.rows_stream = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
@@ -82,73 +88,83 @@ def _train(args: argparse.Namespace) -> int:
     if args.comm_group:
         raise UsageError("--comm-group applies to Chakra traces only")
     wl = parse_workload(args.workload)
-    given = one_topology(args)
-    topo = wl.fit_topology(given)
-    spec = _text_spec(args)
-    settings = policy_settings(args, topo)
-    collectives = distinct_collectives(wl, topo, spec)  # a workload that does not fit is refused here
+    cells = _cells(args, wl, _text_spec(args, 64, 0.0))
     use_mpi, workers = _where(args)
-    if use_mpi and collectives:
-        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
-    with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
-        if backend.rank == 0:
-            check_outputs(args.json, inputs=input_files(args.workload, args.topology, args.comm_group))
-            print(
-                f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology "
-                f"{topo.label()}, {topo.npus} NPUs; {spec.iterations} iterations, {spec.chunks} chunks per "
-                f"collective, {'emulator' if use_mpi else 'model'}"
+    sizes = [0]
+    for topo, spec in dict.fromkeys((c.topology, c.spec) for c in cells):  # refused here when it does not fit
+        sizes += [c.size_bytes for c in distinct_collectives(wl, topo, spec)]
+    if use_mpi:
+        check_memory(3 * max(sizes), "the buffers of the largest collectives")
+
+    def head(group: list[TrainingCell]) -> list[str]:
+        cell = group[0] if group else cells[0]
+        topo, spec, config = cell.topology, cell.spec, cell.config
+        lines = [
+            f"# workload {args.workload}: {wl.parallelism}, {len(wl.layers)} layers; topology "
+            f"{topo.label()}, {topo.npus} NPUs; {spec.iterations} iterations, {_chunks(group)} chunks per "
+            f"collective, {'emulator' if use_mpi else 'model'}"
+        ]
+        if topo != cell.given:
+            lines.append(
+                f"# model-parallel group {wl.model_parallel_group} splits a dim: "
+                f"{cell.given.spec()} runs as {topo.spec()}"
             )
-            if topo != given:
-                group = wl.model_parallel_group
-                print(f"# model-parallel group {group} splits a dim: {given.spec()} runs as {topo.spec()}")
-            if spec.bucket_mib:
-                print(_buckets_line(wl, topo, spec))
-            if settings[0].config.comm_scheduler or spec.partition_mib:
-                print(_scheduler_line(settings[0].config, spec))
-            if settings[0].config.asymmetric or spec.heterogeneous:
-                print(stragglers_line(settings[0].config, spec))
-            timing = plan_of(Run(topo, settings[0].config, TRAINING, slow_compute=spec.heterogeneous))
-            _expect(
-                timing,
-                spec.iterations * chunk_steps(topo, listed_collectives(wl, topo, spec)),
-                spec,
-                settings,
-            )
-        with Meter(len(settings), args.quiet or backend.rank != 0) as meter:
-            if workers == 1:
-                rows = [
-                    run_training(
-                        backend.transport(config), wl, policy, spec, meter.part(i, policy_name(policy))
-                    )
-                    for i, (policy, config) in enumerate(settings)
-                ]
-            else:
-                rows = _on_pool(run_training, (wl, spec), topo, settings, workers)
-        if backend.rank == 0:
-            _report(args, rows, topo)
-    return wrong_exit(sum(r.wrong or 0 for r in rows))
+        if spec.bucket_mib:
+            lines.append(_buckets_line(wl, topo, spec))
+        lines += _scheduler_lines(group)
+        if config.asymmetric or spec.heterogeneous:
+            lines.append(stragglers_line(config, spec))
+        timing = plan_of(Run(topo, config, TRAINING, slow_compute=spec.heterogeneous))
+        steps = [c.spec.iterations * chunk_steps(topo, listed_collectives(wl, topo, c.spec)) for c in group]
+        return lines + _expect(timing, steps, spec)
+
+    inputs = input_files(args.workload, *split_list(args.topology), args.comm_group)
+    return training_sweep(
+        args, cells, partial(train_text, wl), head, use_mpi, workers, inputs, ("train", args.workload)
+    )
 
 
-def _expect(timing: TimingPlan, steps: int, spec: TrainingSpec, settings: list) -> None:
-    """The one line a run that `estimate` expects to be long prints before it starts (every policy's)."""
-    seconds, reason = estimate(timing, steps, [r for r, f in spec.npu_compute_scale if f != 1])
-    line = expect_line(seconds * len(settings), reason)
-    if line:
-        print(line)
-    sys.stdout.flush()  # the header now, before the run (stdout is block-buffered on a pipe)
+def _cells(args: argparse.Namespace, wl: Workload, spec: TrainingSpec) -> list[TrainingCell]:
+    """Every cell of `train`'s sweep: -t x -c x -p x --intra x --network x --comm-scheduler."""
+    if args.algorithm is not None and len(args.algorithm) > 1:
+        raise UsageError("train takes one --algorithm list (sweep topologies with -t A,B)")
+    pairs = [(given, wl.fit_topology(given)) for given in all_topologies(args)]
+    policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
+    return training_cells(
+        pairs,
+        chunk_counts(args),
+        policies,
+        split_list(args.intra),
+        rule_bases(args),
+        spec,
+        args.partition_mib,
+    )
 
 
-def _text_spec(args: argparse.Namespace) -> TrainingSpec:
-    """How a text workload (or every job) runs, from the flags."""
+def _chunks(group: list[TrainingCell]) -> str:
+    """The chunk counts of a topology's cells, e.g. ``4,16``."""
+    return ",".join(str(c) for c in dict.fromkeys(cell.spec.chunks for cell in group)) or "no"
+
+
+def _expect(timing: TimingPlan, steps: list[int], spec: TrainingSpec) -> list[str]:
+    """The one line a topology's runs print first when `estimate` expects them to be long."""
+    slow = [r for r, f in spec.npu_compute_scale if f != 1]
+    seconds = sum(estimate(timing, n, slow)[0] for n in steps)
+    line = expect_line(seconds, estimate(timing, max(steps, default=0), slow)[1])
+    return [line] if line else []
+
+
+def _text_spec(args: argparse.Namespace, chunks: int, parts_mib: float) -> TrainingSpec:
+    """How a text workload (or every job) runs, from the flags (the sweep sets chunks and partitions)."""
     return TrainingSpec(
-        one_chunk_count(args),
+        chunks,
         args.dtype,
         args.iters,
         args.compute_scale,
         args.comm_scale,
         args.bucket_mib,
         args.first_bucket_mib,
-        partition_mib(args),
+        parts_mib,
         rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
         compute_jitter(args.compute_jitter),
         args.seed,
@@ -167,8 +183,12 @@ def _train_jobs(args: argparse.Namespace) -> int:
             raise UsageError(f"--job {text}: jobs are text workloads; Chakra traces run alone")
         name = os.path.basename(path) + (f"@{placement}" if placement else "")
         jobs.append(Job(parse_workload(path), parse_placement(placement), name))
+    if args.csv or args.jsonl or args.resume:
+        raise UsageError(
+            "--job runs one topology's jobs: it writes --json only (no --csv, --jsonl, --resume)"
+        )
     topo = one_topology(args)
-    spec = _text_spec(args)
+    spec = _text_spec(args, one_chunk_count(args), partition_mib(args))
     settings = policy_settings(args, topo)
     check_jobs(jobs, topo, spec)  # refused on every rank before MPI starts
     plan_of(Run(topo, settings[0].config, JOBS, slow_compute=spec.heterogeneous))  # (stragglers are refused)
@@ -214,6 +234,16 @@ def _scheduler_line(config: RunConfig, spec: TrainingSpec) -> str:
     return f"# communication scheduler {name}: {parts}{credit}"
 
 
+def _scheduler_lines(group: list[TrainingCell]) -> list[str]:
+    """Which communication scheduler each of a topology's cells runs, once per scheduler."""
+    runs = {(c.config.comm_scheduler, c.spec.partition_mib): c for c in group}
+    return [
+        _scheduler_line(c.config, c.spec)
+        for c in runs.values()
+        if c.config.comm_scheduler or c.spec.partition_mib
+    ]
+
+
 def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
     """The emulator (under mpiexec) or the model, and ``--workers``.
 
@@ -225,22 +255,6 @@ def _where(args: argparse.Namespace) -> tuple[bool, int | str]:
     if use_mpi and workers != 1:
         raise UsageError("train under mpiexec is the emulator, one run at a time: --workers is for the model")
     return use_mpi, workers
-
-
-def _chain(task) -> list[TrainingResult]:
-    """One policy instance's runs, in order (its state carries from one run to the next)."""
-    run, extra, topo, settings = task
-    return [run(ModelTransport(topo, config), extra[0], policy, *extra[1:]) for policy, config in settings]
-
-
-def _on_pool(run, extra: tuple, topo: Topology, settings, workers: int | str) -> list[TrainingResult]:
-    """The runs of every (policy, settings) on a pool, each policy instance's on one worker, in order."""
-    chains: dict[int, list] = {}
-    for policy, config in settings:
-        chains.setdefault(id(policy), []).append((policy, config))
-    tasks = [(run, extra, topo, chain) for chain in chains.values()]
-    done = dict(zip(chains, ordered_map(_chain, tasks, workers)))
-    return [done[id(policy)].pop(0) for policy, _ in settings]
 
 
 def _buckets_line(wl: Workload, topo: Topology, spec: TrainingSpec) -> str:
@@ -256,67 +270,66 @@ def _buckets_line(wl: Workload, topo: Topology, spec: TrainingSpec) -> str:
 
 
 def _train_graph(args: argparse.Namespace) -> int:
-    """`themis-mpi train` on a Chakra trace: the graph under each policy."""
+    """`themis-mpi train` on a Chakra trace: the graph under each policy (a sweep as for text workloads)."""
     if args.bucket_mib or args.first_bucket_mib is not None:
         raise UsageError("--bucket-mib and --first-bucket-mib apply to text workloads only")
     graph = load_graph(args.workload, args.comm_group)
-    given = one_topology(args)
-    topo = Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group).fit_topology(given)
     spec = TrainingSpec(
-        one_chunk_count(args),
+        64,
         args.dtype,
         1,
         args.compute_scale,
         args.comm_scale,
-        partition_mib=partition_mib(args),
         npu_compute_scale=rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
         compute_jitter=compute_jitter(args.compute_jitter),
         seed=args.seed,
     )
-    settings = policy_settings(args, topo)
+    cells = _cells(args, Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group), spec)
     use_mpi, workers = _where(args)
-    if not graph.symmetric and len(graph.traces) != topo.npus:
-        raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
-    ranks = range(topo.npus) if use_mpi else [0]
-    collectives = graph_collectives(graph, topo, spec, ranks)  # refused on every rank before MPI starts
-    plan = plan_graph(graph.trace(0), topo, 0, spec, graph.groups)
-    if use_mpi and collectives:
-        check_memory(3 * max(c.size_bytes for c in collectives), "the buffers of the largest collectives")
-    with open_backend(topo, use_mpi, settings[0].config.timeout_s) as backend:
-        if backend.rank == 0:
-            check_outputs(
-                args.json, inputs=[t.path for t in graph.traces] + input_files(args.topology, args.comm_group)
+    ranks = None
+    sizes = [0]
+    for topo, run_spec in dict.fromkeys((c.topology, c.spec) for c in cells):
+        if not graph.symmetric and len(graph.traces) != topo.npus:
+            raise UsageError(f"{args.workload}: {len(graph.traces)} per-rank traces but {topo.npus} NPUs")
+        ranks = list(range(topo.npus)) if use_mpi else [0]
+        sizes += [c.size_bytes for c in graph_collectives(graph, topo, run_spec, ranks)]  # refused here
+    if use_mpi:
+        check_memory(3 * max(sizes), "the buffers of the largest collectives")
+
+    def head(group: list[TrainingCell]) -> list[str]:
+        cell = group[0] if group else cells[0]
+        topo, config, cell_spec = cell.topology, cell.config, cell.spec
+        plan = plan_graph(graph.trace(0), topo, 0, cell_spec, graph.groups)
+        distinct = len(graph_collectives(graph, topo, cell_spec, range(topo.npus) if use_mpi else [0]))
+        lines = [
+            _graph_lines(
+                args.workload, graph, plan, distinct, topo, cell_spec, use_mpi, config, _chunks(group)
             )
-            config = settings[0].config
-            print(_graph_lines(args.workload, graph, plan, len(collectives), topo, spec, use_mpi, config))
-            if config.comm_scheduler or spec.partition_mib:
-                print(_scheduler_line(config, spec))
-            if topo != given:
-                print(
-                    f"# model-parallel group {graph.model_parallel_group} splits a dim: "
-                    f"{given.spec()} runs as {topo.spec()}"
-                )
-            timing = plan_of(Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric))
-            issued = [op.collective for op in plan.ops if op.collective is not None]
-            _expect(timing, chunk_steps(topo, issued), spec, settings)
-        with Meter(len(settings), args.quiet or backend.rank != 0) as meter:
-            if workers == 1:
-                rows = [
-                    run_graph(
-                        backend.transport(config),
-                        graph,
-                        policy,
-                        spec,
-                        ranks,
-                        meter.part(i, policy_name(policy)),
-                    )
-                    for i, (policy, config) in enumerate(settings)
-                ]
-            else:
-                rows = _on_pool(run_graph, (graph, spec, ranks), topo, settings, workers)
-        if backend.rank == 0:
-            _report(args, rows, topo)
-    return wrong_exit(sum(r.wrong or 0 for r in rows))
+        ]
+        lines += _scheduler_lines(group)
+        if topo != cell.given:
+            lines.append(
+                f"# model-parallel group {graph.model_parallel_group} splits a dim: "
+                f"{cell.given.spec()} runs as {topo.spec()}"
+            )
+        timing = plan_of(Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric))
+        steps = []
+        for c in group:
+            issued = plan_graph(graph.trace(0), topo, 0, c.spec, graph.groups).ops
+            steps.append(chunk_steps(topo, [op.collective for op in issued if op.collective is not None]))
+        return lines + _expect(timing, steps, cell_spec)
+
+    inputs = [t.path for t in graph.traces] + input_files(*split_list(args.topology), args.comm_group)
+    return training_sweep(
+        args,
+        cells,
+        partial(train_graph, graph, ranks),
+        head,
+        use_mpi,
+        workers,
+        inputs,
+        ("train", args.workload),
+    )
 
 
 def _graph_lines(
@@ -328,6 +341,7 @@ def _graph_lines(
     spec: TrainingSpec,
     use_mpi: bool,
     config: RunConfig | None = None,
+    chunks: str = "",
 ) -> str:
     """What a Chakra trace holds and how it runs (on every NPU's links, where `config` says so)."""
     run = None if config is None else Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric)
@@ -342,13 +356,6 @@ def _graph_lines(
         f"{plan.missing_deps} deps on absent nodes ignored, {plan.dropped_ctrl_deps} cyclic ctrl deps "
         "dropped\n"
         f"# topology {topo.label()}, {topo.npus} NPUs; {graph.iterations} iteration(s) in the graph, "
-        f"{spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
+        f"{chunks or spec.chunks} chunks per collective, {'emulator' if use_mpi else 'model'}"
         + (f"; {timing.describe()}" if timing is not None and timing.simulator == WORLD else "")
     )
-
-
-def _report(args: argparse.Namespace, rows: list[TrainingResult], topo: Topology) -> None:
-    """The rows with their speedups, printed and (``--json``) saved."""
-    rows = with_speedups(rows)
-    print(training_table(rows, len(topo.dims)))
-    _rows_out(args, [r.to_dict() for r in rows])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..api import SHAPE, gpt_config, write_gpt
 from ..config import RunConfig
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
@@ -21,10 +22,8 @@ from ..results import TrainingResult
 from ..run.training import run_graph
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
-from ..workloads.et import MAX_ET_NODES
 from ..workloads.llm import (
     PARALLELISMS,
-    PRESETS,
     Layout,
     LazyTraces,
     LlmConfig,
@@ -33,10 +32,8 @@ from ..workloads.llm import (
     parse_order,
     parse_schedule,
     place_groups,
-    rank_nodes,
     stage_order,
     traffic,
-    write_llm,
 )
 from ..workloads.simai import (
     GROUPS,
@@ -52,40 +49,27 @@ from ..workloads.simai import (
 from ..workloads.training import TrainingSpec
 from .options import Meter, one_topology
 
-SHAPE = ("layers", "hidden", "heads", "seq", "vocab", "ffn", "experts", "topk", "micro_batch", "global_batch")
 POLICIES = (("baseline", "fifo"), ("themis", "scf"))
 
 
 def llm_config(args: argparse.Namespace) -> LlmConfig:
-    """The flags (over a preset's shape) as an `LlmConfig`; a shape that does not divide is refused."""
-    shape = dict(PRESETS[args.preset]) if args.preset else {}
-    for name in SHAPE:
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1 and name in ("vocab", "ffn"):  # (0 is the library's "none" and "4 x hidden")
-                raise UsageError(f"--{name} must be >= 1, got {value}")
-            shape[name] = value
-    missing = [n for n in ("layers", "hidden", "heads", "seq", "vocab") if n not in shape]
-    if missing:
-        raise UsageError(f"workload gpt needs --{' --'.join(missing).replace('_', '-')} (or --preset)")
-    shape.setdefault("micro_batch", 1)
-    shape.setdefault("global_batch", shape["micro_batch"] * args.dp)
-    schedule, chunks = parse_schedule(args.schedule)
-    return LlmConfig(
-        **shape,
+    """The flags (over a preset's shape) as an `LlmConfig` (`api.gpt_config`): a bad shape is refused."""
+    return gpt_config(
+        args.preset,
+        {name: getattr(args, name) for name in SHAPE},
+        lambda name: "--" + name.replace("_", "-"),
         tp=args.tp,
         pp=args.pp,
         dp=args.dp,
         ep=args.ep,
         zero=args.zero,
-        schedule=schedule,
-        chunks=chunks,
+        schedule=args.schedule,
         recompute=args.recompute,
         overlap_dp=args.overlap_dp,
         peak_tflops=args.peak_tflops,
         efficiency=args.efficiency,
         bytes_per_element=args.bytes_per_element,
-        order="-".join(parse_order(args.order)),
+        order=args.order,
     )
 
 
@@ -337,12 +321,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
     for line in summary(c, layout):
         print(line, flush=True)
     if args.out:
-        if rank_nodes(c) * c.npus > MAX_ET_NODES:
-            raise UsageError(
-                f"--out would write {c.npus} files of up to {rank_nodes(c)} nodes each; at most "
-                f"{MAX_ET_NODES} nodes in all, as convert writes (fewer NPUs, or a smaller shape)"
-            )
-        write_llm(c, layout.topology, args.out)
+        write_gpt(c, layout.topology, args.out)
         print(
             f"# wrote {args.out}.0.et .. {args.out}.{c.npus - 1}.et ({c.npus} files, pipeline schedule in "
             f"the graphs); replay: themis-mpi train {args.out} -t '{layout.topology.spec()}'"

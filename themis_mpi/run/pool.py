@@ -41,7 +41,7 @@ from ..results import CollectiveResult
 from ..version import __version__
 from .collective import run_collective
 from .coordinator import share_schedules
-from .sweep import SweepCell
+from .sweep import SweepCell, TrainingCell
 
 MPI = "mpi"  # `--workers mpi`
 WORKERS_HELP = (
@@ -80,8 +80,81 @@ def fingerprint(cells: Sequence[SweepCell], *extra: object) -> str:
     """A short hash of what a sweep runs: every cell, the package version and `extra` options."""
     runs = [(c.topology, c.collective, c.policy.name, replace(c.config, timeout_s=DEFAULT_TIMEOUT_S))
             for c in cells]  # fmt: skip
+    return _digest(runs, extra)
+
+
+def training_fingerprint(cells: Sequence[TrainingCell], *extra: object) -> str:
+    """`fingerprint` of a training sweep: every cell (its topologies, spec, policy, settings) and `extra`."""
+    runs = [(c.given, c.topology, c.spec, c.policy.name, replace(c.config, timeout_s=DEFAULT_TIMEOUT_S))
+            for c in cells]  # fmt: skip
+    return _digest(runs, extra)
+
+
+def _digest(runs: list, extra: tuple) -> str:
     text = repr([*runs, __version__, *extra])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def chain_tasks(policies: Sequence[InterPolicy], todo: Sequence[int]) -> list[list[tuple[int, bool]]]:
+    """The runs of a sweep's cells `todo` as tasks of (cell, keep), each task's runs in grid order.
+
+    A policy instance whose state may carry on (`carries_state`) runs its cells in one task, its
+    cells already done before its last one to do included (run again and not kept, so that its
+    state is the serial sweep's); any other policy's cells are a task each. `policies` is each
+    cell's instance; tasks come in the order of their first cell kept.
+    """
+    wanted = set(todo)
+    chains: dict[int, list[int]] = {}
+    for i, policy in enumerate(policies):
+        chains.setdefault(id(policy), []).append(i)
+    tasks = []
+    for chain in chains.values():
+        if carries_state(policies[chain[0]]):
+            last = max((i for i in chain if i in wanted), default=-1)
+            if last >= 0:
+                tasks.append([(i, i in wanted) for i in chain if i <= last])
+        else:
+            tasks.extend([(i, True)] for i in chain if i in wanted)
+    return sorted(tasks, key=lambda task: min(i for i, keep in task if keep))
+
+
+def train_text(workload: Any, transport: Any, policy: Any, spec: Any, progress: Any = None) -> Any:
+    """One cell of a text workload's training sweep (`functools.partial` of it is the sweep's `run`)."""
+    from .training import run_training  # (training code: `run`'s ranks never load it)
+
+    return run_training(transport, workload, policy, spec, progress)
+
+
+def train_graph(graph: Any, ranks: Any, transport: Any, policy: Any, spec: Any, progress: Any = None) -> Any:
+    """One cell of a Chakra graph's training sweep; `ranks` as `run.training.run_graph` takes them."""
+    from .training import run_graph
+
+    return run_graph(transport, graph, policy, spec, ranks, progress)
+
+
+def _training_task(task: tuple) -> list[tuple[int, Any]]:
+    """One task of `run_training_cells` on a worker: its cells on the model, the kept results."""
+    run, runs = task
+    out = []
+    for i, cell, keep in runs:
+        result = run(ModelTransport(cell.topology, cell.config), cell.policy, cell.spec, None)
+        if keep:
+            out.append((i, result))
+    return out
+
+
+def run_training_cells(
+    run: Callable[..., Any], cells: Sequence[TrainingCell], todo: Sequence[int], workers: int | str
+) -> Iterator[tuple[int, Any]]:
+    """(cell, result) of every cell in `todo` on a pool (`chain_tasks`), as each task ends.
+
+    `run(transport, policy, spec, progress)` runs one cell (a module-level function or a
+    `functools.partial` of one, as any pool takes). The results come task by task, not in grid order.
+    """
+    tasks = chain_tasks([c.policy for c in cells], todo)
+    items = [(run, [(i, cells[i], keep) for i, keep in task]) for task in tasks]
+    for done in ordered_map(_training_task, items, workers):
+        yield from done
 
 
 class Cells:

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -20,10 +20,13 @@ from ..collectives import Collective
 from ..config import RunConfig
 from ..errors import UsageError
 from ..output import CELL, FINGERPRINT
-from ..policies import InterPolicy, inter_class, inter_names, intra_class, make_inter
+from ..policies import InterPolicy, default_partition_mib, inter_class, inter_names, intra_class, make_inter
 from ..results import physics_violation
 from ..topology import Topology
 from ..verify import check_range
+
+if TYPE_CHECKING:  # (`run`'s ranks load no training code)
+    from ..workloads.training import TrainingSpec
 
 BOTH = ("baseline", "themis")  # what `-p both` (the default) names
 _NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?(nan|inf|infinity)", re.I)
@@ -138,6 +141,61 @@ def sweep_cells(
     ]
 
 
+@dataclass(frozen=True)
+class TrainingCell:
+    """One run of a training sweep: a workload's iterations on a topology under a policy.
+
+    `given` is the topology as named; `topology` is it fitted to the workload (a model-parallel
+    group may split a dim).
+    """
+
+    given: Topology
+    topology: Topology
+    spec: TrainingSpec
+    policy: InterPolicy
+    config: RunConfig
+
+
+def training_cells(
+    topologies: Sequence[tuple[Topology, Topology]],
+    chunks: Sequence[int],
+    policies: str | Sequence[str],
+    intras: Sequence[str],
+    bases: Sequence[RunConfig],
+    spec: TrainingSpec,
+    partition_mib: float | None = None,
+) -> list[TrainingCell]:
+    """Every cell of a training sweep, in `sweep_cells`' order, then the settings' (rule, scheduler).
+
+    `topologies` are (given, fitted) pairs; `bases` the shared settings of each rule and
+    scheduler asked (their intra-dim policy aside); `partition_mib` None is each scheduler's
+    default. Each policy is one instance for the whole sweep, as in `sweep_cells`.
+    """
+    configs = policy_configs(policies, intras, bases[0])
+    out = []
+    for given, topo in topologies:
+        for n_chunks in chunks:
+            for policy, config in configs:
+                for base in bases:
+                    parts = default_partition_mib(base.comm_scheduler, partition_mib)
+                    run_spec = replace(spec, chunks=n_chunks, partition_mib=parts)
+                    on = replace(base, intra=config.intra).on(topo)
+                    out.append(TrainingCell(given, topo, run_spec, policy, on))
+    return out
+
+
+def baseline_cells(cells: Sequence[TrainingCell]) -> list[int | None]:
+    """Each cell's speedup reference: the first baseline cell of its topology, chunks, rule and scheduler."""
+    first: dict[tuple, int] = {}
+    keys = []
+    for i, cell in enumerate(cells):
+        key = (id(cell.given), cell.spec.chunks, cell.config.network, cell.config.comm_scheduler)
+        keys.append(key)
+        if cell.policy.name == "baseline":
+            first.setdefault(key, i)
+    return [first.get(key) for key in keys]
+
+
 def check_row(row: dict) -> str | None:
     """Why a sweep's row may not be written or kept, or None: a time, finite numbers >= 0, physics.
 
@@ -156,7 +214,7 @@ def check_row(row: dict) -> str | None:
             numbers[key] = value
             if not (math.isfinite(value) and value >= 0):
                 return "a negative or non-finite number"
-    if "time_us" not in numbers:
+    if "time_us" not in numbers and "iteration_us" not in numbers:
         return "no time_us"
     beyond = row.get("beyond_physics", False)
     return physics_violation({**row, **numbers, "beyond_physics": beyond in (True, "True", "true", 1)})
