@@ -614,7 +614,7 @@ class _TrainingTable:
             self.titled.add(self.groups[i])
             title = training_table([], len(row.dims))
             self.write(title + ("  " + " ".join(self.varies) if self.varies else ""))
-        line = training_table([row], len(row.dims)).split("\n")[1]
+        line, *why = training_table([row], len(row.dims)).split("\n")[1:]  # the row, and its waits line
         cell = self.cells[i]
         values = {
             "chunks": cell.spec.chunks,
@@ -624,6 +624,8 @@ class _TrainingTable:
         self.write(
             line + ("  " + " ".join(str(values[v] or "-") for v in self.varies) if self.varies else "")
         )
+        for text in why:
+            self.write(text)
         with self.rows_out():
             self.files.add(i, row.to_dict())
 
