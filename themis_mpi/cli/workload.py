@@ -331,10 +331,8 @@ def run_gpt(args: argparse.Namespace, c: LlmConfig) -> int:
         ]
 
     inputs = input_files(*split_list(args.topology))
-    run = partial(price_cell, c, layouts)
-    return training_sweep(
-        args, cells, run, head, False, parse_workers(args.workers), inputs, ("workload", repr(c)), priced_table
-    )
+    run, workers = partial(price_cell, c, layouts), parse_workers(args.workers)
+    return training_sweep(args, cells, run, head, False, workers, inputs, ("workload", repr(c)), priced_table)
 
 
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
@@ -467,7 +465,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
     if args.run and not args.out:
         return run_gpt(args, c)
     if len(split_list(args.topology)) > 1 or len(chunk_counts(args)) > 1:
-        raise UsageError("-t and -c take one value without --run, and with --out (its files are one layout's)")
+        raise UsageError("-t and -c take one value without --run and with --out (its files are one layout's)")
     layout = fit_groups(c, one_topology(args))
     for line in summary(c, layout):
         print(line, flush=True)
