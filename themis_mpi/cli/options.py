@@ -284,6 +284,20 @@ def data_on_stdout(args: argparse.Namespace) -> bool:
     return STDOUT in (args.json, args.csv, args.jsonl)
 
 
+@contextlib.contextmanager
+def table_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--json -`` (or --csv/--jsonl): the rows alone on standard output, the rest on stderr.
+
+    The real standard output is kept as ``args.rows_stream`` (`training_sweep` writes the rows there).
+    """
+    if not data_on_stdout(args):
+        yield
+        return
+    args.rows_stream = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def wrong_exit(wrong: int) -> int:
     """The exit status after the report: 1 when data came out wrong (a failed check), else 0."""
     if wrong:

@@ -62,6 +62,7 @@ from .options import (
     one_chunk_count,
     one_topology,
     split_list,
+    table_to_stderr,
     training_sweep,
 )
 
@@ -458,9 +459,16 @@ def cmd_workload(args: argparse.Namespace) -> int:
                 "workload simai prices baseline and themis on one network and prints its table: -p, --json, "
                 "--csv, --jsonl, --resume and --workers are for workload gpt --run"
             )
+        one_chunk_count(args, "workload simai")
         return cmd_simai(args)
     if args.file:
         raise UsageError("workload gpt takes no FILE; its shape comes from flags")
+    with table_to_stderr(args):  # (`--json -`: the rows alone on standard output)
+        return _gpt(args)
+
+
+def _gpt(args: argparse.Namespace) -> int:
+    """`workload gpt`: one layout's figures and files, or (--run without --out) the priced sweep."""
     c = llm_config(args)
     if args.run and not args.out:
         return run_gpt(args, c)
