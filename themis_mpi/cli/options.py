@@ -284,6 +284,20 @@ def data_on_stdout(args: argparse.Namespace) -> bool:
     return STDOUT in (args.json, args.csv, args.jsonl)
 
 
+@contextlib.contextmanager
+def table_to_stderr(args: argparse.Namespace) -> Iterator[None]:
+    """With ``--json -`` (or --csv/--jsonl): the rows alone on standard output, the rest on stderr.
+
+    The real standard output is kept as ``args.rows_stream`` (`training_sweep` writes the rows there).
+    """
+    if not data_on_stdout(args):
+        yield
+        return
+    args.rows_stream = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
 def wrong_exit(wrong: int) -> int:
     """The exit status after the report: 1 when data came out wrong (a failed check), else 0."""
     if wrong:
@@ -472,6 +486,7 @@ def training_sweep(
     workers: int | str,
     inputs: Sequence[str],
     extra: tuple = (),
+    render: Callable[[Sequence[TrainingResult], int], str] = training_table,
 ) -> int:
     """The cells of `train` (and `workload --run`): each row printed and saved as it ends.
 
@@ -480,7 +495,8 @@ def training_sweep(
     Rows go to ``--json``/``--csv``/``--jsonl`` in grid order (`output.SweepFiles`); ``--resume``
     keeps the rows already there. `head` gives a topology's header lines (printed before its
     table); each row's speedup is over the first baseline row of its topology, chunks, rule and
-    scheduler. `extra` goes into the sweep's fingerprint (the workload, say).
+    scheduler. `extra` goes into the sweep's fingerprint (the workload, say); `render` gives a
+    title (no rows) or a row and the lines under it (`report.training_table`'s shape).
     """
     check_resume(args)
     if use_mpi and args.resume:
@@ -489,7 +505,7 @@ def training_sweep(
     if speaks and not use_mpi:
         check_outputs(args.json, args.csv, args.jsonl, inputs=inputs)
     files, todo = sweep_files(args, training_fingerprint(cells, *extra), len(cells), speaks)
-    table = _TrainingTable(args, cells, files, head, speaks)
+    table = _TrainingTable(args, cells, files, head, speaks, render)
     if files.done and speaks:
         table.write(f"# resumed: {len(files.done)} of {len(cells)} cells in the files, {len(todo)} left")
     runs = sorted(run for task in chain_tasks([c.policy for c in cells], todo) for run in task)
@@ -533,8 +549,10 @@ class _TrainingTable:
         files: SweepFiles,
         head: Callable[[list[TrainingCell]], list[str]],
         speaks: bool,
+        render: Callable[[Sequence[TrainingResult], int], str] = training_table,
     ):
         self.args, self.cells, self.files, self.heading, self.speaks = args, cells, files, head, speaks
+        self.render = render
         self.meter: Meter | None = None
         self.todo = [i for i in range(len(cells)) if i not in files.done]
         self.next = 0  # the place in `todo` of the next row to show
@@ -612,9 +630,9 @@ class _TrainingTable:
         self.head(i)
         if self.groups[i] not in self.titled:  # the table's title with its first row
             self.titled.add(self.groups[i])
-            title = training_table([], len(row.dims))
+            title = self.render([], len(row.dims))
             self.write(title + ("  " + " ".join(self.varies) if self.varies else ""))
-        line, *why = training_table([row], len(row.dims)).split("\n")[1:]  # the row, and its waits line
+        line, *why = self.render([row], len(row.dims)).split("\n")[1:]  # the row, and its waits line
         cell = self.cells[i]
         values = {
             "chunks": cell.spec.chunks,

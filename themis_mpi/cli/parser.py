@@ -91,8 +91,8 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
         "--topology",
         default=default,
         help="preset name (see `themis-mpi topologies`), inline KIND(npus,GB/s,ns[,algorithm])_..., "
-        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run, model and train take a "
-        "comma-separated list to sweep",
+        f"or ASTRA-sim network .yml (default {default or 'the recorded one'}); run, model, train and "
+        "workload gpt --run take a comma-separated list to sweep",
     )
     p.add_argument(
         "--algorithm",
@@ -745,15 +745,23 @@ def _workload_parser(sub: Any) -> None:
     _add_topology(p, "2x2x2")
     p.add_argument("--out", metavar="PREFIX", type=_path, help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
-    _add_network(p, "packet; ideal on nccl dims")
+    _add_network(p, "packet; ideal on nccl dims", sweeps=True)
     p.add_argument(
         "-c",
         "--chunks",
-        type=int,
-        default=DefaultInt(4),
-        help="chunks per collective for --run (default 4, or a calibrate fit's given as -t FIT.json)",
+        type=_csv(int),
+        default=DefaultList([4]),
+        help="chunks per collective for --run, a comma list sweeps (default 4, or a calibrate fit's given "
+        "as -t FIT.json; one for simai)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr (bar or lines)")
+    p.add_argument(
+        "-p",
+        "--policy",
+        default="both",
+        help="gpt --run: inter-dim policies, comma-separated, each with its own intra-dim policy; both = "
+        "baseline,themis; all = every one (default both)",
+    )
+    _add_rows(p, "workload gpt")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,14 +11,20 @@ pipeline of its stages under 1F1B.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 
 from ..api import SHAPE, gpt_config, write_gpt
 from ..config import RunConfig
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
 from ..model import ModelTransport
+from ..policies import InterPolicy
 from ..progress import Progress, Runs
 from ..results import TrainingResult
+from ..run.pool import parse_workers
+from ..run.sweep import TrainingCell, training_cells
 from ..run.training import run_graph
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph
@@ -47,7 +53,18 @@ from ..workloads.simai import (
     split_micro_batches,
 )
 from ..workloads.training import TrainingSpec
-from .options import Meter, one_topology
+from .options import (
+    Meter,
+    all_topologies,
+    chunk_counts,
+    input_files,
+    names,
+    one_chunk_count,
+    one_topology,
+    split_list,
+    table_to_stderr,
+    training_sweep,
+)
 
 POLICIES = (("baseline", "fifo"), ("themis", "scf"))
 
@@ -164,6 +181,17 @@ def price_all(
     per pipeline stage (`stage_compute_us`) and the activations in flight per stage
     (`stage_activation_bytes`).
     """
+    return _priced(c, layout, policies, spec, progress)[0]
+
+
+def _priced(
+    c: LlmConfig,
+    layout: Layout,
+    policies: list[tuple[str, RunConfig]],
+    spec: TrainingSpec,
+    progress: Progress | None,
+) -> tuple[dict[str, dict], dict[str, TrainingResult]]:
+    """`price_all`'s rows, and each policy's full iteration as a training row."""
     present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
     runs = Runs(progress, 2 + len(policies) * (1 + sum(present.values())))
 
@@ -179,9 +207,10 @@ def price_all(
     idle_row = run(first, first_config, colls, free)
     idle, compute = idle_row.iteration_us, idle_row.compute_us
     ideal_bubble = (c.pp - 1) / (c.micro_batches * c.chunks) * compute
-    out = {}
+    out, fulls = {}, {}
     for policy, config in policies:
-        full = run(policy, config, frozenset(), topo).iteration_us
+        fulls[policy] = run(policy, config, frozenset(), topo)
+        full = fulls[policy].iteration_us
         row: dict = {"iteration_us": full, "compute_us": compute, "exposed_us": full - idle}
         for k in ("TP", "DP", "EP"):
             row[k] = full - run(policy, config, frozenset((k,)), topo).iteration_us if present[k] else 0.0
@@ -192,7 +221,119 @@ def price_all(
         row["stage_compute_us"] = idle_row.stage_compute_us
         row["stage_activation_bytes"] = stage_activation_bytes(c)
         out[policy] = row
-    return out
+    return out, fulls
+
+
+@dataclass(frozen=True)
+class PricedResult(TrainingResult):
+    """A `workload gpt --run` row: the full iteration's training row and `price_all`'s split of it.
+
+    `exposed_us` is the iteration minus the free one (`price_all`); TP, PP, DP and EP the time
+    each parallelism's communication costs; the bubble split into the schedule's ideal part and
+    stage imbalance; the activations in flight per pipeline stage.
+    """
+
+    exposed_us: float = 0.0
+    TP: float = 0.0
+    PP: float = 0.0
+    DP: float = 0.0
+    EP: float = 0.0
+    bubble_us: float = 0.0
+    ideal_bubble_us: float = 0.0
+    imbalance_us: float = 0.0
+    stage_activation_bytes: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """Plain values, the activations per stage spread as ``stageK_activation_bytes`` (a flat row)."""
+        out = asdict(self)
+        for s, b in enumerate(out.pop("stage_activation_bytes")):
+            out[f"stage{s}_activation_bytes"] = b
+        return out
+
+
+def price_cell(
+    c: LlmConfig,
+    layouts: dict[Topology, Layout],
+    transport: ModelTransport,
+    policy: InterPolicy,
+    spec: TrainingSpec,
+    progress: Progress | None = None,
+) -> PricedResult:
+    """One cell of `workload gpt --run`'s sweep (`functools.partial` of it is the sweep's `run`).
+
+    `layouts` holds each fitted topology's layout; the cell's policy and settings are the
+    transport's. The policy is named, so each of `price_all`'s runs starts it afresh, as before.
+    """
+    rows, fulls = _priced(c, layouts[transport.topology], [(policy.name, transport.config)], spec, progress)
+    row, full = rows[policy.name], fulls[policy.name]
+    return PricedResult(
+        **{f.name: getattr(full, f.name) for f in fields(TrainingResult)},
+        **{k: row[k] for k in ("exposed_us", "TP", "PP", "DP", "EP", "bubble_us", "ideal_bubble_us")},
+        imbalance_us=row["imbalance_us"],
+        stage_activation_bytes=row["stage_activation_bytes"],
+    )
+
+
+PRICED_HEAD = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us ideal_us imbal_us"
+
+
+def priced_table(rows: Sequence[TrainingResult], n_dims: int = 0) -> str:
+    """`workload gpt --run`'s rows: the title, a line per row and, per row, its stages' line."""
+    lines = ["#" + "".join(f"{h:>14}" for h in [*PRICED_HEAD.split(), "speedup"])[1:]]
+    stages = []
+    for r in rows:
+        assert isinstance(r, PricedResult)
+        cells = [r.iteration_us, r.compute_us, r.exposed_us, r.TP, r.PP, r.DP, r.EP]
+        cells += [r.bubble_us, r.ideal_bubble_us, r.imbalance_us]
+        speed = f"{r.speedup:.3f}x" if r.speedup else "-"
+        lines.append(f"{r.policy:>14}" + "".join(f"{v:14.2f}" for v in cells) + f"{speed:>14}")
+        stages.append(
+            f"#   {r.policy}: per pipeline stage compute "
+            + " ".join(f"{us:.2f}" for us in r.stage_compute_us)
+            + " us; activations in flight "
+            + " ".join(f"{b / 2**20:.2f}" for b in r.stage_activation_bytes)
+            + " MiB"
+        )
+    return "\n".join(lines + stages)
+
+
+def gpt_cells(args: argparse.Namespace, c: LlmConfig) -> tuple[list[TrainingCell], dict[Topology, Layout]]:
+    """`workload gpt --run`'s cells: -t x -c x -p x --network, each topology with its own layout.
+
+    Each -t item is fitted from the topology as given (`fit_groups`); the cells run on the fitted one.
+    """
+    layouts = {}
+    pairs = []
+    for given in all_topologies(args):
+        layout = fit_groups(c, given)
+        layouts[layout.topology] = layout
+        pairs.append((given, layout.topology))
+    policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
+    bases = [RunConfig(network=rule, mtu_bytes=args.mtu) for rule in names(args.network)]
+    spec = TrainingSpec(4, "float32", 1)
+    return training_cells(pairs, chunk_counts(args), policies, ["auto"], bases, spec), layouts
+
+
+def run_gpt(args: argparse.Namespace, c: LlmConfig) -> int:
+    """`workload gpt --run`: the sweep's cells priced, each row printed and saved as it ends."""
+    cells, layouts = gpt_cells(args, c)
+    formula = "2*S*b*H B: recompute" if c.recompute else "S*b*H*(10 + 24/t + 5*a*S/(H*t)) B"
+
+    def head(group: list[TrainingCell]) -> list[str]:
+        cell = group[0] if group else cells[0]
+        chunks = ",".join(str(n) for n in dict.fromkeys(g.spec.chunks for g in group)) or "no"
+        return [
+            *([] if args.out else summary(c, layouts[cell.topology])),  # (--out said it)
+            f"# model: one rank per pipeline stage, {chunks} chunks per collective; X = time saved were "
+            "X's collectives free (PP: the messages, collectives left out); bubble = idle time with free "
+            "communication, split into the schedule's ideal (p-1)/(m*V) x compute and stage imbalance; "
+            f"exposed = iteration - compute - bubble; activations in flight = micro-batches in flight x "
+            f"L/(p*V) layers x {formula}",
+        ]
+
+    inputs = input_files(*split_list(args.topology))
+    run, workers = partial(price_cell, c, layouts), parse_workers(args.workers)
+    return training_sweep(args, cells, run, head, False, workers, inputs, ("workload", repr(c)), priced_table)
 
 
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
@@ -223,7 +364,7 @@ def cmd_simai(args: argparse.Namespace) -> int:
     )
     print_census(wl)
     if args.run:
-        spec = TrainingSpec(args.chunks, "float32", 1)
+        spec = TrainingSpec(one_chunk_count(args, "workload simai"), "float32", 1)
         print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
         print(
             "#   policy  iteration_us    compute_us    exposed_us"
@@ -277,7 +418,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     print_census(wl)
     if not args.run:
         return 0
-    spec = TrainingSpec(args.chunks, "float32", 1)
+    spec = TrainingSpec(one_chunk_count(args, "workload simai"), "float32", 1)
     print(
         f"# model: {name}, every stage the file, one rank per stage; exposed G = time saved, G free "
         "(PP: the messages, collectives left out); bubble = idle time with free communication"
@@ -313,10 +454,26 @@ def cmd_workload(args: argparse.Namespace) -> int:
     if args.kind == "simai":
         if not args.file:
             raise UsageError("workload simai needs a SimAI workload FILE")
+        if args.policy != "both" or args.json or args.csv or args.jsonl or args.resume or args.workers != "1":
+            raise UsageError(
+                "workload simai prices baseline and themis on one network and prints its table: -p, --json, "
+                "--csv, --jsonl, --resume and --workers are for workload gpt --run"
+            )
+        one_chunk_count(args, "workload simai")
         return cmd_simai(args)
     if args.file:
         raise UsageError("workload gpt takes no FILE; its shape comes from flags")
+    with table_to_stderr(args):  # (`--json -`: the rows alone on standard output)
+        return _gpt(args)
+
+
+def _gpt(args: argparse.Namespace) -> int:
+    """`workload gpt`: one layout's figures and files, or (--run without --out) the priced sweep."""
     c = llm_config(args)
+    if args.run and not args.out:
+        return run_gpt(args, c)
+    if len(split_list(args.topology)) > 1 or len(chunk_counts(args)) > 1:
+        raise UsageError("-t and -c take one value without --run and with --out (its files are one layout's)")
     layout = fit_groups(c, one_topology(args))
     for line in summary(c, layout):
         print(line, flush=True)
@@ -326,36 +483,4 @@ def cmd_workload(args: argparse.Namespace) -> int:
             f"# wrote {args.out}.0.et .. {args.out}.{c.npus - 1}.et ({c.npus} files, pipeline schedule in "
             f"the graphs); replay: themis-mpi train {args.out} -t '{layout.topology.spec()}'"
         )
-    if args.run:
-        spec = TrainingSpec(args.chunks, "float32", 1)
-        print(
-            f"# model: one rank per pipeline stage, {spec.chunks} chunks per collective; X = time saved were "
-            "X's collectives free (PP: the messages, collectives left out); bubble = idle time with free "
-            "communication, split into the schedule's ideal (p-1)/(m*V) x compute and stage imbalance; "
-            "exposed = iteration - compute - bubble"
-        )
-        head = "policy iteration_us compute_us exposed_us TP_us PP_us DP_us EP_us bubble_us ideal_us imbal_us"
-        print("#" + "".join(f"{h:>14}" for h in head.split())[1:], flush=True)
-        with Meter(1, args.quiet) as meter:
-            priced = price_all(
-                c,
-                layout,
-                [(p, run_config(args, i, layout.topology)) for p, i in POLICIES],
-                spec,
-                meter.part(0),
-            )
-        for policy, _ in POLICIES:
-            r = priced[policy]
-            cells = [r["iteration_us"], r["compute_us"], r["exposed_us"], r["TP"], r["PP"], r["DP"], r["EP"]]
-            bubble = [r["bubble_us"], r["ideal_bubble_us"], r["imbalance_us"]]
-            print(f"{policy:>14}" + "".join(f"{v:14.2f}" for v in [*cells, *bubble]))
-        r = priced[POLICIES[0][0]]
-        print(
-            "# per pipeline stage: compute "
-            + " ".join(f"{us:.2f}" for us in r["stage_compute_us"])
-            + " us; activations in flight "
-            + " ".join(f"{b / 2**20:.2f}" for b in r["stage_activation_bytes"])
-            + " MiB (micro-batches in flight x L/(p*V) layers x "
-            + ("2*S*b*H B: recompute)" if c.recompute else "S*b*H*(10 + 24/t + 5*a*S/(H*t)) B)")
-        )
-    return 0
+    return run_gpt(args, c) if args.run else 0
