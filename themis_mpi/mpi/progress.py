@@ -9,14 +9,16 @@ pings everybody, names the silent ranks and raises `Stalled`.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 from ..config import DEFAULT_TIMEOUT_S
 from ..errors import Stalled
+from ..watchdog import end_stalled_job
 
 PING, PONG = 7001, 7002
 PING_GRACE_S = 2.0
@@ -24,6 +26,8 @@ SERVICE_EVERY_S = 1e-3  # a waiting rank answers pings at least this often (they
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
 YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
+VIGIL_EVERY_S = 0.1  # how often a rank's vigil answers pings (they wait PING_GRACE_S)
+VIGIL_IDLE_S = 0.5  # a rank whose wait loops have not paused for this long is busy on its own
 
 
 class Watchdog:
@@ -31,7 +35,8 @@ class Watchdog:
 
     Pings go point to point with their own tags on `comm`, which otherwise carries only
     collectives (they never match point-to-point messages). Every waiting loop answers pings
-    (`service`), so a rank that is alive answers even while it waits itself.
+    (`service`), so a rank that is alive answers even while it waits itself; a thread may answer
+    too (`Vigil`, `CartGrid.serving`): the pings are handled under a lock.
 
     Args:
         comm: the communicator whose ranks watch each other.
@@ -43,38 +48,46 @@ class Watchdog:
         self.timeout_s = timeout_s
         self._byte = np.zeros(1, np.uint8)
         self._replies: list[MPI.Request] = []
+        self._lock = threading.RLock()  # a ping is received by one thread only
         self.serviced_s = 0.0  # `time.monotonic()` of the last `service`
+        self.paused_s = 0.0  # `time.monotonic()` of the last pause of a wait loop (`Backoff`)
 
     def service(self) -> None:
         """Answer every ping that has arrived."""
         self.serviced_s = time.monotonic()
+        self.answer()
+
+    def answer(self) -> None:
+        """Answer every ping that has arrived (from any thread; `service` also notes the time)."""
         status = MPI.Status()
-        while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
-            source = status.Get_source()
-            self.comm.Recv(self._byte, source, PING)
-            self._replies.append(self.comm.Isend(self._byte, source, PONG))
-        if len(self._replies) > 64:
-            self._replies = [r for r in self._replies if not r.Test()]
+        with self._lock:
+            while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
+                source = status.Get_source()
+                self.comm.Recv(self._byte, source, PING)
+                self._replies.append(self.comm.Isend(self._byte, source, PONG))
+            if len(self._replies) > 64:
+                self._replies = [r for r in self._replies if not r.Test()]
 
     def silent(self) -> list[int]:
         """Ranks that do not answer a ping within PING_GRACE_S."""
         me, size = self.comm.Get_rank(), self.comm.Get_size()
         waiting = set(range(size)) - {me}
-        for rank in sorted(waiting):
-            try:
-                self._replies.append(self.comm.Isend(self._byte, rank, PING))
-            except MPI.Exception:
-                pass  # it stays in `waiting`
-        deadline, status = time.monotonic() + PING_GRACE_S, MPI.Status()
-        while waiting and time.monotonic() < deadline:
-            try:
-                self.service()
-                while self.comm.Iprobe(MPI.ANY_SOURCE, PONG, status):
-                    self.comm.Recv(self._byte, status.Get_source(), PONG)
-                    waiting.discard(status.Get_source())
-            except MPI.Exception:
-                break
-            time.sleep(1e-3)
+        with self._lock:
+            for rank in sorted(waiting):
+                try:
+                    self._replies.append(self.comm.Isend(self._byte, rank, PING))
+                except MPI.Exception:
+                    pass  # it stays in `waiting`
+            deadline, status = time.monotonic() + PING_GRACE_S, MPI.Status()
+            while waiting and time.monotonic() < deadline:
+                try:
+                    self.service()
+                    while self.comm.Iprobe(MPI.ANY_SOURCE, PONG, status):
+                        self.comm.Recv(self._byte, status.Get_source(), PONG)
+                        waiting.discard(status.Get_source())
+                except MPI.Exception:
+                    break
+                time.sleep(1e-3)
         return sorted(waiting)
 
     def lost_ranks(self) -> str:
@@ -118,9 +131,69 @@ class Watchdog:
 
     def close(self) -> None:
         """Complete the 1-byte replies (eager sends, already delivered); forget any other."""
-        if self._replies:
-            MPI.Request.Testall(self._replies)
-        self._replies = []
+        with self._lock:
+            if self._replies:
+                MPI.Request.Testall(self._replies)
+            self._replies = []
+
+
+class Vigil:
+    """A thread that watches over a rank while it is busy on its own, from MPI_Init to the end.
+
+    The watchdog's waits name a stopped rank, but a rank only waits once it is set up: before
+    that it builds the grid (MPI's blocking constructors), runs the model that times the run
+    (every NPU's links under stragglers: minutes at 200 ranks), sets up its policy and trace.
+    Meanwhile the vigil answers pings on `world` and, whenever the rank's wait loops have not
+    paused for `VIGIL_IDLE_S` (it is busy), on the other watchdogs too; after `timeout_s` busy,
+    it pings every rank and ends the job (exit 3) naming the ranks that stay silent. So a rank
+    stopped at any phase is named within the timeout (plus the ping grace).
+
+    Args:
+        world: the watchdog on COMM_WORLD, whose pings only the vigil answers once the rank runs.
+        timeout_s: seconds busy between two checks of the peers.
+    """
+
+    def __init__(self, world: Watchdog, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.world, self.timeout_s = world, timeout_s
+        self.watchdogs: list[Watchdog] = [world]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="themis-mpi-vigil", daemon=True)
+        self._thread.start()
+
+    def add(self, watchdogs: Sequence[Watchdog]) -> None:
+        """Also answer these watchdogs' pings while the rank is busy (the grid's, once built)."""
+        self.watchdogs = [*self.watchdogs, *watchdogs]
+
+    def _run(self) -> None:
+        busy_since: float | None = None
+        while not self._stop.wait(VIGIL_EVERY_S):
+            self.world.answer()
+            now = time.monotonic()
+            if any(now - w.paused_s < VIGIL_IDLE_S for w in self.watchdogs):
+                busy_since = None  # waiting: the wait loop watches, and answers its own pings
+                continue
+            for watchdog in self.watchdogs[1:]:
+                watchdog.answer()
+            if busy_since is None:
+                busy_since = now
+            elif now - busy_since >= self.timeout_s:
+                silent = self.world.silent()
+                if silent:
+                    end_stalled_job(self.world.comm, self.diagnosis(silent))
+                busy_since = time.monotonic()
+
+    def diagnosis(self, silent: Sequence[int]) -> str:
+        """The one line naming the ranks that did not answer while this one was busy."""
+        return (
+            f"rank {self.world.comm.Get_rank()}: checked on its peers after {self.timeout_s:g} s busy "
+            f"on its own (set-up, a model run); rank(s) {', '.join(map(str, silent))} did not answer "
+            "(died or stopped)"
+        )
+
+    def close(self) -> None:
+        """Stop the thread (before the communicators go)."""
+        self._stop.set()
+        self._thread.join()
 
 
 class Backoff:
@@ -146,7 +219,7 @@ class Backoff:
         Pings are answered every `SERVICE_EVERY_S`, not at every pause: a probe costs as much as
         the test of all the rank's requests, and pauses come many per step.
         """
-        now = time.monotonic()
+        now = self.watchdog.paused_s = time.monotonic()
         if now - self.watchdog.serviced_s >= SERVICE_EVERY_S:
             self.watchdog.service()
         if now - self.since > self.watchdog.timeout_s:

@@ -1,0 +1,89 @@
+"""A rank stopped while the others set up on their own is named within the timeout (issue 46).
+
+Between MPI_Init and a rank's first watched wait it builds the grid (MPI's blocking
+constructors) and, under stragglers on a sharing rule, runs the model of every NPU's links that
+times the run: minutes at 200 ranks on 2 cores. The vigil (`mpi.progress.Vigil`) watches those
+phases: a stop there ends the job (exit 3) with one line naming the rank, not after the set-up.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from harness import ROOT, mpi_env, mpiexec_path
+from test_hardening import job_pids, launcher_keeps_survivors
+
+TIMEOUT_S = 5
+MODEL_S = 120  # tests/jobs/inject_fault.py: how long the others' model runs last once a rank stops
+STARTUP_BUDGET_S = 120  # MPI start-up of 8 ranks on a loaded 2-core machine can take tens of seconds
+MICRO = "DATA\n2\nconv1 -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 1048576 5\nfc -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 4194304 5\n"
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "kind, what",
+    [
+        ("freeze-grid", "the grid's blocking constructors"),
+        ("freeze-model", "the model run of every NPU's links that times a straggler run"),
+    ],
+)
+def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, what):
+    """Rank 5 stops in set-up (`what`) while the others stay busy: one line names it, exit 3, long before they finish."""
+    marker, workload = str(tmp_path / "themis_mpi.json"), tmp_path / "micro.txt"  # (`job_pids` finds it)
+    workload.write_text(MICRO)
+    cmd = [
+        mpiexec_path(),
+        *launcher_keeps_survivors(),
+        "-n",
+        "8",
+        sys.executable,
+        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+        kind,
+        "5",
+        "train",
+        str(workload),
+        "-t",
+        "2x2x2",
+        "--npu-delay-us",
+        "3=5",
+        "-p",
+        "baseline",
+        "-n",
+        "1",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--json",
+        marker,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        deadline, struck = time.monotonic() + STARTUP_BUDGET_S, None
+        while struck is None and time.monotonic() < deadline and proc.poll() is None:
+            if any(stopped(pid) for pid, rank in job_pids(marker).items() if rank == 5):
+                struck = time.monotonic()
+            time.sleep(0.05)
+        assert struck is not None, f"rank 5 did not stop in {what}"
+        _, err = proc.communicate(timeout=MODEL_S + 60)
+        took_s = time.monotonic() - struck
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in job_pids(marker):
+            os.kill(pid, signal.SIGKILL)
+    # without the vigil the others would notice only at their first wait, after MODEL_S busy
+    assert proc.returncode == 3 and took_s < MODEL_S / 2, (proc.returncode, took_s, err[-3000:])
+    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
+    assert len(lines) == 1 and "rank(s) 5 did not answer" in lines[0], err[-3000:]
+    assert not os.path.exists(marker)
