@@ -20,13 +20,13 @@ from ..config import DEFAULT_TIMEOUT_S
 from ..errors import Stalled
 from ..watchdog import end_stalled_job
 
-PING, PONG = 7001, 7002
+PING, PONG, BEAT = 7001, 7002, 7003
 PING_GRACE_S = 2.0
 SERVICE_EVERY_S = 1e-3  # a waiting rank answers pings at least this often (they wait PING_GRACE_S)
 MIN_SLEEP_S = 20e-6
 MAX_SLEEP_S = float(os.environ.get("THEMIS_MPI_MAX_SLEEP_US", "500")) * 1e-6
 YIELDS = int(os.environ.get("THEMIS_MPI_YIELDS", "20"))
-VIGIL_EVERY_S = 0.1  # how often a rank's vigil answers pings (they wait PING_GRACE_S)
+VIGIL_EVERY_S = 0.1  # how often a rank's vigil wakes (to beat, hear, answer pings)
 VIGIL_IDLE_S = 0.5  # a rank whose wait loops have not paused for this long is busy on its own
 
 
@@ -142,19 +142,28 @@ class Vigil:
 
     The watchdog's waits name a stopped rank, but a rank only waits once it is set up: before
     that it builds the grid (MPI's blocking constructors), runs the model that times the run
-    (every NPU's links under stragglers: minutes at 200 ranks), sets up its policy and trace.
-    Meanwhile the vigil answers pings on `world` and, whenever the rank's wait loops have not
-    paused for `VIGIL_IDLE_S` (it is busy), on the other watchdogs too; after `timeout_s` busy,
-    it pings every rank and ends the job (exit 3) naming the ranks that stay silent. So a rank
-    stopped at any phase is named within the timeout (plus the ping grace).
+    (every NPU's links under stragglers: minutes at 200 ranks on 2 cores), sets up its policy
+    and trace. The vigils of the ranks form a ring: each sends a heartbeat to the next rank every
+    `beat_s` and, while its own rank is busy (its wait loops have not paused for `VIGIL_IDLE_S`),
+    ends the job (exit 3) naming the previous rank once no heartbeat came from it for
+    `timeout_s`. So a rank stopped at any phase is named within the timeout. Heartbeats, not
+    pings: a ping must be answered within `PING_GRACE_S`, and with 200 ranks busy on 2 cores a
+    live rank's thread may get the processor (and the GIL) only every second or so.
+
+    Meanwhile the vigil also answers the pings of the other ranks' waits while its rank is busy
+    (on every watchdog it is given), as `CartGrid.serving` does.
 
     Args:
-        world: the watchdog on COMM_WORLD, whose pings only the vigil answers once the rank runs.
-        timeout_s: seconds busy between two checks of the peers.
+        world: the watchdog on COMM_WORLD, whose communicator carries the heartbeats.
+        timeout_s: seconds without a heartbeat, while busy, before the job ends.
     """
 
     def __init__(self, world: Watchdog, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.world, self.timeout_s = world, timeout_s
+        self.beat_s = min(1.0, timeout_s / 5)
+        comm = world.comm
+        self.rank, size = comm.Get_rank(), comm.Get_size()
+        self.next, self.previous = (self.rank + 1) % size, (self.rank - 1) % size
         self.watchdogs: list[Watchdog] = [world]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="themis-mpi-vigil", daemon=True)
@@ -165,29 +174,32 @@ class Vigil:
         self.watchdogs = [*self.watchdogs, *watchdogs]
 
     def _run(self) -> None:
-        busy_since: float | None = None
+        comm, byte, status = self.world.comm, np.zeros(1, np.uint8), MPI.Status()
+        beats: list[MPI.Request] = []
+        heard = beaten = time.monotonic()
         while not self._stop.wait(VIGIL_EVERY_S):
-            self.world.answer()
             now = time.monotonic()
+            if now - beaten >= self.beat_s:
+                beats = [r for r in beats if not r.Test()]
+                beats.append(comm.Isend(byte, self.next, BEAT))
+                beaten = now
+            while comm.Iprobe(self.previous, BEAT, status):
+                comm.Recv(byte, self.previous, BEAT)
+                heard = now
             if any(now - w.paused_s < VIGIL_IDLE_S for w in self.watchdogs):
-                busy_since = None  # waiting: the wait loop watches, and answers its own pings
+                heard = max(heard, now)  # waiting: the wait loop watches, and answers its own pings
                 continue
-            for watchdog in self.watchdogs[1:]:
+            for watchdog in self.watchdogs:
                 watchdog.answer()
-            if busy_since is None:
-                busy_since = now
-            elif now - busy_since >= self.timeout_s:
-                silent = self.world.silent()
-                if silent:
-                    end_stalled_job(self.world.comm, self.diagnosis(silent))
-                busy_since = time.monotonic()
+            if now - heard >= self.timeout_s:
+                end_stalled_job(comm, self.diagnosis(now - heard))
+        MPI.Request.Testall(beats)
 
-    def diagnosis(self, silent: Sequence[int]) -> str:
-        """The one line naming the ranks that did not answer while this one was busy."""
+    def diagnosis(self, quiet_s: float) -> str:
+        """The one line naming the previous rank, silent for `quiet_s` while this one was busy."""
         return (
-            f"rank {self.world.comm.Get_rank()}: checked on its peers after {self.timeout_s:g} s busy "
-            f"on its own (set-up, a model run); rank(s) {', '.join(map(str, silent))} did not answer "
-            "(died or stopped)"
+            f"rank {self.rank}: no heartbeat from rank {self.previous} for {quiet_s:.0f} s while busy on "
+            f"its own (set-up, a model run); rank(s) {self.previous} did not answer (died or stopped)"
         )
 
     def close(self) -> None:
