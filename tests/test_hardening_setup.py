@@ -6,6 +6,7 @@ times the run: minutes at 200 ranks on 2 cores. The vigil (`mpi.progress.Vigil`)
 phases: a stop there ends the job (exit 3) with one line naming the rank, not after the set-up.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -87,3 +88,39 @@ def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, wha
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert len(lines) == 1 and "rank(s) 5 did not answer" in lines[0], err[-3000:]
     assert not os.path.exists(marker)
+
+
+def test_ranks_busy_on_their_own_longer_than_the_timeout_are_not_silent(tmp_path):
+    """Every rank busy for 3x --timeout-s in the model run (CPU-bound, 8 ranks on 2 cores): not a stall, exit 0."""
+    workload = tmp_path / "micro.txt"
+    workload.write_text(MICRO)
+    cmd = [
+        mpiexec_path(),
+        "-n",
+        "8",
+        sys.executable,
+        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+        "freeze-model",
+        "99",  # (no such rank: nobody stops)
+        "train",
+        str(workload),
+        "-t",
+        "2x2x2",
+        "--npu-delay-us",
+        "3=5",
+        "-p",
+        "baseline",
+        "-n",
+        "1",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--json",
+        "-",
+    ]
+    env = dict(mpi_env(), THEMIS_MPI_TEST_MODEL_S=str(3 * TIMEOUT_S))
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=STARTUP_BUDGET_S + 120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (row,) = json.loads(proc.stdout)
+    assert row["wrong"] == 0

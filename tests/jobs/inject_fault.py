@@ -7,7 +7,7 @@ itself, SIGSTOP, before the start-up barrier / when it starts writing the trace)
 ``freeze-grid`` (the rank stops after the start-up barrier, as the grid's blocking constructors
 start: the others block in them), or ``freeze-model`` (the rank stops as the model run of every NPU's links that times a straggler
 run starts, before any wait; the other ranks' model runs then last `MODEL_S` of CPU, as at 200
-ranks on 2 cores).
+ranks on 2 cores; a RANK out of range freezes none). ``THEMIS_MPI_TEST_MODEL_S`` sets `MODEL_S`.
 """
 
 import os
@@ -33,7 +33,7 @@ FAULTS = {
 }
 run_collective, write, backend_init = sweep.run_collective, TraceRecorder.write, MpiBackend.__init__
 world_run, grid_init = World.run, CartGrid.__init__
-MODEL_S = 120
+MODEL_S = float(os.environ.get("THEMIS_MPI_TEST_MODEL_S", "120"))
 
 
 def faulty_run(*args, **kwargs):

@@ -58,9 +58,9 @@ class Watchdog:
         self.answer()
 
     def answer(self) -> None:
-        """Answer every ping that has arrived (from any thread; `service` also notes the time)."""
-        status = MPI.Status()
+        """Answer every ping that has arrived, from any thread (`service` also notes the time)."""
         with self._lock:
+            status = MPI.Status()
             while self.comm.Iprobe(MPI.ANY_SOURCE, PING, status):
                 source = status.Get_source()
                 self.comm.Recv(self._byte, source, PING)
@@ -192,7 +192,7 @@ class Vigil:
             for watchdog in self.watchdogs:
                 watchdog.answer()
             if now - heard >= self.timeout_s:
-                end_stalled_job(comm, self.diagnosis(now - heard))
+                end_stalled_job(comm, self.diagnosis(now - heard), alone=True)  # (its one successor)
         MPI.Request.Testall(beats)
 
     def diagnosis(self, quiet_s: float) -> str:
