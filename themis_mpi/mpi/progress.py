@@ -165,6 +165,8 @@ class Vigil:
         self.rank, size = comm.Get_rank(), comm.Get_size()
         self.next, self.previous = (self.rank + 1) % size, (self.rank - 1) % size
         self.watchdogs: list[Watchdog] = [world]
+        self._byte = np.zeros(1, np.uint8)
+        self._beats: list[MPI.Request] = []  # heartbeats in flight
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="themis-mpi-vigil", daemon=True)
         self._thread.start()
@@ -174,13 +176,13 @@ class Vigil:
         self.watchdogs = [*self.watchdogs, *watchdogs]
 
     def _run(self) -> None:
-        comm, byte, status = self.world.comm, np.zeros(1, np.uint8), MPI.Status()
-        beats: list[MPI.Request] = []
+        comm, byte, status = self.world.comm, self._byte, MPI.Status()
+        beats = self._beats
         heard = beaten = time.monotonic()
         while not self._stop.wait(VIGIL_EVERY_S):
             now = time.monotonic()
             if now - beaten >= self.beat_s:
-                beats = [r for r in beats if not r.Test()]
+                beats[:] = [r for r in beats if not r.Test()]
                 beats.append(comm.Isend(byte, self.next, BEAT))
                 beaten = now
             while comm.Iprobe(self.previous, BEAT, status):
@@ -193,7 +195,6 @@ class Vigil:
                 watchdog.answer()
             if now - heard >= self.timeout_s:
                 end_stalled_job(comm, self.diagnosis(now - heard), alone=True)  # (its one successor)
-        MPI.Request.Testall(beats)
 
     def diagnosis(self, quiet_s: float) -> str:
         """The one line naming the previous rank, silent for `quiet_s` while this one was busy."""
@@ -203,9 +204,22 @@ class Vigil:
         )
 
     def close(self) -> None:
-        """Stop the thread (before the communicators go)."""
+        """Stop the thread (before the final barrier: a heartbeat to a rank past it could hang)."""
         self._stop.set()
         self._thread.join()
+
+    def drain(self, limit_s: float = 1.0) -> None:
+        """After the final barrier: take the heartbeats left for this rank, see its own delivered.
+
+        A message left unreceived, or a send left pending, at MPI_Finalize can leave a rank there.
+        """
+        comm, status, deadline = self.world.comm, MPI.Status(), time.monotonic() + limit_s
+        while True:
+            while comm.Iprobe(self.previous, BEAT, status):
+                comm.Recv(self._byte, self.previous, BEAT)
+            if MPI.Request.Testall(self._beats) or time.monotonic() > deadline:
+                return
+            time.sleep(1e-3)
 
 
 class Backoff:

@@ -963,7 +963,12 @@ class MpiBackend:
             if barrier:
                 for transport in self._transports:
                     transport.drain()
+            if self.vigil is not None:  # no heartbeat may leave once a peer can be past the barrier
+                self.vigil.close()
+            if barrier:
                 self.grid.watchdog.wait(self.grid.cart.Ibarrier(), "the final barrier", patient=True)
+                if self.vigil is not None:
+                    self.vigil.drain()
         finally:
             if self.vigil is not None:
                 self.vigil.close()
