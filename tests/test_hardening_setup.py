@@ -31,6 +31,16 @@ def stopped(pid: int) -> bool:
         return False
 
 
+def straggler_job(tmp_path, kind: str, rank: int, json_to: str) -> list[str]:
+    """An 8-rank straggler training under tests/jobs/inject_fault.py KIND RANK, its rows to `json_to`."""
+    workload = tmp_path / "micro.txt"
+    workload.write_text(MICRO)
+    inject = [str(ROOT / "tests" / "jobs" / "inject_fault.py"), kind, str(rank)]
+    run = ["train", str(workload), "-t", "2x2x2", "--npu-delay-us", "3=5", "-p", "baseline", "-n", "1"]
+    return [mpiexec_path(), *launcher_keeps_survivors(), "-n", "8", sys.executable, *inject, *run,
+            "--timeout-s", str(TIMEOUT_S), "--json", json_to]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "kind, what",
     [
@@ -40,34 +50,14 @@ def stopped(pid: int) -> bool:
 )
 def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, what):
     """Rank 5 stops in set-up (`what`) while the others stay busy: one line names it, exit 3, long before they finish."""
-    marker, workload = str(tmp_path / "themis_mpi.json"), tmp_path / "micro.txt"  # (`job_pids` finds it)
-    workload.write_text(MICRO)
-    cmd = [
-        mpiexec_path(),
-        *launcher_keeps_survivors(),
-        "-n",
-        "8",
-        sys.executable,
-        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
-        kind,
-        "5",
-        "train",
-        str(workload),
-        "-t",
-        "2x2x2",
-        "--npu-delay-us",
-        "3=5",
-        "-p",
-        "baseline",
-        "-n",
-        "1",
-        "--timeout-s",
-        str(TIMEOUT_S),
-        "--json",
-        marker,
-    ]
+    marker = str(tmp_path / "themis_mpi.json")  # (`job_pids` finds the ranks by it)
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+        straggler_job(tmp_path, kind, 5, marker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=mpi_env(),
+        cwd=ROOT,
     )
     try:
         deadline, struck = time.monotonic() + STARTUP_BUDGET_S, None
@@ -92,31 +82,7 @@ def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, wha
 
 def test_ranks_busy_on_their_own_longer_than_the_timeout_are_not_silent(tmp_path):
     """Every rank busy for 3x --timeout-s in the model run (CPU-bound, 8 ranks on 2 cores): not a stall, exit 0."""
-    workload = tmp_path / "micro.txt"
-    workload.write_text(MICRO)
-    cmd = [
-        mpiexec_path(),
-        "-n",
-        "8",
-        sys.executable,
-        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
-        "freeze-model",
-        "99",  # (no such rank: nobody stops)
-        "train",
-        str(workload),
-        "-t",
-        "2x2x2",
-        "--npu-delay-us",
-        "3=5",
-        "-p",
-        "baseline",
-        "-n",
-        "1",
-        "--timeout-s",
-        str(TIMEOUT_S),
-        "--json",
-        "-",
-    ]
+    cmd = straggler_job(tmp_path, "freeze-model", 99, "-")  # (no rank 99: nobody stops)
     env = dict(mpi_env(), THEMIS_MPI_TEST_MODEL_S=str(3 * TIMEOUT_S))
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=STARTUP_BUDGET_S + 120
