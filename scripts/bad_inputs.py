@@ -12,6 +12,7 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ REF_DIRS = (
     os.path.join(os.path.dirname(ROOT), "shared", "reference-workloads", "astra-sim-1.0-text"),
 )
 REF = next((d for d in REF_DIRS if os.path.isdir(d)), None)
+PROBE_TIMEOUT_S = 120  # a probe still running then is ended and its row says so
 
 
 RUNTIME = [
@@ -56,6 +58,13 @@ RUNTIME = [
         "a rank frozen after MPI_Init, before the grid is built",
         "the start-up barrier is waited on quietly: `rank R: no progress for T s in the start-up barrier; "
         "rank(s) K did not answer (died or stopped); aborting the job`",
+    ),
+    (
+        "a rank frozen while the others set up on their own (the grid's constructors, the model of "
+        "every NPU's links before a straggler run)",
+        "each rank's vigil thread hears the previous rank's heartbeats; a rank busy on its own that hears "
+        "none for `--timeout-s`: `rank R: no heartbeat from rank K for T s while busy on its own (set-up, "
+        "a model run); rank(s) K did not answer (died or stopped); aborting the job`, exit 3",
     ),
     (
         "rank 0 frozen while writing the trace",
@@ -793,7 +802,7 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
     for what, cmd, *env in cases:
         start = time.monotonic()
         extra = {**os.environ, **env[0]} if env else None
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=extra)
+        proc = run_probe(cmd, extra)
         seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
@@ -829,6 +838,21 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
             ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         )
     print(f"wrote {args.out}")
+
+
+def run_probe(cmd: list[str], env: dict | None) -> subprocess.CompletedProcess:
+    """Run one probe in a session of its own; past `PROBE_TIMEOUT_S` end it all (exit "timeout")."""
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(
+        cmd, stdout=pipe, stderr=pipe, text=True, cwd=ROOT, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its ranks too
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, "timeout", out, f"(still running after {PROBE_TIMEOUT_S} s)")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def splice(page: str, fresh: list[str]) -> list[str]:
