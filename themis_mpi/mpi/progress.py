@@ -138,7 +138,7 @@ class Watchdog:
 
 
 class Vigil:
-    """A thread that watches over a rank while it is busy on its own, from MPI_Init to the end.
+    """A thread that watches over a rank while it is busy on its own, from MPI_Init to the final barrier.
 
     The watchdog's waits name a stopped rank, but a rank only waits once it is set up: before
     that it builds the grid (MPI's blocking constructors), runs the model that times the run
