@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bad_inputs.py [--out docs/bad-inputs.md]
+    python scripts/bad_inputs.py [--out docs/bad-inputs.md] [--only TEXT]
 
 Each case runs for real (under mpiexec where the input reaches the ranks), and the table records
 its exit status, whether a Python traceback appeared, and the first line of what it printed.
@@ -12,6 +12,7 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ REF_DIRS = (
     os.path.join(os.path.dirname(ROOT), "shared", "reference-workloads", "astra-sim-1.0-text"),
 )
 REF = next((d for d in REF_DIRS if os.path.isdir(d)), None)
+PROBE_TIMEOUT_S = 120  # a probe still running then is ended and its row says so
 
 
 RUNTIME = [
@@ -56,6 +58,13 @@ RUNTIME = [
         "a rank frozen after MPI_Init, before the grid is built",
         "the start-up barrier is waited on quietly: `rank R: no progress for T s in the start-up barrier; "
         "rank(s) K did not answer (died or stopped); aborting the job`",
+    ),
+    (
+        "a rank frozen while the others set up on their own (the grid's constructors, the model of "
+        "every NPU's links before a straggler run)",
+        "each rank's vigil thread hears the previous rank's heartbeats; a rank busy on its own that hears "
+        "none for `--timeout-s`: `rank R: no heartbeat from rank K for T s while busy on its own (set-up, "
+        "a model run); rank(s) K did not answer (died or stopped); aborting the job`, exit 3",
     ),
     (
         "rank 0 frozen while writing the trace",
@@ -414,6 +423,12 @@ def main():
         default=os.path.join("results", "bad-inputs.md"),
         help="docs/bad-inputs.md is the shipped copy",
     )
+    ap.add_argument(
+        "--only",
+        metavar="TEXT",
+        help="run only the probes whose label contains TEXT and replace (or add) their rows in --out, "
+        "keeping its other rows",
+    )
     args = ap.parse_args()
     tmp = tempfile.mkdtemp()
     mounts: list[str] = []  # tmpfs folders of the round-4 probes, unmounted at the end
@@ -499,10 +514,11 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
         files[name] = path
 
     cpu = [et.Attr("is_cpu_op", "bool", False)]
-    et_file(
-        "cycles.et",
-        [et.Node(i, f"c{i}", et.COMP_NODE, [i ^ 1], attrs=cpu, duration_micros=1) for i in range(100_000)],
-    )
+    for name, count in (("cycles.et", 100_000), ("cycles200k.et", 200_000)):
+        et_file(
+            name,
+            [et.Node(i, f"c{i}", et.COMP_NODE, [i ^ 1], attrs=cpu, duration_micros=1) for i in range(count)],
+        )
     for label, ns in (("inf", float("inf")), ("2e64", 2.0**64), ("1e300", 1e300)):
         et_file(
             f"dur_{label}.et",
@@ -698,6 +714,14 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
             "ET: 50,000 control-dependency cycles (100,000 nodes)",
             [*py, "train", files["cycles.et"], "-p", "baseline", "-c", "1"],
         ),
+        (
+            "ET: 100,000 control-dependency cycles (200,000 nodes)",
+            [*py, "train", files["cycles200k.et"], "-p", "baseline", "-c", "1"],
+        ),
+        (
+            "ET: 100,000 control-dependency cycles (200,000 nodes), mpiexec -n 8",
+            [*mpi, "8", *py, "train", files["cycles200k.et"], "-p", "baseline", "-c", "1"],
+        ),
         ("ET: a node of inf ns", [*py, "train", files["dur_inf.et"]]),
         ("ET: a node of 2^64 ns", [*py, "train", files["dur_2e64.et"]]),
         ("ET: a node of 1e300 ns", [*py, "train", files["dur_1e300.et"]]),
@@ -763,6 +787,8 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
                 [*py, "train", transformer, "-t", "Ring(2,1,1)"],
             )
         )
+    if args.only:
+        cases = [case for case in cases if args.only in case[0]]
     lines = [
         "# Bad inputs and what they get",
         "",
@@ -776,7 +802,7 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
     for what, cmd, *env in cases:
         start = time.monotonic()
         extra = {**os.environ, **env[0]} if env else None
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=extra)
+        proc = run_probe(cmd, extra)
         seconds = time.monotonic() - start
         err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         shown = " ".join(c if c not in py else "" for c in cmd)
@@ -795,9 +821,12 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
             f"{'yes' if 'Traceback' in proc.stderr else 'no'} | {message[:300].replace('|', '/')} |"
         )
         print(f"{proc.returncode:>3} {seconds:5.1f}s {what}: {message[:160]}")
+    if args.only:
+        lines = splice(args.out, lines)
     lines += [
         "",
-        "Runtime failures (from `tests/test_hardening.py` and `tests/test_collectives.py`):",
+        "Runtime failures (from `tests/test_hardening.py`, `tests/test_hardening_setup.py` and "
+        "`tests/test_collectives.py`):",
         "",
         "| failure | what happens |",
         "| --- | --- |",
@@ -809,6 +838,38 @@ def probe(args: argparse.Namespace, tmp: str, mounts: list[str]) -> None:
             ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         )
     print(f"wrote {args.out}")
+
+
+def run_probe(cmd: list[str], env: dict | None) -> subprocess.CompletedProcess:
+    """Run one probe in a session of its own; past `PROBE_TIMEOUT_S` end it all (exit "timeout")."""
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(
+        cmd, stdout=pipe, stderr=pipe, text=True, cwd=ROOT, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and its ranks too
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, "timeout", out, f"(still running after {PROBE_TIMEOUT_S} s)")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def splice(page: str, fresh: list[str]) -> list[str]:
+    """The probe table of the page at `page` with the rows of `fresh` (a header, then rows) in it.
+
+    A fresh row replaces the page's row of the same label, or is added at the table's end; the
+    page's header (its date) and other rows stay.
+    """
+    with open(page, encoding="utf-8") as f:
+        old = f.read().split("\n\nRuntime failures", 1)[0].splitlines()
+
+    def label(row: str) -> str:
+        return row.split(" | ", 1)[0]
+
+    new = {label(row): row for row in fresh[fresh.index("| --- | --- | --- | --- | --- | --- |") + 1 :]}
+    out = [new.pop(label(row), row) for row in old]
+    return out + list(new.values())
 
 
 if __name__ == "__main__":

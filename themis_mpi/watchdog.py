@@ -41,14 +41,14 @@ def mpi_world() -> Any:
     return mpi.COMM_WORLD
 
 
-def end_stalled_job(world: Any, message: str) -> None:
+def end_stalled_job(world: Any, message: str, alone: bool = False) -> None:
     """Print one line for the job and abort it with exit 3 (`STUCK_EXIT`).
 
     Ranks that see the same silence at once speak in rank order: the first one's abort ends the
-    others before they print, so the job says it once.
+    others before they print, so the job says it once. A rank `alone` to see it speaks at once.
     """
     remove_partials()
-    time.sleep(min(world.Get_rank(), MAX_STAGGERED_RANKS) * STAGGER_S)
+    time.sleep(0 if alone else min(world.Get_rank(), MAX_STAGGERED_RANKS) * STAGGER_S)
     print(f"themis-mpi: error: {message}; aborting the job", file=sys.stderr, flush=True)
     time.sleep(FORWARD_S)
     world.Abort(STUCK_EXIT)

@@ -62,7 +62,7 @@ from ..timing.symmetric import Timer
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
-from .progress import Watchdog
+from .progress import Vigil, Watchdog
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
@@ -925,10 +925,20 @@ class MpiBackend:
     def __init__(self, comm: MPI.Intracomm, topology: Topology, timeout_s: float):
         self.topology = topology
         self.world = Watchdog(comm, timeout_s)  # start-up and the last barrier, before and after the grid
+        # from here to the end a thread names a rank that stops while this one is busy on its own
+        # (the grid's blocking constructors, the model run that times the run, set-ups)
+        self.vigil = Vigil(self.world, timeout_s) if comm.Get_size() > 1 else None
         # MPI's communicator constructors block; line the ranks up quietly first, so a rank that is
         # frozen or dead at start-up is named within the timeout instead of hanging everybody
-        self.world.wait(comm.Ibarrier(), "the start-up barrier")
-        self.grid = CartGrid(comm, topology, timeout_s)
+        try:
+            self.world.wait(comm.Ibarrier(), "the start-up barrier")
+            self.grid = CartGrid(comm, topology, timeout_s)
+        except BaseException:
+            if self.vigil is not None:
+                self.vigil.close()
+            raise
+        if self.vigil is not None:
+            self.vigil.add([self.grid.watchdog])
         self.rank = self.grid.rank
         self._transports: list[MpiTransport] = []
 
@@ -968,7 +978,14 @@ class MpiBackend:
             if barrier:
                 for transport in self._transports:
                     transport.drain()
+            if self.vigil is not None:  # no heartbeat may leave once a peer can be past the barrier
+                self.vigil.close()
+            if barrier:
                 self.grid.watchdog.wait(self.grid.cart.Ibarrier(), "the final barrier", patient=True)
+                if self.vigil is not None:
+                    self.vigil.drain()
         finally:
+            if self.vigil is not None:
+                self.vigil.close()
             self.grid.close()
             self.world.close()
