@@ -92,7 +92,10 @@ def test_resume_drops_a_row_that_beats_physics_and_runs_its_cell_again(tmp_path)
     out.write_text(json.dumps(doc))
     again = in_process(["train", WORKLOAD, "-c", "4,16", "--json", out, "--resume", "-q"])
     assert again.returncode == 0, again.stderr
-    assert "--resume dropped 1 of 4 rows" in again.stderr and "shorter than the slowest NPU's compute" in again.stderr
+    assert (
+        "--resume dropped 1 of 4 rows" in again.stderr
+        and "shorter than the slowest NPU's compute" in again.stderr
+    )
     assert "# resumed: 3 of 4 cells in the files, 1 left" in again.stdout
     assert rows_of(out) == before
 
