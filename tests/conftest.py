@@ -143,6 +143,11 @@ def pytest_addoption(parser):
         metavar="PATH",
         help="write each test's seconds (setup, call, teardown) to PATH (scripts/test_durations.py)",
     )
+    parser.addoption(
+        "--record-markers",
+        metavar="PATH",
+        help="write each collected test's markers to PATH (tests/test_suite.py: one collection)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -160,6 +165,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker("slow")
         else:
             _quick.add(item.nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+    """With --record-markers PATH: every collected test id and its marker names, as `-m` sees them."""
+    path = session.config.getoption("--record-markers")
+    if path:
+        from themis_mpi.output import write_json
+
+        write_json(
+            path, {item.nodeid: sorted({m.name for m in item.iter_markers()}) for item in session.items}
+        )
 
 
 # While a test runs: the item and its marker names. After each: the processes it started, its seconds.

@@ -10,6 +10,7 @@ gives it its markers (tests/conftest.py).
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -85,6 +86,26 @@ def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
     return mpirun(n, ["-m", "themis_mpi", *args], **kw)
 
 
+def cli_jobs(commands: dict, tmp_path, **kw) -> dict:
+    """Several `themis-mpi ARGS` runs, one mpiexec per rank count (tests/jobs/commands.py).
+
+    `commands` maps a key to ``(ranks, args)``. Each run gives what `cli` gives (exit code,
+    output), one after another in the job, without a start-up of its own (about 1.5 s for 8
+    ranks on 2 cores). For runs that end normally, each with its own output files: an abort ends
+    the job and every run in it. The ranks' output is in rank order.
+    """
+    done: dict = {}
+    for n in sorted({n for n, _ in commands.values()}):
+        keys = [k for k, (ranks, _) in commands.items() if ranks == n]
+        spec, out = tmp_path / f"commands{n}.json", tmp_path / f"done{n}.json"
+        spec.write_text(json.dumps([[str(a) for a in commands[k][1]] for k in keys]))
+        proc = mpirun(n, [str(ROOT / "tests" / "jobs" / "commands.py"), str(spec), str(out)], **kw)
+        assert proc.returncode == 0 and out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+        for k, d in zip(keys, json.loads(out.read_text())):
+            done[k] = subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
+    return done
+
+
 def in_process(args: list[str], cwd=None) -> subprocess.CompletedProcess:
     """`themis-mpi ARGS` in this process (`themis_mpi.cli.main`), as `local` gives it: exit code, output.
 
@@ -105,6 +126,26 @@ def in_process(args: list[str], cwd=None) -> subprocess.CompletedProcess:
     finally:
         os.chdir(here)
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+_FITS: dict[str, object] = {}
+
+
+def fit_nccl(log, **kw):
+    """`calibrate.fit_nccl`, the default fit of each log computed once per test session (a copy each call).
+
+    A fit takes seconds and is deterministic (its seed is fixed), so test_calibrate's tables and the
+    studies that refit the shipped logs (test_studies, test_calibrate's Themis study, run in this
+    process with this patched in) share one fit per log content. A call with options is not cached.
+    """
+    from themis_mpi.calibrate.ncclfit import fit_nccl as fit  # (not the package's name, which a test patches)
+
+    if kw:
+        return fit(log, **kw)
+    key = repr(log)  # the log's whole content (a dataclass of its rows and runs)
+    if key not in _FITS:
+        _FITS[key] = fit(log)
+    return copy.deepcopy(_FITS[key])
 
 
 ROWS_ENV = "THEMIS_MPI_ROWS"
@@ -158,3 +199,23 @@ def run_cases(n: int, spec: dict, tmp_path) -> list[dict]:
     )
     assert proc.returncode in (0, 1) and out_path.exists(), proc.stderr[-3000:]
     return json.loads(out_path.read_text())
+
+
+def run_specs(specs: dict, tmp_path) -> dict:
+    """Agreement specs (`run_cases`) of several tests in one job per rank count; rows per spec.
+
+    `specs` maps a key to ``(ranks, topology, cases)``. The specs of one rank count run in one
+    ``mpiexec`` (tests/jobs/agreements.py): one start-up of the ranks for them all, where each
+    would pay its own (about 1.5 s for 8 ranks on 2 cores). Returns each key's rows, as
+    `run_cases` gives them.
+    """
+    out: dict = {}
+    for n in sorted({n for n, _, _ in specs.values()}):
+        keys = [k for k, (ranks, _, _) in specs.items() if ranks == n]
+        spec_path, out_path = tmp_path / f"specs{n}.json", tmp_path / f"rows{n}.json"
+        spec_path.write_text(json.dumps([{"topology": specs[k][1], "cases": specs[k][2]} for k in keys]))
+        job = ["-m", "mpi4py", str(ROOT / "tests" / "jobs" / "agreements.py"), str(spec_path), str(out_path)]
+        proc = mpirun(n, job)
+        assert proc.returncode == 0 and out_path.exists(), proc.stderr[-3000:]
+        out.update(zip(keys, json.loads(out_path.read_text())))
+    return out

@@ -8,7 +8,7 @@ tests pin each rule of `cost`, `network.Astra2Network`, `npunet` and `engine` th
 import math
 
 import pytest
-from harness import DATA, check_rows, in_process, run_cases
+from harness import DATA, check_rows, in_process, run_specs
 
 from themis_mpi.astra import compare_row_2, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan
@@ -202,8 +202,10 @@ def test_emulator_equals_model_under_the_compat_on_8_ranks(tmp_path, network):
             "active": 2,
         },
     ]
-    for topo in ("SW(8,50,500,ring)", "Ring(8,100,500,direct)"):
-        rows = run_cases(8, {"topology": topo, "cases": cases}, tmp_path)
+    topologies = ("SW(8,50,500,ring)", "Ring(8,100,500,direct)")
+    jobs = run_specs({topo: (8, topo, cases) for topo in topologies}, tmp_path)  # one mpiexec for both
+    for topo in topologies:
+        rows = jobs[topo]
         assert len(rows) == len(cases)
         for r in rows:
             assert r["emu"]["wrong"] == 0, r["case"]

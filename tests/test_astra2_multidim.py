@@ -8,7 +8,7 @@ why an all-reduce's all-gather stages run anticlockwise (`timing.routes.astra2_a
 import math
 
 import pytest
-from harness import DATA, run_cases
+from harness import DATA, run_specs
 
 from themis_mpi.api import sweep
 from themis_mpi.astra import RUNS_2_MULTIDIM, compare_row_2, reference_rows_2, topology_of_2
@@ -162,14 +162,11 @@ def test_every_npus_links_apply_the_rule_as_one_npus_view(algorithm):
     assert max(e.collectives[0].end_ns for e in every) == one.collectives[0].end_ns == int(row["finish_ns"])
 
 
-@pytest.mark.parametrize(
-    "topology", ["Ring(4,100,500,ring)_SW(2,400,700,ring)", "Ring(4,400,500,direct)_SW(2,50,700,ring)"]
-)
-def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(tmp_path, monkeypatch, topology):
-    """A Ring of 4 beside a Switch, 4 chunks, 2 active, localBWAware and Themis: the same times on 8 ranks.
+RULE_TOPOLOGIES = ["Ring(4,100,500,ring)_SW(2,400,700,ring)", "Ring(4,400,500,direct)_SW(2,50,700,ring)"]
 
-    Both cases are ones the rule changes (checked first on the model with it switched off).
-    """
+
+def rule_cases() -> list[dict]:
+    """The baseline (localBWAware) and Themis, 4 chunks, 2 active, under 2.x's compat and link rule."""
     base = {
         "op": "all_reduce",
         "count": 1 << 18,
@@ -180,7 +177,23 @@ def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(tmp_path, monke
         "compat": ASTRA_SIM_2,
         "network": STORE_FORWARD,
     }
-    cases = [{**base, "policy": "baseline", "intra": "fifo"}, {**base, "policy": "themis", "intra": "scf"}]
+    return [{**base, "policy": "baseline", "intra": "fifo"}, {**base, "policy": "themis", "intra": "scf"}]
+
+
+@pytest.fixture(scope="module")
+def rule_jobs(tmp_path_factory):
+    """Both topologies' emulator runs in one mpiexec of 8 ranks (`harness.run_specs`)."""
+    specs = {t: (8, t, rule_cases()) for t in RULE_TOPOLOGIES}
+    return run_specs(specs, tmp_path_factory.mktemp("mpi"))
+
+
+@pytest.mark.parametrize("topology", RULE_TOPOLOGIES)
+def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(rule_jobs, monkeypatch, topology):
+    """A Ring of 4 beside a Switch, 4 chunks, 2 active, localBWAware and Themis: the same times on 8 ranks.
+
+    Both cases are ones the rule changes (checked first on the model with it switched off).
+    """
+    cases = rule_cases()
 
     def model_us() -> list[float]:
         return [
@@ -194,7 +207,7 @@ def test_emulator_equals_model_where_the_rule_applies_on_8_ranks(tmp_path, monke
         for module in (symmetric, world):  # (where the one-NPU view and every NPU's links ask it)
             m.setattr(module, "astra2_anticlockwise", lambda stage: False)
         assert all(a != b for a, b in zip(model_us(), with_rule))
-    rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
+    rows = rule_jobs[topology]
     assert [r["model"]["time_us"] for r in rows] == with_rule
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]

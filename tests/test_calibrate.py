@@ -9,6 +9,7 @@ import json
 import math
 import sys
 
+import harness
 import numpy as np
 import pytest
 from harness import DATA, ROOT
@@ -55,10 +56,10 @@ _FITS: dict = {}
 
 
 def fitted(name: str):
-    """The log and its fit, computed once per test session."""
+    """The log and its fit, computed once per test session (`harness.fit_nccl`, shared with the studies)."""
     if name not in _FITS:
         log = read_nccl_log(str(LOGS / name))
-        _FITS[name] = (log, fit_nccl(log))
+        _FITS[name] = (log, harness.fit_nccl(log))
     return _FITS[name]
 
 
@@ -244,7 +245,7 @@ def prediction(one: str, more: str, table):
     """A multi-node log predicted from the one-node fit and the NIC's nominal rate only."""
     if one == more:  # the one-node run of a log of several
         base_log = read_nccl_log(str(LOGS / one), table=1)
-        base = fit_nccl(base_log)
+        base = harness.fit_nccl(base_log)
     else:
         base = fitted(one)[1]
     return predict(parse_topology(base.topology), read_nccl_log(str(LOGS / more), table=table))
@@ -315,18 +316,16 @@ def test_the_issue_s_10_ms_case_is_themis_moving_a_whole_chunk_onto_the_slow_dim
     assert themis.time_us > dim1_us > base.time_us
 
 
-@pytest.mark.subprocess
-def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path):
-    """scripts/study_calibrated.py --quick gives docs/hardware/themis.json's rows for its logs."""
-    import subprocess
+def test_the_themis_study_quick_rows_are_the_shipped_rows(tmp_path, monkeypatch, capsys):
+    """scripts/study_calibrated.py --quick gives docs/hardware/themis.json's rows for its logs.
 
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "study_calibrated.py"), "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-        timeout=600,
-    )
+    Run in this process (its `main`, as the command runs it) with the session's fits of the logs
+    (`harness.fit_nccl`): the fits are the command's own, computed once for the suite.
+    """
+    study = harness.script("study_calibrated")
+    monkeypatch.setattr(study, "fit_nccl", harness.fit_nccl)
+    assert study.main(["--quick", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
     new = json.loads((tmp_path / "themis.json").read_text())
     shipped = json.loads((ROOT / "docs" / "hardware" / "themis.json").read_text())
     assert new and all(row in shipped for row in new)

@@ -3,7 +3,7 @@
 import itertools
 
 import pytest
-from harness import run_cases
+from harness import run_specs
 
 # (ranks, topology): every dim kind and algorithm, sizes that are and are not powers of two.
 TOPOLOGIES = [
@@ -40,10 +40,8 @@ def cases_for(sizes):
 
 
 @pytest.fixture(scope="module", params=TOPOLOGIES, ids=lambda t: f"{t[0]}r-{t[1]}")
-def rows(request, tmp_path_factory):
-    n, topo = request.param
-    sizes = [(100003, 7, 1), (1 << 15, 16, 2), (5, 8, 1)]
-    return run_cases(n, {"topology": topo, "cases": cases_for(sizes)}, tmp_path_factory.mktemp("mpi"))
+def rows(request, jobs):
+    return jobs[("sizes", *request.param)]
 
 
 def test_reduced_values_are_exact(rows):
@@ -77,18 +75,17 @@ def test_collective_time_bounds(rows):
         assert r["time_min_us"] == r["time_max_us"]
 
 
-@pytest.mark.parametrize(
-    "n,topo",
-    [
-        (4, "FC(4,150,500,ring)"),
-        (8, "2x2x2"),
-        (8, "SW(2,100,700)_FC(4,100,700,hd)"),
-        (8, "Ring(8,100,20,hd)"),
-    ],
-)
-def test_astra_sim_compat_mode_moves_exact_data_in_the_models_time(tmp_path, n, topo):
-    """Under compat astra-sim-1.0 (fused AR stage, ASTRA's event order, whole-ns steps) the emulator equals the model."""
-    cases = [
+COMPAT = [
+    (4, "FC(4,150,500,ring)"),
+    (8, "2x2x2"),
+    (8, "SW(2,100,700)_FC(4,100,700,hd)"),
+    (8, "Ring(8,100,20,hd)"),
+]
+
+
+def compat_cases() -> list[dict]:
+    """astra-sim-1.0's compat cases: three policies, a size nothing divides and a power of two."""
+    return [
         {
             "op": "all_reduce",
             "count": count,
@@ -102,8 +99,13 @@ def test_astra_sim_compat_mode_moves_exact_data_in_the_models_time(tmp_path, n, 
         for pol, intra in [("baseline", "fifo"), ("themis", "scf"), ("themis", "fifo")]
         for count, chunks in [(100003, 7), (1 << 18, 16)]
     ]
-    rows = run_cases(n, {"topology": topo, "cases": cases}, tmp_path)
-    assert len(rows) == len(cases)
+
+
+@pytest.mark.parametrize("n,topo", COMPAT)
+def test_astra_sim_compat_mode_moves_exact_data_in_the_models_time(jobs, n, topo):
+    """Under compat astra-sim-1.0 (fused AR stage, ASTRA's event order, whole-ns steps) the emulator equals the model."""
+    rows = jobs[("compat", n, topo)]
+    assert len(rows) == len(compat_cases())
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]
         assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
@@ -126,10 +128,12 @@ EVERY_POLICY = [
 ]
 
 
-@pytest.mark.parametrize("topo", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
-def test_every_policy_on_8_ranks_moves_exact_data_in_the_models_time(tmp_path, topo):
-    """Every inter- and intra-dim policy of the registry (variable chunks included): wrong = 0 and the model's times exactly."""
-    cases = [
+EVERY_POLICY_TOPOLOGIES = ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"]
+
+
+def every_policy_cases() -> list[dict]:
+    """Every policy pair of `EVERY_POLICY` on four collectives."""
+    return [
         {"op": op, "count": count, "chunks": chunks, "dtype": "float32", "policy": pol, "intra": intra}
         for pol, intra in EVERY_POLICY
         for op, count, chunks in [
@@ -139,8 +143,23 @@ def test_every_policy_on_8_ranks_moves_exact_data_in_the_models_time(tmp_path, t
             ("all_gather", 1 << 16, 8),
         ]
     ]
-    rows = run_cases(8, {"topology": topo, "cases": cases}, tmp_path)
-    assert len(rows) == len(cases)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """Every emulator run of this module, one mpiexec per rank count (`harness.run_specs`)."""
+    sizes = [(100003, 7, 1), (1 << 15, 16, 2), (5, 8, 1)]
+    specs = {("sizes", n, topo): (n, topo, cases_for(sizes)) for n, topo in TOPOLOGIES}
+    specs.update({("compat", n, topo): (n, topo, compat_cases()) for n, topo in COMPAT})
+    specs.update({("policies", 8, t): (8, t, every_policy_cases()) for t in EVERY_POLICY_TOPOLOGIES})
+    return run_specs(specs, tmp_path_factory.mktemp("mpi"))
+
+
+@pytest.mark.parametrize("topo", EVERY_POLICY_TOPOLOGIES)
+def test_every_policy_on_8_ranks_moves_exact_data_in_the_models_time(jobs, topo):
+    """Every inter- and intra-dim policy of the registry (variable chunks included): wrong = 0 and the model's times exactly."""
+    rows = jobs[("policies", 8, topo)]
+    assert len(rows) == len(every_policy_cases())
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]
         assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]

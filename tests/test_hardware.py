@@ -5,7 +5,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from harness import DATA, cli, run_cases
+from harness import DATA, cli, run_specs
 
 from themis_mpi.calibrate import fit, read_nccl_log
 from themis_mpi.cli import main
@@ -226,12 +226,14 @@ def test_ina_and_endpoint_emulator_reduces_exactly_in_the_models_time(tmp_path):
         for pol, intra in [("baseline", "fifo"), ("themis", "scf")]
         for extra in [{}, {"hbm_gbps": 120.0}, {"hbm_gbps": 120.0, "ace": True}]
     ]
-    for topology in [
+    topologies = [
         "SW(8,100,700,ina)",
         "Ring(2,100,20)_SW(4,50,700,ina:0.8)",
         "SW(2,200,700,ina)_SW(2,100,700)_SW(2,50,1700,ina)",
-    ]:
-        rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
+    ]
+    jobs = run_specs({t: (8, t, cases) for t in topologies}, tmp_path)  # one mpiexec for the three
+    for topology in topologies:
+        rows = jobs[topology]
         assert len(rows) == len(cases)
         for r in rows:
             assert r["emu"]["wrong"] == 0, (topology, r["case"])

@@ -4,7 +4,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from harness import DATA, cli, in_process
+from harness import DATA, cli_jobs, in_process
 
 from themis_mpi.cli.parser import LLM_PRESETS
 from themis_mpi.cli.workload import price
@@ -359,15 +359,24 @@ LAYOUTS = {
 }
 
 
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    """Each layout's generated graph on 2x2x2 and its `train` args; every one trained in one mpiexec of 8 ranks."""
+    tmp = tmp_path_factory.mktemp("llm")
+    args = {}
+    for layout, extra in LAYOUTS.items():
+        prefix = str(tmp / layout)  # (the graph files: PREFIX.RANK.et)
+        write_llm(LlmConfig(**SMALL, **extra), parse_topology("2x2x2"), prefix)
+        args[layout] = ["train", prefix, "-t", "2x2x2", "-c", "4"]
+    emulated = cli_jobs({layout: (8, a) for layout, a in args.items()}, tmp)
+    return {layout: (a, emulated[layout]) for layout, a in args.items()}
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_time(tmp_path, layout):
+def test_generated_models_run_on_8_ranks_with_no_wrong_element_in_the_models_time(generated, layout):
     """TP2 x PP2 x DP2 (interleaved, MoE under ZeRO-3, PP innermost) under mpiexec -n 8: #wrong 0, the model's times."""
-    prefix = str(tmp_path / "g")
-    c = LlmConfig(**SMALL, **LAYOUTS[layout])
-    topo = parse_topology("2x2x2")
-    write_llm(c, topo, prefix)
-    args = ["train", prefix, "-t", "2x2x2", "-c", "4"]
-    emu, model = cli(8, args), in_process(args)
+    args, emu = generated[layout]
+    model = in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = rows(emu.stdout), rows(model.stdout)
     assert [r[:4] for r in got] == [r[:4] for r in want] and len(got) == 2

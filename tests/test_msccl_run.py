@@ -11,7 +11,7 @@ import dataclasses
 import json
 
 import pytest
-from harness import DATA, cli, in_process, shared
+from harness import DATA, cli, cli_jobs, in_process, shared
 from test_msccl import replace_step
 from test_msccl_synthesis import SIZE, TACOS_US, TORUS_2D
 
@@ -47,23 +47,49 @@ def model_us(topology, op, size, algorithm, network, chunks=1) -> float:
     return row.time_us
 
 
+def run_args(topology, op, size, algorithm, network, out, chunks=2) -> list[str]:
+    """`themis-mpi run` of one collective of the baseline, its JSON rows to `out`."""
+    args = ["run", "-t", topology, "-o", op, "-b", size, "-c", chunks, "-p", "baseline"]
+    return [str(a) for a in [*args, "--network", network, "--algorithm", algorithm, "--json", out]]
+
+
+def rows_of(out) -> list[dict]:
+    """The JSON rows a run wrote ([] when it wrote none)."""
+    return json.loads(out.read_text()) if out.exists() else []
+
+
 def emulated(n, topology, op, size, algorithm, network, tmp_path, chunks=2):
     """`themis-mpi run` under mpiexec: its process and its one JSON row."""
     out = tmp_path / "rows.json"
-    args = ["run", "-t", topology, "-o", op, "-b", size, "-c", chunks, "-p", "baseline"]
-    args += ["--network", network, "--algorithm", algorithm, "--json", out]
-    proc = cli(n, [str(a) for a in args])
-    rows = json.loads(out.read_text()) if out.exists() else []
-    return proc, rows
+    proc = cli(n, run_args(topology, op, size, algorithm, network, out, chunks))
+    return proc, rows_of(out)
+
+
+def emulated_files(files: dict, tmp, size: str, network: str, chunks: int) -> dict:
+    """Each file's run (name -> (path, (topology, op))) under mpiexec, one job per GPU count: name -> (process, rows)."""
+    runs = {
+        name: (read_algorithm(str(path)).ngpus,
+               run_args(topology, op, size, f"msccl:{path}", network, tmp / f"{name}.json", chunks))
+        for name, (path, (topology, op)) in files.items()
+    }  # fmt: skip
+    done = cli_jobs(runs, tmp)
+    return {name: (done[name], rows_of(tmp / f"{name}.json")) for name in files}
+
+
+@pytest.fixture(scope="module")
+def shared_runs(tmp_path_factory):
+    """Every shared file of `SHARED_RUNS` run under mpiexec (96K, fair, 2 chunks)."""
+    folder = shared("custom-algos")
+    files = {name: (folder / name, run) for name, run in SHARED_RUNS.items()}
+    return emulated_files(files, tmp_path_factory.mktemp("shared"), "96K", "fair", 2)
 
 
 @pytest.mark.parametrize("name", sorted(SHARED_RUNS))
-def test_shared_files_run_on_the_emulator_with_the_models_time(name, tmp_path):
+def test_shared_files_run_on_the_emulator_with_the_models_time(name, shared_runs):
     """Each shared file under mpiexec: every element right, the model's time to the ns (fair)."""
     path = shared("custom-algos") / name
     topology, op = SHARED_RUNS[name]
-    algo = read_algorithm(str(path))
-    proc, rows = emulated(algo.ngpus, topology, op, "96K", f"msccl:{path}", "fair", tmp_path)
+    proc, rows = shared_runs[name]
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = rows
     assert row["wrong"] == 0 and row["schedule"] == f"msccl:{path}"
@@ -71,13 +97,19 @@ def test_shared_files_run_on_the_emulator_with_the_models_time(name, tmp_path):
     assert row["time_us"] == model.time_us > 0
 
 
+@pytest.fixture(scope="module")
+def fixture_runs(tmp_path_factory):
+    """Every fixture of `FIXTURE_RUNS` run under mpiexec (10000 elements, ideal, 3 chunks)."""
+    files = {name: (FIXTURES / name, run) for name, run in FIXTURE_RUNS.items()}
+    return emulated_files(files, tmp_path_factory.mktemp("fixtures"), "10000", "ideal", 3)
+
+
 @pytest.mark.parametrize("name", sorted(FIXTURE_RUNS))
-def test_fixtures_run_on_the_emulator_with_the_models_time(name, tmp_path):
+def test_fixtures_run_on_the_emulator_with_the_models_time(name, fixture_runs):
     """Each fused step type (rcs, rrs, rrcs, cpy, re, nop) runs rank to rank with #wrong 0."""
     topology, op = FIXTURE_RUNS[name]
     path = FIXTURES / name
-    n = read_algorithm(str(path)).ngpus
-    proc, rows = emulated(n, topology, op, "10000", f"msccl:{path}", "ideal", tmp_path, chunks=3)
+    proc, rows = fixture_runs[name]
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = rows
     assert row["wrong"] == 0

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from harness import cli, in_process
+from harness import cli_jobs, in_process
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -216,27 +216,53 @@ def test_physics_holds_on_every_result(topo, policy, chunks, active, op, network
     assert links_out == pytest.approx(sent, rel=1e-9)
 
 
-def emulator_equals_model(tmp_path, args: list[str], network: str, trace: str = "") -> None:
-    """`run` on 8 ranks and `model` with the same args: equal times, every element right, the rule recorded."""
-    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")]
-              + (["--trace", trace] if trace else []))  # fmt: skip
+def emulated_runs(cases: dict, tmp, trace: bool = False) -> dict:
+    """`run` on 8 ranks of each case's `model` args (key -> args), all in one mpiexec (`harness.cli_jobs`).
+
+    Returns key -> (the run, its JSON file, its trace file, written with `trace`).
+    """
+    files = {key: (tmp / f"{i}.json", tmp / f"{i}.h5") for i, key in enumerate(cases)}
+    runs = {
+        key: (8, ["run", *args, "-n", "1", "-w", "0", "--json", str(files[key][0])]
+                 + (["--trace", str(files[key][1])] if trace else []))
+        for key, args in cases.items()
+    }  # fmt: skip
+    done = cli_jobs(runs, tmp)
+    return {key: (done[key], *files[key]) for key in cases}
+
+
+def emulator_equals_model(tmp_path, args: list[str], network: str, emulated: tuple) -> None:
+    """The emulator's `run` (of `emulated_runs`) and `model` with the same args: equal times, every element right, the rule recorded."""
+    emu, emu_json, _ = emulated
     assert emu.returncode == 0, emu.stderr
     model = in_process(["model", *args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    e, m = json.loads((tmp_path / "emu.json").read_text()), json.loads((tmp_path / "model.json").read_text())
+    e, m = json.loads(emu_json.read_text()), json.loads((tmp_path / "model.json").read_text())
     assert [r["time_us"] for r in e] == [r["time_us"] for r in m]
     assert [r["wrong"] for r in e] == [0] * len(e)
     assert all(r["network"] == network for r in e)
 
 
+def sharing_args(network: str, active: int) -> list[str]:
+    """2x2x2, every policy, 1 MiB in 16 chunks, `active` chunks per dim, under `network`."""
+    return ["-t", "2x2x2", "-b", "1M", "-c", "16", "-p", "all", "--active-chunks-per-dim", str(active),
+            "--network", network, "-q"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sharing_runs(tmp_path_factory):
+    """The emulator's runs of every sharing rule and active count, with their traces: one mpiexec."""
+    cases = {(n, a): sharing_args(n, a) for n in SHARING for a in (1, 3)}
+    return emulated_runs(cases, tmp_path_factory.mktemp("sharing"), trace=True)
+
+
 @pytest.mark.parametrize("network", SHARING)
 @pytest.mark.parametrize("active", [1, 3])
-def test_the_emulator_equals_the_model_under_sharing(tmp_path, network, active):
+def test_the_emulator_equals_the_model_under_sharing(tmp_path, sharing_runs, network, active):
     """8 ranks, every policy: the emulator's times are the model's to the ns, and the data is right."""
-    args = ["-t", "2x2x2", "-b", "1M", "-c", "16", "-p", "all", "--active-chunks-per-dim", str(active),
-            "--network", network, "-q"]  # fmt: skip
-    trace = str(tmp_path / "emu.h5")
-    emulator_equals_model(tmp_path, args, network, trace)
+    emulated = sharing_runs[(network, active)]
+    emulator_equals_model(tmp_path, sharing_args(network, active), network, emulated)
+    trace = str(emulated[2])
     replay = in_process(["replay", trace])  # the model replays the emulator's trace under the recorded rule
     assert replay.returncode == 0 and "reproduces all" in replay.stdout, replay.stdout + replay.stderr
 

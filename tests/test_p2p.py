@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from harness import DATA, cli, in_process
+from harness import DATA, cli_jobs, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -218,20 +218,18 @@ def table(stdout: str) -> list[tuple[str, ...]]:
     ]
 
 
-@pytest.mark.parametrize(
-    "rule, active, layout",
-    [
-        ("fair", 2, dict(tp=2, pp=2, dp=2)),
-        ("store-forward", 4, dict(tp=2, pp=2, dp=2)),
-        ("fair", 4, dict(pp=4, dp=2, schedule="interleaved", chunks=2)),
-        ("packet", 2, dict(tp=2, pp=2, dp=2)),
-        ("packet", 4, dict(pp=4, dp=2, schedule="interleaved", chunks=2)),
-    ],
-)
-def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(tmp_path, rule, active, layout):
-    """A generated pipeline under packet / fair / store-forward, active chunks > 1, on 8 ranks: the model's rows, #wrong 0."""
-    prefix = pipeline(tmp_path, **layout)
-    args = [
+P2P_CASES = [
+    ("fair", 2, dict(tp=2, pp=2, dp=2)),
+    ("store-forward", 4, dict(tp=2, pp=2, dp=2)),
+    ("fair", 4, dict(pp=4, dp=2, schedule="interleaved", chunks=2)),
+    ("packet", 2, dict(tp=2, pp=2, dp=2)),
+    ("packet", 4, dict(pp=4, dp=2, schedule="interleaved", chunks=2)),
+]
+
+
+def p2p_args(prefix: str, rule: str, active: int) -> list[str]:
+    """`train` of a generated pipeline on 2x2x2 under `rule`, `active` chunks per dim."""
+    return [
         "train",
         prefix,
         "-t",
@@ -243,7 +241,27 @@ def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(tmp_path, 
         "--active-chunks-per-dim",
         str(active),
     ]
-    emu, model = cli(8, args), in_process(args)
+
+
+@pytest.fixture(scope="module")
+def p2p_emulated(tmp_path_factory):
+    """Each `P2P_CASES` case's `train` args, and its run on 8 ranks: one mpiexec for all of them."""
+    tmp = tmp_path_factory.mktemp("p2p")
+    args = {}
+    for i, (rule, active, layout) in enumerate(P2P_CASES):
+        (tmp / str(i)).mkdir()
+        args[i] = p2p_args(pipeline(tmp / str(i), **layout), rule, active)
+    done = cli_jobs({i: (8, a) for i, a in args.items()}, tmp)
+    return {i: (args[i], done[i]) for i in args}
+
+
+@pytest.mark.parametrize(
+    "case", range(len(P2P_CASES)), ids=[f"{r}-{a}-layout{i}" for i, (r, a, _) in enumerate(P2P_CASES)]
+)
+def test_emulator_equals_model_with_point_to_point_traffic_on_8_ranks(p2p_emulated, case):
+    """A generated pipeline under packet / fair / store-forward, active chunks > 1, on 8 ranks: the model's rows, #wrong 0."""
+    args, emu = p2p_emulated[case]
+    model = in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = table(emu.stdout), table(model.stdout)
     assert len(got) == 2 and [r[:4] + r[5:] for r in got] == [r[:4] + r[5:] for r in want]

@@ -14,7 +14,7 @@ import pytest
 from harness import ROOT, cli, in_process, local, script
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_network import emulator_equals_model, solo_matches_step_wise, stage_ends, topologies
+from test_network import emulated_runs, emulator_equals_model, solo_matches_step_wise, stage_ends, topologies
 
 from themis_mpi import api
 from themis_mpi.collectives import Collective
@@ -172,14 +172,25 @@ def test_the_hgx_presets_nic_is_never_over_its_rate_by_default(size):
 NIC8 = "Ring(2,100,20,ring)_SW(2,50,500,hd)_SW(2,50,500,ring)_NIC(1+2,46.57)"
 
 
-@pytest.mark.parametrize(
-    "topology, active", [("2x2x2", 1), ("2x2x2", 2), ("2x2x2", 4), ("2x2x2", 8), (NIC8, 4)]
-)
-def test_the_emulator_equals_the_model_under_the_packet_rule(tmp_path, topology, active):
-    """8 ranks, every policy, htsim's MTU, no --network: the emulator's times are the model's to the ns, #wrong 0."""
-    args = ["-t", topology, "-b", "1M", "-c", "16", "-p", "all", "--active-chunks-per-dim", str(active),
+PACKET_CASES = [("2x2x2", 1), ("2x2x2", 2), ("2x2x2", 4), ("2x2x2", 8), (NIC8, 4)]
+
+
+def packet_args(topology: str, active: int) -> list[str]:
+    """Every policy, 1 MiB in 16 chunks, htsim's MTU, no --network (packet is the default)."""
+    return ["-t", topology, "-b", "1M", "-c", "16", "-p", "all", "--active-chunks-per-dim", str(active),
             "--mtu", "9000", "-q"]  # fmt: skip
-    emulator_equals_model(tmp_path, args, "packet")
+
+
+@pytest.fixture(scope="module")
+def packet_runs(tmp_path_factory):
+    """The emulator's runs of every `PACKET_CASES` case: one mpiexec."""
+    return emulated_runs({c: packet_args(*c) for c in PACKET_CASES}, tmp_path_factory.mktemp("packet"))
+
+
+@pytest.mark.parametrize("topology, active", PACKET_CASES)
+def test_the_emulator_equals_the_model_under_the_packet_rule(tmp_path, packet_runs, topology, active):
+    """8 ranks, every policy, htsim's MTU, no --network: the emulator's times are the model's to the ns, #wrong 0."""
+    emulator_equals_model(tmp_path, packet_args(topology, active), "packet", packet_runs[(topology, active)])
 
 
 def test_every_iteration_of_the_emulator_takes_the_models_time(tmp_path):

@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli, in_process
+from harness import DATA, cli, cli_jobs, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -217,28 +217,47 @@ def test_the_cli_refuses_a_malformed_straggler_in_one_line(flag, value):
     assert proc.stderr.strip().count("\n") == 0 and flag in proc.stderr
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["-t", "2x2x2", "--npu-delay-us", "5=50", "-p", "themis", "--intra", "scf", "-c", "64"],
-        ["-t", "4x2", "--npu-delay-us", "5=20,2=3.5", "-p", "baseline", "--dims", "0", "-c", "4"],
-        ["-t", "2x2x2", "--link-scale", "0:3=0.5,2:6=0.25", "-p", "themis", "--intra", "scf", "-c", "16"],
-        ["-t", "SW(8,100,700)", "--link-scale", "0:1=0.3", "--npu-delay-us", "4=7", "-p", "baseline"],
-    ],
-)
-def test_the_emulator_with_stragglers_moves_exact_data_in_the_models_time(tmp_path, args):
+STRAGGLING = [
+    ["-t", "2x2x2", "--npu-delay-us", "5=50", "-p", "themis", "--intra", "scf", "-c", "64"],
+    ["-t", "4x2", "--npu-delay-us", "5=20,2=3.5", "-p", "baseline", "--dims", "0", "-c", "4"],
+    ["-t", "2x2x2", "--link-scale", "0:3=0.5,2:6=0.25", "-p", "themis", "--intra", "scf", "-c", "16"],
+    ["-t", "SW(8,100,700)", "--link-scale", "0:1=0.3", "--npu-delay-us", "4=7", "-p", "baseline"],
+]
+
+
+@pytest.mark.parametrize("args", STRAGGLING)
+def test_the_emulator_with_stragglers_moves_exact_data_in_the_models_time(tmp_path, straggler_runs, args):
     """On 8 ranks a run with a late NPU or a slow link ends, reduces exactly (#wrong 0) in the per-NPU model's time."""
-    assert emulator_rows_equal_the_models(tmp_path, args) == 2
+    assert emulator_rows_equal_the_models(tmp_path, args, straggler_runs) == 2
 
 
-def emulator_rows_equal_the_models(tmp_path, args) -> int:
-    """Run `args` (256K to 1M) on 8 ranks and on the model: every row #wrong 0 in the model's time; the row count."""
-    common = [*args, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
-    emu = cli(8, ["run", *common, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+def sweep_args(args: list[str]) -> list[str]:
+    """`args` over 256K to 1M, quietly."""
+    return [*args, "-b", "256K", "-e", "1M", "-f", "4", "-q"]
+
+
+@pytest.fixture(scope="module")
+def straggler_runs(tmp_path_factory):
+    """The emulator's runs of both straggler sweeps' cases (`STRAGGLING`, `SHARED_STRAGGLING`): one mpiexec."""
+    tmp = tmp_path_factory.mktemp("stragglers")
+    cases = [*STRAGGLING, *([*a, "--network", n] for n in SHARED_NETWORKS for a in SHARED_STRAGGLING)]
+    files = {tuple(a): tmp / f"{i}.json" for i, a in enumerate(cases)}
+    runs = {
+        k: (8, ["run", *sweep_args(list(k)), "-n", "1", "-w", "0", "--json", str(f)])
+        for k, f in files.items()
+    }
+    done = cli_jobs(runs, tmp)
+    return {k: (done[k], f) for k, f in files.items()}
+
+
+def emulator_rows_equal_the_models(tmp_path, args, runs: dict) -> int:
+    """`args` (256K to 1M) on 8 ranks (its run in `runs`) and on the model: every row #wrong 0 in the model's time; the row count."""
+    common = sweep_args(args)
+    emu, emu_json = runs[tuple(args)]
     assert emu.returncode == 0, emu.stderr[-2000:]
     model = in_process(["model", *common, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
-    emu_rows = json.loads((tmp_path / "emu.json").read_text())
+    emu_rows = json.loads(emu_json.read_text())
     model_rows = json.loads((tmp_path / "model.json").read_text())
     assert len(emu_rows) == len(model_rows)
     for e, m in zip(emu_rows, model_rows):
@@ -528,36 +547,37 @@ def test_one_slow_npu_link_under_fair_is_as_slow_as_halving_its_dim(topo_spec):
     assert max(link.busy_pct for link in slow.links) <= 100 * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("network", ["fair", "store-forward"])
-@pytest.mark.parametrize(
-    "args",
+SHARED_NETWORKS = ["fair", "store-forward"]
+SHARED_STRAGGLING = [
     [
-        [
-            "-t",
-            "2x2x2",
-            "--npu-delay-us",
-            "5=30",
-            "--link-scale",
-            "1:2=0.5",
-            "-p",
-            "baseline,themis",
-            "-c",
-            "4",
-        ],
-        [
-            "-t",
-            "SW(4,100,500)_SW(2,50,700)_NIC(0+1,50)",
-            "--link-scale",
-            "0:1=0.3",
-            "-p",
-            "themis",
-            "-c",
-            "8",
-        ],
+        "-t",
+        "2x2x2",
+        "--npu-delay-us",
+        "5=30",
+        "--link-scale",
+        "1:2=0.5",
+        "-p",
+        "baseline,themis",
+        "-c",
+        "4",
     ],
-)
+    [
+        "-t",
+        "SW(4,100,500)_SW(2,50,700)_NIC(0+1,50)",
+        "--link-scale",
+        "0:1=0.3",
+        "-p",
+        "themis",
+        "-c",
+        "8",
+    ],
+]
+
+
+@pytest.mark.parametrize("network", SHARED_NETWORKS)
+@pytest.mark.parametrize("args", SHARED_STRAGGLING)
 def test_the_emulator_with_stragglers_under_sharing_moves_exact_data_in_the_models_time(
-    tmp_path, args, network
+    tmp_path, straggler_runs, args, network
 ):
     """On 8 ranks, a late NPU or a slow link on every NPU's shared links: #wrong 0 in the model's time."""
-    assert emulator_rows_equal_the_models(tmp_path, [*args, "--network", network]) >= 2
+    assert emulator_rows_equal_the_models(tmp_path, [*args, "--network", network], straggler_runs) >= 2

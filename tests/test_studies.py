@@ -10,7 +10,10 @@ import json
 import subprocess
 import sys
 
+import harness
 from harness import ROOT
+
+import themis_mpi.calibrate
 
 TIMINGS = {"decision_s", "wall_s", "cpu_s"}  # wall-clock fields: the only ones a re-run may change
 STUDY_TIMEOUT_S = 300
@@ -86,9 +89,17 @@ def test_hardware_study_regenerates(tmp_path):
     assert (tmp_path / "hardware.md").read_text() == (shipped / "hardware.md").read_text()
 
 
-def test_nccl_fits_regenerate(tmp_path):
-    """study_hardware.py --nccl (the fits of the shipped nccl-tests logs) rewrites docs/hardware's nccl.json and nccl.md."""
-    run_study("study_hardware.py", tmp_path, "--nccl")
+def test_nccl_fits_regenerate(tmp_path, monkeypatch, capsys):
+    """study_hardware.py --nccl (the fits of the shipped nccl-tests logs) rewrites docs/hardware's nccl.json and nccl.md.
+
+    Run in this process (its `main`, as the command runs it) with the session's fits of the logs
+    (`harness.fit_nccl`, which test_calibrate shares): each log is fitted once for the suite.
+    """
+    study = harness.script("study_hardware")
+    monkeypatch.setattr(themis_mpi.calibrate, "fit_nccl", harness.fit_nccl)
+    monkeypatch.setattr(sys, "argv", ["study_hardware.py", "--nccl", "--out", str(tmp_path)])
+    study.main()
+    capsys.readouterr()
     shipped = ROOT / "docs" / "hardware"
     assert untimed(json.loads((tmp_path / "nccl.json").read_text())) == untimed(
         json.loads((shipped / "nccl.json").read_text())

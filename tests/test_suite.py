@@ -84,17 +84,19 @@ def test_the_recorded_durations_are_seconds_of_named_tests():
     assert all((ROOT / t.split("::")[0]).is_file() for t in tests)
 
 
-def test_every_recorded_test_exists_and_the_markers_hold_on_the_suite():
+def test_every_recorded_test_exists_and_the_markers_hold_on_the_suite(tmp_path):
     """Every id in tests/durations.json is a test of the suite; the slow ones are slow, a fixture's mpiexec marks its tests."""
+    path = tmp_path / "markers.json"
     collect = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
-
-    def ids(*args: str) -> set[str]:
-        out = subprocess.run([*collect, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-        return {line for line in out.stdout.splitlines() if "::" in line}
+    out = subprocess.run(
+        [*collect, "--record-markers", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    markers = {t: set(m) for t, m in json.loads(path.read_text()).items()}  # one collection, every marker
+    assert {line for line in out.stdout.splitlines() if "::" in line} == set(markers)
 
     tests = json.loads(conftest.DURATIONS.read_text())["tests"]
-    every, slow = ids(), ids("-m", "slow")
+    every, slow = set(markers), {t for t, m in markers.items() if "slow" in m}
     assert not set(tests) - every, (
         f"not in the suite (run scripts/test_durations.py): {sorted(set(tests) - every)}"
     )
@@ -102,4 +104,4 @@ def test_every_recorded_test_exists_and_the_markers_hold_on_the_suite():
     through_a_fixture = (
         "tests/test_trace.py::test_trace_reads_with_plain_h5py"  # its module's fixture runs mpiexec
     )
-    assert len(ids("-m", "mpi and slow", through_a_fixture)) == 2
+    assert len([t for t in slow & every if t.split("[")[0] == through_a_fixture and "mpi" in markers[t]]) == 2

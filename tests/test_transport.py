@@ -7,7 +7,7 @@ header and the data (under a sharing rule, whose timer times the stages, the dat
 import json
 
 import pytest
-from harness import mpirun, run_cases
+from harness import mpirun, run_specs
 
 FOLD_MAX_BYTES = 64 << 10  # themis_mpi.mpi.transport.FOLD_MAX_BYTES (importing it would start MPI)
 ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -35,26 +35,43 @@ def fold_cases(ops, dtypes, **extra) -> list[dict]:
     return cases
 
 
-@pytest.mark.parametrize(
-    "topo", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)", "Ring(2,100,20)_SW(4,100,700,ina)"]
-)
-def test_blocks_on_both_sides_of_the_fold_limit_are_exact_in_the_models_time(tmp_path, topo):
+FOLD_TOPOLOGIES = ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)", "Ring(2,100,20)_SW(4,100,700,ina)"]
+WALL_TOPOLOGY = "SW(2,100,700)_FC(4,100,700,ring)"
+
+
+def both_sides_cases() -> list[dict]:
+    """Every op in two dtypes on both sides of the fold limit."""
+    return fold_cases(["all_reduce", "reduce_scatter", "all_gather", "all_to_all"], ["float32", "int64"])
+
+
+def wall_cases() -> list[dict]:
+    """Under the wall clock (100x slower than the model's time), an all-reduce and an all-to-all."""
+    return fold_cases(["all_reduce", "all_to_all"], ["float64"], clock="wall", time_scale=100.0)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The module's agreement cases, in one mpiexec of 8 ranks (`harness.run_specs`)."""
+    specs = {("fold", t): (8, t, both_sides_cases()) for t in FOLD_TOPOLOGIES}
+    specs["wall"] = (8, WALL_TOPOLOGY, wall_cases())
+    return run_specs(specs, tmp_path_factory.mktemp("mpi"))
+
+
+@pytest.mark.parametrize("topo", FOLD_TOPOLOGIES)
+def test_blocks_on_both_sides_of_the_fold_limit_are_exact_in_the_models_time(jobs, topo):
     """Every op moves exact data in exactly the model's time whether its blocks fold the send time in or not."""
-    ops = ["all_reduce", "reduce_scatter", "all_gather", "all_to_all"]
-    cases = fold_cases(ops, ["float32", "int64"])
-    rows = run_cases(8, {"topology": topo, "cases": cases}, tmp_path)
-    assert len(rows) == len(cases)
+    rows = jobs[("fold", topo)]
+    assert len(rows) == len(both_sides_cases())
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]
         assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]
         assert [d["busy_us"] for d in r["emu"]["dims"]] == [d["busy_us"] for d in r["model"]["dims"]]
 
 
-def test_the_wall_clock_keeps_exact_data_and_the_models_virtual_time_on_both_paths(tmp_path):
+def test_the_wall_clock_keeps_exact_data_and_the_models_virtual_time_on_both_paths(jobs):
     """Under the wall clock each step waits for its deadline; data stays exact and virtual time equals the model's."""
-    cases = fold_cases(["all_reduce", "all_to_all"], ["float64"], clock="wall", time_scale=100.0)
-    rows = run_cases(8, {"topology": "SW(2,100,700)_FC(4,100,700,ring)", "cases": cases}, tmp_path)
-    assert len(rows) == len(cases)
+    rows = jobs["wall"]
+    assert len(rows) == len(wall_cases())
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]
         assert r["emu"]["virtual_us"] == r["model"]["time_us"], r["case"]

@@ -5,7 +5,7 @@ import hashlib
 import json
 
 import pytest
-from harness import DATA, cli, in_process
+from harness import DATA, cli_jobs, in_process
 
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
@@ -160,25 +160,41 @@ def test_weight_gradient_collective_delays_the_next_forward(tmp_path):
     assert row.total_us * 1e3 == pytest.approx(2 * (100 + 100 + ar_ns + 1000), rel=1e-9)
 
 
-@pytest.mark.parametrize(
-    "name,topology,ranks",
-    [
-        ("Resnet50_DataParallel.txt", "2x2x2", 8),
-        ("MLP_HybridParallel_Data_Model.txt", "4x2", 8),
-        ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700)", 4),
-        ("sample_per_layer_parallel_HybridCustomized.txt", "2x2x2", 8),
-        ("Transformer_HybridParallel_Fwd_In_Bckwd.txt", "Ring(2,100,20)_FC(2,100,700)_SW(2,50,700)", 8),
-        ("Transformer_HybridParallel.txt", "SW(8,100,700)", 8),  # the group of 4 splits the dim: 4x2
-        ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700) --compat astra-sim-1.0", 4),
-    ],
-)
-def test_emulator_iteration_time_equals_the_model(tmp_path, name, topology, ranks):
-    """On real data (wrong = 0), the emulator's iteration time equals the model's exactly."""
+EMULATED = [
+    ("Resnet50_DataParallel.txt", "2x2x2", 8),
+    ("MLP_HybridParallel_Data_Model.txt", "4x2", 8),
+    ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700)", 4),
+    ("sample_per_layer_parallel_HybridCustomized.txt", "2x2x2", 8),
+    ("Transformer_HybridParallel_Fwd_In_Bckwd.txt", "Ring(2,100,20)_FC(2,100,700)_SW(2,50,700)", 8),
+    ("Transformer_HybridParallel.txt", "SW(8,100,700)", 8),  # the group of 4 splits the dim: 4x2
+    ("DLRM_HybridParallel.txt", "Ring(2,100,20)_SW(2,50,700) --compat astra-sim-1.0", 4),
+]
+
+
+def train_args(name: str, topology: str) -> list[str]:
+    """`train` of a reference workload on `topology` (its words: a flag may follow), 4 chunks."""
     args = ["train", str(REFERENCE / name), "-t", *topology.split(), "-c", "4"]
     if name.startswith("Transformer"):  # 300 MB collectives: shrink them for 8 ranks on one machine
         args += ["--comm-scale", "0.001"]
-    out_emu, out_model = tmp_path / "emu.json", tmp_path / "model.json"
-    proc = cli(ranks, [*args, "--json", str(out_emu)])
+    return args
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """Each `EMULATED` case trained on the emulator, one mpiexec per rank count; its JSON file."""
+    tmp = tmp_path_factory.mktemp("emu")
+    runs = {case: (case[2], [*train_args(*case[:2]), "--json", str(tmp / f"{i}.json")])
+            for i, case in enumerate(EMULATED)}  # fmt: skip
+    done = cli_jobs(runs, tmp)
+    return {case: (done[case], tmp / f"{i}.json") for i, case in enumerate(EMULATED)}
+
+
+@pytest.mark.parametrize("name,topology,ranks", EMULATED)
+def test_emulator_iteration_time_equals_the_model(tmp_path, emulated, name, topology, ranks):
+    """On real data (wrong = 0), the emulator's iteration time equals the model's exactly."""
+    args = train_args(name, topology)
+    out_model = tmp_path / "model.json"
+    proc, out_emu = emulated[(name, topology, ranks)]
     assert proc.returncode == 0, proc.stderr[-2000:]
     model = in_process([*args, "--json", str(out_model)])
     assert model.returncode == 0, model.stderr
