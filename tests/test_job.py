@@ -120,7 +120,9 @@ def test_wrong_data_ends_with_exit_1_after_the_report(tmp_path):
                            "-t", "Ring(4,100,20)", "-c", "1", "-p", "baseline"],
                           capture_output=True, text=True, env=mpi_env(), cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 1, proc.stderr
-    (row,) = [line for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"]]  # (not its waits line)
+    (row,) = [
+        line for line in proc.stdout.splitlines() if line.split()[:1] == ["baseline"]
+    ]  # (not its waits line)
     wrong = int(row.split()[6])
     assert wrong > 0 and proc.stderr == f"themis-mpi: error: {wrong} element(s) differ from the closed form\n"
 
