@@ -314,3 +314,15 @@ def test_under_mpi_only_rank_0_prints_the_header_and_progress():
     progress = _progress_lines(out.stderr)
     steps = len(parse_workload(GNMT).layers) * 2  # one policy, one iteration
     assert 0 < len(progress) <= steps, out.stderr
+
+
+def test_no_eta_is_extrapolated_from_under_one_per_cent_of_the_work(monkeypatch):
+    """0.0005 % done after 19 s said "ETA 3847682 s" (the 200k-node graph's first line): now "?"."""
+    from themis_mpi.cli import options
+
+    meter = options.Meter(1, quiet=True)
+    monkeypatch.setattr(options.time, "perf_counter", lambda: meter.t0_s + 19.0)
+    meter.fraction = 5e-6
+    assert meter.line().endswith("ETA ?")
+    meter.fraction = 0.4
+    assert meter.line() == "40% done in 19 s, ETA 28 s"

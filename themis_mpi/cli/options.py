@@ -408,6 +408,7 @@ class Meter:
     """
 
     NOTE_S = float(os.environ.get("THEMIS_MPI_PROGRESS_S", "5"))  # off a terminal: a line this often
+    ETA_FROM = 0.01  # the fraction of the work from which `line` extrapolates an ETA
 
     def __init__(self, parts: int, quiet: bool):
         self.parts, self.quiet = max(1, parts), quiet
@@ -455,9 +456,14 @@ class Meter:
             print(line, flush=True)
 
     def line(self) -> str:
-        """E.g. ``baseline: 40% done in 12 s, ETA 18 s``."""
+        """E.g. ``baseline: 40% done in 12 s, ETA 18 s``.
+
+        No ETA ("?") before `ETA_FROM` of the work: the first per cent holds the reading and
+        planning, so extrapolating it gave days for a run of a minute.
+        """
         spent_s = time.perf_counter() - self.t0_s
-        eta = f"{spent_s / self.fraction * (1 - self.fraction):.0f} s" if self.fraction else "?"
+        known = self.fraction >= self.ETA_FROM
+        eta = f"{spent_s / self.fraction * (1 - self.fraction):.0f} s" if known else "?"
         head = f"{self.label}: " if self.label else ""
         return f"{head}{100 * self.fraction:.0f}% done in {spent_s:.0f} s, ETA {eta}"
 
