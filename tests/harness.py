@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import csv
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from fnmatch import fnmatch
 from pathlib import Path
@@ -219,3 +222,28 @@ def run_specs(specs: dict, tmp_path) -> dict:
         assert proc.returncode == 0 and out_path.exists(), proc.stderr[-3000:]
         out.update(zip(keys, json.loads(out_path.read_text())))
     return out
+
+
+def sweep_rows(path, leave_out: Iterable[str] = ()) -> list[dict]:
+    """A sweep file's rows (CSV, JSON or JSON Lines), without the columns `leave_out`."""
+    text = open(path).read()
+    if str(path).endswith(".csv"):
+        rows = list(csv.DictReader(text.splitlines()))
+    elif str(path).endswith(".jsonl"):
+        rows = [json.loads(line) for line in text.splitlines()]
+    else:
+        rows = json.loads(text)
+    return [{k: v for k, v in r.items() if k not in leave_out} for r in rows]
+
+
+def killed_sweep(args: list[str], jsonl: Path, rows: int, poll_s: float = 0.005) -> None:
+    """`python -m themis_mpi ARGS` SIGKILLed (with its workers) once `jsonl` holds `rows` rows (or 120 s)."""
+    proc = subprocess.Popen([sys.executable, "-m", "themis_mpi", *args], cwd=ROOT, env=mpi_env(),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if jsonl.exists() and jsonl.read_text().count("\n") >= rows:
+            break
+        time.sleep(poll_s)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

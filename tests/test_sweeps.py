@@ -2,15 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
-
-from harness import ROOT, in_process, local, mpi_env, mpirun
+from harness import ROOT, in_process, killed_sweep, local, mpirun, sweep_rows
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -40,15 +32,8 @@ SLOW_GRID = ["-t", "3D-SW_SW_SW_hetero,4D-Ring_SW_SW_SW", "-b", "1M", "-e", "1G"
 
 
 def rows_of(path) -> list[dict]:
-    """A sweep file's rows without the wall-clock columns (JSON, JSON Lines or CSV)."""
-    text = open(path).read()
-    if str(path).endswith(".csv"):
-        rows = list(csv.DictReader(text.splitlines()))
-    elif str(path).endswith(".jsonl"):
-        rows = [json.loads(line) for line in text.splitlines()]
-    else:
-        rows = json.loads(text)
-    return [{k: v for k, v in r.items() if k not in WALL} for r in rows]
+    """A sweep file's rows without the wall-clock columns."""
+    return sweep_rows(path, WALL)
 
 
 def table(stdout: str) -> list[str]:
@@ -88,16 +73,7 @@ def test_a_killed_sweep_resumed_completes_to_the_uninterrupted_files(tmp_path):
     done = local(["model", *SLOW_GRID, *files(full), "-q"], timeout_s=300)
     assert done.returncode == 0, done.stderr
     total = len(rows_of(full["json"]))
-    proc = subprocess.Popen([sys.executable, "-m", "themis_mpi", "model", *SLOW_GRID, *files(part), "-q"],
-                            cwd=ROOT, env=mpi_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if part["jsonl"].exists() and part["jsonl"].read_text().count("\n") >= 12:
-            break
-        time.sleep(0.005)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    killed_sweep(["model", *SLOW_GRID, *files(part), "-q"], part["jsonl"], 12)
     killed = min(len(rows_of(part["json"])), len(rows_of(part["csv"])), len(rows_of(part["jsonl"])))
     assert 0 < killed < total
     with open(part["jsonl"], "a") as f:

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
-from harness import ROOT, cli, in_process, local, mpi_env
+from harness import cli, in_process, killed_sweep, local, sweep_rows
 
 import themis_mpi
 from themis_mpi.policies import make_inter
@@ -22,15 +16,8 @@ RUNS = ("wall_s", "decision_s", "sweep_cell", "sweep_fingerprint")  # what diffe
 
 
 def rows_of(path) -> list[dict]:
-    """A sweep file's rows (CSV, JSON or JSON Lines) without the columns of one run (`RUNS`)."""
-    text = open(path).read()
-    if str(path).endswith(".csv"):
-        rows = list(csv.DictReader(text.splitlines()))
-    elif str(path).endswith(".jsonl"):
-        rows = [json.loads(line) for line in text.splitlines()]
-    else:
-        rows = json.loads(text)
-    return [{k: v for k, v in r.items() if k not in RUNS} for r in rows]
+    """A sweep file's rows without the columns of one run (`RUNS`)."""
+    return sweep_rows(path, RUNS)
 
 
 def test_a_sweep_on_two_workers_writes_the_rows_of_the_single_runs(tmp_path):
@@ -63,16 +50,7 @@ def test_a_killed_sweep_resumed_gives_the_rows_of_the_whole_sweep(tmp_path):
     done = local(["train", WORKLOAD, *GRID, *files(full), "-q"], timeout_s=300)
     assert done.returncode == 0, done.stderr
     total = len(rows_of(full["json"]))
-    proc = subprocess.Popen([sys.executable, "-m", "themis_mpi", "train", WORKLOAD, *GRID, *files(part), "-q"],
-                            cwd=ROOT, env=mpi_env(), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if part["jsonl"].exists() and part["jsonl"].read_text().count("\n") >= 1:
-            break
-        time.sleep(0.002)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    killed_sweep(["train", WORKLOAD, *GRID, *files(part), "-q"], part["jsonl"], 1, poll_s=0.002)
     killed = min(len(rows_of(part["json"])), len(rows_of(part["csv"])), len(rows_of(part["jsonl"])))
     assert 0 < killed < total
     again = local(["train", WORKLOAD, *GRID, *files(part), "--resume", "--workers", "2", "-q"], timeout_s=300)
