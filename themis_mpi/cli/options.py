@@ -548,6 +548,12 @@ def training_sweep(
 class _TrainingTable:
     """`training_sweep`'s rows on the way out: in grid order, with their speedups, printed and saved."""
 
+    VARIED: dict[str, Callable[[TrainingCell], Any]] = {  # what a row names when the sweep varies it
+        "chunks": lambda c: c.spec.chunks,
+        "network": lambda c: c.config.network,
+        "scheduler": lambda c: c.config.comm_scheduler,
+    }
+
     def __init__(
         self,
         args: argparse.Namespace,
@@ -570,19 +576,7 @@ class _TrainingTable:
         for i in range(1, len(cells)):
             self.groups[i] = self.groups[i - 1] + (cells[i].given is not cells[i - 1].given)
         self.base = baseline_cells(cells)
-        self.varies = [
-            name
-            for name, value in (
-                ("chunks", lambda c: c.spec.chunks),
-                ("network", lambda c: c.config.network),
-                ("scheduler", lambda c: c.config.comm_scheduler),
-            )
-            if len({value(c) for c in cells}) > 1
-        ]
-
-    def _key(self, i: int) -> tuple:
-        cell = self.cells[i]
-        return (self.groups[i], cell.spec.chunks, cell.config.network, cell.config.comm_scheduler)
+        self.varies = [name for name, value in self.VARIED.items() if len({value(c) for c in cells}) > 1]
 
     def write(self, line: str) -> None:
         if self.meter is not None:
@@ -640,14 +634,8 @@ class _TrainingTable:
             self.write(title + ("  " + " ".join(self.varies) if self.varies else ""))
         line, *why = self.render([row], len(row.dims)).split("\n")[1:]  # the row, and its waits line
         cell = self.cells[i]
-        values = {
-            "chunks": cell.spec.chunks,
-            "network": cell.config.network,
-            "scheduler": cell.config.comm_scheduler,
-        }
-        self.write(
-            line + ("  " + " ".join(str(values[v] or "-") for v in self.varies) if self.varies else "")
-        )
+        values = [str(self.VARIED[v](cell) or "-") for v in self.varies]
+        self.write(line + ("  " + " ".join(values) if values else ""))
         for text in why:
             self.write(text)
         with self.rows_out():

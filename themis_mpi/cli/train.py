@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
 from functools import partial
 
 from ..config import RunConfig
@@ -49,6 +48,7 @@ from .options import (
     rank_values,
     rule_bases,
     split_list,
+    table_to_stderr,
     training_sweep,
     wrong_exit,
 )
@@ -60,10 +60,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     With ``--json -`` the rows alone go to standard output, as `model`'s do; what the command
     prints besides (its header and table) goes to standard error.
     """
-    if STDOUT not in (args.json, args.csv, args.jsonl):
-        return _train(args)
-    args.rows_stream = sys.stdout
-    with contextlib.redirect_stdout(sys.stderr):
+    with table_to_stderr(args):
         return _train(args)
 
 
