@@ -57,6 +57,14 @@ def job_pids(marker: str) -> dict[int, int]:
     return out
 
 
+def end_job(proc, marker: str) -> None:
+    """Whatever a test left of a job: its launcher and every rank whose command line has `marker`."""
+    if proc.poll() is None:
+        proc.kill()
+    for pid in job_pids(marker):
+        os.kill(pid, signal.SIGKILL)
+
+
 def strike(tmp_path, how: str, attempt: int):
     """Run 8 ranks, kill or freeze rank 5 mid-collective; return what happened."""
     trace = tmp_path / f"{how}{attempt}.h5"
@@ -113,10 +121,7 @@ def strike(tmp_path, how: str, attempt: int):
         ended_after_s = time.monotonic() - struck
         survivors = job_pids(str(trace))
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in job_pids(str(trace)):
-            os.kill(pid, signal.SIGKILL)
+        end_job(proc, str(trace))
     return proc.returncode, err, survivors, ended_after_s, victim, trace
 
 
@@ -304,10 +309,7 @@ def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(tmp_pat
         _, err = proc.communicate(timeout=TIMEOUT_S + 60)
         took_s = time.monotonic() - struck
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in job_pids(marker):
-            os.kill(pid, signal.SIGKILL)
+        end_job(proc, marker)
     assert proc.returncode != 0 and took_s < TIMEOUT_S + 30
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines == [
@@ -440,10 +442,7 @@ def test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace(tmp_
     try:
         _, err = proc.communicate(timeout=TIMEOUT_S + 90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in job_pids(str(trace)):
-            os.kill(pid, signal.SIGKILL)
+        end_job(proc, str(trace))
     assert proc.returncode != 0 and time.monotonic() - start < TIMEOUT_S + 60
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines and "final barrier" in lines[0] and "rank(s) 0 did not answer" in lines[0], err[-3000:]

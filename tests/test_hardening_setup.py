@@ -8,14 +8,13 @@ phases: a stop there ends the job (exit 3) with one line naming the rank, not af
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 from harness import ROOT, mpi_env, mpiexec_path
-from test_hardening import job_pids, launcher_keeps_survivors
+from test_hardening import end_job, job_pids, launcher_keeps_survivors
 
 TIMEOUT_S = 5
 MODEL_S = 120  # tests/jobs/inject_fault.py: how long the others' model runs last once a rank stops
@@ -69,10 +68,7 @@ def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, wha
         _, err = proc.communicate(timeout=MODEL_S + 60)
         took_s = time.monotonic() - struck
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in job_pids(marker):
-            os.kill(pid, signal.SIGKILL)
+        end_job(proc, marker)
     # without the vigil the others would notice only at their first wait, after MODEL_S busy
     assert proc.returncode == 3 and took_s < MODEL_S / 2, (proc.returncode, took_s, err[-3000:])
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
