@@ -281,7 +281,7 @@ def test_msccl_auto_runs_on_the_emulator_with_the_models_time(tmp_path):
         (["-t", "SW(8,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"],
          "it runs on 4 GPUs, the collective on 8 NPUs"),
         (["-t", "SW(4,100,500)_SW(2,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'},ring"],
-         "per-dim custom stages are not supported yet"),
+         "a dim's stage maps s, r, rrc, rcs, rrcs and nop steps, not rrs"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl:"], "write msccl:FILE.xml or msccl-auto:DIR"),
         (["-t", "SW(4,100,500,nccl)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"],
          "runs on per-dim topologies"),

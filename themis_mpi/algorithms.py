@@ -4,11 +4,18 @@ A stage works in place on a region ``[lo, hi)`` of the rank's buffer, split into
 `block_bounds`. After a reduce-scatter the rank with coordinate c along the dim owns block c;
 an all-gather undoes exactly that split. Plans are pure functions of (algorithm, op, P, c,
 region), so they are tested without MPI; `cost.steps` gives the same steps' nominal sizes.
+
+A custom algorithm (``msccl:FILE`` on a dim) gives its own steps and stage times while a run
+holds it (`custom_stages`): `plan` takes its steps for the dim's (built-in algorithm, size), and
+one NPU's view (`timing.symmetric`) its times (`custom_stage`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .collectives import block_bounds
 from .cost import A2A, AG, AR, RS
@@ -32,6 +39,41 @@ class Step:
     mode: str
 
 
+class CustomStage(Protocol):
+    """A custom algorithm as one dim's stages (`msccl.custom.DimAlgorithm` is one)."""
+
+    def steps(self, op: str, c: int, lo: int, hi: int) -> list[Step]:
+        """The steps of the rank at coordinate c on ``[lo, hi)``, as `plan` gives them."""
+        ...
+
+    def time_ns(self, op: str, full_elems: int, itemsize: int) -> float:
+        """How long one stage of `full_elems` elements takes on the dim's links alone."""
+        ...
+
+
+_CUSTOM: dict[tuple[str, int], CustomStage] = {}  # (algorithm name or msccl:FILE, dim size) -> stage
+
+
+@contextmanager
+def custom_stages(stages: Mapping[tuple[str, int], CustomStage]) -> Iterator[None]:
+    """While it is held, `plan` and `custom_stage` take these stages for their (name, dim size)."""
+    saved = dict(_CUSTOM)
+    _CUSTOM.update(stages)
+    try:
+        yield
+    finally:
+        _CUSTOM.clear()
+        _CUSTOM.update(saved)
+
+
+def custom_stage(dim: Any) -> CustomStage | None:
+    """The custom stage of a dim (`topology.Dim`) while a run holds it; None: its built-in algorithm.
+
+    (A dim's ``msccl-auto:DIR`` whose files do not fit falls back to the built-in one.)
+    """
+    return _CUSTOM.get((dim.custom, dim.npus)) if dim.custom else None
+
+
 def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step]:
     """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``.
 
@@ -43,6 +85,9 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     reduction is emulated over the sub-communicator: RS and AG run as direct steps, and an AR
     stage sends the whole region to every peer and reduces all they send into place.
     """
+    custom = _CUSTOM.get((algorithm, p))
+    if custom is not None and op != A2A:
+        return custom.steps(op, c, lo, hi)
     if algorithm == "ina" and op == AR and p > 1:
         peers = [(j, lo, hi) for j in range(p) if j != c]
         return [Step(tuple(peers), tuple(peers), REDUCE)]

@@ -28,8 +28,8 @@ def custom_lines(topo: Topology, command: str) -> list[str]:
     out = []
     for spec in dict.fromkeys(d.custom for d in topo.dims if d.custom):
         what = "checked, then run on real data" if command == "run" else "checked and proved, then timed"
-        if spec.startswith("msccl:"):
-            out.append(f"#   {spec}: {summary(read_algorithm(spec[len('msccl:') :]))}; {what}")
+        if spec.startswith("msccl:"):  # (a dim's stages may name two files: msccl:RS.xml+AG.xml)
+            out += [f"#   msccl:{p}: {summary(read_algorithm(p))}; {what}" for p in spec[6:].split("+")]
         else:
             out.append(f"#   {spec}: per size, the file whose window holds it ({what}), else the built-in")
     return out

@@ -18,20 +18,31 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..algorithms import COPY, REDUCE, Step
 from ..collectives import Collective, block_bounds
+from ..cost import AG, AR, RS
 from ..errors import UsageError
 from ..topology import Topology, is_custom
 from ..verify import input_values
 from .check import require
 from .execute import REDOPS, Algebra, Memory, apply, expected, require_proof
-from .ir import Algorithm, read_algorithm
-from .program import GpuProgram, Ref, schedule, storage_chunks, views
+from .ir import (
+    NOP,
+    RECV,
+    RECV_COPY_SEND,
+    RECV_REDUCE_COPY,
+    RECV_REDUCE_COPY_SEND,
+    SEND,
+    Algorithm,
+    read_algorithm,
+)
+from .program import DATA, GpuProgram, Op, Ref, connection, schedule, storage_chunks, views
 
-MSCCL, AUTO = "msccl:", "msccl-auto:"
+MSCCL, AUTO, PLUS = "msccl:", "msccl-auto:", "+"
 MAX_AUTO_FILES = 256  # files of a msccl-auto directory read at most
 
 
@@ -58,18 +69,20 @@ class Custom:
 
 
 def custom_spec(topology: Topology, collective: Collective) -> str:
-    """The custom algorithm the collective's dims name ("" for none); one line if they differ."""
+    """The custom algorithm of the whole collective ("" for none, or custom stages per dim).
+
+    One spec on every dim of the collective, of one file whose ``ngpus`` is not a dim's size,
+    runs the whole collective; anything else is per dim (`dim_algorithms`).
+    """
     specs = {topology.dims[d].custom for d in collective.dims if topology.dims[d].npus > 1}
-    if not specs - {""}:
+    if len(specs) != 1 or not specs - {""}:
         return ""
-    if len(specs) > 1:
-        raise UsageError(
-            "a custom algorithm runs a whole collective: give one --algorithm msccl:FILE for every "
-            f"dim of the collective (dims {', '.join(map(str, collective.dims))} name "
-            f"{', '.join(sorted(s or 'built-in' for s in specs))}); "
-            "per-dim custom stages are not supported yet"
-        )
-    return specs.pop()
+    spec = next(iter(specs))
+    if spec.startswith(MSCCL) and PLUS not in spec and len(collective.dims) > 1:
+        npus = {topology.dims[d].npus for d in collective.dims}
+        if read_algorithm(spec[len(MSCCL) :]).ngpus in npus - {topology.group_npus(collective.dims)}:
+            return ""  # (a dim's algorithm, given once for every dim)
+    return "" if PLUS in spec else spec
 
 
 def _fits(algo: Algorithm, collective: Collective, npus: int) -> str:
@@ -110,9 +123,10 @@ def load(path: str, collective: Collective, npus: int, prove: bool) -> Custom:
 
 
 def choose(topology: Topology, collective: Collective, prove: bool = True) -> Custom | None:
-    """The custom algorithm that runs the collective (module doc); None: the built-in ones do."""
+    """The custom algorithm that runs the whole collective (module doc); None: the dims' stages do."""
     spec = custom_spec(topology, collective)
     if not spec:
+        dim_algorithms(topology, collective, prove)  # (a dim's files: checked here, before anything runs)
         return None
     if topology.flat:
         raise UsageError(f"{spec} runs on per-dim topologies; nccl dims time a collective flat")
@@ -222,3 +236,225 @@ def _iteration(
             checked += len(value)
             wrong += int(np.count_nonzero(result[j, : len(value)] != value))
     return wrong, checked
+
+
+# --- a custom algorithm as one dim's stages -----------------------------------------------------
+
+STAGE_OPS = {RS: "reduce_scatter", AG: "all_gather", AR: "all_reduce"}  # a stage's op -> its file's
+STAGE_NAMES = {RS: "reduce-scatter", AG: "all-gather", AR: "all-reduce"}
+MAPPED = frozenset({SEND, RECV, RECV_REDUCE_COPY, RECV_COPY_SEND, RECV_REDUCE_COPY_SEND, NOP})
+RankRound = tuple[list, list, list]  # one GPU's round: sends, copied receives, reduced receives
+
+
+def dim_algorithms(topology: Topology, collective: Collective, prove: bool) -> dict[int, dict[str, Custom]]:
+    """Each dim's custom stages by stage op (RS, AG, AR), for a collective no file runs whole.
+
+    A dim names ``msccl:FILE`` or ``msccl:RS.xml+AG.xml``: files for its own size (``ngpus``),
+    one per collective; its reduce-scatter stages run the reduce_scatter file, its all-gather
+    stages the allgather file, an all-reduce stage the allreduce file, else the two in turn.
+    Every file must map onto steps (`stage_rounds`). One line for anything else.
+    """
+    out: dict[int, dict[str, Custom]] = {}
+    if custom_spec(topology, collective):  # (a whole collective's file, or msccl-auto's fallback)
+        return out
+    for d in collective.dims:
+        dim = topology.dims[d]
+        if not dim.custom or dim.npus == 1:
+            continue
+        where = f"dim {d} ({dim.custom})"
+        if not dim.custom.startswith(MSCCL):
+            raise UsageError(f"{where}: msccl-auto runs whole collectives; name a dim's files with msccl:")
+        if collective.op not in ("all_reduce", "reduce_scatter", "all_gather"):
+            raise UsageError(f"{where}: a dim's custom stages run all_reduce, reduce_scatter and all_gather")
+        if topology.flat:
+            raise UsageError(f"{where}: custom stages run on per-dim topologies, not nccl dims")
+        files: dict[str, Custom] = {}
+        for path in dim.custom[len(MSCCL) :].split(PLUS):
+            algo = read_algorithm(path)
+            if algo.ngpus != dim.npus:
+                raise UsageError(f"{path}: it runs on {algo.ngpus} GPUs, dim {d} has {dim.npus} NPUs")
+            op = next((o for o, name in STAGE_OPS.items() if name == algo.collective.op), None)
+            if op is None or op in files:
+                why = "a second file of" if op in files else "no dim stage computes"
+                raise UsageError(f"{path}: {why} {algo.coll} on dim {d}")
+            files[op] = load(path, replace(collective, op=STAGE_OPS[op]), dim.npus, prove)
+            stage_rounds(files[op])
+        for op in _stage_ops(collective, d, topology):
+            if op not in files and not (op == AR and RS in files and AG in files):
+                names = ", ".join(sorted(f.algo.coll for f in files.values()))
+                raise UsageError(
+                    f"{where}: the collective's {STAGE_NAMES[op]} stage on dim {d} needs a "
+                    f"{STAGE_OPS[op]} file (given: {names}); write msccl:RS.xml+AG.xml"
+                )
+        out[d] = files
+    return out
+
+
+def _stage_ops(collective: Collective, d: int, topology: Topology) -> tuple[str, ...]:
+    """The stage ops the collective may run on dim d (an all-reduce: RS, AG, and AR on its last)."""
+    if collective.op == "reduce_scatter":
+        return (RS,)
+    if collective.op == "all_gather":
+        return (AG,)
+    return (RS, AG)
+
+
+def _storage(custom: Custom, gpu: int, ref: Ref | None) -> tuple[int, int]:
+    """Storage chunks ``[a, b)`` a step's chunks are, in place."""
+    assert ref is not None
+    view = views(custom.algo, gpu, True)[ref.buffer]
+    return view.base + ref.offset, view.base + ref.offset + ref.count
+
+
+def _mappable(custom: Custom) -> None:
+    """Refuse in one line a file whose steps do not map onto a stage's steps."""
+    algo, path = custom.algo, custom.source
+    if not algo.inplace:
+        raise UsageError(f"{path}: a dim's custom stage runs in place; the file is out of place only")
+    if algo.nchunksperloop % algo.ngpus:
+        raise UsageError(f"{path}: a dim's stage needs nchunksperloop a multiple of ngpus ({algo.ngpus})")
+    for prog in custom.progs:
+        for op in prog.ops():
+            at = f"{path}: GPU {prog.gpu} threadblock {op.tb} step {op.step}"
+            if op.type not in MAPPED:
+                raise UsageError(
+                    f"{at}: a dim's stage maps s, r, rrc, rcs, rrcs and nop steps, not {op.type}"
+                )
+            if any(
+                ref is not None and views(algo, prog.gpu, True)[ref.buffer].storage != DATA
+                for ref in (op.src, op.dst)
+            ):
+                raise UsageError(f"{at}: a dim's stage uses no scratch buffer")
+            if (
+                op.src is not None
+                and op.dst is not None
+                and _storage(custom, prog.gpu, op.src) != _storage(custom, prog.gpu, op.dst)
+            ):
+                raise UsageError(f"{at}: a dim's stage maps {op.type} with source = destination only")
+
+
+_ROUNDS: dict[int, tuple[tuple, list[list[RankRound]]]] = {}  # id(progs) -> (progs, its rounds)
+
+
+def stage_rounds(custom: Custom) -> list[list[RankRound]]:
+    """The file's ops in rounds every GPU runs in lock step: per round, per GPU, its messages.
+
+    In a round a threadblock sends what its next sends (``s``, or the send of an ``rcs`` or
+    ``rrcs`` received in an earlier round) and then takes at most one receive; a message is in
+    a round only if its receive is too, so each send leaves with the receive it pairs with (a
+    stage's step waits for its sends). What a round receives is stored when it ends, so a send
+    reads what earlier rounds left. A step waiting for another starts a round after it ended.
+    Sends and receives are storage chunk ranges with (peer, channel, place) to order them.
+    """
+    key = id(custom.progs)
+    if key in _ROUNDS and _ROUNDS[key][0] is custom.progs:  # (held, so no other file takes its id)
+        return _ROUNDS[key][1]
+    _mappable(custom)
+    progs = custom.progs
+    pc = [[0] * len(p.threadblocks) for p in progs]
+    sending = [[False] * len(p.threadblocks) for p in progs]  # a fused op received, its send due
+    done: dict[tuple[int, int, int], int] = {}
+    rounds: list[list[RankRound]] = []
+    total = sum(len(tb) for p in progs for tb in p.threadblocks)
+    r = 0
+
+    def ready(g: int, op: Op) -> bool:
+        return all(done.get((g, u, k), r) < r for u, k in op.waits)
+
+    while len(done) < total:
+        plans: dict[tuple[int, int], list[tuple[Op, bool]]] = {}  # (gpu, tb) -> (op, sends)
+        for g, prog in enumerate(progs):
+            for t, ops in enumerate(prog.threadblocks):
+                i = pc[g][t]
+                while i < len(ops) and ops[i].type == NOP and not sending[g][t] and ready(g, ops[i]):
+                    done[g, t, i] = r - 1
+                    i += 1
+                pc[g][t] = i
+                items: list[tuple[Op, bool]] = []
+                due = sending[g][t]
+                while i < len(ops) and (due or (ops[i].type == SEND and ready(g, ops[i]))):
+                    items.append((ops[i], True))
+                    i, due = i + 1, False
+                sent = [_storage(custom, g, op.src or op.dst) for op, _ in items]
+                if i < len(ops) and ops[i].recv_peer >= 0 and not due and ready(g, ops[i]):
+                    a, b = _storage(custom, g, ops[i].dst)
+                    if not any(a < y and x < b for x, y in sent):
+                        items.append((ops[i], False))
+                plans[g, t] = items
+        changed = True
+        while changed:  # a message whose other side is not in the round leaves it, and what follows
+            changed = False
+            posted = {(connection(op, g, s), s) for (g, _), items in plans.items() for op, s in items}
+            for items_key, items in plans.items():
+                g = items_key[0]
+                cut = next(
+                    (n for n, (op, s) in enumerate(items) if (connection(op, g, s), not s) not in posted),
+                    None,
+                )
+                if cut is not None:
+                    del items[cut:]
+                    changed = True
+        if not any(plans.values()):
+            raise UsageError(
+                f"{custom.source}: its steps do not map onto a dim's stage (no message can pair in "
+                f"round {r}); a dim's stage needs each send to leave with the receive it pairs with"
+            )
+        ranks: list[RankRound] = [([], [], []) for _ in progs]
+        for (g, t), items in plans.items():
+            for op, s in items:
+                if s:
+                    ranks[g][0].append(
+                        (op.send_peer, op.chan, op.send_seq, *_storage(custom, g, op.src or op.dst))
+                    )
+                    sending[g][t] = False
+                    done[g, t, op.step] = r
+                    pc[g][t] = op.step + 1
+                else:
+                    reduces = op.type in (RECV_REDUCE_COPY, RECV_REDUCE_COPY_SEND)
+                    ranks[g][2 if reduces else 1].append(
+                        (op.recv_peer, op.chan, op.recv_seq, *_storage(custom, g, op.dst))
+                    )
+                    if op.send_peer >= 0:
+                        sending[g][t] = True
+                        pc[g][t] = op.step
+                    else:
+                        done[g, t, op.step] = r
+                        pc[g][t] = op.step + 1
+        rounds.append(ranks)
+        r += 1
+    _ROUNDS[key] = (custom.progs, rounds)
+    return rounds
+
+
+def stage_steps(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
+    """GPU c's rounds (`stage_rounds`) as a stage's steps on ``[lo, hi)`` (`algorithms.plan`'s form).
+
+    The region is split in P blocks (`block_bounds`, block c the rank's after a reduce-scatter)
+    and each block in C / P chunks. A round is a step of its reduced receives, then a step of its
+    copied ones (received apart, stored once its sends are done); each send goes with its
+    receiver's kind. Messages of a step are ordered by (peer, channel, place) on both sides.
+    """
+    algo = custom.algo
+    p, k = algo.ngpus, algo.nchunksperloop // algo.ngpus
+    blocks = block_bounds(lo, hi, p)
+    bounds = [x for b in range(p) for x in block_bounds(blocks[b], blocks[b + 1], k)[:-1]] + [hi]
+    rounds = stage_rounds(custom)
+    steps = []
+    for ranks in rounds:
+        sends, copies, reduces = ranks[c]
+        for mode, recvs, kind in ((REDUCE, reduces, 2), (COPY, copies, 1)):
+            outs = [m for m in sends if _received(ranks[m[0]][kind], c, m)]
+            if outs or recvs:
+                steps.append(
+                    Step(
+                        tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(outs)),
+                        tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(recvs)),
+                        mode,
+                    )
+                )
+    return steps
+
+
+def _received(recvs: list, src: int, send: tuple) -> bool:
+    """Whether a send of GPU src (peer, channel, place, ...) is among its peer's receives."""
+    return any(r[0] == src and r[1:3] == send[1:3] for r in recvs)

@@ -26,7 +26,7 @@ from ..results import CollectiveResult, summarize
 from ..timing.planner import CUSTOM, Run, plan, run_on
 from ..topology import Topology
 from .coordinator import PolicyLike, policy_name, share_schedules
-from .custom import custom_collective
+from .custom import custom_collective, dim_stages
 
 T = TypeVar("T")
 
@@ -97,7 +97,8 @@ def run_collective(
     def body(npu: Transport) -> tuple[CollectiveRun, Engine, float]:
         return collective_on(npu, collective, schedule, check, start_order, timing.every_npu)
 
-    run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
+    with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
+        run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
     wall = transport.clock.name == "wall"
     result = summarize(
         run,

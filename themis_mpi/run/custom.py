@@ -12,19 +12,24 @@ is checked against the closed form (`msccl.custom.run_gpu`).
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from ..algorithms import Step, custom_stages
 from ..collectives import Collective
+from ..config import RunConfig
+from ..cost import AG, RS
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
-from ..msccl.custom import Custom, chunk_bytes, run_gpu
+from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
 from ..timing.links import physical_links
 from ..timing.programs import ProgramTimes, time_programs
 from ..timing.rules import IDEAL
+from ..topology import Topology
 
 TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
 
@@ -156,3 +161,73 @@ def custom_collective(
     ]
     shown = links if config.network != IDEAL else []  # (`ideal` shows no links, as for built-ins)
     return replace(result, links=shown, dims=dims, dim_bound_us=dim_bound_us(dims, topology)), engine
+
+
+class DimStages:
+    """A custom algorithm as one dim's stages (`algorithms.CustomStage`).
+
+    Its steps are its files' ops in rounds (`msccl.custom.stage_steps`); a stage's time is its
+    file's programs, every NPU of the dim, on the dim's links alone under the run's rule
+    (`timing.programs`), which one NPU's view (`timing.symmetric`) takes as the stage's time on
+    the model and on every emulator rank. An all-reduce stage without an allreduce file runs the
+    reduce-scatter file and then the all-gather file.
+    """
+
+    def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
+        self.alone = topology.with_dims([topology.dims[d]])
+        self.files, self.config = files, config
+        self.cost = config.costs(topology)
+        self._times: dict[tuple[str, int, int], float] = {}
+
+    def _parts(self, op: str) -> list[Custom]:
+        return [self.files[op]] if op in self.files else [self.files[RS], self.files[AG]]
+
+    def steps(self, op: str, c: int, lo: int, hi: int) -> list[Step]:
+        """The rank at coordinate c's steps on ``[lo, hi)``."""
+        return [step for custom in self._parts(op) for step in stage_steps(custom, c, lo, hi)]
+
+    def time_ns(self, op: str, full_elems: int, itemsize: int) -> float:
+        """One stage of `full_elems` elements alone on the dim's links."""
+        key = (op, full_elems, itemsize)
+        if key not in self._times:
+            delay_ns = self.cost(itemsize).endpoint_delay_ns
+            self._times[key] = sum(
+                time_programs(
+                    self.alone,
+                    self.config.network,
+                    self.config,
+                    custom.progs,
+                    [full_elems * itemsize / custom.algo.nchunksperloop],
+                    endpoint_delay_ns=delay_ns,
+                ).end_ns
+                for custom in self._parts(op)
+            )
+        return self._times[key]
+
+
+def dim_stages(
+    topology: Topology, config: RunConfig, collective: Collective, prove: bool
+) -> AbstractContextManager[None]:
+    """While held, the dims that name custom files run their stages by them (`DimStages`).
+
+    The MPI transport asks `algorithms.plan` for a dim's steps by its built-in algorithm and size,
+    so two dims of that one (algorithm, size) must not differ in custom files (one line).
+    """
+    stages: dict[tuple[str, int], DimStages] = {}
+    files = dim_algorithms(topology, collective, prove)
+    if files and (config.endpoint.on or config.clock != "virtual"):
+        raise UsageError(
+            "a dim's custom stages run on the virtual clock without the endpoint model (--endpoint)"
+        )
+    for d, dim_files in files.items():
+        dim = topology.dims[d]
+        same = [e for e, x in enumerate(topology.dims) if (x.algorithm, x.npus) == (dim.algorithm, dim.npus)]
+        other = next((e for e in same if topology.dims[e].custom != dim.custom), None)
+        if other is not None:
+            raise UsageError(
+                f"dim {d} runs {dim.custom} and dim {other} of the same size and built-in algorithm "
+                f"({dim.algorithm}) does not; give dim {other} the same --algorithm or another built-in one"
+            )
+        stage = DimStages(topology, d, dim_files, config)
+        stages[dim.custom, dim.npus] = stages[dim.algorithm, dim.npus] = stage
+    return custom_stages(stages)

@@ -194,7 +194,8 @@ def emulator_timer(topology: Topology, config: RunConfig) -> Timer | None:
     None under ``ideal`` (the send times travel with the data), and where one NPU's view is not
     exact (the driver then replays a run of every NPU: `run_on`).
     """
-    if not rule_class(config.network).routes or not one_npu_exact(topology, config):
+    custom = any(d.custom for d in topology.dims)  # (a dim's custom stages: their time is the view's)
+    if not (rule_class(config.network).routes or custom) or not one_npu_exact(topology, config):
         return None
     return Symmetric(topology, config, config.costs(topology))
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from ..algorithms import custom_stage
 from ..config import RunConfig
 from ..cost import ASTRA_SIM_2, CostModels
 from ..engine import MessageRun
@@ -111,6 +112,7 @@ class Symmetric:
         self._times: dict[tuple, tuple[float, ...]] = {}  # step times alone, by stage shape
         self._planners: dict[int, StepPlanner] = {}  # by element size
         self._routed: dict[tuple, tuple[Step, ...]] = {}  # 2.x's steps by stage shape
+        self._custom = any(d.custom for d in topology.dims)  # (a dim's stages by a custom algorithm)
 
     def ended(self, owner: Any) -> None:
         """End a stage or message now (a message of the linked ranks, `run.linked`)."""
@@ -118,6 +120,14 @@ class Symmetric:
 
     def start(self, run: Any) -> None:
         """A stage (or, under ``ideal``, a message) starts now (``run.start_ns``, the engine's time)."""
+        if self._custom and not isinstance(run, MessageRun):
+            custom = custom_stage(self.topology.dims[run.stage.dim])
+            if custom is not None:  # (its time alone on the dim's links: `run.custom.dim_stages`)
+                if self.loop.idle(self.rule):
+                    self.loop.now_ns = run.start_ns
+                s = run.stage
+                self._at(run.start_ns + custom.time_ns(s.op, s.full_elems, s.itemsize), self._end, run)
+                return
         if self._alone:  # (one event: its end from its steps' times alone)
             self._at(Ideal.end_ns(run.start_ns, self.alone_ns(run)), self._end, run)
             return

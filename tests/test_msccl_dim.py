@@ -1,0 +1,97 @@
+"""A custom algorithm as one dim's stages (``--algorithm msccl:RS.xml+AG.xml,...``, issue 44).
+
+An exported built-in ring, run as dim 0's reduce-scatter and all-gather inside the hierarchical
+(baseline) and Themis schedules, must take the built-in ring's times on the model under
+``ideal`` and ``fair``, and on the emulator move the data right in the model's time. Files that
+do not fit the dim or the stage are refused in one line; a reduction made a copy is caught.
+"""
+
+import pytest
+from harness import cli
+from test_msccl_run import rows_of, run_args
+
+from themis_mpi.api import sweep
+from themis_mpi.msccl.build import builtin
+from themis_mpi.msccl.ir import write_algorithm
+
+TOPOLOGY = "SW(4,100,500)_SW(2,50,1000)"  # 4x2: the ring's messages never share a Switch's links
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The built-in ring's reduce-scatter and all-gather on 4 NPUs, exported; and the dim's spec."""
+    out = tmp_path_factory.mktemp("dim")
+    paths = {}
+    for op in ("reduce_scatter", "all_gather"):
+        paths[op] = out / f"ring_{op}_4.xml"
+        write_algorithm(str(paths[op]), builtin("ring", op, 4))
+    paths["spec"] = f"msccl:{paths['reduce_scatter']}+{paths['all_gather']}"
+    return paths
+
+
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+@pytest.mark.parametrize("policy", ["baseline", "themis"])
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_exported_ring_as_dim0_takes_the_builtin_time(files, network, policy, op):
+    """The file on dim 0 takes the built-in ring's time on that dim, in either schedule."""
+    times = [
+        sweep(TOPOLOGY, "64M", policy, 4, op=op, network=network, algorithm=[first, "direct"])[0].time_us
+        for first in (files["spec"], "ring")
+    ]
+    assert times[0] == pytest.approx(times[1], rel=1e-9)
+    # and it is the file that runs: on a Ring dim it uses one direction, the built-in ring both
+    ring = [
+        sweep(
+            "Ring(4,100,500)_SW(2,50,1000)",
+            "64M",
+            "baseline",
+            4,
+            op=op,
+            network=network,
+            algorithm=[first, "direct"],
+        )
+        for first in (files["spec"], "ring")
+    ]
+    assert ring[0][0].time_us > 1.5 * ring[1][0].time_us
+
+
+def test_emulator_moves_the_data_right_in_the_models_time(files, tmp_path):
+    """Under mpiexec -n 8: #wrong 0 and the model's time, both schedules, ideal and fair."""
+    for network in ("ideal", "fair"):
+        for policy in ("baseline", "themis"):
+            out = tmp_path / f"{network}_{policy}.json"
+            args = run_args(TOPOLOGY, "all_reduce", "1M", f"{files['spec']},direct", network, out, chunks=4)
+            args[args.index("baseline")] = policy
+            proc = cli(8, args)
+            assert proc.returncode == 0, proc.stderr
+            (row,) = rows_of(out)
+            assert row["wrong"] == 0
+            want = sweep(TOPOLOGY, "1M", policy, 4, network=network, algorithm=["ring", "direct"])[0].time_us
+            assert row["time_us"] == pytest.approx(want, rel=1e-9)
+
+
+def test_a_file_that_does_not_fit_is_refused_in_one_line(files, tmp_path):
+    """A wrong coll for the stage, a wrong ngpus for the dim: one line each, exit 2."""
+    gather_only = [f"msccl:{files['all_gather']}", "direct"]
+    with pytest.raises(Exception, match="dim 0.*reduce-scatter stage on dim 0 needs a reduce_scatter file"):
+        sweep(TOPOLOGY, "1M", "baseline", 1, algorithm=gather_only)
+    wide = tmp_path / "ring_all_gather_8.xml"
+    write_algorithm(str(wide), builtin("ring", "all_gather", 8))
+    with pytest.raises(Exception, match="it runs on 8 GPUs, dim 0 has 4 NPUs"):
+        sweep(TOPOLOGY, "1M", "baseline", 1, op="all_gather", algorithm=[f"msccl:{wide}", "direct"])
+    out = tmp_path / "none.json"
+    proc = cli(8, run_args(TOPOLOGY, "all_gather", "1M", f"msccl:{wide},direct", "fair", out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "dim 0 has 4 NPUs" in proc.stderr
+
+
+def test_a_reduction_made_a_copy_gives_wrong_elements(files, tmp_path):
+    """Rrc made r: the checker passes it, the emulator counts wrong elements and exits 1."""
+    bad = tmp_path / "copy_rs.xml"
+    bad.write_text(files["reduce_scatter"].read_text().replace('type="rrc"', 'type="r"'))
+    out = tmp_path / "copy.json"
+    spec = f"msccl:{bad}+{files['all_gather']},direct"
+    proc = cli(8, run_args(TOPOLOGY, "all_reduce", "1M", spec, "fair", out))
+    assert proc.returncode == 1, proc.stderr
+    (row,) = rows_of(out)
+    assert row["wrong"] > 0
