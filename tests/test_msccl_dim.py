@@ -7,7 +7,7 @@ do not fit the dim or the stage are refused in one line; a reduction made a copy
 """
 
 import pytest
-from harness import cli
+from harness import DATA, cli
 from test_msccl_run import rows_of, run_args
 
 from themis_mpi.api import sweep
@@ -73,7 +73,9 @@ def test_emulator_moves_the_data_right_in_the_models_time(files, tmp_path):
 def test_a_file_that_does_not_fit_is_refused_in_one_line(files, tmp_path):
     """A wrong coll for the stage, a wrong ngpus for the dim: one line each, exit 2."""
     gather_only = [f"msccl:{files['all_gather']}", "direct"]
-    with pytest.raises(Exception, match="dim 0.*reduce-scatter stage on dim 0 needs a reduce_scatter file"):
+    with pytest.raises(
+        Exception, match=r"dim 0 \(msccl:.*\): its reduce-scatter stages need a reduce_scatter file"
+    ):
         sweep(TOPOLOGY, "1M", "baseline", 1, algorithm=gather_only)
     wide = tmp_path / "ring_all_gather_8.xml"
     write_algorithm(str(wide), builtin("ring", "all_gather", 8))
@@ -95,3 +97,44 @@ def test_a_reduction_made_a_copy_gives_wrong_elements(files, tmp_path):
     assert proc.returncode == 1, proc.stderr
     (row,) = rows_of(out)
     assert row["wrong"] > 0
+
+
+@pytest.mark.parametrize(
+    "topology, algorithms",
+    [
+        # the last dim's all-reduce stage of the baseline: the two files in turn
+        ("SW(2,50,1000)_SW(4,100,500)", ["direct", "{spec}"]),
+        # an all-gather of fused steps (rcs: receive, keep, send on), not the built-in's shape
+        (
+            "SW(4,100,500)_SW(2,50,1000)",
+            ["msccl:{rs}+" + str(DATA / "msccl" / "ring_allgather_rcs_4.xml"), "direct"],
+        ),
+    ],
+    ids=["last-dim-all-reduce", "fused-all-gather"],
+)
+def test_other_stages_run_right_in_the_models_time(files, tmp_path, topology, algorithms):
+    """The emulator's time is the model's and every element is right, whatever the file's shape."""
+    algorithm = [a.format(spec=files["spec"], rs=files["reduce_scatter"]) for a in algorithms]
+    out = tmp_path / "row.json"
+    proc = cli(8, run_args(topology, "all_reduce", "1M", ",".join(algorithm), "fair", out, chunks=4))
+    assert proc.returncode == 0, proc.stderr
+    (row,) = rows_of(out)
+    assert row["wrong"] == 0
+    model = sweep(topology, "1M", "baseline", 4, network="fair", algorithm=algorithm)[0].time_us
+    assert row["time_us"] == pytest.approx(model, rel=1e-9)
+
+
+def test_what_a_stage_timed_alone_cannot_run_is_refused(files):
+    """Stages that would share the dim's links with each other, or a twin dim the transport cannot tell apart."""
+    with pytest.raises(Exception, match="runs one stage at a time"):
+        sweep(
+            TOPOLOGY,
+            "1M",
+            "baseline",
+            4,
+            network="fair",
+            active_per_dim=2,
+            algorithm=[files["spec"], "direct"],
+        )
+    with pytest.raises(Exception, match="dim 1 of the same size and built-in algorithm"):
+        sweep("SW(4,100,500)_SW(4,50,1000)", "1M", "baseline", 4, algorithm=[files["spec"], "hd"])

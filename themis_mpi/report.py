@@ -35,6 +35,15 @@ def custom_lines(topo: Topology, command: str) -> list[str]:
     return out
 
 
+def custom_role(topo: Topology, spec: str) -> str:
+    """What a dim's custom algorithm runs: its stages (files of the dim's size), or the collective."""
+    if spec.startswith("msccl:") and (
+        "+" in spec or read_algorithm(spec[len("msccl:") :]).ngpus != topo.npus
+    ):
+        return "its stages"
+    return "the collective"
+
+
 def run_header(topo: Topology, command: str, config: RunConfig) -> str:
     """The lines above a table: the topology, dim by dim, and the settings that change times."""
     lines = [f"# themis-mpi {command}: topology {topo.label()}, {topo.npus} NPUs"]
@@ -42,7 +51,7 @@ def run_header(topo: Topology, command: str, config: RunConfig) -> str:
         lines.append(
             f"#   dim {d}: {dim.kind:<14} npus {dim.npus:>4}  {dim.bandwidth_gbps:g} GB/s  "
             f"{dim.latency_ns:g} ns/hop  {dim.algorithm}"
-            + (f" (the collective: {dim.custom})" if dim.custom else "")
+            + (f" ({custom_role(topo, dim.custom)}: {dim.custom})" if dim.custom else "")
         )
     lines += custom_lines(topo, command)
     if config.endpoint_delay_ns or config.compat:

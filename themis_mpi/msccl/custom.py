@@ -283,8 +283,8 @@ def dim_algorithms(topology: Topology, collective: Collective, prove: bool) -> d
             if op not in files and not (op == AR and RS in files and AG in files):
                 names = ", ".join(sorted(f.algo.coll for f in files.values()))
                 raise UsageError(
-                    f"{where}: the collective's {STAGE_NAMES[op]} stage on dim {d} needs a "
-                    f"{STAGE_OPS[op]} file (given: {names}); write msccl:RS.xml+AG.xml"
+                    f"{where}: its {STAGE_NAMES[op]} stages need a {STAGE_OPS[op]} file "
+                    f"(given: {names}); write msccl:RS.xml+AG.xml"
                 )
         out[d] = files
     return out

@@ -28,7 +28,7 @@ from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_s
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
 from ..timing.links import physical_links
 from ..timing.programs import ProgramTimes, time_programs
-from ..timing.rules import IDEAL
+from ..timing.rules import IDEAL, rule_class
 from ..topology import Topology
 
 TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
@@ -219,8 +219,15 @@ def dim_stages(
         raise UsageError(
             "a dim's custom stages run on the virtual clock without the endpoint model (--endpoint)"
         )
+    shares = rule_class(config.network).routes
     for d, dim_files in files.items():
         dim = topology.dims[d]
+        if shares and (config.active_per_dim > 1 or topology.port_of(d) is not None):
+            raise UsageError(
+                f"dim {d} runs {dim.custom}: a dim's custom stage is timed alone on the dim's links, "
+                f"so under --network {config.network} it runs one stage at a time "
+                "(--active-chunks-per-dim 1) on a dim that shares no port"
+            )
         same = [e for e, x in enumerate(topology.dims) if (x.algorithm, x.npus) == (dim.algorithm, dim.npus)]
         other = next((e for e in same if topology.dims[e].custom != dim.custom), None)
         if other is not None:
