@@ -5,6 +5,9 @@ whole collective when its ``ngpus`` is the NPU count of the collective's group (
 group's NPU g, dim 0 fastest). ``msccl-auto:DIR`` picks, per run, the first file of DIR (by name)
 of the collective, the group's NPU count and a size window (``minBytes``..``maxBytes``) that
 holds the run's size, as RCCL picks one; none: the dims' built-in algorithms run (`choose`).
+A file of one dim's size (``msccl:RS.xml+AG.xml`` on that dim) runs that dim's stages instead:
+`dim_algorithms` picks each stage's file, `stage_rounds` and `stage_steps` map its ops onto the
+steps a built-in algorithm gives the MPI transport (`algorithms.Step`).
 
 The run's size is the collective's: each of its C chunks (`collectives.Collective.chunk_bounds`)
 is one iteration of the file's loop, on its elements split in ``nchunksperloop`` chunks
@@ -94,31 +97,34 @@ def _fits(algo: Algorithm, collective: Collective, npus: int) -> str:
     return ""
 
 
-_LOADED: dict[tuple, Custom] = {}  # (path, its mtime and size, op, NPUs) -> a proved file
+_LOADED: dict[tuple, tuple[Custom, bool]] = {}  # (path, mtime, size, op, NPUs) -> (checked file, proved)
 
 
 def load(path: str, collective: Collective, npus: int, prove: bool) -> Custom:
     """Read and check a file for the collective (and with `prove`, run the symbolic proof).
 
-    A file proved once is taken again while it is unchanged (a sweep checks it before running).
+    A file checked (or proved) once is taken again while it is unchanged (a sweep checks it
+    before running, a dim's stages are planned from it once: `stage_rounds`).
     """
     try:
         stat = os.stat(path)
     except OSError:
         stat = None
     key = (path, stat and stat.st_mtime_ns, stat and stat.st_size, collective.op, npus)
-    if key in _LOADED:
-        return _LOADED[key]
-    algo = read_algorithm(path)
-    why = _fits(algo, collective, npus)
-    if why:
-        raise UsageError(f"{path}: {why}")
-    progs = require(algo, path)
-    custom = Custom(path, algo, progs, schedule(progs).order)
+    if key in _LOADED and (_LOADED[key][1] or not prove):
+        return _LOADED[key][0]
+    custom = _LOADED[key][0] if key in _LOADED else None
+    if custom is None:
+        algo = read_algorithm(path)
+        why = _fits(algo, collective, npus)
+        if why:
+            raise UsageError(f"{path}: {why}")
+        progs = require(algo, path)
+        custom = Custom(path, algo, progs, schedule(progs).order)
     if prove:
-        require_proof(algo, progs, path)
-        if stat is not None:
-            _LOADED[key] = custom
+        require_proof(custom.algo, custom.progs, path)
+    if stat is not None:
+        _LOADED[key] = (custom, prove)
     return custom
 
 
@@ -279,7 +285,7 @@ def dim_algorithms(topology: Topology, collective: Collective, prove: bool) -> d
                 raise UsageError(f"{path}: {why} {algo.coll} on dim {d}")
             files[op] = load(path, replace(collective, op=STAGE_OPS[op]), dim.npus, prove)
             stage_rounds(files[op])
-        for op in _stage_ops(collective, d, topology):
+        for op in _stage_ops(collective):
             if op not in files and not (op == AR and RS in files and AG in files):
                 names = ", ".join(sorted(f.algo.coll for f in files.values()))
                 raise UsageError(
@@ -290,8 +296,8 @@ def dim_algorithms(topology: Topology, collective: Collective, prove: bool) -> d
     return out
 
 
-def _stage_ops(collective: Collective, d: int, topology: Topology) -> tuple[str, ...]:
-    """The stage ops the collective may run on dim d (an all-reduce: RS, AG, and AR on its last)."""
+def _stage_ops(collective: Collective) -> tuple[str, ...]:
+    """The stage ops a dim needs files for (an all-reduce's AR stage may run its RS and AG files)."""
     if collective.op == "reduce_scatter":
         return (RS,)
     if collective.op == "all_gather":

@@ -7,6 +7,10 @@ then runs its own GPU's program on real numpy data, its messages rank to rank ov
 calls into buffers kept between the run's chunks, on a communicator of its own, one tag per
 channel, so that MPI's order per (peer, tag) keeps each (peer, channel)'s order), and the result
 is checked against the closed form (`msccl.custom.run_gpu`).
+
+A dim's custom stages (`DimStages`, held for a run by `dim_stages`) run inside the engine's
+schedules instead: their steps move the data through the MPI transport's stage path, and their
+time is the file's programs on the dim alone, which one NPU's view takes as the stage's end.
 """
 
 from __future__ import annotations

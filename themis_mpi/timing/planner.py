@@ -191,6 +191,8 @@ def plan(run: Run) -> Plan:
 def emulator_timer(topology: Topology, config: RunConfig) -> Timer | None:
     """What times the emulator's stages where its messages do not: one NPU's view of a sharing rule.
 
+    A dim's custom stages (``msccl:FILE`` on a dim) are timed by that view under every rule.
+
     None under ``ideal`` (the send times travel with the data), and where one NPU's view is not
     exact (the driver then replays a run of every NPU: `run_on`).
     """

@@ -8,6 +8,9 @@ Point-to-point messages and per-rank graphs under a sharing rule load NPUs uneve
 on every NPU's links (`world`); so does ASTRA-sim 2.x's backend on an uneven dim
 (`routes.uneven_dims`), where this view refuses to be made.
 
+A dim's custom stage (``msccl:FILE`` on the dim, `algorithms.custom_stage`) is one event at
+the time its file's programs take on the dim alone; it shares no link with other stages.
+
 Shortcuts: ``ideal`` takes a stage as one event, its end summed from the cost model's step times
 (`ideal.Ideal.end_ns`) without a flow; ``fair`` sums solo stages ahead (`fair`).
 """
