@@ -7,7 +7,7 @@ do not fit the dim or the stage are refused in one line; a reduction made a copy
 """
 
 import pytest
-from harness import DATA, cli
+from harness import DATA, cli, local
 from test_msccl_run import rows_of, run_args
 
 from themis_mpi.api import sweep
@@ -138,3 +138,9 @@ def test_what_a_stage_timed_alone_cannot_run_is_refused(files):
         )
     with pytest.raises(Exception, match="dim 1 of the same size and built-in algorithm"):
         sweep("SW(4,100,500)_SW(4,50,1000)", "1M", "baseline", 4, algorithm=[files["spec"], "hd"])
+    for extra in (["--npu-delay-us", "1=5"], ["--compat", "astra-sim-1.0"]):
+        proc = local(["model", "-t", TOPOLOGY, "-b", "1M", "--algorithm", f"{files['spec']},direct", *extra])
+        assert (
+            proc.returncode == 2
+            and "a dim's custom stages run on the virtual clock, with NPUs alike" in proc.stderr
+        )

@@ -99,7 +99,6 @@ def run_collective(
 
     with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
         run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
-    wall = transport.clock.name == "wall"
     result = summarize(
         run,
         topology,
@@ -112,7 +111,7 @@ def run_collective(
         wrong=wrong_elements(transport, engine),
         wall_s=wall_s,
         time_scale=config.time_scale,
-        wall_time_us=wall_s / config.time_scale * 1e6 if wall else None,
+        wall_time_us=wall_s / config.time_scale * 1e6 if transport.clock.name == "wall" else None,
         network=config.network,
     )
     return result, engine

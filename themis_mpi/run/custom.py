@@ -219,9 +219,10 @@ def dim_stages(
     """
     stages: dict[tuple[str, int], DimStages] = {}
     files = dim_algorithms(topology, collective, prove)
-    if files and (config.endpoint.on or config.clock != "virtual"):
+    if files and (config.endpoint.on or config.clock != "virtual" or config.asymmetric or config.compat):
         raise UsageError(
-            "a dim's custom stages run on the virtual clock without the endpoint model (--endpoint)"
+            "a dim's custom stages run on the virtual clock, with NPUs alike, without the endpoint "
+            "model (--endpoint) and without --compat"
         )
     shares = rule_class(config.network).routes
     for d, dim_files in files.items():
