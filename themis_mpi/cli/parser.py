@@ -102,7 +102,8 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
         help=f"per-dim algorithm override, comma-separated ({', '.join(ALGORITHMS)}, hd; "
         "empty keeps the default; msccl:FILE.xml, once, runs the collective by a custom MSCCL-IR "
         "algorithm, checked and proved first, msccl-auto:DIR by the file of DIR whose size window holds "
-        "the size: docs/custom-algorithms.md); run and model take it more than once to sweep",
+        "the size; msccl:RS.xml+AG.xml on a dim runs its stages by files of its size: "
+        "docs/custom-algorithms.md); run and model take it more than once to sweep",
     )
     p.add_argument(
         "--bandwidth",
