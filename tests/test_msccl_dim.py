@@ -26,6 +26,12 @@ def files(tmp_path_factory):
         paths[op] = out / f"ring_{op}_4.xml"
         write_algorithm(str(paths[op]), builtin("ring", op, 4))
     paths["spec"] = f"msccl:{paths['reduce_scatter']}+{paths['all_gather']}"
+    for op in ("reduce_scatter", "all_gather"):
+        proc = local(
+            ["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(out / f"syn_{op}.xml")]
+        )
+        assert proc.returncode == 0, proc.stderr
+    paths["synthesized"] = f"msccl:{out / 'syn_reduce_scatter.xml'}+{out / 'syn_all_gather.xml'}"
     return paths
 
 
@@ -109,12 +115,14 @@ def test_a_reduction_made_a_copy_gives_wrong_elements(files, tmp_path):
             "SW(4,100,500)_SW(2,50,1000)",
             ["msccl:{rs}+" + str(DATA / "msccl" / "ring_allgather_rcs_4.xml"), "direct"],
         ),
+        # synthesized for a Ring dim: several threadblocks a GPU, with waits, both ways round
+        ("Ring(4,100,500)_SW(2,50,1000)", ["{synthesized}", "direct"]),
     ],
-    ids=["last-dim-all-reduce", "fused-all-gather"],
+    ids=["last-dim-all-reduce", "fused-all-gather", "synthesized"],
 )
 def test_other_stages_run_right_in_the_models_time(files, tmp_path, topology, algorithms):
     """The emulator's time is the model's and every element is right, whatever the file's shape."""
-    algorithm = [a.format(spec=files["spec"], rs=files["reduce_scatter"]) for a in algorithms]
+    algorithm = [a.format(rs=files["reduce_scatter"], **files) for a in algorithms]
     out = tmp_path / "row.json"
     proc = cli(8, run_args(topology, "all_reduce", "1M", ",".join(algorithm), "fair", out, chunks=4))
     assert proc.returncode == 0, proc.stderr
