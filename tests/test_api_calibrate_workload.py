@@ -12,6 +12,7 @@ from test_help import subcommands
 
 import themis_mpi
 from themis_mpi import api
+from themis_mpi.cli.calibrate import FLAGS
 from themis_mpi.errors import UsageError
 from themis_mpi.run.priced import DEFAULT_CHUNKS
 
@@ -59,6 +60,9 @@ def test_the_commands_defaults_are_the_apis():
     """
     actions = {a.dest: a for a in subcommands()["calibrate"]._actions}
     params = inspect.signature(api.calibrate).parameters
+    assert set(FLAGS) == {
+        d for d in actions if d not in ("help", "log", "json", "quiet")
+    }  # (every flag passed on)
     stated = {
         "kind": "(default {})",
         "chunks": "(default {})",
