@@ -11,7 +11,7 @@ placement order (`--order`): GPT-3 175B at TP8 x PP8 x DP16 (Narayanan et al., S
 TFLOP/s x 0.5; on `HGX-H100-SW_SW_SW` and the Themis paper's four topologies; under Megatron's
 order (tp-dp-pp: DP on the dims after TP) and tp-pp-dp (DP on the outermost dims). Every cell is
 priced on the model, `chunks` chunks per collective, under each policy of `POLICIES`
-(`cli.workload.price_all`): the iteration, rank 0's compute, and per parallelism what its
+(`run.priced.price_all`): the iteration, rank 0's compute, and per parallelism what its
 communication costs the iteration (TP, DP, EP: the time saved were its collectives free; PP and
 the bubble from the runs without collectives). The model runs one rank per pipeline stage (rank 0
 and its PP peers, linked): the ranks of a stage run the same graph on symmetric groups, so one
@@ -29,12 +29,12 @@ import re
 import sys
 import time
 
-from themis_mpi.cli.workload import price_all
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.output import write_study
 from themis_mpi.report import measured_on
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
+from themis_mpi.run.priced import price_all
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.llm import PRESETS, LlmConfig, fit_groups
 from themis_mpi.workloads.training import TrainingSpec

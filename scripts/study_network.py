@@ -37,7 +37,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from themis_mpi.cli.workload import price  # noqa: E402
 from themis_mpi.collectives import Collective  # noqa: E402
 from themis_mpi.config import RunConfig  # noqa: E402
 from themis_mpi.cost import CostModels  # noqa: E402
@@ -46,6 +45,7 @@ from themis_mpi.report import measured_on  # noqa: E402
 from themis_mpi.results import link_results  # noqa: E402
 from themis_mpi.run.collective import model_collective  # noqa: E402
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers  # noqa: E402
+from themis_mpi.run.priced import price  # noqa: E402
 from themis_mpi.run.training import model_training  # noqa: E402
 from themis_mpi.topology import PRESETS, parse_topology  # noqa: E402
 from themis_mpi.workloads.llm import LlmConfig, fit_groups  # noqa: E402

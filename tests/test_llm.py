@@ -7,10 +7,10 @@ import pytest
 from harness import DATA, cli_jobs, in_process
 
 from themis_mpi.cli.parser import LLM_PRESETS
-from themis_mpi.cli.workload import price
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.model import ModelTransport
+from themis_mpi.run.priced import price
 from themis_mpi.run.training import run_graph
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph, load_graph

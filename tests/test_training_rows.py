@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from themis_mpi.cli.workload import layer_activation_bytes, price
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
 from themis_mpi.results import flat_row
+from themis_mpi.run.priced import layer_activation_bytes, price
 from themis_mpi.run.training import model_training, run_graph
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph

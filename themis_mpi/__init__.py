@@ -1,7 +1,8 @@
 """themis-mpi: emulate accelerator networks on MPI and schedule collectives with Themis.
 
 Themis: Rashidi et al., ISCA 2022 (arXiv 2110.04478). The Python API (`sweep`, `train`,
-`to_dataframe`) runs the model in this process; `themis-mpi run` under mpiexec runs the emulator.
+`gpt`, `price_gpt`, `to_dataframe`; `api.calibrate`, whose name here is the subpackage's) runs the
+model in this process; `themis-mpi run` under mpiexec runs the emulator.
 The API is imported on first use, so an MPI rank that imports the package pays only for what it runs.
 """
 
@@ -11,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 from .version import __version__
 
-__all__ = ["__version__", "sweep", "to_dataframe", "train"]
+__all__ = ["__version__", "gpt", "price_gpt", "sweep", "to_dataframe", "train"]
 
 if TYPE_CHECKING:
-    from .api import sweep, to_dataframe, train
+    from .api import gpt, price_gpt, sweep, to_dataframe, train
 
 
 def __getattr__(name: str) -> Any:
-    """`sweep`, `train` and `to_dataframe` from `api`, imported on first use (PEP 562)."""
-    if name in ("sweep", "to_dataframe", "train"):
+    """The API's functions (`__all__`) from `api`, imported on first use (PEP 562)."""
+    if name in __all__[1:]:
         from . import api  # the model API: no MPI rank needs it
 
         return getattr(api, name)

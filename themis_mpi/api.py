@@ -9,7 +9,7 @@ Every call runs the same driver, engine and cost model as `themis-mpi model`; no
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -17,13 +17,17 @@ from typing import TYPE_CHECKING, Any
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
+from .limits import MAX_BANDWIDTH_GBPS, MAX_CHUNKS, MIN_BANDWIDTH_GBPS, in_range
+from .progress import Progress
 from .results import CollectiveResult, TrainingResult, flat_row
 
 if TYPE_CHECKING:
-    from .calibrate import NcclFit
+    from .calibrate import Fit, NcclFit, NcclLog
 from .run.pool import parse_workers, run_cells, run_training_cells, train_graph, train_text
-from .run.sweep import baseline_cells, sweep_cells, training_cells
-from .topology import PRESETS, Topology, parse_topology, read_fit
+from .run.priced import DEFAULT_CHUNKS as DEFAULT_GPT_CHUNKS
+from .run.priced import PricedResult, gpt_cells, price_cell
+from .run.sweep import TrainingCell, baseline_cells, sweep_cells, training_cells
+from .topology import KIND_ALIASES, PRESETS, Topology, parse_topology, read_fit
 from .units import parse_size, size_sweep
 from .workloads.chakra import is_et_source, load_graph
 from .workloads.et import MAX_ET_NODES
@@ -286,6 +290,11 @@ def train(
         spec,
         partition_mib,
     )
+    return _rows(run, cells, workers)
+
+
+def _rows(run: Any, cells: list[TrainingCell], workers: int | str) -> list:
+    """Each training cell's row in grid order, its speedup over its baseline cell's (`baseline_cells`)."""
     rows = dict(run_training_cells(run, cells, range(len(cells)), parse_workers(workers)))
     out = []
     for i, base in enumerate(baseline_cells(cells)):
@@ -385,6 +394,49 @@ def gpt(
     return c, layout.topology
 
 
+def price_gpt(
+    topology: str | Sequence[str] = "2x2x2",
+    policy: str | Sequence[str] = ("baseline", "themis"),
+    chunks: int | Sequence[int] | None = None,
+    *,
+    network: str | Sequence[str] | None = None,
+    mtu_bytes: int | None = None,
+    workers: int | str = 1,
+    **model: Any,
+) -> list[PricedResult]:
+    """An LLM's training iteration priced on the model, as ``themis-mpi workload gpt ... --run``.
+
+    A function of its own, not a ``run=`` flag of `gpt`: `gpt` gives one layout's config and
+    topology (and files), this a sweep's rows, taking lists as `train` does. The cells are
+    ``--run``'s with the same lists (topologies x chunks x policies x `network` rules, each
+    policy with its own intra-dim policy; `run.priced.gpt_cells`), each topology fitted to the
+    model's groups; the rows those ``--run --json -`` prints, speedups included (over the first
+    baseline row of the same topology, chunks and rule).
+
+    Args:
+        topology: preset names, inline specs, ASTRA-sim YAML paths or `calibrate` fits.
+        policy: inter-dim policies ("all" names every one, "both" baseline and Themis).
+        chunks: chunk counts (default 4, or the chunk count of the first `calibrate` fit among
+            the topologies).
+        network: link rules, as ``--network`` (None: the default).
+        mtu_bytes: the packet rule's packet, as ``--mtu``.
+        workers: local processes to run the cells on (1: this process), or "mpi", as `sweep`'s.
+        **model: `gpt`'s keyword parameters (preset, the shape, tp, pp, dp, ep, zero, schedule,
+            order, recompute, overlap_dp, peak_tflops, efficiency, bytes_per_element).
+
+    Returns:
+        `run.priced.PricedResult` rows (``to_dict()`` is a ``--json`` row), in loop order topology,
+        chunks, policy, rule.
+    """
+    names = _names(topology, "topology")
+    counts = _items(_chunks(chunks, names, DEFAULT_GPT_CHUNKS), "chunks", (int,), "a whole number (int)")
+    c, _ = gpt(names[0], None, **model)
+    bases = [RunConfig(network=rule, mtu_bytes=mtu_bytes) for rule in _names(network or "", "network")]
+    spec = TrainingSpec(4, "float32", 1)  # (as `workload gpt --run`'s)
+    cells, layouts = gpt_cells(c, [parse_topology(t) for t in names], counts, _policies(policy), bases, spec)
+    return _rows(partial(price_cell, c, layouts), cells, workers)
+
+
 def write_gpt(c: LlmConfig, topology: Topology, prefix: str) -> Layout:
     """``PREFIX.<rank>.et`` of every rank (`workloads.llm.write_llm`), once their size is known to be sane."""
     if rank_nodes(c) * c.npus > MAX_ET_NODES:
@@ -408,42 +460,87 @@ def calibrate(
     *,
     op: str | None = None,
     npus: int | None = None,
+    kind: str = "SW",
+    algorithm: str = "nccl",
+    chunks: int = 1,
+    min_size: int | str = "1M",
     table: int | None = None,
-    algos: str | None = None,
+    nccl_algo: str | None = None,
     base: str | None = None,
     link_gbps: float | None = None,
     nic_gbps: float | None = None,
     gpus_per_node: int | None = None,
-) -> NcclFit:
-    """Fit the NCCL-like model to an nccl-tests or rccl-tests log, as ``themis-mpi calibrate LOG``.
+    progress: Progress | None = None,
+    on_log: Callable[[NcclLog, str], None] | None = None,
+) -> NcclFit | Fit:
+    """Fit an nccl-tests or rccl-tests log, as ``themis-mpi calibrate LOG`` (which calls this).
+
+    The parameters are the command's flags of the same names and defaults (its parser gives
+    none of its own; tests/test_api_calibrate_workload.py holds its help to these), checked
+    here, so that a bad value is the command's line. `algorithm` "nccl" fits the NCCL-like
+    model (all sizes; `base`, `link_gbps`, `nic_gbps`, `gpus_per_node` and `nccl_algo` are its);
+    a per-dim algorithm (ring, direct, hd...) fits one dim of `kind`'s latency and bandwidth
+    at `chunks`, on the sizes from `min_size` up.
 
     Args:
         log: the log's path, read as posted (`calibrate.read_nccl_log`).
         op: the collective (default: the log's).
         npus: the NPU count (default: the log's).
+        kind: the per-dim fit's dim kind: SW, Ring or FC.
+        algorithm: nccl, or the per-dim algorithm to fit.
+        chunks: chunks the per-dim fit assumes.
+        min_size: the per-dim fit's smallest size, bytes or with a K/M/G suffix.
         table: one table of several (default: all of them, fitted together).
-        algos: the algorithms the run allowed, as ``NCCL_ALGO`` (default: the log's, else all).
+        nccl_algo: the algorithms the run allowed, as ``NCCL_ALGO`` (default: the log's, else all).
         base: a single-node fit (its topology or its JSON file): fit only the network level.
         link_gbps: GPU-to-GPU rate each way, GB/s of 1e9 B (default: the GPU table's).
         nic_gbps: the NIC per GPU, GB/s of 1e9 B (default: the GPU's reference platform).
         gpus_per_node: GPUs per node (default: the log's host names).
+        progress: told each whole staged fit of the NCCL-like model done.
+        on_log: given the log once read and the fit's first lines (`calibrate.fit_header` or
+            `calibrate.nccl_fit_header`), before the fit (the command prints them then).
 
     Returns:
-        The fit (`calibrate.NcclFit`): ``topology`` (what ``-t`` and `sweep` take), ``chunks``,
-        ``args``, the fitted parameters and every run's rows; ``to_dict()`` is what
-        ``calibrate --json`` writes, a file `sweep` and `train` take as their topology.
+        The fit: `calibrate.NcclFit` for nccl, else `calibrate.Fit`. ``topology`` is what ``-t``
+        and `sweep` take; ``to_dict()`` is what ``calibrate --json`` writes, a file `sweep` and
+        `train` take as their topology.
+
+    Raises:
+        TypeError: a parameter of the wrong type (named, with what it accepts).
+        UsageError: a value out of range, an unknown kind, a log that cannot be fitted (one line).
     """
-    from .calibrate import fit_nccl, parse_algos, read_base, read_nccl_log
+    from .calibrate import fit, fit_header, fit_nccl, nccl_fit_header, parse_algos, read_base, read_nccl_log
 
     _one(log, "log", (str,), "a path (str)")
+    in_range("--chunks", chunks, 1, MAX_CHUNKS)
+    if npus is not None:
+        in_range("--npus", npus, 2, 2**20)
+    dim_kind = KIND_ALIASES.get(_one(kind, "kind", (str,), "SW, Ring or FC (str)").lower())
+    if dim_kind is None:
+        raise UsageError(f"unknown dim kind {kind!r}; use SW, Ring or FC")
+    name = _one(algorithm, "algorithm", (str,), "nccl or a per-dim algorithm (str)").lower()
     found = read_nccl_log(log, op, npus, table)
+    if name != "nccl":
+        size = _size_bytes(_one(min_size, "min_size", (int, str), 'a byte count (int) or a size like "1M"'))
+        if on_log:
+            on_log(found, fit_header(found))
+        return fit(found, dim_kind, name, chunks, size)
+    fitted_base = read_base(base) if base else None
+    for flag, value in (("--link-gbps", link_gbps), ("--nic-gbps", nic_gbps)):
+        if value is not None:
+            in_range(flag, value, MIN_BANDWIDTH_GBPS, MAX_BANDWIDTH_GBPS)
+    if gpus_per_node is not None:
+        in_range("--gpus-per-node", gpus_per_node, 1, 2**20)
+    if on_log:
+        on_log(found, nccl_fit_header(found))
     return fit_nccl(
         found,
-        read_base(base) if base else None,
-        parse_algos(algos),
+        fitted_base,
+        parse_algos(nccl_algo),
         link_gbps=link_gbps,
         nic_gbps=nic_gbps,
         gpus_per_node=gpus_per_node,
+        progress=progress,
     )
 
 

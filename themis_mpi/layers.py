@@ -144,6 +144,7 @@ LAYERS: tuple[Layer, ...] = (
             "run.backend",
             "run.sweep",
             "run.pool",
+            "run.priced",
         ),
     ),
     Layer(

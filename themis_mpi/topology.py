@@ -511,7 +511,7 @@ class Topology:
     def free(self) -> Topology:
         """The same NPUs with communication all but free: 1 PB/s, no latency, no shared port.
 
-        What a pipeline's bubble is measured on (`cli.workload.price_all`).
+        What a pipeline's bubble is measured on (`run.priced.price_all`).
         """
         dims = len(self.dims)
         return replace(self.with_overrides([1e6] * dims, [0.0] * dims), ports=())

@@ -598,14 +598,14 @@ def _calibrate_parser(sub: Any) -> None:
         help="the collective (default: from the log)",
     )
     p.add_argument("--npus", type=int, default=None, help="NPUs measured (default: the log's Rank lines)")
-    p.add_argument("--kind", default="SW", help="kind of the fitted dim: SW, Ring or FC (default SW)")
+    # (the defaults these helps state are `api.calibrate`'s, which the command calls with the flags given)
+    p.add_argument("--kind", help="kind of the fitted dim: SW, Ring or FC (default SW)")
     p.add_argument(
         "--algorithm",
-        default="nccl",
         help="nccl (default: the NCCL-like model, all sizes) or a per-dim algorithm (ring...: one-dim fit)",
     )
-    p.add_argument("-c", "--chunks", type=int, default=1, help="chunks the fit assumes (default 1)")
-    p.add_argument("--min-size", default="1M", help="smallest size of the per-dim fit (default 1M)")
+    p.add_argument("-c", "--chunks", type=int, help="chunks the fit assumes (default 1)")
+    p.add_argument("--min-size", help="smallest size of the per-dim fit (default 1M)")
     p.add_argument("--table", type=int, default=None, help="which table of a log with several (1, 2...)")
     p.add_argument(
         "--nccl-algo", default=None, help="the algorithms the run allowed (NCCL_ALGO), e.g. Ring or Ring,Tree"
