@@ -109,26 +109,33 @@ def cli_jobs(commands: dict, tmp_path, **kw) -> dict:
     return done
 
 
-def in_process(args: list[str], cwd=None) -> subprocess.CompletedProcess:
+def in_process(
+    args: list[str], cwd=None, fold_stderr: bool = False, main=None
+) -> subprocess.CompletedProcess:
     """`themis-mpi ARGS` in this process (`themis_mpi.cli.main`), as `local` gives it: exit code, output.
 
     For checks that need no process of their own (parsing, help, refused input, a small model
     run): no interpreter start-up, and the code runs under the test's coverage. Runs from `cwd`
-    (the checkout by default), as `local` does.
+    (the checkout by default), as `local` does. `fold_stderr`: standard error written into the
+    standard output, in the order of the writes (``2>&1``). `main`: another program's
+    ``main(argv)`` (a script's, `script`) instead of the command's.
     """
-    from themis_mpi.cli import main
+    if main is None:
+        from themis_mpi.cli import main
 
-    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    out, here = io.StringIO(), os.getcwd()
+    err = out if fold_stderr else io.StringIO()
     os.chdir(cwd or ROOT)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code = main([str(a) for a in args])
+                code = code if isinstance(code, int) else 0  # (a script's main may return its rows)
             except SystemExit as exc:  # argparse: --help, or a flag it refuses
                 code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     finally:
         os.chdir(here)
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(args, code, out.getvalue(), "" if fold_stderr else err.getvalue())
 
 
 _FITS: dict[str, object] = {}
@@ -149,6 +156,47 @@ def fit_nccl(log, **kw):
     if key not in _FITS:
         _FITS[key] = fit(log)
     return copy.deepcopy(_FITS[key])
+
+
+_COMPARED: dict[tuple, dict] = {}
+_FOLDERS: dict[str, str] = {}
+
+
+def _folder_content(folder) -> str:
+    """A digest of every file under `folder` (names and bytes), read once per path."""
+    import hashlib
+
+    key = str(Path(folder).resolve())
+    if key not in _FOLDERS:
+        digest = hashlib.sha256()
+        for path in sorted(p for p in Path(key).rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(key)).encode() + b"\0" + path.read_bytes())
+        _FOLDERS[key] = digest.hexdigest()
+    return _FOLDERS[key]
+
+
+def compare_row(row: dict) -> dict:
+    """`astra.compare_row`, each ASTRA-sim 1.0 reference row modelled once per test session (a copy each call).
+
+    The model is deterministic, so the reference tests and the agreement script's documented run
+    (test_docs runs it in this process with this patched in) share one result per row content.
+    """
+    from themis_mpi import astra
+
+    key = ("1.0", repr(sorted(row.items())))
+    if key not in _COMPARED:
+        _COMPARED[key] = astra.compare_row(row)
+    return copy.deepcopy(_COMPARED[key])
+
+
+def compare_row_2(row: dict, network_dir: str) -> dict:
+    """`astra.compare_row_2`, once per row content and network folder content, as `compare_row`."""
+    from themis_mpi import astra
+
+    key = ("2", repr(sorted(row.items())), _folder_content(network_dir))
+    if key not in _COMPARED:
+        _COMPARED[key] = astra.compare_row_2(row, network_dir)
+    return copy.deepcopy(_COMPARED[key])
 
 
 ROWS_ENV = "THEMIS_MPI_ROWS"

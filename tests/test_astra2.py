@@ -8,9 +8,9 @@ tests pin each rule of `cost`, `network.Astra2Network`, `npunet` and `engine` th
 import math
 
 import pytest
-from harness import DATA, check_rows, in_process, run_specs
+from harness import DATA, check_rows, compare_row_2, in_process, run_specs
 
-from themis_mpi.astra import compare_row_2, reference_rows_2, topology_of_2
+from themis_mpi.astra import reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AR, ASTRA_SIM_2, CostModel

@@ -8,10 +8,10 @@ why an all-reduce's all-gather stages run anticlockwise (`timing.routes.astra2_a
 import math
 
 import pytest
-from harness import DATA, run_specs
+from harness import DATA, compare_row_2, run_specs
 
 from themis_mpi.api import sweep
-from themis_mpi.astra import RUNS_2_MULTIDIM, compare_row_2, reference_rows_2, topology_of_2
+from themis_mpi.astra import RUNS_2_MULTIDIM, reference_rows_2, topology_of_2
 from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan, plan_stages
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, ASTRA_SIM_2, RS, link_bytes_per_ns

@@ -7,9 +7,9 @@ other tests pin each rule of `cost`, `engine` and `collectives` that makes them 
 import math
 
 import pytest
-from harness import DATA, check_rows
+from harness import DATA, check_rows, compare_row
 
-from themis_mpi.astra import BUSY_BOUND_PCT, TIME_BOUNDS, compare_row, reference_rows
+from themis_mpi.astra import BUSY_BOUND_PCT, TIME_BOUNDS, reference_rows
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, ASTRA_SIM_1_0, RS, CostModel, reduction_ns

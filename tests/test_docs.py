@@ -3,7 +3,9 @@
 Convention (docs/index.md, "How the pages are checked"): a fenced ``console`` block holds
 commands, each on a line that starts with ``$ `` (continued on lines that start with ``> ``), and
 below each command the output it printed. The commands run from the root of a copy of the
-shipped files (what git tracks), with standard error folded into standard output. The output is
+shipped files (what git tracks), with standard error folded into standard output; a plain
+``themis-mpi ARGS`` or ``python scripts/NAME.py ARGS`` runs in the test's own process
+(`run_example`), any other command under bash. The output is
 compared line by line and token by token: a line of ``...`` stands for any number of lines, and
 the values of the wall-clock columns in ``WALL_CLOCK_COLUMNS`` are not compared (they are found by
 name in the table header above them, counted from the end of the line). Commands under
@@ -15,6 +17,7 @@ each labelled with its machine and date.
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import cli_reference  # noqa: E402
+import harness  # noqa: E402
+from harness import in_process, script  # noqa: E402
+
+from themis_mpi.cli.options import Meter  # noqa: E402
 
 # Columns whose values are wall-clock measurements of this machine, never compared.
 WALL_CLOCK_COLUMNS = ("wall_s", "wall_us", "scale", "error%")
@@ -179,18 +186,69 @@ def shipped(tmp_path_factory) -> Path:
     return copy
 
 
+# Results that a documented script recomputes and tests compute too: the script run in this process
+# takes the test session's copy (tests/harness.py), so each is computed once per session.
+SESSION_CACHED = ("compare_row", "compare_row_2")
+
+
+def plain_command(command: str) -> tuple[str, list[str]] | None:
+    """The program and arguments of a plain ``themis-mpi ARGS`` or ``python scripts/NAME.py ARGS``, else None.
+
+    Plain: one command (a comment after it allowed), no pipe, redirection, list, expansion, glob
+    or continuation line outside quotes, so that bash would run the program with exactly these
+    arguments.
+    """
+    unquoted = re.sub(r"'[^']*'|\"[^\"$`\\]*\"", "", command.split(" #", 1)[0])
+    if re.search(r"[|&;<>()$`*?\[\]{}~\\\n'\"]", unquoted):
+        return None
+    words = shlex.split(command, comments=True)
+    if words[:1] == ["themis-mpi"]:
+        return words[0], words[1:]
+    if len(words) > 1 and words[0] == "python" and re.fullmatch(r"scripts/\w+\.py", words[1]):
+        return words[1], words[2:]
+    return None
+
+
+def run_plain(program: str, args: list[str], root: Path) -> str:
+    """A plain command (`plain_command`) run in this process from `root`: its output, standard error folded in.
+
+    A script is the checkout's (the copy's is the same file); `SESSION_CACHED` results come from
+    the session's cache in tests/harness.py.
+    """
+    main = None
+    with pytest.MonkeyPatch.context() as patch:
+        if program != "themis-mpi":
+            module = script(Path(program).stem)
+            main = module.main
+            for name in SESSION_CACHED:
+                if hasattr(module, name):
+                    patch.setattr(module, name, getattr(harness, name))
+        patch.setenv("THEMIS_MPI_PROGRESS_S", "inf")
+        patch.setattr(Meter, "NOTE_S", float("inf"))  # (read when the module was imported)
+        return in_process(args, cwd=root, fold_stderr=True, main=main).stdout
+
+
 def run_example(example: Example, root: Path) -> None:
-    """Run one example in the copy and compare its output with the page."""
-    done = subprocess.run(
-        ["bash", "-c", example.command],
-        cwd=root,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-        env={**os.environ, "THEMIS_MPI_PROGRESS_S": "inf"},  # the pages are terminal sessions: the bar clears
-    )
-    actual = done.stdout.rstrip("\n").split("\n") if done.stdout.strip() else []
+    """Run one example in the copy and compare its output with the page.
+
+    A plain command (`plain_command`) runs in this process (`run_plain`): the same command line,
+    without an interpreter's start-up; any other (mpiexec, pipes, lists) runs under bash, standard
+    error folded into standard output.
+    """
+    plain = plain_command(example.command)
+    if plain is not None:
+        output = run_plain(*plain, root)
+    else:  # (the pages are terminal sessions: the progress bar clears, as THEMIS_MPI_PROGRESS_S=inf has it)
+        output = subprocess.run(
+            ["bash", "-c", example.command],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            env={**os.environ, "THEMIS_MPI_PROGRESS_S": "inf"},
+        ).stdout
+    actual = output.rstrip("\n").split("\n") if output.strip() else []
     why = mismatch(example.expected, actual)
     assert why is None, f"{example.name}: $ {example.command}\n{why}"
 

@@ -108,7 +108,7 @@ def strike(tmp_path, how: str, attempt: int):
         assert started.wait(STARTUP_BUDGET_S), f"the job did not start within {STARTUP_BUDGET_S} s"
         pids = job_pids(str(trace))
         assert len(pids) == 8, f"{len(pids)} ranks found"
-        time.sleep(2)  # well inside the 1000 iterations
+        time.sleep(1)  # well inside the 1000 iterations
         victim_pid, victim = next((p, r) for p, r in pids.items() if r == 5)
         os.kill(victim_pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         struck = time.monotonic()

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, local
+from harness import DATA, ROOT, cli, cli_jobs, local
 
 from themis_mpi.output import CELL, FINGERPRINT
 
@@ -77,29 +77,41 @@ def test_the_plugin_is_listed_with_its_origin(site):
     assert "plugin zigzag_policy:ZigZag" in line
 
 
-def test_the_plugin_runs_on_the_emulator_with_exact_data_and_the_models_time(site, tmp_path):
+RUN = ["-t", "2x2x2", "-b", "1M", "-c", "8", "-p", "zigzag"]
+TRAIN = ["train", str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"), "-t", "2x2x2"]
+TRAIN += ["-c", "4", "-n", "1", "--comm-scale", "0.01", "-p", "zigzag"]
+
+
+@pytest.fixture(scope="module")
+def emulator_runs(site, tmp_path_factory):
+    """`run` and `train` with the plugin under `mpiexec -n 8`, in one job (`harness.cli_jobs`): output, JSON file."""
+    tmp = tmp_path_factory.mktemp("emulator")
+    runs = {"run": ["run", *RUN, "-n", "1", "-w", "0"], "train": TRAIN}
+    runs = {k: [*a, "--json", str(tmp / f"{k}.json")] for k, a in runs.items()}
+    done = cli_jobs({k: (8, a) for k, a in runs.items()}, tmp)
+    return {k: (done[k], tmp / f"{k}.json") for k in runs}
+
+
+def test_the_plugin_runs_on_the_emulator_with_exact_data_and_the_models_time(site, emulator_runs, tmp_path):
     """`mpiexec -n 8 themis-mpi run -p zigzag`: wrong = 0, and `model` gives the same time."""
-    args = ["-t", "2x2x2", "-b", "1M", "-c", "8", "-p", "zigzag"]
-    proc = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+    proc, emu_json = emulator_runs["run"]
     assert proc.returncode == 0, proc.stderr
-    model = themis(["model", *args, "--json", str(tmp_path / "model.json")])
+    model = themis(["model", *RUN, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    (emu,) = json.loads((tmp_path / "emu.json").read_text())
+    (emu,) = json.loads(emu_json.read_text())
     (mod,) = json.loads((tmp_path / "model.json").read_text())
     assert emu["policy"] == "zigzag" and emu["wrong"] == 0
     assert emu["time_us"] == mod["time_us"]
 
 
-def test_the_plugin_replays_a_workload_on_both_transports(site, tmp_path):
+def test_the_plugin_replays_a_workload_on_both_transports(site, emulator_runs, tmp_path):
     """`train -p zigzag` on the model and under mpiexec: the same iteration time, wrong = 0."""
-    args = ["train", str(DATA / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt"), "-t", "2x2x2"]
-    args += ["-c", "4", "-n", "1", "--comm-scale", "0.01", "-p", "zigzag"]
-    model = themis([*args, "--json", str(tmp_path / "model.json")])
+    model = themis([*TRAIN, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    emu, emu_json = emulator_runs["train"]
     assert emu.returncode == 0, emu.stderr
     (m,) = json.loads((tmp_path / "model.json").read_text())
-    (e,) = json.loads((tmp_path / "emu.json").read_text())
+    (e,) = json.loads(emu_json.read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
 
 
@@ -115,11 +127,16 @@ def test_a_broken_plugin_ends_every_rank_with_one_line_naming_it(site):
 
 
 WALL_CLOCK = ("wall_s", "decision_s")  # the only columns that may differ between two runs
-SWEEP_ROWS = (
-    "import json, sys, themis_mpi\n"
-    "kw = json.loads(sys.argv[2])\n"
-    "print(json.dumps([r.to_dict() for r in themis_mpi.sweep(policy=sys.argv[1], **kw)]))"
-)
+COMMAND_AND_API = """
+import json, sys, themis_mpi
+from themis_mpi.cli import main
+policies, args, kw, folder = json.loads(sys.argv[1])
+for policy in policies:
+    code = main(["model", "-p", policy, *args, "--json", f"{folder}/{policy}.json"])
+    assert code == 0, (policy, code)
+    with open(f"{folder}/{policy}.api.json", "w") as f:
+        json.dump([r.to_dict() for r in themis_mpi.sweep(policy=policy, **kw)], f)
+"""
 
 
 def _rows_without_wall_clock(rows: list[dict]) -> list[dict]:
@@ -140,23 +157,24 @@ def _listed_inter_policies() -> list[str]:
     ids=["defaults", "sizes-and-chunks"],
 )
 def test_the_api_and_the_command_give_the_same_rows_for_every_policy(site, tmp_path, args, kwargs):
-    """`themis_mpi.sweep(policy=p)` and `themis-mpi model -p p` give the same rows for every listed policy."""
+    """`themis_mpi.sweep(policy=p)` and `themis-mpi model -p p` give the same rows for every listed policy.
+
+    Both run in one process of their own (the plugin comes from PYTHONPATH), every policy one
+    after the other: the command as its entry point runs it (`themis_mpi.cli.main`), its rows
+    to a JSON file; the API's rows to another.
+    """
     listed = [p for p in _listed_inter_policies() if p != "broken"]
     assert {"baseline", "themis", "predictive", "zigzag"} <= set(listed)
+    job = json.dumps([listed, ["-q", *args], kwargs, str(tmp_path)])
+    ran = subprocess.run(
+        [sys.executable, "-c", COMMAND_AND_API, job], capture_output=True, text=True, timeout=240, cwd=ROOT
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
     for policy in listed:
-        out = tmp_path / f"{policy}.json"
-        proc = themis(["model", "-p", policy, *args, "-q", "--json", str(out)])
-        assert proc.returncode == 0, proc.stderr
-        api = subprocess.run(
-            [sys.executable, "-c", SWEEP_ROWS, policy, json.dumps(kwargs)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        assert api.returncode == 0, api.stderr
         command_rows = [  # a sweep file's rows also name their cell and the sweep (for --resume)
-            {k: v for k, v in r.items() if k not in (CELL, FINGERPRINT)} for r in json.loads(out.read_text())
+            {k: v for k, v in r.items() if k not in (CELL, FINGERPRINT)}
+            for r in json.loads((tmp_path / f"{policy}.json").read_text())
         ]
         assert command_rows and all(r["policy"] == policy for r in command_rows)
-        assert _rows_without_wall_clock(json.loads(api.stdout)) == _rows_without_wall_clock(command_rows)
+        api_rows = json.loads((tmp_path / f"{policy}.api.json").read_text())
+        assert _rows_without_wall_clock(api_rows) == _rows_without_wall_clock(command_rows), policy

@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli, cli_jobs, in_process
+from harness import DATA, cli_jobs, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -238,7 +238,11 @@ def sweep_args(args: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def straggler_runs(tmp_path_factory):
-    """The emulator's runs of both straggler sweeps' cases (`STRAGGLING`, `SHARED_STRAGGLING`): one mpiexec."""
+    """The emulator's runs of this module, in one mpiexec (`harness.cli_jobs`): keyed by their args.
+
+    Both straggler sweeps' cases (`STRAGGLING`, `SHARED_STRAGGLING`), the training with stragglers,
+    jitter and p3 under each rule (key ``("train", network)``) and the wall-clock run (``("wall",)``).
+    """
     tmp = tmp_path_factory.mktemp("stragglers")
     cases = [*STRAGGLING, *([*a, "--network", n] for n in SHARED_NETWORKS for a in SHARED_STRAGGLING)]
     files = {tuple(a): tmp / f"{i}.json" for i, a in enumerate(cases)}
@@ -246,6 +250,11 @@ def straggler_runs(tmp_path_factory):
         k: (8, ["run", *sweep_args(list(k)), "-n", "1", "-w", "0", "--json", str(f)])
         for k, f in files.items()
     }
+    others = {("train", n): training_with_stragglers(n) for n in ("ideal", "fair")}
+    others[("wall",)] = WALL_CLOCK_RUN
+    for key, args in others.items():
+        files[key] = tmp / f"{'-'.join(key)}.json"
+        runs[key] = (8, [*args, "--json", str(files[key])])
     done = cli_jobs(runs, tmp)
     return {k: (done[k], f) for k, f in files.items()}
 
@@ -405,10 +414,9 @@ def test_stragglers_are_refused_on_chakra_graphs():
     assert proc.returncode == 2 and "Chakra graphs do not take them" in proc.stderr
 
 
-@pytest.mark.parametrize("network", ["ideal", "fair"])
-def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tmp_path, network):
-    """On 8 ranks a straggler, jitter, a late NPU and p3 train with #wrong 0 in the per-NPU model's time."""
-    args = [
+def training_with_stragglers(network: str) -> list[str]:
+    """`train` of Resnet50 on 2x2x2 with a straggler, jitter, a late NPU, a slow link and p3."""
+    return [
         "train",
         "--network",
         network,
@@ -432,39 +440,32 @@ def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(tm
         "--link-scale",
         "1:2=0.5",
     ]
-    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+
+
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+def test_the_emulator_trains_with_stragglers_jitter_and_p3_in_the_models_time(
+    tmp_path, straggler_runs, network
+):
+    """On 8 ranks a straggler, jitter, a late NPU and p3 train with #wrong 0 in the per-NPU model's time."""
+    args = training_with_stragglers(network)
+    emu, emu_json = straggler_runs[("train", network)]
     assert emu.returncode == 0, emu.stderr[-2000:]
     model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
-    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
+    (e,), (m,) = (json.loads(f.read_text()) for f in (emu_json, tmp_path / "model.json"))
     assert e["wrong"] == 0
     assert e["iteration_us"] == m["iteration_us"]
     alike = train("Resnet50_DataParallel.txt", "2x2x2", config=RunConfig(network=network), chunks=8)
     assert e["iteration_us"] > alike.iteration_us
 
 
-def test_a_late_npu_really_waits_under_the_wall_clock(tmp_path):
+WALL_CLOCK_RUN = ["run", "-t", "2x2x2", "-b", "64K", "-c", "4", "-p", "baseline", "--clock", "wall"]
+WALL_CLOCK_RUN += ["--time-scale", "10", "--npu-delay-us", "5=2000", "-n", "1", "-w", "0", "-q"]
+
+
+def test_a_late_npu_really_waits_under_the_wall_clock(straggler_runs):
     """Under ``--clock wall`` the late rank holds its steps until their deadlines: the run takes at least its delay."""
-    out = tmp_path / "wall.json"
-    proc = cli(
-        8,
-        [
-            "run",
-            "-t",
-            "2x2x2",
-            "-b",
-            "64K",
-            "-c",
-            "4",
-            "-p",
-            "baseline",
-            "--clock",
-            "wall",
-            "--time-scale",
-            "10",
-        ]
-        + ["--npu-delay-us", "5=2000", "-n", "1", "-w", "0", "-q", "--json", str(out)],
-    )
+    proc, out = straggler_runs[("wall",)]
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads(out.read_text())
     assert row["wrong"] == 0

@@ -28,7 +28,8 @@ GRID = [
     "-p",
     "all",
 ]
-SLOW_GRID = ["-t", "3D-SW_SW_SW_hetero,4D-Ring_SW_SW_SW", "-b", "1M", "-e", "1G", "-c", "64,256", "-p", "all"]
+# 2 topologies x 3 sizes x 2 chunk counts x every policy: cells slow enough (ms each) to be killed mid-sweep
+SLOW_GRID = ["-t", "3D-SW_SW_SW_hetero,4D-Ring_SW_SW_SW", "-b", "1M", "-e", "4M", "-c", "64,256", "-p", "all"]
 
 
 def rows_of(path) -> list[dict]:
@@ -70,7 +71,7 @@ def test_a_killed_sweep_resumed_completes_to_the_uninterrupted_files(tmp_path):
     full = {ext: tmp_path / f"full.{ext}" for ext in ("json", "csv", "jsonl")}
     part = {ext: tmp_path / f"part.{ext}" for ext in ("json", "csv", "jsonl")}
     files = lambda paths: [a for ext, p in paths.items() for a in (f"--{ext}", str(p))]  # noqa: E731
-    done = local(["model", *SLOW_GRID, *files(full), "-q"], timeout_s=300)
+    done = in_process(["model", *SLOW_GRID, *files(full), "-q"])
     assert done.returncode == 0, done.stderr
     total = len(rows_of(full["json"]))
     killed_sweep(["model", *SLOW_GRID, *files(part), "-q"], part["jsonl"], 12)
