@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -62,6 +63,7 @@ from ..timing.symmetric import Timer
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
+from .program import Program
 from .progress import Vigil, Watchdog
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
@@ -359,6 +361,8 @@ class MpiTransport:
             raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
         self._timed: tuple[float, list[StageRun]] | None = None  # ends the timer gave, data pending
         self._twins: list[MpiTransport] = []  # twins timed by a recorded run (`replaying`)
+        self._programs: dict[Hashable, Program] = {}  # symmetric collectives' programs (`run_program`)
+        self._program_scratch = _NO_BUFFER  # where their received data waits to be reduced
 
     # --- control (small messages, rank 0 coordinates) --------------------------------------------
 
@@ -431,6 +435,60 @@ class MpiTransport:
                 return self._buffers.pop(i)
         self._buffers = []
         return np.empty(coll.count, dtype=coll.dtype)
+
+    # --- a symmetric collective as one program (`mpi.program`) ----------------------------------
+
+    def run_program(self, run: CollectiveRun, order: Sequence[StageRun], key: Hashable) -> np.ndarray:
+        """Move an opened collective's data as one program in the model's stage start order.
+
+        The planner calls the run symmetric (`timing.planner.Plan.programmed`): every rank runs
+        the same order, so no engine and no timer run here (`mpi.program`).
+
+        Args:
+            run: the collective, opened (`open`), closed by the caller.
+            order: the model's stage runs of it, in start order.
+            key: what names that order (the same key, the same order): the program is compiled
+                once per key.
+
+        Returns:
+            Each stage's wall start and end (perf_counter seconds), in `order`, shape (stages, 2).
+        """
+        data = self._data[run.coll_id]
+        program = self._programs.get(key)
+        if program is None:
+            if len(self._programs) >= MAX_SHAPES:
+                self._programs = {}
+            program = Program(
+                self.topology, self.grid.coords, self.grid.subcomms, data.collective, data.regions, order
+            )
+            self._programs[key] = program
+        scratch = self._program_scratch
+        if scratch.size < program.scratch_elems or scratch.dtype != data.dtype:
+            scratch = self._program_scratch = np.empty(program.scratch_elems, data.dtype)
+        at = [0]
+
+        def waiting() -> str:
+            chunk, op, dim = program.where[at[0]]
+            peers = sorted({self.grid.world_ranks[dim][p] for st in program.stages[at[0]] for p, *_ in st[2]})
+            return (
+                f"waiting for rank(s) {', '.join(map(str, peers))} in collective {run.coll_id} "
+                f"({data.collective.op} of {data.collective.size_bytes} B), chunk {chunk}, {op} on dim {dim}"
+            )
+
+        backoff = self.grid.watchdog.backoff(waiting)
+        pause, testall = backoff.pause, MPI.Request.Testall
+
+        def wait(reqs: list[MPI.Request], stage: int) -> None:
+            at[0] = stage
+            try:
+                while not testall(reqs):
+                    pause()
+            except MPI.Exception as exc:
+                raise self._failure(exc, waiting()) from None
+            backoff.reset()
+
+        # (its own tag: a stage's messages take theirs below tag_mod)
+        return program.run(data.buffer, scratch, data.ufunc, self.tag_mod, wait)
 
     # --- engine interface ----------------------------------------------------------------------
 
@@ -694,17 +752,19 @@ class MpiTransport:
         try:
             return MPI.Request.Testsome(self._reqs)
         except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
-            # (Testsome reports a receive that met a larger message, another stage's, as "in status")
-            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-                raise Stalled(
-                    f"rank {self.grid.rank}: a message failed {self._waiting_for()}: a receive met a message "
-                    f"of another size, so ranks started different stages ({self._order_hint()}), "
-                    "or a peer died"
-                ) from None
-            raise Stalled(
-                f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
-                f"{self._waiting_for()}; a peer died"
-            ) from None
+            raise self._failure(exc, self._waiting_for()) from None
+
+    def _failure(self, exc: MPI.Exception, waiting: str) -> Stalled:
+        """What a failed test of requests says: ranks that started different stages, or a dead peer."""
+        # (Testsome reports a receive that met a larger message, another stage's, as "in status")
+        if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+            return Stalled(
+                f"rank {self.grid.rank}: a message failed {waiting}: a receive met a message "
+                f"of another size, so ranks started different stages ({self._order_hint()}), "
+                "or a peer died"
+            )
+        failed = f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()})"
+        return Stalled(f"{failed} {waiting}; a peer died")
 
     def _order_hint(self) -> str:
         """What makes ranks start different stages: policies whose answers differ between ranks."""
