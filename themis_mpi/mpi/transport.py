@@ -34,6 +34,10 @@ and where one NPU's view is not exact, this rank's ends from a run of every NPU
 (`timing.replay.Replay`, a twin transport made by `replaying`). NPUs may then start a dim's
 stages in different orders, and messages carry the replay's stage numbers, common to all, as
 their tags.
+
+A collective with NPUs alike under a sharing rule needs neither the engine nor the timer here:
+its times are the model's, the same on every rank, and its data moves as one program in the
+model's stage order (`run_program`, `mpi.program`; the planner decides, `Plan.programmed`).
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ ALIGN_BYTES = 64  # segments of a stage's buffer start on cache lines
 POOL_AREA_MAX_BYTES = 1 << 20  # a stage state keeps buffers up to this size for the next stage
 POOL_IDLE_MAX_BYTES = 64 << 20  # bytes kept in idle stage states, at most
 MAX_SHAPES = 4096  # stage shapes planned before the cache starts over
+# a program's round (`run_program`) waits for peers at that round: their messages come within tens
+# of us once they run, so its first pauses sleep at most this long (longer left cores idle, and
+# under load the rank sleeps too little to take its peers' core); then it backs off as others do
+ROUND_SLEEP_S, ROUND_SHORT_PAUSES = 20e-6, 100
 COPY, REDUCE, SWAP = 0, 1, 2
 _NO_BUFFER = np.empty(0)
 # one message of a step in a stage's buffer: (peer, start, stop, message, data, send time, folded)
@@ -468,8 +476,8 @@ class MpiTransport:
         at = [0]
 
         def waiting() -> str:
-            chunk, op, dim = program.where[at[0]]
-            peers = sorted({self.grid.world_ranks[dim][p] for st in program.stages[at[0]] for p, *_ in st[2]})
+            chunk, op, dim, peers = program.where[at[0]]
+            peers = tuple(self.grid.world_ranks[dim][p] for p in peers)
             return (
                 f"waiting for rank(s) {', '.join(map(str, peers))} in collective {run.coll_id} "
                 f"({data.collective.op} of {data.collective.size_bytes} B), chunk {chunk}, {op} on dim {dim}"
@@ -482,7 +490,7 @@ class MpiTransport:
             at[0] = stage
             try:
                 while not testall(reqs):
-                    pause()
+                    pause(ROUND_SLEEP_S if backoff.idle < ROUND_SHORT_PAUSES else None)
             except MPI.Exception as exc:
                 raise self._failure(exc, waiting()) from None
             backoff.reset()
