@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..algorithms import COPY, REDUCE, Step, plan, plan_all_to_all
-from ..collectives import Collective, owned_region
+from ..collectives import Collective, Stage, owned_region
 from ..cost import A2A, AG, RS
 from ..engine import StageRun
 from ..topology import Topology
@@ -32,6 +32,17 @@ from ..topology import Topology
 # one step: its sub-communicator, mode, receives (peer, start, stop, scratch start, scratch stop)
 # and sends (peer, start, stop), in absolute elements of the collective's buffer
 _Step = tuple[MPI.Comm, str, tuple[tuple[int, int, int, int, int], ...], tuple[tuple[int, int, int], ...]]
+
+
+def stage_steps(
+    topology: Topology, collective: Collective, stage: Stage, coord: int, lo: int, hi: int
+) -> list[Step]:
+    """The steps of a stage on ``[lo, hi)`` for the NPU at `coord` of its dim (`algorithms`)."""
+    dim = topology.dims[stage.dim]
+    if stage.op == A2A:
+        stride = topology.group_strides(collective.dims)[stage.dim]
+        return plan_all_to_all(dim.npus, coord, stride, topology.group_npus(collective.dims), lo, hi)
+    return plan(dim.algorithm, stage.op, dim.npus, coord, lo, hi)
 
 
 class Program:
@@ -52,7 +63,7 @@ class Program:
         order: the model's stage runs in start order.
     """
 
-    __slots__ = ("waves", "scratch_elems", "where")
+    __slots__ = ("waves", "scratch_elems", "where", "_bound")
 
     def __init__(
         self,
@@ -64,6 +75,7 @@ class Program:
         order: Sequence[StageRun],
     ):
         stacks = [list(stack) for stack in regions]
+        self._bound: tuple | None = None  # (buffer, scratch, waves of persistent requests): `bind`
         steps: list[list[Step]] = []
         # (chunk, op, dim, peers in the dim) of each stage: what a wait names
         self.where: list[tuple[int, str, int, tuple[int, ...]]] = []
@@ -73,12 +85,7 @@ class Program:
             if s.op == AG:
                 stack.pop()
             lo, hi = stack[-1]
-            if s.op == A2A:
-                stride = topology.group_strides(collective.dims)[s.dim]
-                group = topology.group_npus(collective.dims)
-                steps.append(plan_all_to_all(dim.npus, coords[s.dim], stride, group, lo, hi))
-            else:
-                steps.append(plan(dim.algorithm, s.op, dim.npus, coords[s.dim], lo, hi))
+            steps.append(stage_steps(topology, collective, s, coords[s.dim], lo, hi))
             if s.op == RS:
                 stack.append(owned_region(dim.npus, coords[s.dim], lo, hi))
             peers = sorted({p for st in steps[-1] for p, _, _ in st.recvs + st.sends})
@@ -130,40 +137,67 @@ class Program:
             rounds.append(tuple(compiled))
         return tuple(rounds)
 
-    def run(
-        self,
-        buf: np.ndarray,
-        scratch: np.ndarray,
-        ufunc: np.ufunc,
-        tag: int,
-        wait: Callable[[list[MPI.Request], int], None],
-    ) -> np.ndarray:
-        """Move and reduce the data of every stage, wave by wave; each stage's wall start and end (s).
+    def bind(self, buf: np.ndarray, scratch: np.ndarray, tag: int) -> None:
+        """Make every round's persistent requests and reduction views on these buffers (once per pair).
+
+        Each round becomes its requests (``Recv_init`` and ``Send_init``, started together), the
+        (place, received) views it reduces and those it copies into place.
+        """
+        if self._bound is not None and self._bound[0] is buf and self._bound[1] is scratch:
+            return
+        self.free()
+        waves = []
+        for stages, rounds in self.waves:
+            bound = []
+            for steps in rounds:
+                reqs: list[MPI.Prequest] = []
+                reduces: list[tuple[np.ndarray, np.ndarray]] = []
+                swaps: list[tuple[np.ndarray, np.ndarray]] = []
+                for comm, mode, recvs, sends in steps:
+                    for peer, a, b, sa, sb in recvs:
+                        into = buf[a:b] if mode == COPY else scratch[sa:sb]
+                        reqs.append(comm.Recv_init(into, peer, tag))
+                        if mode != COPY:
+                            (reduces if mode == REDUCE else swaps).append((buf[a:b], into))
+                    reqs += [comm.Send_init(buf[a:b], peer, tag) for peer, a, b in sends]
+                bound.append((reqs, tuple(reduces), tuple(swaps)))
+            waves.append((list(stages), stages[0], tuple(bound)))
+        self._bound = (buf, scratch, tuple(waves))
+
+    @property
+    def buffer(self) -> np.ndarray | None:
+        """The collective's buffer it is bound to (`bind`), if any."""
+        return None if self._bound is None else self._bound[0]
+
+    def free(self) -> None:
+        """Free the persistent requests of `bind` (the program may be bound again)."""
+        if self._bound is not None:
+            for _, _, rounds in self._bound[2]:
+                for reqs, _, _ in rounds:
+                    for req in reqs:
+                        req.Free()
+        self._bound = None
+
+    def run(self, ufunc: np.ufunc, wait: Callable[[list[MPI.Request], int], None]) -> np.ndarray:
+        """Move and reduce the data of every stage as bound (`bind`), wave by wave.
 
         `wait(requests, stage)` completes a round's requests (stage: the place in the order of
         the wave's first stage, which a stalled wait names).
+
+        Returns:
+            Each stage's wall start and end (perf_counter seconds), in the model's order.
         """
+        assert self._bound is not None, "bind the program to its buffers first"
         walls = np.empty((len(self.where), 2))
-        clock = time.perf_counter
-        for stages, rounds in self.waves:
+        clock, startall = time.perf_counter, MPI.Prequest.Startall
+        for stages, first, rounds in self._bound[2]:
             t0_s = clock()
-            for steps in rounds:
-                reqs = []
-                for comm, mode, recvs, sends in steps:
-                    irecv, isend = comm.Irecv, comm.Isend
-                    if mode == COPY:
-                        reqs += [irecv(buf[a:b], peer, tag) for peer, a, b, _, _ in recvs]
-                    else:
-                        reqs += [irecv(scratch[sa:sb], peer, tag) for peer, _, _, sa, sb in recvs]
-                    reqs += [isend(buf[a:b], peer, tag) for peer, a, b in sends]
-                wait(reqs, stages[0])
-                for _, mode, recvs, _ in steps:
-                    if mode == REDUCE:
-                        for _, a, b, sa, sb in recvs:
-                            part = buf[a:b]
-                            ufunc(part, scratch[sa:sb], out=part)
-                    elif mode != COPY:  # a swap: in place once the sends are done
-                        for _, a, b, sa, sb in recvs:
-                            buf[a:b] = scratch[sa:sb]
-            walls[list(stages)] = (t0_s, clock())
+            for reqs, reduces, swaps in rounds:
+                startall(reqs)
+                wait(reqs, first)
+                for part, received in reduces:
+                    ufunc(part, received, out=part)
+                for part, received in swaps:  # (in place once the sends are done)
+                    part[...] = received
+            walls[stages] = (t0_s, clock())
         return walls

@@ -53,7 +53,7 @@ from mpi4py import MPI
 from ..algorithms import COPY as STEP_COPY
 from ..algorithms import REDUCE as STEP_REDUCE
 from ..algorithms import SWAP as STEP_SWAP
-from ..algorithms import Step, plan, plan_all_to_all
+from ..algorithms import Step
 from ..collectives import Collective, owned_region, rs_dims
 from ..config import RunConfig
 from ..cost import A2A, AG, RS
@@ -67,7 +67,7 @@ from ..timing.symmetric import Timer
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
-from .program import Program
+from .program import Program, stage_steps
 from .progress import Vigil, Watchdog
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
@@ -83,6 +83,7 @@ MAX_SHAPES = 4096  # stage shapes planned before the cache starts over
 # of us once they run, so its first pauses sleep at most this long (longer left cores idle, and
 # under load the rank sleeps too little to take its peers' core); then it backs off as others do
 ROUND_SLEEP_S, ROUND_SHORT_PAUSES = 20e-6, 100
+MAX_PROGRAMS = 64  # symmetric collectives' programs kept (each holds its persistent requests)
 COPY, REDUCE, SWAP = 0, 1, 2
 _NO_BUFFER = np.empty(0)
 # one message of a step in a stage's buffer: (peer, start, stop, message, data, send time, folded)
@@ -464,8 +465,8 @@ class MpiTransport:
         data = self._data[run.coll_id]
         program = self._programs.get(key)
         if program is None:
-            if len(self._programs) >= MAX_SHAPES:
-                self._programs = {}
+            if len(self._programs) >= MAX_PROGRAMS:
+                self._free_programs()
             program = Program(
                 self.topology, self.grid.coords, self.grid.subcomms, data.collective, data.regions, order
             )
@@ -473,6 +474,12 @@ class MpiTransport:
         scratch = self._program_scratch
         if scratch.size < program.scratch_elems or scratch.dtype != data.dtype:
             scratch = self._program_scratch = np.empty(program.scratch_elems, data.dtype)
+        live = [data.buffer, *self._buffers]  # (a program bound elsewhere lets its buffer go)
+        for other in self._programs.values():
+            if other.buffer is not None and not any(other.buffer is buf for buf in live):
+                other.free()
+        # (its own tag: a stage's messages take theirs below tag_mod)
+        program.bind(data.buffer, scratch, self.tag_mod)
         at = [0]
 
         def waiting() -> str:
@@ -495,8 +502,13 @@ class MpiTransport:
                 raise self._failure(exc, waiting()) from None
             backoff.reset()
 
-        # (its own tag: a stage's messages take theirs below tag_mod)
-        return program.run(data.buffer, scratch, data.ufunc, self.tag_mod, wait)
+        return program.run(data.ufunc, wait)
+
+    def _free_programs(self) -> None:
+        """Drop the compiled programs and free their persistent requests."""
+        for program in self._programs.values():
+            program.free()
+        self._programs = {}
 
     # --- engine interface ----------------------------------------------------------------------
 
@@ -562,11 +574,7 @@ class MpiTransport:
         dim = topo.dims[s.dim]
         c = self.grid.coords[s.dim]
         n = key[2]
-        if s.op == A2A:
-            stride = topo.group_strides(collective.dims)[s.dim]
-            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(collective.dims), 0, n)
-        else:
-            steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+        steps = stage_steps(topo, collective, s, c, 0, n)
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
         costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
         if self.timer is None and self._untimed:
@@ -638,6 +646,7 @@ class MpiTransport:
         """Complete every request still pending (staged sends the peers have received), its twins' too."""
         for twin in self._twins:
             twin.drain(what)
+        self._free_programs()
         backoff = self.grid.watchdog.backoff(lambda: f"in {what} {self._waiting_for()}")
         while self._live:
             if self._progress():
