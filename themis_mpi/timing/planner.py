@@ -4,7 +4,9 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
 (`Run`) and ask `plan`; nothing else looks at which transport or world it has. The choice:
 
 - NPUs alike (collectives, training, symmetric graphs), any rule: one NPU's view (`symmetric`,
-  `ONE_NPU`); on the emulator each rank's messages time it (``ideal``), or one NPU's view.
+  `ONE_NPU`); on the emulator each rank's messages time it (``ideal``), or one NPU's view; a
+  collective under a sharing rule takes the model's memoised run and moves its data as one
+  program in the model's order (`Plan.programmed`, `mpi.program`).
 - Stragglers (late NPUs, scaled links, slow compute) on ``ideal``: every NPU vectorised
   (`vectors`, `VECTORS`), or as greenlets where the order of events matters (a gated scheduler,
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
