@@ -14,7 +14,9 @@ count, on the same ranks and float64 buffer size, --iters rounds of three varian
   baseline steps one after another, each tested to completion; what any design that
   sends one message per emulated step pays here, the engine and the send times aside;
 - emulator: ``run_collective``, baseline order, virtual clock (no injected delays), unchecked;
-  its ``wall_s`` (the slowest rank's, from the barrier that starts it, checks excluded).
+  its ``wall_s`` (the slowest rank's, from the barrier that starts it, checks excluded). Under
+  a sharing rule (the default) its data moves as one program in the model's order, in waves
+  (`mpi.program`); under ``ideal`` through the engine, each rank timed by its messages.
 
 One untimed warm-up round precedes them; its emulator run is checked (#wrong must be 0), and so
 is its floor run (floor#wrong: elements of the all-reduce of ones that are not the rank count). CPU per

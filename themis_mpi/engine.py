@@ -757,6 +757,17 @@ class Engine:
         if self._deferred and not self._in_flight:
             self._launch(self._deferred.pop(0))
 
+    def recorded(self, run: CollectiveRun, records: list[StageRun]) -> None:
+        """A collective that ran elsewhere, as if issued and run here: its run and stage records.
+
+        The emulator's symmetric runs move their data as a program in the model's order
+        (`mpi.program`); their times and records are the model's.
+        """
+        run.runs = records
+        self.collectives.append(run)
+        self.records.extend(records)
+        self.now_ns = run.end_ns
+
     # --- the event loop ------------------------------------------------------------------------
 
     def running_stages(self) -> list[StageRun]:

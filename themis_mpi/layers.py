@@ -112,6 +112,7 @@ LAYERS: tuple[Layer, ...] = (
             "mpi",
             "mpi.progress",
             "mpi.grid",
+            "mpi.program",
             "mpi.transport",
         ),
     ),

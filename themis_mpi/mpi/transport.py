@@ -34,12 +34,17 @@ and where one NPU's view is not exact, this rank's ends from a run of every NPU
 (`timing.replay.Replay`, a twin transport made by `replaying`). NPUs may then start a dim's
 stages in different orders, and messages carry the replay's stage numbers, common to all, as
 their tags.
+
+A collective with NPUs alike under a sharing rule needs neither the engine nor the timer here:
+its times are the model's, the same on every rank, and its data moves as one program in the
+model's stage order (`run_program`, `mpi.program`; the planner decides, `Plan.programmed`).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Hashable, Sequence
 from contextlib import AbstractContextManager
 
 import numpy as np
@@ -48,7 +53,7 @@ from mpi4py import MPI
 from ..algorithms import COPY as STEP_COPY
 from ..algorithms import REDUCE as STEP_REDUCE
 from ..algorithms import SWAP as STEP_SWAP
-from ..algorithms import Step, plan, plan_all_to_all
+from ..algorithms import Step
 from ..collectives import Collective, owned_region, rs_dims
 from ..config import RunConfig
 from ..cost import A2A, AG, RS
@@ -62,6 +67,7 @@ from ..timing.symmetric import Timer
 from ..topology import Topology
 from ..verify import count_wrong, fill_input
 from .grid import CartGrid
+from .program import Program, stage_steps
 from .progress import Vigil, Watchdog
 
 P2P_TAG_BASE, P2P_TAGS = 10000, 10000  # point-to-point tags on the Cartesian communicator (pings: 7001-2)
@@ -73,6 +79,11 @@ ALIGN_BYTES = 64  # segments of a stage's buffer start on cache lines
 POOL_AREA_MAX_BYTES = 1 << 20  # a stage state keeps buffers up to this size for the next stage
 POOL_IDLE_MAX_BYTES = 64 << 20  # bytes kept in idle stage states, at most
 MAX_SHAPES = 4096  # stage shapes planned before the cache starts over
+# a program's round (`run_program`) waits for peers at that round: their messages come within tens
+# of us once they run, so its first pauses sleep at most this long (longer left cores idle, and
+# under load the rank sleeps too little to take its peers' core); then it backs off as others do
+ROUND_SLEEP_S, ROUND_SHORT_PAUSES = 20e-6, 100
+MAX_PROGRAMS = 64  # symmetric collectives' programs kept (each holds its persistent requests)
 COPY, REDUCE, SWAP = 0, 1, 2
 _NO_BUFFER = np.empty(0)
 # one message of a step in a stage's buffer: (peer, start, stop, message, data, send time, folded)
@@ -359,6 +370,8 @@ class MpiTransport:
             raise UsageError(f"--network {config.network} runs on the virtual clock only (not --clock wall)")
         self._timed: tuple[float, list[StageRun]] | None = None  # ends the timer gave, data pending
         self._twins: list[MpiTransport] = []  # twins timed by a recorded run (`replaying`)
+        self._programs: dict[Hashable, Program] = {}  # symmetric collectives' programs (`run_program`)
+        self._program_scratch = _NO_BUFFER  # where their received data waits to be reduced
 
     # --- control (small messages, rank 0 coordinates) --------------------------------------------
 
@@ -432,6 +445,71 @@ class MpiTransport:
         self._buffers = []
         return np.empty(coll.count, dtype=coll.dtype)
 
+    # --- a symmetric collective as one program (`mpi.program`) ----------------------------------
+
+    def run_program(self, run: CollectiveRun, order: Sequence[StageRun], key: Hashable) -> np.ndarray:
+        """Move an opened collective's data as one program in the model's stage start order.
+
+        The planner calls the run symmetric (`timing.planner.Plan.programmed`): every rank runs
+        the same order, so no engine and no timer run here (`mpi.program`).
+
+        Args:
+            run: the collective, opened (`open`), closed by the caller.
+            order: the model's stage runs of it, in start order.
+            key: what names that order (the same key, the same order): the program is compiled
+                once per key.
+
+        Returns:
+            Each stage's wall start and end (perf_counter seconds), in `order`, shape (stages, 2).
+        """
+        data = self._data[run.coll_id]
+        program = self._programs.get(key)
+        if program is None:
+            if len(self._programs) >= MAX_PROGRAMS:
+                self._free_programs()
+            program = Program(
+                self.topology, self.grid.coords, self.grid.subcomms, data.collective, data.regions, order
+            )
+            self._programs[key] = program
+        scratch = self._program_scratch
+        if scratch.size < program.scratch_elems or scratch.dtype != data.dtype:
+            scratch = self._program_scratch = np.empty(program.scratch_elems, data.dtype)
+        live = [data.buffer, *self._buffers]  # (a program bound elsewhere lets its buffer go)
+        for other in self._programs.values():
+            if other.buffer is not None and not any(other.buffer is buf for buf in live):
+                other.free()
+        # (its own tag: a stage's messages take theirs below tag_mod)
+        program.bind(data.buffer, scratch, self.tag_mod)
+        at = [0]
+
+        def waiting() -> str:
+            chunk, op, dim, peers = program.where[at[0]]
+            peers = tuple(self.grid.world_ranks[dim][p] for p in peers)
+            return (
+                f"waiting for rank(s) {', '.join(map(str, peers))} in collective {run.coll_id} "
+                f"({data.collective.op} of {data.collective.size_bytes} B), chunk {chunk}, {op} on dim {dim}"
+            )
+
+        backoff = self.grid.watchdog.backoff(waiting)
+        pause, testall = backoff.pause, MPI.Request.Testall
+
+        def wait(reqs: list[MPI.Request], stage: int) -> None:
+            at[0] = stage
+            try:
+                while not testall(reqs):
+                    pause(ROUND_SLEEP_S if backoff.idle < ROUND_SHORT_PAUSES else None)
+            except MPI.Exception as exc:
+                raise self._failure(exc, waiting()) from None
+            backoff.reset()
+
+        return program.run(data.ufunc, wait)
+
+    def _free_programs(self) -> None:
+        """Drop the compiled programs and free their persistent requests."""
+        for program in self._programs.values():
+            program.free()
+        self._programs = {}
+
     # --- engine interface ----------------------------------------------------------------------
 
     def start(self, run: StageRun) -> None:
@@ -496,11 +574,7 @@ class MpiTransport:
         dim = topo.dims[s.dim]
         c = self.grid.coords[s.dim]
         n = key[2]
-        if s.op == A2A:
-            stride = topo.group_strides(collective.dims)[s.dim]
-            steps = plan_all_to_all(dim.npus, c, stride, topo.group_npus(collective.dims), 0, n)
-        else:
-            steps = plan(dim.algorithm, s.op, dim.npus, c, 0, n)
+        steps = stage_steps(topo, collective, s, c, 0, n)
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
         costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
         if self.timer is None and self._untimed:
@@ -572,6 +646,7 @@ class MpiTransport:
         """Complete every request still pending (staged sends the peers have received), its twins' too."""
         for twin in self._twins:
             twin.drain(what)
+        self._free_programs()
         backoff = self.grid.watchdog.backoff(lambda: f"in {what} {self._waiting_for()}")
         while self._live:
             if self._progress():
@@ -694,17 +769,19 @@ class MpiTransport:
         try:
             return MPI.Request.Testsome(self._reqs)
         except MPI.Exception as exc:  # MPI saw a peer fail (when the launcher lets us live)
-            # (Testsome reports a receive that met a larger message, another stage's, as "in status")
-            if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
-                raise Stalled(
-                    f"rank {self.grid.rank}: a message failed {self._waiting_for()}: a receive met a message "
-                    f"of another size, so ranks started different stages ({self._order_hint()}), "
-                    "or a peer died"
-                ) from None
-            raise Stalled(
-                f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()}) "
-                f"{self._waiting_for()}; a peer died"
-            ) from None
+            raise self._failure(exc, self._waiting_for()) from None
+
+    def _failure(self, exc: MPI.Exception, waiting: str) -> Stalled:
+        """What a failed test of requests says: ranks that started different stages, or a dead peer."""
+        # (Testsome reports a receive that met a larger message, another stage's, as "in status")
+        if exc.Get_error_class() in (MPI.ERR_TRUNCATE, MPI.ERR_IN_STATUS):
+            return Stalled(
+                f"rank {self.grid.rank}: a message failed {waiting}: a receive met a message "
+                f"of another size, so ranks started different stages ({self._order_hint()}), "
+                "or a peer died"
+            )
+        failed = f"rank {self.grid.rank}: a message failed ({exc.Get_error_string()})"
+        return Stalled(f"{failed} {waiting}; a peer died")
 
     def _order_hint(self) -> str:
         """What makes ranks start different stages: policies whose answers differ between ranks."""

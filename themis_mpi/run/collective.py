@@ -9,6 +9,7 @@ every rank returns the same, whole result.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -17,11 +18,11 @@ import numpy as np
 
 from ..collectives import Collective
 from ..config import RunConfig
-from ..engine import CollectiveRun, Engine, Transport
+from ..engine import CollectiveRun, Engine, StageRun, Transport
 from ..errors import UsageError
 from ..model import ModelTransport
 from ..msccl.custom import choose
-from ..policies import Schedule
+from ..policies import Schedule, origin
 from ..results import CollectiveResult, summarize
 from ..timing.planner import CUSTOM, Run, plan, run_on
 from ..topology import Topology
@@ -94,14 +95,32 @@ def run_collective(
     if timing.agreed and start_order is None:  # each dim starts its stages as with NPUs alike
         start_order = symmetric_run(topology, config, collective, schedule)[0].start_order()
 
+    program = getattr(transport, "run_program", None)  # (the emulator's: `mpi.program`)
+    if program is not None and timing.programmed and origin(schedule.intra or config.intra) == "builtin":
+        return program_result(program, transport, collective, schedule, policy, decision_s, check)
+
     def body(npu: Transport) -> tuple[CollectiveRun, Engine, float]:
         return collective_on(npu, collective, schedule, check, start_order, timing.every_npu)
 
     with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
         run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
-    result = summarize(
+    return result_of(transport, run, engine, wall_s, schedule, policy, decision_s), engine
+
+
+def result_of(
+    transport: Transport,
+    run: CollectiveRun,
+    engine: Engine,
+    wall_s: float,
+    schedule: Schedule,
+    policy: PolicyLike,
+    decision_s: float,
+) -> CollectiveResult:
+    """The whole result of a collective that ran on this transport's engine (the same on every rank)."""
+    config = transport.config
+    return summarize(
         run,
-        topology,
+        transport.topology,
         transport.cost,
         policy=policy_name(policy),
         intra=schedule.intra or config.intra,
@@ -114,7 +133,75 @@ def run_collective(
         wall_time_us=wall_s / config.time_scale * 1e6 if transport.clock.name == "wall" else None,
         network=config.network,
     )
-    return result, engine
+
+
+_RECORDED: dict[tuple, tuple[CollectiveRun, list[StageRun], list[int]]] = {}  # `recorded_run`
+RECORDED_MAX = 64  # symmetric runs kept before the memo starts over
+
+
+def recorded_run(
+    topology: Topology, config: RunConfig, collective: Collective, schedule: Schedule
+) -> tuple[tuple, CollectiveRun, list[StageRun], list[int]]:
+    """The model's run of a symmetric collective, memoised: its key, run, stages in start order, finish order.
+
+    The run is a function of its inputs (NPUs alike, built-in policies), so every call with the
+    same ones (a training step's collective, a benchmark's repeats) reuses the first. The finish
+    order gives, for each record of the engine in completion order, its place in the start order.
+    """
+    key = (
+        topology,
+        config,
+        collective,
+        schedule.bounds.tobytes(),
+        schedule.orders.tobytes(),
+        schedule.orders.shape,
+        schedule.fuse_last,
+        schedule.intra,
+    )
+    memo = _RECORDED.get(key)
+    if memo is None:
+        engine, run = symmetric_run(topology, config, collective, schedule)
+        order = sorted(engine.records, key=lambda r: r.start_seq)
+        at = {id(r): i for i, r in enumerate(order)}
+        memo = (run, order, [at[id(r)] for r in engine.records])
+        if len(_RECORDED) >= RECORDED_MAX:
+            _RECORDED.clear()
+        _RECORDED[key] = memo
+    return (key, *memo)
+
+
+def program_result(
+    program: Callable[[CollectiveRun, list[StageRun], tuple], np.ndarray],
+    transport: Transport,
+    collective: Collective,
+    schedule: Schedule,
+    policy: PolicyLike,
+    decision_s: float,
+    check: bool,
+) -> tuple[CollectiveResult, Engine]:
+    """A symmetric collective on the emulator: the model's memoised run, its data moved as a program.
+
+    Every rank moves its data in the model's stage order (`program`, `mpi.program`); the times
+    and stage records are the model's, each record with this rank's wall start and end.
+    """
+    topology, config = transport.topology, transport.config
+    key, model_run, order, finish = recorded_run(topology, config, collective, schedule)
+    engine = Engine(topology, transport, config)
+    run = dataclasses.replace(model_run, check=check, wrong=None, runs=[])
+
+    def begin() -> np.ndarray:
+        transport.open(run)
+        walls = program(run, order, key)
+        transport.close(run)
+        return walls
+
+    walls, wall_s = execute(transport, engine, "the collective", begin)
+    runs = [
+        StageRun(r.stage, r.queued_ns, r.start_ns, r.end_ns, r.slot, r.dim_seq, r.start_seq, w0, w1)
+        for r, (w0, w1) in zip(order, walls.tolist())
+    ]
+    engine.recorded(run, [runs[i] for i in finish])
+    return result_of(transport, run, engine, wall_s, schedule, policy, decision_s), engine
 
 
 def collective_on(

@@ -4,7 +4,9 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
 (`Run`) and ask `plan`; nothing else looks at which transport or world it has. The choice:
 
 - NPUs alike (collectives, training, symmetric graphs), any rule: one NPU's view (`symmetric`,
-  `ONE_NPU`); on the emulator each rank's messages time it (``ideal``), or one NPU's view.
+  `ONE_NPU`); on the emulator each rank's messages time it (``ideal``), or one NPU's view; a
+  collective under a sharing rule takes the model's memoised run and moves its data as one
+  program in the model's order (`Plan.programmed`, `mpi.program`).
 - Stragglers (late NPUs, scaled links, slow compute) on ``ideal``: every NPU vectorised
   (`vectors`, `VECTORS`), or as greenlets where the order of events matters (a gated scheduler,
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
@@ -40,7 +42,7 @@ from ..cost import A2A, ASTRA_SIM_2, RS, steps
 from ..engine import Transport
 from ..errors import Stalled, UsageError
 from ..model import ModelTransport
-from ..policies import default_scheduler, make_scheduler
+from ..policies import default_scheduler, make_scheduler, origin, scheduler_origin
 from ..topology import Topology
 from .greenlets import NpuWorld
 from .routes import uneven_dims
@@ -126,6 +128,26 @@ class Plan:
     def agreed(self) -> bool:
         """Whether each dim starts its stages in one agreed order (NPUs at different paces)."""
         return self.run.stragglers
+
+    @property
+    def programmed(self) -> bool:
+        """Whether the emulator may move the data as one program in the model's order (`mpi.program`).
+
+        A collective with NPUs alike under a sharing rule, with the built-in policies: every
+        rank's timer is then the same one NPU's view, so every rank starts the same stages in
+        the same order at the same times, those of the model's run (which the driver memoises;
+        a plugin's answers may change from call to call, so plugins take the general path).
+        """
+        run, config = self.run, self.run.config
+        return (
+            self.simulator == ONE_NPU
+            and run.kind == COLLECTIVE
+            and not (run.custom or run.stragglers or run.messages or run.per_rank or run.topology.flat)
+            and not any(d.custom for d in run.topology.dims)  # (a dim's msccl stages: the engine's path)
+            and rule_class(self.rule).routes
+            and scheduler_origin(default_scheduler(config)) == "builtin"
+            and origin(config.intra) == "builtin"
+        )
 
     def describe(self) -> str:
         """In a few words, e.g. ``every NPU's links under --network fair``."""
