@@ -14,6 +14,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .collectives import DEFAULT_DTYPE
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
@@ -87,7 +88,7 @@ def sweep(
     end: int | str | None = None,
     factor: float = 2.0,
     op: str = "all_reduce",
-    dtype: str = "float64",
+    dtype: str = DEFAULT_DTYPE,
     intra: str | Sequence[str] = "auto",
     active_per_dim: int = 1,
     endpoint_delay_ns: float | None = None,
@@ -193,7 +194,7 @@ def train(
     iterations: int = 2,
     *,
     intra: str | Sequence[str] = "auto",
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..collectives import Collective, block_bounds
+from ..collectives import Collective, block_bounds, priced_chunk_bytes
 from ..errors import UsageError
 from ..topology import Topology, is_custom
 from ..verify import input_values
@@ -144,10 +144,9 @@ def uses_custom(topology: Topology) -> bool:
 
 
 def chunk_bytes(custom: Custom, collective: Collective) -> list[float]:
-    """Bytes of one chunk of the file in each iteration (each of the run's chunks)."""
-    bounds = collective.chunk_bounds()
+    """Priced bytes of one chunk of the file in each iteration (each of the run's chunks)."""
     n = custom.algo.nchunksperloop
-    return [float(bounds[i + 1] - bounds[i]) * collective.itemsize / n for i in range(len(bounds) - 1)]
+    return [b / n for b in priced_chunk_bytes(collective, collective.chunk_bounds())]
 
 
 def layout(custom: Custom, collective: Collective, it: int) -> list[int]:
