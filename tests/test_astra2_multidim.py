@@ -87,7 +87,7 @@ def test_only_an_all_reduces_all_gather_stages_run_anticlockwise():
     def directions(op: str, fuse_last: int) -> list[tuple[int, str, bool]]:
         coll = Collective(op, 4096, "float32", 1, (0, 1, 2))
         plan = chunk_plan(topo, coll, 4096, baseline_order(op, 3), fuse_last)
-        return [(s.dim, s.op, astra2_anticlockwise(s)) for s in plan_stages(plan, 0, 0)]
+        return [(s.dim, s.op, astra2_anticlockwise(s)) for s in plan_stages(plan, 0, 0, 4)]
 
     assert directions("all_reduce", True) == [
         (0, RS, False),

@@ -1,7 +1,7 @@
 """Timing prices a collective's nominal bytes, never its elements: the dtype moves no time.
 
 The data path moves whole elements of the dtype; the time model prices the bytes the run names,
-split at byte granularity (`collectives.priced_chunk_bytes`). Sizes here are no multiple of 8.
+in words of 4 B (`collectives.priced_chunks`). Sizes here are no multiple of 8.
 """
 
 import argparse

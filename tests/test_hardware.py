@@ -164,9 +164,8 @@ def test_compute_slows_to_what_the_running_collectives_leave():
     topo = parse_topology("SW(4,100,0,ring)")
     config = RunConfig(endpoint=Endpoint(200, 0.25))
     cost = CostModel(topo, PRICED_ITEMSIZE, endpoint=config.endpoint)
-    stage = chunk_stages(topo, Collective("all_reduce", MIB // 4, "float32", 1, (0,)), 0, 0, MIB, [0], True)[
-        0
-    ]
+    coll = Collective("all_reduce", MIB // 4, "float32", 1, (0,))
+    stage = chunk_stages(topo, coll, 0, 0, MIB // PRICED_ITEMSIZE, [0], True)[0]
     run = SimpleNamespace(stage=stage, mem_shared=False)
     b = MIB / 4
     d = 21 * b / sum(cost.run_steps_ns(run))  # 3 RS steps of 5b and 3 AG steps of 2b

@@ -170,7 +170,7 @@ def test_variable_chunks_run_on_the_engine_with_the_bounds_given():
     run = engine.collectives[0]
     assert row.chunks == len(run.bounds) - 1 < 64
     firsts = [r.stage for r in engine.records if r.stage.index == 0]
-    assert sum(s.full_elems for s in firsts) == AR64.size_bytes  # (stages are priced in bytes)
+    assert sum(s.full_elems * s.itemsize for s in firsts) == AR64.size_bytes
 
 
 def _stage(coll, chunk, index, n, op, key=8):

@@ -66,9 +66,9 @@ def runs(draw):
 def expected_bytes(topo, coll, orders) -> int:
     """Bytes one NPU must send, from the chunk sizes and orders alone (blocks padded to ceil(n/P)).
 
-    Timing prices bytes: the chunks are the nominal bytes split at byte granularity.
+    Timing prices bytes: the chunks are the nominal bytes split at the granularity of a priced word.
     """
-    bounds = split_bounds(coll.size_bytes, coll.n_chunks)
+    bounds = split_bounds(max(1, coll.size_bytes // PRICED_ITEMSIZE), coll.n_chunks)
     total = 0
     for k in range(coll.n_chunks):
         n = int(bounds[k + 1] - bounds[k])
@@ -82,7 +82,7 @@ def expected_bytes(topo, coll, orders) -> int:
             moved += (p - 1) * -(-n // p)
             n = -(-n // p)
         total += 2 * moved if coll.op == "all_reduce" else moved
-    return total
+    return total * PRICED_ITEMSIZE
 
 
 @given(runs())

@@ -8,8 +8,9 @@ Sizes: ``size_bytes`` is the larger buffer of the operation, the input of a redu
 the output of an all-gather, so that the algbw/busbw of nccl-tests apply unchanged.
 
 Timing prices bytes, never elements: the data path moves whole elements of the dtype, but a
-stage is priced at the collective's nominal bytes split at byte granularity (`priced_chunk_bytes`,
-then `chunk_plan` on bytes), so a time does not depend on the element type.
+stage is priced at the collective's nominal bytes in 4-byte words (`PRICED_ITEMSIZE`), split at
+word granularity (`priced_chunks`, then `chunk_plan` on words), so a time does not depend on the
+element type (and a float32 run keeps the times it always had).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class Stage:
         dim: dim index.
         op: RS, AG, AR (an all-reduce on one dim: RS then AG steps) or A2A.
         full_elems: nominal units before an RS, after an AG (the stage's larger buffer), priced
-            at `itemsize` bytes each: timing prices bytes, so stages are built in bytes
-            (`PRICED_ITEMSIZE`, `priced_chunk_bytes`) whatever the dtype the data moves in.
+            at `itemsize` bytes each: timing prices bytes, so stages are built in priced words
+            (`PRICED_ITEMSIZE`, `priced_chunks`) whatever the dtype the data moves in.
         key_bytes: the SCF key: the larger of the stage's input and output bytes.
         itemsize: bytes per unit of `full_elems` (`PRICED_ITEMSIZE`).
         plan: the chunk's whole plan ``((dim, op, full_elems), ...)``: the NCCL-like model
@@ -145,24 +146,29 @@ class Collective:
         return split_bounds(self.count, self.n_chunks)
 
 
-PRICED_ITEMSIZE = 1  # stages are priced in bytes: a unit of `Stage.full_elems` is one byte
+PRICED_ITEMSIZE = 4  # bytes of a priced word: a unit of `Stage.full_elems` (float32's element)
 
 
-def priced_chunk_bytes(collective: Collective, bounds) -> list[int]:
-    """The bytes timing prices each chunk of `bounds` (element bounds of a schedule) at.
+def priced_words(collective: Collective) -> int:
+    """The collective's nominal bytes in priced words (rounded down, at least one)."""
+    return max(1, collective.size_bytes // PRICED_ITEMSIZE)
 
-    The one place that turns a schedule's chunks into priced bytes. Nominal chunks
-    (`Collective.chunk_bounds`) are priced at the collective's nominal bytes split into as many
-    chunks at byte granularity, so the price does not depend on the element type; chunks a
-    policy sized itself (themisFlex) at their elements' bytes, the last one taking the nominal
-    bytes that are no whole element.
+
+def priced_chunks(collective: Collective, bounds) -> tuple[int, list[int], int]:
+    """How timing prices a schedule's chunks (element `bounds`): unit bytes, units per chunk, units in all.
+
+    The one place that turns a schedule's chunks into priced sizes. Nearly equal chunks (as
+    `Collective.chunk_bounds` cuts them, whatever their count) are priced in words of
+    `PRICED_ITEMSIZE` B: the collective's nominal words split into as many chunks, so the price
+    does not depend on the element type (a float32 collective's words are its elements: its
+    times are unchanged). Chunks a policy sized itself in elements (themisFlex) are priced in
+    those elements.
     """
-    nominal = collective.chunk_bounds()
-    if len(bounds) == len(nominal) and np.array_equal(bounds, nominal):
-        return np.diff(split_bounds(collective.size_bytes, collective.n_chunks)).tolist()
-    edges = np.asarray(bounds, dtype=np.int64) * collective.itemsize
-    edges[-1] = collective.size_bytes
-    return np.diff(edges).tolist()
+    n = len(bounds) - 1
+    if np.array_equal(bounds, split_bounds(collective.count, n)):
+        words = priced_words(collective)
+        return PRICED_ITEMSIZE, np.diff(split_bounds(words, n)).tolist(), words
+    return collective.itemsize, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), collective.count
 
 
 def active_dims(topology: Topology, collective: Collective, order) -> list[int]:
@@ -191,7 +197,7 @@ def chunk_plan(
 ) -> list[tuple]:
     """A chunk's stages as ``(dim, op, full_elems)``, in execution order.
 
-    Sizes are in whatever unit `chunk_elems` is: the engine gives priced bytes.
+    Sizes are in whatever unit `chunk_elems` is: the engine gives priced words (`priced_chunks`).
 
     All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
     dim's RS and AG are separate stages (Themis), or with `fuse_last` one AR stage that holds
@@ -232,17 +238,19 @@ def chunk_plan(
     return plan
 
 
-def plan_stages(plan: list[tuple[int, str, int]], coll_id: int, chunk: int, call: tuple = ()) -> list[Stage]:
-    """The `Stage` objects of one chunk's plan (`chunk_plan` on priced bytes).
+def plan_stages(
+    plan: list[tuple[int, str, int]], coll_id: int, chunk: int, unit_bytes: int, call: tuple = ()
+) -> list[Stage]:
+    """The `Stage` objects of one chunk's plan (`chunk_plan` on priced units of `unit_bytes`).
 
-    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call bytes, first
+    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call units, first
     chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call; a plan's own
     `CALL` items (a broadcast's) go there too.
     """
     stages = [item for item in plan if item[0] != CALL]
     n, whole = len(stages), tuple(stages) + tuple(call) + tuple(item for item in plan if item[0] == CALL)
     return [
-        Stage(coll_id, chunk, i, n, d, kind, full, full * PRICED_ITEMSIZE, PRICED_ITEMSIZE, whole)
+        Stage(coll_id, chunk, i, n, d, kind, full, full * unit_bytes, unit_bytes, whole)
         for i, (d, kind, full) in enumerate(stages)
     ]
 
@@ -252,10 +260,11 @@ def chunk_stages(
     collective: Collective,
     coll_id: int,
     chunk: int,
-    chunk_bytes: int,
+    chunk_units: int,
     order,
     fuse_last: int = False,
+    unit_bytes: int = PRICED_ITEMSIZE,
 ) -> list[Stage]:
-    """The stages of one chunk of `chunk_bytes` priced bytes, in execution order (as `Stage` objects)."""
-    plan = chunk_plan(topology, collective, chunk_bytes, order, fuse_last)
-    return plan_stages(plan, coll_id, chunk)
+    """The stages of one chunk of `chunk_units` priced units (`priced_chunks`), in execution order."""
+    plan = chunk_plan(topology, collective, chunk_units, order, fuse_last)
+    return plan_stages(plan, coll_id, chunk, unit_bytes)

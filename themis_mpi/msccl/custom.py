@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..collectives import Collective, block_bounds, priced_chunk_bytes
+from ..collectives import Collective, block_bounds, priced_chunks
 from ..errors import UsageError
 from ..topology import Topology, is_custom
 from ..verify import input_values
@@ -146,7 +146,8 @@ def uses_custom(topology: Topology) -> bool:
 def chunk_bytes(custom: Custom, collective: Collective) -> list[float]:
     """Priced bytes of one chunk of the file in each iteration (each of the run's chunks)."""
     n = custom.algo.nchunksperloop
-    return [b / n for b in priced_chunk_bytes(collective, collective.chunk_bounds())]
+    unit, sizes, _ = priced_chunks(collective, collective.chunk_bounds())
+    return [s * unit / n for s in sizes]
 
 
 def layout(custom: Custom, collective: Collective, it: int) -> list[int]:

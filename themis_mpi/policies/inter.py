@@ -286,13 +286,11 @@ class ThemisLat(InterPolicy):
         self._added: dict[tuple[int, int], list[float]] = {}
 
     def _added_ns(self, chunk_bytes: int, c: int) -> list[float]:
-        key = (chunk_bytes, c)
+        key = (chunk_bytes // PRICED_ITEMSIZE, c)
         if key not in self._added:
             cost = self.context.cost(PRICED_ITEMSIZE)
             added = [0.0] * self.n_dims
-            for s in chunk_stages(
-                self.context.topology, self.collective, 0, 0, chunk_bytes, self.candidates[c]
-            ):
+            for s in chunk_stages(self.context.topology, self.collective, 0, 0, key[0], self.candidates[c]):
                 added[s.dim] += cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0)
             self._added[key] = added
         return self._added[key]
