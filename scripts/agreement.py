@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from themis_mpi.collectives import Collective
+from themis_mpi.collectives import PRICED_ITEMSIZE, Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import CostModel, Endpoint
 from themis_mpi.mpi.grid import CartGrid
@@ -117,7 +117,7 @@ def run_spec(topology: str, cases: list[dict]) -> list[dict]:
                 MpiTransport(grid, clock, emulator_timer(topo, clock)), coll, case["policy"]
             )
             model, _ = model_collective(topo, coll, case["policy"], config)
-            cost = CostModel(topo, coll.itemsize, config.endpoint_delay_ns, endpoint=config.endpoint)
+            cost = CostModel(topo, PRICED_ITEMSIZE, config.endpoint_delay_ns, endpoint=config.endpoint)
             sums = stage_cost_sums_us(engine, topo, cost)
             busy = np.array([d.busy_us for d in emu.dims])
             lo = grid.watchdog.allreduce([emu.time_us], MPI.MIN)

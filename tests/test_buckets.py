@@ -119,7 +119,7 @@ def test_a_bucket_is_issued_when_its_last_gradient_is_ready(tmp_path):
         return fwd + (5 - k) * (W + G) + W
 
     assert [run.issued_ns for run in engine.collectives] == [issue(5), issue(3), issue(0)]
-    assert [run.collective.count for run in engine.collectives] == [2 * MIB // 4, 3 * MIB // 4, 3 * MIB // 4]
+    assert [run.collective.size_bytes for run in engine.collectives] == [2 * MIB, 3 * MIB, 3 * MIB]
     assert loop.collectives_issued == 3
 
 

@@ -9,7 +9,7 @@ from harness import DATA, cli, run_specs
 
 from themis_mpi.calibrate import fit, read_nccl_log
 from themis_mpi.cli import main
-from themis_mpi.collectives import Collective, chunk_stages
+from themis_mpi.collectives import PRICED_ITEMSIZE, Collective, chunk_stages
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, RS, CostModel, Endpoint
 from themis_mpi.errors import UsageError
@@ -163,10 +163,9 @@ def test_compute_slows_to_what_the_running_collectives_leave():
     """The compute rate is 1 - min(D, (1 - s) H) / H, D the running stages' mean memory bytes per ns."""
     topo = parse_topology("SW(4,100,0,ring)")
     config = RunConfig(endpoint=Endpoint(200, 0.25))
-    cost = CostModel(topo, 4, endpoint=config.endpoint)
-    stage = chunk_stages(
-        topo, Collective("all_reduce", MIB // 4, "float32", 1, (0,)), 0, 0, MIB // 4, [0], True
-    )[0]
+    cost = CostModel(topo, PRICED_ITEMSIZE, endpoint=config.endpoint)
+    coll = Collective("all_reduce", MIB // 4, "float32", 1, (0,))
+    stage = chunk_stages(topo, coll, 0, 0, MIB // PRICED_ITEMSIZE, [0], True)[0]
     run = SimpleNamespace(stage=stage, mem_shared=False)
     b = MIB / 4
     d = 21 * b / sum(cost.run_steps_ns(run))  # 3 RS steps of 5b and 3 AG steps of 2b

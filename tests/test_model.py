@@ -2,7 +2,7 @@
 
 import pytest
 
-from themis_mpi.collectives import Collective, chunk_stages
+from themis_mpi.collectives import PRICED_ITEMSIZE, Collective, chunk_stages, priced_words
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel, steps
 from themis_mpi.policies import inter_class
@@ -47,9 +47,9 @@ def test_one_chunk_time_is_the_sum_of_its_stage_times(topo_name, policy):
     topo = parse_topology(topo_name)
     coll = Collective("all_reduce", 3 * 2**20 + 1, "float32", 1, tuple(range(len(topo.dims))))
     row, engine = model_collective(topo, coll, policy, RunConfig(network="ideal"))  # (the cost model's sum)
-    cost = CostModel(topo, 4)
+    cost = CostModel(topo, PRICED_ITEMSIZE)  # (stages are priced in words)
     fused = inter_class(policy).fuses_last_dim
-    stages = chunk_stages(topo, coll, 0, 0, coll.count, list(range(len(topo.dims))), fused)
+    stages = chunk_stages(topo, coll, 0, 0, priced_words(coll), list(range(len(topo.dims))), fused)
     total_us = sum(cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0) for s in stages) / 1e3
     assert row.time_us == pytest.approx(total_us, rel=1e-12)
     involved = sum(1 for d in topo.dims if d.npus > 1)

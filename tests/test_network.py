@@ -203,9 +203,9 @@ def test_physics_holds_on_every_result(topo, policy, chunks, active, op, network
     assert max(link.busy_pct for link in r.links) <= 100 * (1 + 1e-9)
     assert all(d.utilization <= 1 + 1e-9 for d in r.dims)
     assert r.time_us >= r.ideal_us * (1 - 1e-9)
-    cost = CostModels(topo)(4)
+    cost = CostModels(topo)
     sent = sum(
-        cost.stage_bytes(run.stage.dim, run.stage.op, run.stage.full_elems)
+        cost(run.stage.itemsize).stage_bytes(run.stage.dim, run.stage.op, run.stage.full_elems)
         for run in model_collective(
             topo, coll, policy, RunConfig(intra=intra, active_per_dim=active, network=network)
         )[1].records

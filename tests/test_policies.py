@@ -165,12 +165,12 @@ def test_themis_flex_chunk_closes_the_gap_in_closed_form():
 
 
 def test_variable_chunks_run_on_the_engine_with_the_bounds_given():
-    """The model runs themisFlex's chunks at their own sizes: every element is sent once per dim stage."""
+    """The model runs themisFlex's chunks at their own sizes: every byte is sent once per dim stage."""
     row, engine = model_collective(HETERO, AR64, "themisFlex", RunConfig(intra="scf"))
     run = engine.collectives[0]
     assert row.chunks == len(run.bounds) - 1 < 64
     firsts = [r.stage for r in engine.records if r.stage.index == 0]
-    assert sum(s.full_elems for s in firsts) == AR64.count
+    assert sum(s.full_elems * s.itemsize for s in firsts) == AR64.size_bytes
 
 
 def _stage(coll, chunk, index, n, op, key=8):

@@ -5,7 +5,15 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from themis_mpi.collectives import DTYPES, PER_DIM_OPS, Collective, active_dims, chunk_stages
+from themis_mpi.collectives import (
+    DTYPES,
+    PER_DIM_OPS,
+    PRICED_ITEMSIZE,
+    Collective,
+    active_dims,
+    chunk_stages,
+    split_bounds,
+)
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import CostModel
 from themis_mpi.policies import chunk_orders
@@ -56,8 +64,11 @@ def runs(draw):
 
 
 def expected_bytes(topo, coll, orders) -> int:
-    """Bytes one NPU must send, from the chunk sizes and orders alone (blocks padded to ceil(n/P))."""
-    bounds = coll.chunk_bounds()
+    """Bytes one NPU must send, from the chunk sizes and orders alone (blocks padded to ceil(n/P)).
+
+    Timing prices bytes: the chunks are the nominal bytes split at the granularity of a priced word.
+    """
+    bounds = split_bounds(max(1, coll.size_bytes // PRICED_ITEMSIZE), coll.n_chunks)
     total = 0
     for k in range(coll.n_chunks):
         n = int(bounds[k + 1] - bounds[k])
@@ -71,7 +82,7 @@ def expected_bytes(topo, coll, orders) -> int:
             moved += (p - 1) * -(-n // p)
             n = -(-n // p)
         total += 2 * moved if coll.op == "all_reduce" else moved
-    return total * coll.itemsize
+    return total * PRICED_ITEMSIZE
 
 
 @given(runs())
@@ -86,7 +97,7 @@ def test_every_run_completes_conserves_bytes_and_respects_the_bounds(case):
     )
     run = engine.collectives[0]
     orders = run.orders
-    cost = CostModel(topo, coll.itemsize, delay)
+    cost = CostModel(topo, PRICED_ITEMSIZE, delay)
     # completes: every stage of every chunk ran, in order
     assert len(engine.records) == sum(len(s) for s in run.stages)
     assert math.isfinite(run.end_ns) and run.chunks_left == 0

@@ -14,6 +14,7 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .collectives import DEFAULT_DTYPE
 from .config import RunConfig
 from .cost import default_endpoint_delay_ns
 from .errors import UsageError
@@ -91,7 +92,7 @@ def sweep(
     end: int | str | None = None,
     factor: float = 2.0,
     op: str = "all_reduce",
-    dtype: str = "float64",
+    dtype: str = DEFAULT_DTYPE,
     intra: str | Sequence[str] = "auto",
     active_per_dim: int = 1,
     endpoint_delay_ns: float | None = None,
@@ -197,7 +198,7 @@ def train(
     iterations: int = 2,
     *,
     intra: str | Sequence[str] = "auto",
-    dtype: str = "float32",
+    dtype: str = DEFAULT_DTYPE,
     compute_scale: float = 1.0,
     comm_scale: float = 1.0,
     compat: str = "",
@@ -432,7 +433,7 @@ def price_gpt(
     counts = _items(_chunks(chunks, names, DEFAULT_GPT_CHUNKS), "chunks", (int,), "a whole number (int)")
     c, _ = gpt(names[0], None, **model)
     bases = [RunConfig(network=rule, mtu_bytes=mtu_bytes) for rule in _names(network or "", "network")]
-    spec = TrainingSpec(4, "float32", 1)  # (as `workload gpt --run`'s)
+    spec = TrainingSpec(4, DEFAULT_DTYPE, 1)  # (as `workload gpt --run`'s)
     cells, layouts = gpt_cells(c, [parse_topology(t) for t in names], counts, _policies(policy), bases, spec)
     return _rows(partial(price_cell, c, layouts), cells, workers)
 

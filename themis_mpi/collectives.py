@@ -6,6 +6,11 @@ stages, one per dim visit, built from the chunk's dim order (see `policies`).
 
 Sizes: ``size_bytes`` is the larger buffer of the operation, the input of a reduce-scatter and
 the output of an all-gather, so that the algbw/busbw of nccl-tests apply unchanged.
+
+Timing prices bytes, never elements: the data path moves whole elements of the dtype, but a
+stage is priced at the collective's nominal bytes in 4-byte words (`PRICED_ITEMSIZE`), split at
+word granularity (`priced_chunks`, then `chunk_plan` on words), so a time does not depend on the
+element type (and a float32 run keeps the times it always had).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .topology import Topology
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast")
 PER_DIM_OPS = OPS[:4]  # what per-dim stages run: broadcast only on nccl dims (the NCCL-like model)
 DTYPES = ("float32", "float64", "int32", "int64")
+DEFAULT_DTYPE = "float64"  # every command's and the API's element type (a time does not depend on it)
 REDOPS = ("sum", "max", "min")
 AR_EVERY_DIM = 2  # `fuse_last` value of ASTRA-sim 2.x's baseline: a full AR stage on every dim
 
@@ -49,9 +55,11 @@ class Stage:
         n_stages: stages of the chunk.
         dim: dim index.
         op: RS, AG, AR (an all-reduce on one dim: RS then AG steps) or A2A.
-        full_elems: nominal elements before an RS, after an AG (the stage's larger buffer).
+        full_elems: nominal units before an RS, after an AG (the stage's larger buffer), priced
+            at `itemsize` bytes each: timing prices bytes, so stages are built in priced words
+            (`PRICED_ITEMSIZE`, `priced_chunks`) whatever the dtype the data moves in.
         key_bytes: the SCF key: the larger of the stage's input and output bytes.
-        itemsize: bytes per element.
+        itemsize: bytes per unit of `full_elems` (`PRICED_ITEMSIZE`).
         plan: the chunk's whole plan ``((dim, op, full_elems), ...)``: the NCCL-like model
             (`cost.CostModel.flat_steps_ns`) times a stage from it.
     """
@@ -79,6 +87,9 @@ class Collective:
         chunks: requested chunk count (capped at `count`).
         dims: involved dim indices.
         redop: sum, max or min.
+        nominal_bytes: the bytes the collective stands for, which timing prices (a size that is
+            no multiple of the element, e.g. a workload's 1000003 B); 0 means ``count x
+            itemsize``. `of_bytes` makes a collective from it.
     """
 
     op: str
@@ -87,6 +98,15 @@ class Collective:
     chunks: int
     dims: tuple[int, ...]
     redop: str = "sum"
+    nominal_bytes: int = 0
+
+    @classmethod
+    def of_bytes(
+        cls, op: str, size_bytes: int, dtype: str, chunks: int, dims: tuple[int, ...], redop: str = "sum"
+    ) -> Collective:
+        """The collective of `size_bytes` nominal bytes: its whole elements (at least one) move."""
+        count = max(1, int(size_bytes) // np.dtype(dtype).itemsize) if dtype in DTYPES else 1
+        return cls(op, count, dtype, chunks, dims, redop, int(size_bytes))
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -97,6 +117,10 @@ class Collective:
             raise UsageError(f"unknown reduction {self.redop!r}; use one of {', '.join(REDOPS)}")
         if self.count < 1:
             raise UsageError(f"size must be at least one element, got {self.count} elements")
+        if self.nominal_bytes and max(1, self.nominal_bytes // self.itemsize) != self.count:
+            raise UsageError(
+                f"{self.nominal_bytes} B is not {self.count} {self.dtype} elements (nominal_bytes)"
+            )
         if self.size_bytes > MAX_SIZE_BYTES:
             raise UsageError(f"size must be at most {MAX_SIZE_BYTES} B per NPU, got {self.size_bytes} B")
         if not 1 <= self.chunks <= MAX_CHUNKS:
@@ -109,8 +133,8 @@ class Collective:
 
     @property
     def size_bytes(self) -> int:
-        """Bytes of the larger buffer per NPU."""
-        return self.count * self.itemsize
+        """Nominal bytes of the larger buffer per NPU (what timing prices)."""
+        return self.nominal_bytes or self.count * self.itemsize
 
     @property
     def n_chunks(self) -> int:
@@ -120,6 +144,31 @@ class Collective:
     def chunk_bounds(self) -> np.ndarray:
         """Element bounds of the chunks in the buffer."""
         return split_bounds(self.count, self.n_chunks)
+
+
+PRICED_ITEMSIZE = 4  # bytes of a priced word: a unit of `Stage.full_elems` (float32's element)
+
+
+def priced_words(collective: Collective) -> int:
+    """The collective's nominal bytes in priced words (rounded down, at least one)."""
+    return max(1, collective.size_bytes // PRICED_ITEMSIZE)
+
+
+def priced_chunks(collective: Collective, bounds) -> tuple[int, list[int], int]:
+    """How timing prices a schedule's chunks (element `bounds`): unit bytes, units per chunk, units in all.
+
+    The one place that turns a schedule's chunks into priced sizes. Nearly equal chunks (as
+    `Collective.chunk_bounds` cuts them, whatever their count) are priced in words of
+    `PRICED_ITEMSIZE` B: the collective's nominal words split into as many chunks, so the price
+    does not depend on the element type (a float32 collective's words are its elements: its
+    times are unchanged). Chunks a policy sized itself in elements (themisFlex) are priced in
+    those elements.
+    """
+    n = len(bounds) - 1
+    if np.array_equal(bounds, split_bounds(collective.count, n)):
+        words = priced_words(collective)
+        return PRICED_ITEMSIZE, np.diff(split_bounds(words, n)).tolist(), words
+    return collective.itemsize, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), collective.count
 
 
 def active_dims(topology: Topology, collective: Collective, order) -> list[int]:
@@ -147,6 +196,8 @@ def chunk_plan(
     topology: Topology, collective: Collective, chunk_elems: int, order, fuse_last: int = False
 ) -> list[tuple]:
     """A chunk's stages as ``(dim, op, full_elems)``, in execution order.
+
+    Sizes are in whatever unit `chunk_elems` is: the engine gives priced words (`priced_chunks`).
 
     All-reduce: reduce-scatter along `order`, then all-gather back along its reverse. The last
     dim's RS and AG are separate stages (Themis), or with `fuse_last` one AR stage that holds
@@ -188,18 +239,18 @@ def chunk_plan(
 
 
 def plan_stages(
-    plan: list[tuple[int, str, int]], coll_id: int, chunk: int, itemsize: int, call: tuple = ()
+    plan: list[tuple[int, str, int]], coll_id: int, chunk: int, unit_bytes: int, call: tuple = ()
 ) -> list[Stage]:
-    """The `Stage` objects of one chunk's plan (`chunk_plan`).
+    """The `Stage` objects of one chunk's plan (`chunk_plan` on priced units of `unit_bytes`).
 
-    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call elements, first
+    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call units, first
     chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call; a plan's own
     `CALL` items (a broadcast's) go there too.
     """
     stages = [item for item in plan if item[0] != CALL]
     n, whole = len(stages), tuple(stages) + tuple(call) + tuple(item for item in plan if item[0] == CALL)
     return [
-        Stage(coll_id, chunk, i, n, d, kind, full, full * itemsize, itemsize, whole)
+        Stage(coll_id, chunk, i, n, d, kind, full, full * unit_bytes, unit_bytes, whole)
         for i, (d, kind, full) in enumerate(stages)
     ]
 
@@ -209,10 +260,11 @@ def chunk_stages(
     collective: Collective,
     coll_id: int,
     chunk: int,
-    chunk_elems: int,
+    chunk_units: int,
     order,
     fuse_last: int = False,
+    unit_bytes: int = PRICED_ITEMSIZE,
 ) -> list[Stage]:
-    """The stages of one chunk, in execution order (`chunk_plan` made into `Stage` objects)."""
-    plan = chunk_plan(topology, collective, chunk_elems, order, fuse_last)
-    return plan_stages(plan, coll_id, chunk, collective.itemsize)
+    """The stages of one chunk of `chunk_units` priced units (`priced_chunks`), in execution order."""
+    plan = chunk_plan(topology, collective, chunk_units, order, fuse_last)
+    return plan_stages(plan, coll_id, chunk, unit_bytes)

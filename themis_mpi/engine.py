@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, plan_stages
+from .collectives import Collective, Stage, chunk_plan, plan_stages, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -483,17 +483,16 @@ class Engine:
         bounds = np.asarray(schedule.bounds, dtype=np.int64)
         orders = np.asarray(schedule.orders, dtype=np.int32)
         fuse_last = schedule.fuse_last
-        sizes = np.diff(bounds).tolist()
+        unit, sizes, whole = priced_chunks(collective, bounds)  # timing prices bytes, the data moves elements
         rows = orders.tolist()
-        itemsize = collective.itemsize
         stages = []
-        for k, elems in enumerate(sizes):
-            key = (collective.op, collective.dims, elems, tuple(rows[k]), fuse_last)
+        for k, size in enumerate(sizes):
+            key = (collective.op, collective.dims, size, tuple(rows[k]), fuse_last)
             plan = self._plans.get(key)
             if plan is None:
-                plan = self._plans[key] = chunk_plan(self.topology, collective, elems, rows[k], fuse_last)
-            call = ((CALL, collective.count, k == 0),) if self.topology.flat else ()  # one NCCL call
-            stages.append(plan_stages(plan, coll_id, k, itemsize, call))
+                plan = self._plans[key] = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
+            call = ((CALL, whole, k == 0),) if self.topology.flat else ()  # one NCCL call
+            stages.append(plan_stages(plan, coll_id, k, unit, call))
         run = CollectiveRun(
             coll_id,
             collective,

@@ -38,7 +38,9 @@ def recorded_collectives(trace: Trace) -> Iterator[tuple[Collective, str, str, S
     for c in trace.collectives["collective"].tolist():
         row = trace.collective_row(c)
         dims = tuple(d for d in range(n) if row["dims_mask"] >> d & 1)
-        coll = Collective(row["op"], row["count"], row["dtype"], row["chunks"], dims, row["redop"])
+        coll = Collective(
+            row["op"], row["count"], row["dtype"], row["chunks"], dims, row["redop"], row["size_bytes"]
+        )
         recorded = trace.bounds_and_fused(c)
         if recorded is None:
             policy = row["policy"]

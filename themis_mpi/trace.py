@@ -47,6 +47,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .child import in_child
+from .collectives import PRICED_ITEMSIZE
 from .cost import CostModel
 from .engine import Engine
 from .errors import UsageError
@@ -181,7 +182,7 @@ class TraceRecorder:
         run = engine.collectives[0]
         cost = CostModel(
             self.topology,
-            run.collective.itemsize,
+            PRICED_ITEMSIZE,
             self.settings.get("endpoint_delay_ns", 0.0),
             self.settings.get("compat", ""),
         )

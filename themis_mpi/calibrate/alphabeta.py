@@ -46,8 +46,7 @@ class Fit:
 
 
 def _model_time_us(topology: Topology, op: str, size_bytes: int, dtype: str, chunks: int) -> float:
-    itemsize = np.dtype(dtype).itemsize
-    coll = Collective(op, max(1, size_bytes // itemsize), dtype, chunks, (0,))
+    coll = Collective.of_bytes(op, size_bytes, dtype, chunks, (0,))
     result, _ = model_collective(topology, coll, "baseline")
     return result.time_us
 

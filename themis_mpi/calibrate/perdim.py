@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..collectives import Collective
+from ..collectives import DEFAULT_DTYPE, Collective
 from ..config import RunConfig
 from ..nccl import STEP_FACTORS, collective_ns
 from ..run.collective import model_collective
@@ -51,7 +51,7 @@ def _scaled(view: Topology, bandwidth: float) -> Topology:
 
 
 def _baseline_us(view: Topology, size_bytes: int) -> float:
-    coll = Collective("all_reduce", max(1, size_bytes // 4), "float32", 1, tuple(range(len(view.dims))))
+    coll = Collective.of_bytes("all_reduce", size_bytes, DEFAULT_DTYPE, 1, tuple(range(len(view.dims))))
     return model_collective(view, coll, "baseline", IDEAL)[0].time_us  # (as the study runs it)
 
 

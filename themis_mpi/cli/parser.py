@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..collectives import DTYPES, OPS, REDOPS
+from ..collectives import DEFAULT_DTYPE, DTYPES, OPS, REDOPS
 from ..config import DEFAULT_TIMEOUT_S
 from ..cost import ASTRA_SIM_1_0, ASTRA_SIM_2
 from ..launch import env_rank
@@ -116,7 +116,7 @@ def _add_topology(p: argparse.ArgumentParser, default: str | None = "2x2x2") -> 
     )
 
 
-def _add_schedule(p: argparse.ArgumentParser, dtype: str, sweeps_rules: bool = False) -> None:
+def _add_schedule(p: argparse.ArgumentParser, sweeps_rules: bool = False) -> None:
     p.add_argument(
         "-c",
         "--chunks",
@@ -187,7 +187,9 @@ def _add_schedule(p: argparse.ArgumentParser, dtype: str, sweeps_rules: bool = F
         help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
         "link); a message runs at the smaller factor of its two ends",
     )
-    p.add_argument("-d", "--dtype", default=dtype, choices=DTYPES, help=f"element type (default {dtype})")
+    p.add_argument(
+        "-d", "--dtype", default=DEFAULT_DTYPE, choices=DTYPES, help=f"element type (default {DEFAULT_DTYPE})"
+    )
     p.add_argument(
         "--hbm-gbps",
         type=float,
@@ -266,7 +268,7 @@ def _add_collective(p: argparse.ArgumentParser) -> None:
     p.add_argument("-b", "--minbytes", default="64M", help="first size per NPU (default 64M)")
     p.add_argument("-e", "--maxbytes", default=None, help="last size per NPU (default: the first)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
-    _add_schedule(p, "float64")
+    _add_schedule(p)
     p.add_argument("--redop", default="sum", choices=REDOPS, help="reduction (default sum)")
     p.add_argument(
         "--dims", type=_csv(int), default=None, help="involved dims, comma-separated (default all)"
@@ -358,7 +360,7 @@ def _train_parser(sub: Any) -> None:
         "A.txt@dims=0,1:at=2/0; see docs/jobs.md",
     )
     _add_topology(p)
-    _add_schedule(p, "float32", sweeps_rules=True)
+    _add_schedule(p, sweeps_rules=True)
     p.add_argument("-n", "--iters", type=int, default=2, help="training iterations (default 2)")
     p.add_argument(
         "--compute-scale",

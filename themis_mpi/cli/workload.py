@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import partial
 
 from ..api import SHAPE, gpt_config, write_gpt
+from ..collectives import DEFAULT_DTYPE
 from ..config import RunConfig
 from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
@@ -152,7 +153,7 @@ def gpt_cells(args: argparse.Namespace, c: LlmConfig) -> tuple[list[TrainingCell
     """`workload gpt --run`'s cells (`run.priced.gpt_cells`): -t x -c x -p x --network."""
     policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
     bases = [RunConfig(network=rule, mtu_bytes=args.mtu) for rule in names(args.network)]
-    spec = TrainingSpec(4, "float32", 1)
+    spec = TrainingSpec(4, DEFAULT_DTYPE, 1)
     return priced_cells(c, all_topologies(args), chunk_counts(args), policies, bases, spec)
 
 
@@ -206,7 +207,7 @@ def cmd_simai(args: argparse.Namespace) -> int:
     )
     print_census(wl)
     if args.run:
-        spec = TrainingSpec(one_chunk_count(args, "workload simai"), "float32", 1)
+        spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1)
         print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
         print(
             "#   policy  iteration_us    compute_us    exposed_us"
@@ -260,7 +261,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     print_census(wl)
     if not args.run:
         return 0
-    spec = TrainingSpec(one_chunk_count(args, "workload simai"), "float32", 1)
+    spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1)
     print(
         f"# model: {name}, every stage the file, one rank per stage; exposed G = time saved, G free "
         "(PP: the messages, collectives left out); bubble = idle time with free communication"

@@ -576,7 +576,7 @@ class MpiTransport:
         n = key[2]
         steps = stage_steps(topo, collective, s, c, 0, n)
         own = owned_region(dim.npus, c, 0, n) if s.op == RS else (0, n)
-        costs = tuple(self.cost(collective.itemsize).run_steps_ns(run))
+        costs = tuple(self.cost(s.itemsize).run_steps_ns(run))
         if self.timer is None and self._untimed:
             raise RuntimeError(
                 f"the emulator under --network {self.config.network} needs its timer "
@@ -589,7 +589,7 @@ class MpiTransport:
         world = self.grid.world_ranks[s.dim]
         recv_peers = [[world[p] for p, _, _ in st.recvs] for st in steps]
         send_peers = [[world[p] for p, _, _ in st.sends] for st in steps]
-        links = self.links.step_times(run, collective.itemsize, self.rank, recv_peers, send_peers, costs)
+        links = self.links.step_times(run, s.itemsize, self.rank, recv_peers, send_peers, costs)
         if len(self._shapes) >= MAX_SHAPES:
             for old in self._shapes.values():
                 old.retired = True

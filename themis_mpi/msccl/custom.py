@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..algorithms import COPY, REDUCE, Step
-from ..collectives import Collective, block_bounds
+from ..collectives import Collective, block_bounds, priced_chunks
 from ..cost import AG, AR, RS
 from ..errors import UsageError
 from ..topology import Topology, is_custom
@@ -164,10 +164,10 @@ def uses_custom(topology: Topology) -> bool:
 
 
 def chunk_bytes(custom: Custom, collective: Collective) -> list[float]:
-    """Bytes of one chunk of the file in each iteration (each of the run's chunks)."""
-    bounds = collective.chunk_bounds()
+    """Priced bytes of one chunk of the file in each iteration (each of the run's chunks)."""
     n = custom.algo.nchunksperloop
-    return [float(bounds[i + 1] - bounds[i]) * collective.itemsize / n for i in range(len(bounds) - 1)]
+    unit, sizes, _ = priced_chunks(collective, collective.chunk_bounds())
+    return [s * unit / n for s in sizes]
 
 
 def layout(custom: Custom, collective: Collective, it: int) -> list[int]:

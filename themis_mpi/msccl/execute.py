@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ..collectives import DEFAULT_DTYPE
 from ..errors import UsageError
 from ..verify import input_values
 from .ir import (
@@ -214,7 +215,7 @@ def run_data(
     order,
     inplace: bool,
     elems_per_chunk: int = 3,
-    dtype: str = "float64",
+    dtype: str = DEFAULT_DTYPE,
     redop: str = "sum",
 ) -> DataCheck:
     """Run on real numpy chunks of `elems_per_chunk` elements and count the wrong output elements.

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..collectives import Collective
+from ..collectives import DEFAULT_DTYPE, Collective
 from ..config import RunConfig
 from ..cost import CostModels
 from ..topology import Topology
@@ -102,7 +102,7 @@ def chunk_orders(
 ) -> np.ndarray:
     """Every chunk's dim order under a fixed-chunk policy, int32 of shape (chunks, n_dims).
 
-    A float64 collective of ``size_bytes`` (at least one element per chunk) on the involved dims.
+    A collective of ``size_bytes`` (at least one element per chunk) on the involved dims.
     """
-    coll = Collective(op, max(1, size_bytes // 8), "float64", chunks, tuple(sorted(involved)))
+    coll = Collective.of_bytes(op, size_bytes, DEFAULT_DTYPE, chunks, tuple(sorted(involved)))
     return make_inter(policy).schedule(policy_context(topology), coll).orders

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..collectives import Collective, Stage
+from ..collectives import Collective, Stage, priced_chunks
 from ..config import RunConfig
 from ..cost import CostModel
 from ..errors import PolicyError
@@ -103,6 +103,8 @@ class Chunk:
         elems: its elements (the nominal size when `InterPolicy.size` is asked).
         remaining: elements from `offset` to the end of the buffer.
         collective: the collective it belongs to.
+        priced_bytes: the bytes timing prices it at (`collectives.priced_chunks`); 0 for a
+            chunk a policy sizes (its elements' bytes).
     """
 
     index: int
@@ -110,11 +112,12 @@ class Chunk:
     elems: int
     remaining: int
     collective: Collective
+    priced_bytes: int = 0
 
     @property
     def bytes(self) -> int:
-        """Bytes of the chunk."""
-        return self.elems * self.collective.itemsize
+        """Bytes of the chunk, as timing prices them."""
+        return self.priced_bytes or self.elems * self.collective.itemsize
 
     @property
     def op(self) -> str:
@@ -154,11 +157,11 @@ class InterPolicy:
         n_dims = len(context.topology.dims)
         nominal = collective.chunk_bounds()
         if not self.sizes_chunks:
-            edges = nominal.tolist()
+            edges, (unit, priced, _) = nominal.tolist(), priced_chunks(collective, nominal)
             chosen = []
             for k in range(collective.n_chunks):
                 lo = edges[k]
-                chunk = Chunk(k, lo, edges[k + 1] - lo, collective.count - lo, collective)
+                chunk = Chunk(k, lo, edges[k + 1] - lo, collective.count - lo, collective, priced[k] * unit)
                 chosen.append(checked_order(self, self.order(chunk), n_dims, chunk))
             orders = np.array(chosen, dtype=np.int32).reshape(collective.n_chunks, n_dims)
             return Schedule(nominal, orders, self.fuses_last_dim, label=self.name)

@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..collectives import AR_EVERY_DIM, Collective, chunk_stages
+from ..collectives import AR_EVERY_DIM, PRICED_ITEMSIZE, Collective, chunk_stages
 from ..cost import ASTRA_SIM_2
 from ..topology import Topology
 from .base import Chunk, InterPolicy, PolicyContext, baseline_order
@@ -285,12 +285,12 @@ class ThemisLat(InterPolicy):
         self.candidates = [base] + [p + rest for p in perms if p + rest != base]
         self._added: dict[tuple[int, int], list[float]] = {}
 
-    def _added_ns(self, elems: int, c: int) -> list[float]:
-        key = (elems, c)
+    def _added_ns(self, chunk_bytes: int, c: int) -> list[float]:
+        key = (chunk_bytes // PRICED_ITEMSIZE, c)
         if key not in self._added:
-            cost = self.context.cost(self.collective.itemsize)
+            cost = self.context.cost(PRICED_ITEMSIZE)
             added = [0.0] * self.n_dims
-            for s in chunk_stages(self.context.topology, self.collective, 0, 0, elems, self.candidates[c]):
+            for s in chunk_stages(self.context.topology, self.collective, 0, 0, key[0], self.candidates[c]):
                 added[s.dim] += cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0)
             self._added[key] = added
         return self._added[key]
@@ -301,10 +301,10 @@ class ThemisLat(InterPolicy):
             return self.candidates[0]
         best, best_key = 0, None
         for c in range(len(self.candidates)):
-            added = self._added_ns(chunk.elems, c)
+            added = self._added_ns(chunk.bytes, c)
             key = (sorted((a + b for a, b in zip(self.loads_ns, added)), reverse=True), sum(added))
             if best_key is None or key < best_key:
                 best, best_key = c, key
-        for d, a in enumerate(self._added_ns(chunk.elems, best)):
+        for d, a in enumerate(self._added_ns(chunk.bytes, best)):
             self.loads_ns[d] += a
         return self.candidates[best]

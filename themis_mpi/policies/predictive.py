@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..collectives import Collective, chunk_stages
+from ..collectives import Collective, chunk_stages, priced_chunks
 from .base import InterPolicy, PolicyContext, Schedule
 from .inter import Baseline, Themis, ThemisLat
 
@@ -57,14 +57,15 @@ def lower_bound_us(context: PolicyContext, collective: Collective, schedule: Sch
     The busiest dim's stage time (over its slots), and the longest chunk's own chain of stages
     (a chunk's stages run one after another).
     """
-    topo, cost = context.topology, context.cost(collective.itemsize)
+    unit, priced, _ = priced_chunks(collective, schedule.bounds)
+    topo, cost = context.topology, context.cost(unit)
     busy = [0.0] * len(topo.dims)
     chain, memo = 0.0, {}
     for k in range(schedule.n_chunks):
-        key = (schedule.chunk_elems(k), tuple(schedule.orders[k].tolist()))
+        key = (priced[k], tuple(schedule.orders[k].tolist()))
         if key not in memo:
             per_dim = [0.0] * len(topo.dims)
-            for st in chunk_stages(topo, collective, 0, k, key[0], key[1], schedule.fuse_last):
+            for st in chunk_stages(topo, collective, 0, k, key[0], key[1], schedule.fuse_last, unit):
                 per_dim[st.dim] += cost.stage_end_ns(st.dim, st.op, st.full_elems, 0.0)
             memo[key] = per_dim
         per_dim = memo[key]

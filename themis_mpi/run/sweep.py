@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from ..collectives import Collective
+from ..collectives import DEFAULT_DTYPE, Collective
 from ..config import RunConfig
 from ..errors import UsageError
 from ..output import CELL, FINGERPRINT
@@ -109,7 +109,7 @@ def collectives(
         if size < itemsize:
             raise UsageError(f"size {size} B is smaller than one {dtype} element")
         for n_chunks in chunks:
-            out.append(Collective(op, size // itemsize, dtype, n_chunks, tuple(sorted(involved)), redop))
+            out.append(Collective.of_bytes(op, size, dtype, n_chunks, tuple(sorted(involved)), redop))
     return out
 
 
@@ -122,7 +122,7 @@ def sweep_cells(
     base: RunConfig,
     *,
     op: str = "all_reduce",
-    dtype: str = "float64",
+    dtype: str = DEFAULT_DTYPE,
     dims: Sequence[int] | None = None,
     redop: str = "sum",
 ) -> list[SweepCell]:

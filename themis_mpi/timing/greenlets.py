@@ -353,12 +353,12 @@ class NpuTransport(GreenletControl):
         if s.op == RS:
             own = owned_region(dim.npus, c, 0, n)
             stack.append((lo + own[0], lo + own[1]))
-        costs = tuple(self.cost(coll.itemsize).run_steps_ns(run))
+        costs = tuple(self.cost(s.itemsize).run_steps_ns(run))
         if len(costs) != len(steps):  # (2.x's ring all-to-all: timed message by message, as the emulator)
             costs = (0.0,) * (len(steps) - 1) + (sum(costs),)
         recv_peers = [[self._peer(s.dim, p) for p, _, _ in st.recvs] for st in steps]
         send_peers = [[self._peer(s.dim, p) for p, _, _ in st.sends] for st in steps]
-        links = self.links.step_times(run, coll.itemsize, self.rank, recv_peers, send_peers, costs)
+        links = self.links.step_times(run, s.itemsize, self.rank, recv_peers, send_peers, costs)
         stage = _Stage(run, s.dim, run.dim_seq, steps, costs, links)
         stage.keys = [[(self.rank, s.dim, stage.tag, p) for p in peers] for peers in recv_peers]
         self._active.append(stage)

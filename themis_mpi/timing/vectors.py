@@ -112,10 +112,10 @@ class NpuVectors(ModelTransport):
         if s.op == RS:
             path.append(s.dim)
         tables = self._step_tables(s.dim, s.op, size, coll.dims if s.op == A2A else None)
-        costs = self.cost(coll.itemsize).run_steps_ns(run)
+        costs = self.cost(s.itemsize).run_steps_ns(run)
         f_d = self.factors[s.dim]
         fs = np.unique(f_d)
-        extras = np.array([self.links.factor_extra_ns(run, coll.itemsize, f) for f in fs.tolist()])
+        extras = np.array([self.links.factor_extra_ns(run, s.itemsize, f) for f in fs.tolist()])
         f_ext = np.append(f_d, fs[0])  # (the padding peer n: any factor, its time is -inf)
         t: np.ndarray = np.full(n, run.start_ns) if np.isscalar(run.start_ns) else np.asarray(run.start_ns)
         for k, step_ns in enumerate(costs):

@@ -281,10 +281,8 @@ def _collective(
     dims = tuple(d for d in dims if topology.dims[d].npus > 1)
     if size == 0 or not dims:
         return None
-    itemsize = np.dtype(spec.dtype).itemsize
     size_bytes = size * (topology.group_npus(dims) if op == "all_gather" else 1)
-    count = max(1, int(size_bytes * spec.comm_scale) // itemsize)
-    return Collective(op, count, spec.dtype, spec.chunks, dims)
+    return Collective.of_bytes(op, int(size_bytes * spec.comm_scale), spec.dtype, spec.chunks, dims)
 
 
 def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, where: str) -> Op | None:

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..collectives import DTYPES, Collective
+from ..collectives import DEFAULT_DTYPE, DTYPES, Collective
 from ..engine import CollectiveRun, Engine, Event, ProcessGenerator
 from ..errors import UsageError
 from ..limits import (
@@ -107,7 +107,7 @@ class TrainingSpec:
     """
 
     chunks: int = 64
-    dtype: str = "float32"
+    dtype: str = DEFAULT_DTYPE
     iterations: int = 2
     compute_scale: float = 1.0
     comm_scale: float = 1.0
@@ -208,15 +208,13 @@ def collective_of(
     dims = tuple(d for d in workload.dims(layer, phase, topology) if topology.dims[d].npus > 1)
     if p.op is None or p.size_bytes <= 0 or not dims:
         return None
-    itemsize = np.dtype(spec.dtype).itemsize
     size_bytes = p.size_bytes * (topology.group_npus(dims) if p.op == "all_gather" else 1) * spec.comm_scale
     if size_bytes > MAX_SIZE_BYTES:
         raise UsageError(
             f"layer {layer.name}'s {phase} collective would move {size_bytes:.3g} B per NPU "
             f"(at most {MAX_SIZE_BYTES} B)"
         )
-    count = max(1, int(size_bytes) // itemsize)
-    return Collective(p.op, count, spec.dtype, spec.chunks, dims)
+    return Collective.of_bytes(p.op, int(size_bytes), spec.dtype, spec.chunks, dims)
 
 
 def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> list[Collective]:
@@ -224,7 +222,7 @@ def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> l
 
     Each partition is a collective of its own, with the collective's op, dtype and dims, so that
     a scheduler can put another tensor's partitions between them. It keeps the tensor's chunk
-    size: ``chunks x its elements / the tensor's`` chunks, rounded, at least one (slicing a
+    size: ``chunks x its bytes / the tensor's`` chunks, rounded, at least one (slicing a
     tensor of 16 chunks into 4 partitions gives 4 chunks each, not 64 chunks in all). A partition holds
     a multiple of the group's NPUs in elements (every NPU's share of an all-gather,
     reduce-scatter or all-to-all stays whole), at least one such multiple; the last partition
@@ -234,17 +232,19 @@ def partitions(collective: Collective, spec: TrainingSpec, group_npus: int) -> l
         return [collective]
     grain = 1 if collective.op == "all_reduce" else group_npus
     per = max(grain, int(spec.partition_mib * 2**20) // collective.itemsize // grain * grain)
-    if collective.count <= per:
+    per_bytes, total = per * collective.itemsize, collective.size_bytes
+    if total <= per_bytes:
         return [collective]
-    full, rest = divmod(collective.count, per)
-    if rest and rest % grain:  # (a count that is no multiple of the group: the last one takes it)
-        full, rest = full - 1, rest + per
+    full, rest_bytes = divmod(total, per_bytes)
+    rest = rest_bytes // collective.itemsize
+    if rest % grain or (rest_bytes and not rest):  # (no whole group or element: the last one takes it)
+        full, rest_bytes = full - 1, rest_bytes + per_bytes
 
-    def part(count: int) -> Collective:
-        chunks = max(1, (2 * collective.chunks * count + collective.count) // (2 * collective.count))
-        return Collective(collective.op, count, collective.dtype, chunks, collective.dims)
+    def part(nbytes: int) -> Collective:
+        chunks = max(1, (2 * collective.chunks * nbytes + total) // (2 * total))
+        return Collective.of_bytes(collective.op, nbytes, collective.dtype, chunks, collective.dims)
 
-    return [part(per)] * full + ([part(rest)] if rest else [])
+    return [part(per_bytes)] * full + ([part(rest_bytes)] if rest_bytes else [])
 
 
 @dataclass(frozen=True)
@@ -286,12 +286,12 @@ def bucket_plan(workload: Workload, topology: Topology, spec: TrainingSpec) -> l
 
     def close() -> None:
         first = members[0][1]
-        count = sum(c.count for _, c in members)
-        if count * first.itemsize > MAX_SIZE_BYTES:
+        size_bytes = sum(c.size_bytes for _, c in members)
+        if size_bytes > MAX_SIZE_BYTES:
             raise UsageError(
-                f"a gradient bucket would move {count * first.itemsize} B per NPU (at most {MAX_SIZE_BYTES})"
+                f"a gradient bucket would move {size_bytes} B per NPU (at most {MAX_SIZE_BYTES})"
             )
-        fused = Collective(first.op, count, first.dtype, first.chunks, first.dims)
+        fused = Collective.of_bytes(first.op, size_bytes, first.dtype, first.chunks, first.dims)
         buckets.append(Bucket(tuple(i for i, _ in members), fused))
         members.clear()
 

@@ -1,0 +1,141 @@
+"""Timing prices a collective's nominal bytes, never its elements: the dtype moves no time.
+
+The data path moves whole elements of the dtype; the time model prices the bytes the run names,
+in words of 4 B (`collectives.priced_chunks`). Sizes here are no multiple of 8.
+"""
+
+import argparse
+import inspect
+import json
+
+import numpy as np
+import pytest
+from harness import cli, in_process
+
+import themis_mpi
+from themis_mpi import api
+from themis_mpi.cli.parser import build_parser
+from themis_mpi.collectives import DEFAULT_DTYPE, DTYPES
+from themis_mpi.policies import inter_names
+
+ODD_SIZES_BYTES = (1000003, 4194301)
+UNTIMED = ("wall_s", "decision_s")  # (wall-clock seconds, not the model's time)
+
+
+def timed(row: dict, leave_out=()) -> dict:
+    """A row's fields but its wall-clock ones (and `leave_out`)."""
+    return {k: v for k, v in row.items() if k not in UNTIMED + tuple(leave_out)}
+
+
+@pytest.fixture(scope="module")
+def text_workload(tmp_path_factory) -> str:
+    """A data-parallel text workload whose gradients are odd byte counts."""
+    path = tmp_path_factory.mktemp("wl") / "odd.txt"
+    rows = [
+        f"layer{i}\t-1\t2000\tNONE\t0\t1500\tNONE\t0\t1500\tALLREDUCE\t{size}\t100"
+        for i, size in enumerate(ODD_SIZES_BYTES * 2)
+    ]
+    path.write_text("DATA\n" + f"{len(rows)}\n" + "\n".join(rows) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def gpt_graph(tmp_path_factory) -> tuple[str, str]:
+    """A written GPT (TP2 x DP4, one byte per element, odd hidden sizes): its prefix and topology."""
+    prefix = str(tmp_path_factory.mktemp("gpt") / "odd")
+    _, topo = api.gpt(
+        "2x2x2", prefix, layers=2, hidden=1006, heads=2, seq=131, vocab=1001, tp=2, dp=4, bytes_per_element=1
+    )
+    return prefix, topo.spec()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"bucket_mib": 1.0}, {"comm_scheduler": "p3", "partition_mib": 1.0}, {"network": "ideal"}],
+    ids=["plain", "buckets", "partitions", "ideal"],
+)
+def test_training_rows_of_a_text_workload_do_not_depend_on_the_dtype(text_workload, settings):
+    """Gradients of 1000003 and 4194301 B: float32 and float64 rows are equal, field by field, exactly."""
+    rows = {
+        dtype: [
+            r.to_dict() for r in themis_mpi.train(text_workload, "2x2x2", chunks=16, dtype=dtype, **settings)
+        ]
+        for dtype in ("float32", "float64")
+    }
+    assert len(rows["float64"]) == 2 and rows["float64"][0]["iteration_us"] > 0
+    assert [timed(r) for r in rows["float32"]] == [timed(r) for r in rows["float64"]]
+
+
+def test_training_rows_of_a_written_gpt_do_not_depend_on_the_dtype(gpt_graph):
+    """A GPT graph replayed by train: float32 and float64 rows are equal, field by field, exactly."""
+    prefix, topology = gpt_graph
+    rows = {
+        dtype: [r.to_dict() for r in themis_mpi.train(prefix, topology, chunks=4, dtype=dtype)]
+        for dtype in ("float32", "float64")
+    }
+    assert rows["float64"][0]["exposed_comm_us"] > 0
+    assert [timed(r) for r in rows["float32"]] == [timed(r) for r in rows["float64"]]
+
+
+def test_model_of_an_odd_size_gives_the_same_times_under_every_dtype(tmp_path):
+    """1000003 B: every element type moves its whole elements, and every policy's times are equal.
+
+    (themisFlex, which sizes its chunks in elements, is left out: its chunks are whole elements.)
+    """
+    policies = ",".join(p for p in inter_names() if p != "themisFlex")
+    rows = {}
+    for dtype in DTYPES:
+        out = tmp_path / f"{dtype}.json"
+        args = [
+            "model",
+            "-t",
+            "2x2x2",
+            "-b",
+            str(ODD_SIZES_BYTES[0]),
+            "-c",
+            "16",
+            "-p",
+            policies,
+            "-d",
+            dtype,
+        ]
+        proc = in_process([*args, "-q", "--json", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        rows[dtype] = json.loads(out.read_text())
+    for dtype, got in rows.items():
+        assert {r["size_bytes"] for r in got} == {ODD_SIZES_BYTES[0]}
+        assert {r["count"] for r in got} == {ODD_SIZES_BYTES[0] // np.dtype(dtype).itemsize}
+        inputs = ("count", "dtype", "sweep_fingerprint")  # (what the runs were asked differs)
+        assert len(got) == len(inter_names()) - 1
+        assert [timed(r, inputs) for r in got] == [timed(r, inputs) for r in rows[DEFAULT_DTYPE]], dtype
+
+
+@pytest.mark.parametrize("topology", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
+def test_the_emulator_equals_the_model_for_a_size_of_no_whole_elements(tmp_path, topology):
+    """8 ranks, float64, 4194301 B (not a multiple of 8): the model's times to the ns, #wrong 0."""
+    args = ["-t", topology, "-b", str(ODD_SIZES_BYTES[1]), "-c", "16", "-p", "both", "-d", "float64", "-q"]
+    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "e.json")])
+    assert emu.returncode == 0, emu.stderr[-2000:]
+    model = in_process(["model", *args, "--json", str(tmp_path / "m.json")])
+    assert model.returncode == 0, model.stderr
+    e, m = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "m.json"))
+    assert len(e) == len(m) == 2
+    for er, mr in zip(e, m):
+        assert er["wrong"] == 0 and er["size_bytes"] == ODD_SIZES_BYTES[1]
+        assert er["time_us"] == mr["time_us"]
+        assert [d["busy_us"] for d in er["dims"]] == [d["busy_us"] for d in mr["dims"]]
+        assert [d["bytes"] for d in er["dims"]] == [d["bytes"] for d in mr["dims"]]
+
+
+def test_every_command_and_the_api_default_to_one_dtype():
+    """run, model and train spell -d alike with DEFAULT_DTYPE; the API's sweep and train take it too."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    defaults = {}
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if "--dtype" in action.option_strings:
+                defaults[name] = (action.option_strings, action.default, tuple(action.choices or ()))
+    assert {"run", "model", "train"} <= set(defaults)
+    assert all(v == (["-d", "--dtype"], DEFAULT_DTYPE, DTYPES) for v in defaults.values()), defaults
+    for function in (themis_mpi.sweep, themis_mpi.train):
+        assert inspect.signature(function).parameters["dtype"].default == DEFAULT_DTYPE
