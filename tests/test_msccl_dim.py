@@ -77,6 +77,9 @@ def test_emulator_moves_the_data_right_in_the_models_time(files, tmp_path):
             assert row["wrong"] == 0
             want = sweep(TOPOLOGY, "1M", policy, 4, network=network, algorithm=["ring", "direct"])[0].time_us
             assert row["time_us"] == pytest.approx(want, rel=1e-9)
+            model = sweep(TOPOLOGY, "1M", policy, 4, network=network, algorithm=[files["spec"], "direct"])[0]
+            assert [d["bytes"] for d in row["dims"]] == [d.bytes for d in model.dims]  # (the file's figures)
+            assert [x["bytes"] for x in row["links"]] == pytest.approx([x.bytes for x in model.links])
 
 
 def test_a_file_that_does_not_fit_is_refused_in_one_line(files, tmp_path):

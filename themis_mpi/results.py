@@ -278,10 +278,10 @@ def link_results(
         for r in records
         if not isinstance(r, MessageRun)
     )
-    index = {link.name: i for i, link in enumerate(links)}
     for (itemsize, dim, op, elems), n in shapes.items():
         custom = custom_stage(topology.dims[dim])
         if custom is not None:  # a dim's msccl:FILE: what its programs put on NPU 0's links
+            index = {link.name: i for i, link in enumerate(links)}
             sent, on_links = custom.load(op, elems, itemsize)
             port = topology.port_of(dim)  # (its messages out and in through the port, as `routes`)
             ports = {} if port is None else {f"port{port}.out": sent, f"port{port}.in": sent}
