@@ -57,15 +57,15 @@ def two_channel_ring(p: int = 8) -> Algorithm:
     return Algorithm(f"ring_2ch_allreduce_{p}", "allreduce", p, 2, 2 * p, "Simple", True, False, tuple(gpus))
 
 
-def every_ring_allreduce(p: int = 4) -> Algorithm:
-    """NCCL-like channels over every link of a FullyConnected dim: every directed ring, one channel each.
+def every_ring_allreduce() -> Algorithm:
+    """NCCL-like channels over every link of a FullyConnected dim of 4: every directed ring, one channel each.
 
-    On 4 GPUs: the three rings through all four (0123, 0132, 0213), each both
-    ways, six channels of P chunks each (6P chunks, in place). Each directed link is in two of
+    The three rings through all four GPUs (0123, 0132, 0213), each both ways: six channels of 4
+    chunks each (24 chunks, in place). Each directed link is in two of
     them (K4's twelve links cannot split into three directed rings: Tillson's theorem), so every
     link carries the same share.
     """
-    rings = [(0, 1, 2, 3), (0, 1, 3, 2), (0, 2, 1, 3)]
+    p, rings = 4, [(0, 1, 2, 3), (0, 1, 3, 2), (0, 2, 1, 3)]
     orders = [r for ring_ in rings for r in (ring_, ring_[:1] + ring_[:0:-1])]
     tbs: list[list[Threadblock]] = [[] for _ in range(p)]
     for c, order in enumerate(orders):
