@@ -4,7 +4,8 @@ Each exercises step types the shared files do not (docs/custom-algorithms.md wal
 them): ``rcs`` (a ring all-gather), ``rrs`` (a ring reduce-scatter), ``rrcs`` (a ring
 all-reduce with the fused steps NCCL's ring uses), ``cpy`` (an all-to-all out of place), ``re``
 and ``nop`` (a one-shot all-reduce that reduces from scratch), and the worked example: a
-two-channel counter-rotating ring all-reduce. Every step, wait and ``hasdep`` is spelled out
+two-channel counter-rotating ring all-reduce (on 8 GPUs, and on 4 for a FullyConnected dim).
+Every step, wait and ``hasdep`` is spelled out
 here; nothing is derived. ``python scripts/msccl_fixtures.py`` rewrites them (``--out DIR``
 elsewhere); tests/test_msccl.py checks that the shipped files are what this writes.
 """
@@ -56,6 +57,26 @@ def two_channel_ring(p: int = 8) -> Algorithm:
     return Algorithm(f"ring_2ch_allreduce_{p}", "allreduce", p, 2, 2 * p, "Simple", True, False, tuple(gpus))
 
 
+def every_ring_allreduce() -> Algorithm:
+    """NCCL-like channels over every link of a FullyConnected dim of 4: every directed ring, one channel each.
+
+    The three rings through all four GPUs (0123, 0132, 0213), each both ways: six channels of 4
+    chunks each (24 chunks, in place). Each directed link is in two of
+    them (K4's twelve links cannot split into three directed rings: Tillson's theorem), so every
+    link carries the same share.
+    """
+    p, rings = 4, [(0, 1, 2, 3), (0, 1, 3, 2), (0, 2, 1, 3)]
+    orders = [r for ring_ in rings for r in (ring_, ring_[:1] + ring_[:0:-1])]
+    tbs: list[list[Threadblock]] = [[] for _ in range(p)]
+    for c, order in enumerate(orders):
+        for i, g in enumerate(order):  # position i: chunk c*P + (i - 1 - k) mod P at its step k
+            steps = tuple(step(k, t, "i", c * p + (i - 1 - k) % p) for k, t in enumerate(allreduce_types(p)))
+            tbs[g].append(Threadblock(c, order[(i + 1) % p], order[(i - 1) % p], c, steps))
+    gpus = tuple(Gpu(g, len(orders) * p, 0, 0, tuple(tbs[g])) for g in range(p))
+    n = len(orders)
+    return Algorithm(f"ring_{n}ch_allreduce_{p}", "allreduce", p, n, n * p, "Simple", True, False, gpus)
+
+
 def alltoall_copy(p: int = 4) -> Algorithm:
     """All-to-all out of place: a local ``cpy`` of the own block, one threadblock per peer."""
     gpus = []
@@ -105,6 +126,10 @@ def fixtures() -> dict[str, Algorithm]:
         "alltoall_cpy_4.xml": alltoall_copy(),
         "one_shot_allreduce_re_nop_4.xml": one_shot_reduce(),
         "ring_2ch_allreduce_8.xml": two_channel_ring(),
+        "ring_2ch_allreduce_4.xml": two_channel_ring(
+            4
+        ),  # (both ways round a FullyConnected dim's neighbours)
+        "ring_6ch_allreduce_4.xml": every_ring_allreduce(),  # (every link of a FullyConnected dim)
     }
 
 

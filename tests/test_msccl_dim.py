@@ -4,6 +4,7 @@ An exported built-in ring, run as dim 0's reduce-scatter and all-gather inside t
 (baseline) and Themis schedules, must take the built-in ring's times on the model under
 ``ideal`` and ``fair``, and on the emulator move the data right in the model's time. Files that
 do not fit the dim or the stage are refused in one line; a reduction made a copy is caught.
+The row's per-dim figures are the file's: an exported algorithm gives the built-in's row.
 """
 
 import pytest
@@ -13,6 +14,8 @@ from test_msccl_run import rows_of, run_args
 from themis_mpi.api import sweep
 from themis_mpi.msccl.build import builtin
 from themis_mpi.msccl.ir import write_algorithm
+from themis_mpi.results import flat_row
+from themis_mpi.units import BYTES_PER_GB
 
 TOPOLOGY = "SW(4,100,500)_SW(2,50,1000)"  # 4x2: the ring's messages never share a Switch's links
 
@@ -74,6 +77,9 @@ def test_emulator_moves_the_data_right_in_the_models_time(files, tmp_path):
             assert row["wrong"] == 0
             want = sweep(TOPOLOGY, "1M", policy, 4, network=network, algorithm=["ring", "direct"])[0].time_us
             assert row["time_us"] == pytest.approx(want, rel=1e-9)
+            model = sweep(TOPOLOGY, "1M", policy, 4, network=network, algorithm=[files["spec"], "direct"])[0]
+            assert [d["bytes"] for d in row["dims"]] == [d.bytes for d in model.dims]  # (the file's figures)
+            assert [x["bytes"] for x in row["links"]] == pytest.approx([x.bytes for x in model.links])
 
 
 def test_a_file_that_does_not_fit_is_refused_in_one_line(files, tmp_path):
@@ -151,4 +157,68 @@ def test_what_a_stage_timed_alone_cannot_run_is_refused(files):
         assert (
             proc.returncode == 2
             and "a dim's custom stages run on the virtual clock, with NPUs alike" in proc.stderr
+        )
+
+
+def exported_stages(out, algorithm: str, npus: int = 4) -> str:
+    """The built-in algorithm's reduce-scatter and all-gather on `npus` NPUs, exported: a dim's spec."""
+    paths = []
+    for op in ("reduce_scatter", "all_gather"):
+        paths.append(out / f"{algorithm}_{op}_{npus}.xml")
+        if not paths[-1].exists():
+            write_algorithm(str(paths[-1]), builtin(algorithm, op, npus))
+    return "msccl:" + "+".join(map(str, paths))
+
+
+NAMES = ("topology", "schedule", "wall_s", "decision_s")  # (the algorithm's names, and wall clocks)
+
+
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+@pytest.mark.parametrize("first", ["FC(4,100,500)", "SW(4,100,500)"])
+@pytest.mark.parametrize("algorithm", ["ring", "direct", "halving_doubling"])
+def test_an_exported_dim_gives_the_builtins_row_field_by_field(tmp_path, network, first, algorithm):
+    """Run as dim 0's file (the dim's default the fallback), an exported built-in algorithm's row is the built-in's.
+
+    Time, dimbound_us, every dim's busy time, bytes, stages and busy share, every link's bytes:
+    all from what the file's programs put on the dim, equal to the built-in's.
+    """
+    topology = f"{first}_SW(2,50,1000)"
+    spec = exported_stages(tmp_path, algorithm)
+    for policy in ("baseline", "themis"):
+        rows = [
+            flat_row(sweep(topology, "64M", policy, 4, network=network, algorithm=[a, "direct"])[0].to_dict())
+            for a in (spec, algorithm)
+        ]
+        for row in rows:
+            for name in NAMES:
+                row.pop(name)
+        assert rows[0].keys() == rows[1].keys()
+        for key, value in rows[1].items():  # (sums in another order: the last bits may differ)
+            want = pytest.approx(value, rel=1e-12, abs=1e-9) if isinstance(value, float) else value
+            assert rows[0][key] == want, key
+
+
+@pytest.mark.parametrize("network", ["ideal", "fair"])
+def test_a_one_way_ring_on_a_ring_dim_shows_its_doubled_busy_time(tmp_path, network):
+    """The exported ring, every byte clockwise, shows the busy time it has on a Ring dim.
+
+    On B/2 each way its busy time is the built-in ring's (half each way) plus the dim's bandwidth
+    term once more; under a sharing rule the clockwise link carries all of NPU 0's bytes, the
+    other none.
+    """
+    topology, spec = "Ring(4,100,500)_SW(2,50,1000)", exported_stages(tmp_path, "ring")
+    mine, builtin_ring = (
+        sweep(topology, "64M", "baseline", 4, network=network, algorithm=[a, "direct"])[0]
+        for a in (spec, "ring")
+    )
+    dim, want = mine.dims[0], builtin_ring.dims[0]
+    bandwidth_term_us = want.bytes / (100 * BYTES_PER_GB / 1e9) / 1e3
+    assert dim.bytes == want.bytes
+    assert dim.busy_us == pytest.approx(want.busy_us + bandwidth_term_us, rel=1e-12)
+    if network == "fair":
+        links = {x.name: x.bytes for x in mine.links}
+        assert links["dim0.cw"] == pytest.approx(dim.bytes) and links["dim0.ccw"] == 0
+        assert {x.name: x.bytes for x in builtin_ring.links}["dim0.ccw"] == pytest.approx(dim.bytes / 2)
+        assert dim.utilization == pytest.approx(
+            links["dim0.cw"] / (50 * BYTES_PER_GB / 1e9) / (mine.time_us * 1e3)
         )

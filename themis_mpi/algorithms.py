@@ -50,6 +50,13 @@ class CustomStage(Protocol):
         """How long one stage of `full_elems` elements takes on the dim's links alone."""
         ...
 
+    def load(self, op: str, full_elems: int, itemsize: int) -> tuple[float, dict[str, float]]:
+        """What one such stage puts on the dim: (bytes an NPU sends, bytes each of its links carries).
+
+        The links are named as `timing.links.physical_links` names the run's (``dim0.up``, ...).
+        """
+        ...
+
 
 _CUSTOM: dict[tuple[str, int], CustomStage] = {}  # (algorithm name or msccl:FILE, dim size) -> stage
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .algorithms import custom_stage
 from .cost import CostModel, link_bytes_per_ns
 from .engine import CollectiveRun, MessageRun, StageRun
 from .timing.links import physical_links
@@ -219,7 +220,9 @@ def dim_results(
 
     `span_ns` (virtual start and end) gives ASTRA-sim's windowed busy share as well. With
     `links` (a sharing rule's run) a dim's utilization is its busiest link's, which stages that
-    share the dim cannot push above 100 %; without, it is the stages' time on the dim. Either
+    share the dim cannot push above 100 %; without, it is the stages' time on the dim. A dim's
+    custom stages (``msccl:FILE``, while the run holds them: `algorithms.custom_stage`) count
+    what their files' programs sent (`run.custom.DimStages.load`), not the built-in's. Either
     way it counts the point-to-point `messages` too (docs/time-model.md#dim-busy-share): the links
     carried them; without links a message adds its bytes' time at one link's rate on every dim
     it crosses, sends and receives apart, the busier direction counting (as the busiest link).
@@ -237,7 +240,11 @@ def dim_results(
             ]
             busy_us += max(ways) / rate / 1e3
         shapes = Counter([(r.stage.itemsize, r.stage.op, r.stage.full_elems) for r in mine])
-        sent = sum(cost(size).stage_bytes(d, op, elems) * n for (size, op, elems), n in shapes.items())
+        custom = custom_stage(topology.dims[d])  # (a dim's msccl:FILE: what its programs sent)
+        sent = sum(
+            (cost(size).stage_bytes(d, op, elems) if custom is None else custom.load(op, elems, size)[0]) * n
+            for (size, op, elems), n in shapes.items()
+        )
         utilization = busy_us / time_us if time_us > 0 else 0.0
         if links:
             prefix = f"dim{d}."
@@ -258,7 +265,8 @@ def link_results(
     """Bytes every link of one NPU carried for the given stage runs, and its busy share of time_us.
 
     `carried`: the bytes themselves, where every NPU's links ran (`timing.world.World`: messages
-    and the peers' transfers into this NPU's down-links included).
+    and the peers' transfers into this NPU's down-links included). A dim's custom stages put on
+    its links what their files' programs put on NPU 0's (`run.custom.DimStages.load`).
     """
     links = physical_links(topology)
     if carried is not None:
@@ -271,6 +279,15 @@ def link_results(
         if not isinstance(r, MessageRun)
     )
     for (itemsize, dim, op, elems), n in shapes.items():
+        custom = custom_stage(topology.dims[dim])
+        if custom is not None:  # a dim's msccl:FILE: what its programs put on NPU 0's links
+            index = {link.name: i for i, link in enumerate(links)}
+            sent, on_links = custom.load(op, elems, itemsize)
+            port = topology.port_of(dim)  # (its messages out and in through the port, as `routes`)
+            ports = {} if port is None else {f"port{port}.out": sent, f"port{port}.in": sent}
+            for name, nbytes in {**on_links, **ports}.items():
+                carried[index[name]] += n * nbytes
+            continue
         planner = planners.get(itemsize) or planners.setdefault(
             itemsize, step_planner(topology, cost(itemsize))
         )

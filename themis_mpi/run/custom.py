@@ -173,15 +173,18 @@ class DimStages:
     Its steps are its files' ops in rounds (`msccl.custom.stage_steps`); a stage's time is its
     file's programs, every NPU of the dim, on the dim's links alone under the run's rule
     (`timing.programs`), which one NPU's view (`timing.symmetric`) takes as the stage's time on
-    the model and on every emulator rank. An all-reduce stage without an allreduce file runs the
-    reduce-scatter file and then the all-gather file.
+    the model and on every emulator rank. The same run gives the row's figures of the dim
+    (`load`: the bytes NPU 0 sends, what its links carry; `results.dim_results`). An all-reduce
+    stage without an allreduce file runs the reduce-scatter file and then the all-gather file.
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
         self.alone = topology.with_dims([topology.dims[d]])
         self.files, self.config = files, config
         self.cost = config.costs(topology)
-        self._times: dict[tuple[str, int, int], float] = {}
+        # the dim's links alone ("dim0.up") named as the run's ("dim{d}.up"): NPU 0's come first
+        self._names = [f"dim{d}." + link.name.split(".", 1)[1] for link in physical_links(self.alone)]
+        self._runs: dict[tuple[str, int, int], tuple[float, float, dict[str, float]]] = {}
 
     def _parts(self, op: str) -> list[Custom]:
         return [self.files[op]] if op in self.files else [self.files[RS], self.files[AG]]
@@ -190,23 +193,35 @@ class DimStages:
         """The rank at coordinate c's steps on ``[lo, hi)``."""
         return [step for custom in self._parts(op) for step in stage_steps(custom, c, lo, hi)]
 
-    def time_ns(self, op: str, full_elems: int, itemsize: int) -> float:
-        """One stage of `full_elems` elements alone on the dim's links."""
+    def _run(self, op: str, full_elems: int, itemsize: int) -> tuple[float, float, dict[str, float]]:
+        """One stage alone on the dim's links: its time, NPU 0's bytes sent, its links' bytes carried."""
         key = (op, full_elems, itemsize)
-        if key not in self._times:
+        if key not in self._runs:
             delay_ns = self.cost(itemsize).endpoint_delay_ns
-            self._times[key] = sum(
-                time_programs(
+            end_ns, sent, carried = 0.0, 0.0, dict.fromkeys(self._names, 0.0)
+            for custom in self._parts(op):
+                times = time_programs(
                     self.alone,
                     self.config.network,
                     self.config,
                     custom.progs,
                     [full_elems * itemsize / custom.algo.nchunksperloop],
                     endpoint_delay_ns=delay_ns,
-                ).end_ns
-                for custom in self._parts(op)
-            )
-        return self._times[key]
+                )
+                end_ns, sent = end_ns + times.end_ns, sent + times.sent[0]
+                for name, nbytes in zip(self._names, times.carried):
+                    carried[name] += nbytes
+            self._runs[key] = (end_ns, sent, carried)
+        return self._runs[key]
+
+    def time_ns(self, op: str, full_elems: int, itemsize: int) -> float:
+        """One stage of `full_elems` elements alone on the dim's links."""
+        return self._run(op, full_elems, itemsize)[0]
+
+    def load(self, op: str, full_elems: int, itemsize: int) -> tuple[float, dict[str, float]]:
+        """What one stage puts on the dim: bytes NPU 0 sends, and what each of its links carries."""
+        _, sent, carried = self._run(op, full_elems, itemsize)
+        return sent, carried
 
 
 def dim_stages(

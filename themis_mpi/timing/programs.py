@@ -61,10 +61,19 @@ class ProgramTimes:
         carried: bytes each link of `links` carried (every NPU's, `NpuRoutes.links` order).
         links: the links' names.
         messages: messages sent.
+        sent: bytes each NPU's steps sent (its own messages, each once, whatever their hops).
     """
 
-    def __init__(self, end_ns: float, carried: list[float], links: tuple[str, ...], messages: int):
+    def __init__(
+        self,
+        end_ns: float,
+        carried: list[float],
+        links: tuple[str, ...],
+        messages: int,
+        sent: list[float] | None = None,
+    ):
         self.end_ns, self.carried, self.links, self.messages = end_ns, carried, links, messages
+        self.sent = sent or []
 
 
 class _Threadblock:
@@ -106,6 +115,7 @@ class ProgramWorld:
         self.waiting: dict[tuple, list[_Threadblock]] = {}  # what a threadblock waits for -> it
         self.end_ns = 0.0
         self.messages = 0
+        self.sent = [0.0] * len(progs)  # bytes each NPU's steps sent
         self._steps: dict[tuple[int, int, float], Step] = {}
 
     # --- the host of the rule ------------------------------------------------------------------
@@ -167,7 +177,7 @@ class ProgramWorld:
         if stuck:  # a checked program never stops (`msccl.check.deadlock`)
             raise RuntimeError(f"threadblocks {stuck[:4]} never finished")
         names = tuple(link.name for link in self.routes.links)
-        return ProgramTimes(self.end_ns, list(self.rule.carried), names, self.messages)
+        return ProgramTimes(self.end_ns, list(self.rule.carried), names, self.messages, self.sent)
 
     def _queue(self, tb: _Threadblock) -> None:
         if not tb.queued:
@@ -211,6 +221,7 @@ class ProgramWorld:
             self._done(tb)
             return
         self.messages += 1
+        self.sent[tb.gpu] += nbytes
         step = self.message(tb.gpu, op.send_peer, nbytes)
         key = (tb.gpu, op.send_peer, op.chan)
         self.rule.start(Flow((tb, key), (step,), start_ns=self.loop.now_ns))
