@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, plan_stages, priced_chunks
+from .collectives import Collective, Stage, chunk_plan, element_bounds, plan_stages, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -484,6 +484,7 @@ class Engine:
         orders = np.asarray(schedule.orders, dtype=np.int32)
         fuse_last = schedule.fuse_last
         unit, sizes, whole = priced_chunks(collective, bounds)  # timing prices bytes, the data moves elements
+        bounds = element_bounds(collective, bounds)  # (a sized stream's word bounds, onto elements)
         rows = orders.tolist()
         stages = []
         for k, size in enumerate(sizes):
