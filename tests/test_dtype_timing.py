@@ -149,6 +149,19 @@ def test_themisflex_sizes_words_that_map_onto_whole_elements(size_bytes):
     assert empty == (size_bytes < 1000)
 
 
+@pytest.mark.parametrize("size_bytes", [44, ODD_SIZES_BYTES[0]])
+def test_a_float64_themisflex_trace_replays_unchanged(tmp_path, size_bytes):
+    """The trace keeps the broadcast word bounds, so replay times themisFlex's chunks as the run did."""
+    trace, out = tmp_path / "t.h5", tmp_path / "r.json"
+    args = ["-t", "2x2x2", "-b", str(size_bytes), "-c", "16", "-p", "themisFlex", "-d", "float64", "-q"]
+    model = in_process(["model", *args, "--trace", str(trace)])
+    assert model.returncode == 0, model.stderr
+    replay = in_process(["replay", str(trace), "-q", "--json", str(out)])
+    assert replay.returncode == 0, replay.stderr
+    got = json.loads(out.read_text())
+    assert got["unchanged"] and got["max_event_diff_us"] == 0.0
+
+
 @pytest.mark.parametrize("topology", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
 def test_the_emulator_equals_the_model_for_a_size_of_no_whole_elements(tmp_path, topology):
     """8 ranks, float64, 4194301 B (not a multiple of 8): the model's times to the ns, #wrong 0.
