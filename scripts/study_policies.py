@@ -127,7 +127,7 @@ def collective_rows(topos, sizes, chunk_counts, search_evals: int, workers: int 
 def workload_rows(paths, topos, iterations: int) -> list[dict]:
     """Iteration time of every policy on every workload and topology (model, with latency)."""
     rows = []
-    spec = TrainingSpec(chunks=64, dtype="float32", iterations=iterations)  # (themisFlex sizes elements)
+    spec = TrainingSpec(chunks=64, iterations=iterations)
     for path in paths:
         wl = parse_workload(path)
         for name in topos:

@@ -15,10 +15,23 @@ from harness import cli, in_process
 import themis_mpi
 from themis_mpi import api
 from themis_mpi.cli.parser import build_parser
-from themis_mpi.collectives import DEFAULT_DTYPE, DTYPES
+from themis_mpi.collectives import (
+    DEFAULT_DTYPE,
+    DTYPES,
+    PRICED_ITEMSIZE,
+    Collective,
+    element_bounds,
+    priced_chunks,
+    priced_words,
+)
+from themis_mpi.config import RunConfig
+from themis_mpi.model import ModelTransport
 from themis_mpi.policies import inter_names
+from themis_mpi.run.coordinator import share_schedules
+from themis_mpi.topology import parse_topology
 
 ODD_SIZES_BYTES = (1000003, 4194301)
+POLICIES = ("baseline", "themis", "themisFlex")  # (themisFlex sizes its chunks in priced words)
 UNTIMED = ("wall_s", "decision_s")  # (wall-clock seconds, not the model's time)
 
 
@@ -58,11 +71,13 @@ def test_training_rows_of_a_text_workload_do_not_depend_on_the_dtype(text_worklo
     """Gradients of 1000003 and 4194301 B: float32 and float64 rows are equal, field by field, exactly."""
     rows = {
         dtype: [
-            r.to_dict() for r in themis_mpi.train(text_workload, "2x2x2", chunks=16, dtype=dtype, **settings)
+            r.to_dict()
+            for r in themis_mpi.train(text_workload, "2x2x2", POLICIES, 16, dtype=dtype, **settings)
         ]
         for dtype in ("float32", "float64")
     }
-    assert len(rows["float64"]) == 2 and rows["float64"][0]["iteration_us"] > 0
+    assert [r["policy"] for r in rows["float64"]] == list(POLICIES)
+    assert rows["float64"][0]["iteration_us"] > 0
     assert [timed(r) for r in rows["float32"]] == [timed(r) for r in rows["float64"]]
 
 
@@ -78,11 +93,8 @@ def test_training_rows_of_a_written_gpt_do_not_depend_on_the_dtype(gpt_graph):
 
 
 def test_model_of_an_odd_size_gives_the_same_times_under_every_dtype(tmp_path):
-    """1000003 B: every element type moves its whole elements, and every policy's times are equal.
-
-    (themisFlex, which sizes its chunks in elements, is left out: its chunks are whole elements.)
-    """
-    policies = ",".join(p for p in inter_names() if p != "themisFlex")
+    """1000003 B: every element type moves its whole elements, and every policy's times are equal."""
+    policies = ",".join(inter_names())
     rows = {}
     for dtype in DTYPES:
         out = tmp_path / f"{dtype}.json"
@@ -106,20 +118,64 @@ def test_model_of_an_odd_size_gives_the_same_times_under_every_dtype(tmp_path):
         assert {r["size_bytes"] for r in got} == {ODD_SIZES_BYTES[0]}
         assert {r["count"] for r in got} == {ODD_SIZES_BYTES[0] // np.dtype(dtype).itemsize}
         inputs = ("count", "dtype", "sweep_fingerprint")  # (what the runs were asked differs)
-        assert len(got) == len(inter_names()) - 1
+        assert len(got) == len(inter_names())
         assert [timed(r, inputs) for r in got] == [timed(r, inputs) for r in rows[DEFAULT_DTYPE]], dtype
+
+
+@pytest.mark.parametrize("size_bytes", [44, 260, ODD_SIZES_BYTES[1]])
+def test_themisflex_sizes_words_that_map_onto_whole_elements(size_bytes):
+    """The bounds themisFlex cuts are words, alike under every dtype; each element moves in one chunk.
+
+    An element goes to the chunk whose words hold its last byte, so bounds are monotone from 0 to
+    the count; at 44 and 260 B a 1-word float64 chunk holds no element's last byte (it is timed
+    at its word and moves no data).
+    """
+    transport = ModelTransport(parse_topology("2x2x2"), RunConfig(intra="scf"))
+    words = {}
+    for dtype in DTYPES:
+        coll = Collective.of_bytes("all_reduce", size_bytes, dtype, 16, (0, 1, 2))
+        (schedule,), _ = share_schedules(transport, "themisFlex", [coll])
+        words[dtype] = schedule.bounds.tolist()
+        unit, sizes, whole = priced_chunks(coll, schedule.bounds)
+        assert (unit, sum(sizes), whole) == (PRICED_ITEMSIZE, priced_words(coll), priced_words(coll))
+        elems = element_bounds(coll, schedule.bounds)
+        assert elems[0] == 0 and elems[-1] == coll.count and np.all(np.diff(elems) >= 0)
+        last_byte = np.arange(1, coll.count + 1) * coll.itemsize - 1
+        chunk_of = np.searchsorted(schedule.bounds * PRICED_ITEMSIZE, last_byte, side="right") - 1
+        assert np.array_equal(np.repeat(np.arange(len(elems) - 1), np.diff(elems)), chunk_of)
+    assert all(w == words["float32"] for w in words.values())
+    f64 = Collective.of_bytes("all_reduce", size_bytes, "float64", 16, (0, 1, 2))
+    empty = np.any(np.diff(element_bounds(f64, words["float64"])) == 0)
+    assert empty == (size_bytes < 1000)
+
+
+@pytest.mark.parametrize("size_bytes", [44, ODD_SIZES_BYTES[0]])
+def test_a_float64_themisflex_trace_replays_unchanged(tmp_path, size_bytes):
+    """The trace keeps the broadcast word bounds, so replay times themisFlex's chunks as the run did."""
+    trace, out = tmp_path / "t.h5", tmp_path / "r.json"
+    args = ["-t", "2x2x2", "-b", str(size_bytes), "-c", "16", "-p", "themisFlex", "-d", "float64", "-q"]
+    model = in_process(["model", *args, "--trace", str(trace)])
+    assert model.returncode == 0, model.stderr
+    replay = in_process(["replay", str(trace), "-q", "--json", str(out)])
+    assert replay.returncode == 0, replay.stderr
+    got = json.loads(out.read_text())
+    assert got["unchanged"] and got["max_event_diff_us"] == 0.0
 
 
 @pytest.mark.parametrize("topology", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
 def test_the_emulator_equals_the_model_for_a_size_of_no_whole_elements(tmp_path, topology):
-    """8 ranks, float64, 4194301 B (not a multiple of 8): the model's times to the ns, #wrong 0."""
-    args = ["-t", topology, "-b", str(ODD_SIZES_BYTES[1]), "-c", "16", "-p", "both", "-d", "float64", "-q"]
+    """8 ranks, float64, 4194301 B (not a multiple of 8): the model's times to the ns, #wrong 0.
+
+    themisFlex's word bounds map onto whole elements (`collectives.element_bounds`).
+    """
+    policies = ",".join(POLICIES)
+    args = ["-t", topology, "-b", str(ODD_SIZES_BYTES[1]), "-c", "16", "-p", policies, "-d", "float64", "-q"]
     emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "e.json")])
     assert emu.returncode == 0, emu.stderr[-2000:]
     model = in_process(["model", *args, "--json", str(tmp_path / "m.json")])
     assert model.returncode == 0, model.stderr
     e, m = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "m.json"))
-    assert len(e) == len(m) == 2
+    assert [r["policy"] for r in e] == [r["policy"] for r in m] == list(POLICIES)
     for er, mr in zip(e, m):
         assert er["wrong"] == 0 and er["size_bytes"] == ODD_SIZES_BYTES[1]
         assert er["time_us"] == mr["time_us"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from themis_mpi.collectives import AG, RS, Collective, Stage
+from themis_mpi.collectives import AG, PRICED_ITEMSIZE, RS, Collective, Stage, priced_words
 from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.policies import (
@@ -144,14 +144,17 @@ def test_round_robin_rotates_the_descending_order_of_an_all_gather():
 
 
 def test_themis_flex_keeps_nominal_chunks_until_the_gap_exceeds_one_then_fills_it():
-    """64 MiB on 3D-SW_SW_SW_hetero: 4 nominal baseline chunks, then chunk 4 fills dim 2 up to dim 0's load."""
+    """64 MiB on 3D-SW_SW_SW_hetero: 4 nominal baseline chunks, then chunk 4 fills dim 2 up to dim 0's load.
+
+    themisFlex sizes its chunks in priced words (`collectives.PRICED_ITEMSIZE`), whatever the dtype.
+    """
     policy = make_inter("themisFlex")
     s = policy.schedule(CTX, AR64)
-    nominal = AR64.count // 64
+    nominal = priced_words(AR64) // 64
     assert [s.chunk_elems(k) for k in range(4)] == [nominal] * 4
     assert all(list(o) == [0, 1, 2] for o in s.orders[:4])
     assert list(s.orders[4]) == [2, 1, 0] and s.chunk_elems(4) > nominal
-    assert s.bounds[0] == 0 and s.bounds[-1] == AR64.count and s.n_chunks < 64
+    assert s.bounds[0] == 0 and s.bounds[-1] == priced_words(AR64) and s.n_chunks < 64
 
 
 def test_themis_flex_chunk_closes_the_gap_in_closed_form():
@@ -161,7 +164,7 @@ def test_themis_flex_chunk_closes_the_gap_in_closed_form():
     load2 = 4 * (m / 16 / 8) / 2**20 * 7 / 8 / 0.25
     want_bytes = (load0 - load2) * 0.25 / (7 / 8) * 2**20
     s = make_inter("themisFlex").schedule(CTX, AR64)
-    assert s.chunk_elems(4) == int(want_bytes) // 8
+    assert s.chunk_elems(4) == int(want_bytes) // PRICED_ITEMSIZE
 
 
 def test_variable_chunks_run_on_the_engine_with_the_bounds_given():

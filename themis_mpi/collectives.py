@@ -155,20 +155,38 @@ def priced_words(collective: Collective) -> int:
 
 
 def priced_chunks(collective: Collective, bounds) -> tuple[int, list[int], int]:
-    """How timing prices a schedule's chunks (element `bounds`): unit bytes, units per chunk, units in all.
+    """How timing prices a schedule's chunks (`bounds`): unit bytes, units per chunk, units in all.
 
-    The one place that turns a schedule's chunks into priced sizes. Nearly equal chunks (as
-    `Collective.chunk_bounds` cuts them, whatever their count) are priced in words of
-    `PRICED_ITEMSIZE` B: the collective's nominal words split into as many chunks, so the price
-    does not depend on the element type (a float32 collective's words are its elements: its
-    times are unchanged). Chunks a policy sized itself in elements (themisFlex) are priced in
-    those elements.
+    The one place that turns a schedule's chunks into priced sizes, in words of
+    `PRICED_ITEMSIZE` B whatever the element type. Nearly equal chunks (as
+    `Collective.chunk_bounds` cuts them, whatever their count) are the collective's nominal words
+    split into as many chunks; bounds that end at `priced_words` (a policy that sizes its chunks,
+    themisFlex) are word bounds already (`element_bounds` maps them onto elements). A float32
+    collective's words are its elements: its times are unchanged. Other uneven bounds (a
+    plugin's schedule in elements) are priced in those elements.
     """
-    n = len(bounds) - 1
+    n, words = len(bounds) - 1, priced_words(collective)
     if np.array_equal(bounds, split_bounds(collective.count, n)):
-        words = priced_words(collective)
         return PRICED_ITEMSIZE, np.diff(split_bounds(words, n)).tolist(), words
+    if bounds[-1] == words:
+        return PRICED_ITEMSIZE, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), words
     return collective.itemsize, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), collective.count
+
+
+def element_bounds(collective: Collective, bounds) -> np.ndarray:
+    """The element bounds the data moves in, for a schedule's bounds (words or elements).
+
+    Bounds that end at the collective's count are element bounds, returned as they are (a
+    float32 collective's words are its elements). Word bounds, which end at `priced_words`, map
+    word w to element ``w * PRICED_ITEMSIZE // itemsize``: an element moves with the chunk whose
+    words hold its last byte. Monotone, from 0 to the count, so every element moves exactly once.
+    A chunk of words that holds no element's last byte (a 1-word float64 chunk at an even word)
+    gets zero elements: it is still timed at its words, and its stages move no data.
+    """
+    bounds = np.asarray(bounds, dtype=np.int64)
+    if bounds[-1] == collective.count:
+        return bounds
+    return bounds * PRICED_ITEMSIZE // collective.itemsize
 
 
 def active_dims(topology: Topology, collective: Collective, order) -> list[int]:

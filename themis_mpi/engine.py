@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, plan_stages, priced_chunks
+from .collectives import Collective, Stage, chunk_plan, element_bounds, plan_stages, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -257,7 +257,7 @@ class CollectiveRun(Event):
         coll_id: issue order on this engine.
         collective: what was issued.
         orders: every chunk's dim order, shape (chunks, n_dims).
-        bounds: element bounds of the chunks, shape (chunks + 1,).
+        bounds: element bounds of the chunks, shape (chunks + 1,) (what the data moves).
         intra: the intra-dim policy its stages queue by.
         fuse_last: an all-reduce's last dim runs as one AR stage.
         stages: every chunk's stage list.
@@ -268,6 +268,8 @@ class CollectiveRun(Event):
         wrong: wrong elements on this NPU (None when not checked).
         runs: the stage runs, in completion order.
         priority: its communication scheduler's priority (lower goes first; `policies.scheduler`).
+        schedule_bounds: the schedule's bounds as broadcast (priced words for a policy that sizes
+            its chunks, `collectives.element_bounds`; else `bounds`).
     """
 
     coll_id: int
@@ -284,6 +286,7 @@ class CollectiveRun(Event):
     wrong: int | None = None
     runs: list[StageRun] = field(default_factory=list)
     priority: float = 0.0
+    schedule_bounds: np.ndarray | None = None
     last_end_ns: Any = -math.inf  # under an agreed order: the latest chunk end so far
 
     def __post_init__(self) -> None:
@@ -484,6 +487,7 @@ class Engine:
         orders = np.asarray(schedule.orders, dtype=np.int32)
         fuse_last = schedule.fuse_last
         unit, sizes, whole = priced_chunks(collective, bounds)  # timing prices bytes, the data moves elements
+        given, bounds = bounds, element_bounds(collective, bounds)  # (a sized stream's words, onto elements)
         rows = orders.tolist()
         stages = []
         for k, size in enumerate(sizes):
@@ -505,6 +509,7 @@ class Engine:
             check,
             fuse_last,
         )
+        run.schedule_bounds = given
         if self._ranked:
             run.priority = self._priority(coll_id, need, collective)
         self.collectives.append(run)

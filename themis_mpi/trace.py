@@ -16,8 +16,9 @@ Layout (format version 2)::
                        dims_mask, issued_us, time_us, ideal_us, utilization, algbw_gbps, busbw_gbps,
                        wrong (-1: not checked), wall_s
     /schedule          collective, chunk, order[n_dims], lo, hi, fused  (the schedule as broadcast:
-                       orders, element bounds of each chunk, and 1 where an all-reduce's last dim
-                       ran as one AR stage)
+                       orders, bounds of each chunk (elements; priced words for a policy that
+                       sizes its chunks, `collectives.element_bounds`), and 1 where an
+                       all-reduce's last dim ran as one AR stage)
     /summary_dims      collective, dim, busy_us, idle_us, bytes, stages, utilization
     /summary_links     collective, link, dim (-1: a shared port), bytes, busy_us, busy_pct: one NPU's
                        physical links under a sharing rule (`network`); empty under ideal, absent in
@@ -187,7 +188,8 @@ class TraceRecorder:
             self.settings.get("compat", ""),
         )
         events = event_table(engine, cost, rank, self.n_collectives, engine.t0_wall_s)
-        self.add(result, run.orders, events, run.bounds, run.fuse_last)
+        bounds = run.bounds if run.schedule_bounds is None else run.schedule_bounds
+        self.add(result, run.orders, events, bounds, run.fuse_last)
 
     @property
     def n_collectives(self) -> int:

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..collectives import Collective, Stage, priced_chunks
+from ..collectives import PRICED_ITEMSIZE, Collective, Stage, priced_chunks, priced_words, split_bounds
 from ..config import RunConfig
 from ..cost import CostModel
 from ..errors import PolicyError
@@ -42,8 +42,9 @@ class Schedule:
     """A collective's schedule as rank 0 broadcasts it.
 
     Attributes:
-        bounds: element bounds of the chunks in the buffer, int64 of shape (chunks + 1,), from 0
-            to the collective's count, strictly increasing.
+        bounds: bounds of the chunks, int64 of shape (chunks + 1,), strictly increasing, from 0
+            to the collective's count (elements) or to its `collectives.priced_words` (priced
+            words, as a policy that sizes its chunks cuts them; `collectives.element_bounds`).
         orders: every chunk's dim order (the first phase's), int32 of shape (chunks, n_dims).
         fuse_last: an all-reduce runs its last dim as one AR stage (the baseline's rule).
         intra: the intra-dim policy this collective's stages queue by ("" = the run's).
@@ -62,7 +63,7 @@ class Schedule:
         return len(self.orders)
 
     def chunk_elems(self, k: int) -> int:
-        """Elements of chunk k."""
+        """Units (elements or words, as `bounds`) of chunk k."""
         return int(self.bounds[k + 1] - self.bounds[k])
 
 
@@ -97,14 +98,17 @@ class PolicyContext:
 class Chunk:
     """One chunk of the stream, as a policy sees it (read-only by convention; frozen is 4x slower).
 
+    For a policy that sizes its chunks (`InterPolicy.sizes_chunks`), offset, elems and remaining
+    count priced words of `collectives.PRICED_ITEMSIZE` B, not elements, so its sizes do not
+    depend on the dtype (`collectives.element_bounds` maps them onto elements).
+
     Attributes:
         index: chunk index in the collective.
-        offset: its first element.
-        elems: its elements (the nominal size when `InterPolicy.size` is asked).
-        remaining: elements from `offset` to the end of the buffer.
+        offset: its first element (word).
+        elems: its elements (words; the nominal size when `InterPolicy.size` is asked).
+        remaining: elements (words) from `offset` to the end of the buffer.
         collective: the collective it belongs to.
-        priced_bytes: the bytes timing prices it at (`collectives.priced_chunks`); 0 for a
-            chunk a policy sizes (its elements' bytes).
+        priced_bytes: the bytes timing prices it at (`collectives.priced_chunks`).
     """
 
     index: int
@@ -137,7 +141,7 @@ class InterPolicy:
     description: ClassVar[str] = ""
     fuses_last_dim: ClassVar[int] = False  # an all-reduce's last dim as one AR stage (baseline)
     default_intra: ClassVar[str] = "scf"  # the intra-dim policy `--intra auto` pairs it with
-    sizes_chunks: ClassVar[bool] = False  # ask `size` for every chunk's element count
+    sizes_chunks: ClassVar[bool] = False  # ask `size` for every chunk's size in priced words
     compat_only: ClassVar[str] = ""  # a compat's own policy: in `-p all` under that compat only
 
     def begin(self, context: PolicyContext, collective: Collective) -> None:
@@ -148,7 +152,7 @@ class InterPolicy:
         raise NotImplementedError
 
     def size(self, chunk: Chunk) -> int:
-        """The chunk's element count, between 1 and ``chunk.remaining`` (when `sizes_chunks`)."""
+        """The chunk's size in priced words, between 1 and ``chunk.remaining`` (when `sizes_chunks`)."""
         return chunk.elems
 
     def schedule(self, context: PolicyContext, collective: Collective) -> Schedule:
@@ -165,28 +169,28 @@ class InterPolicy:
                 chosen.append(checked_order(self, self.order(chunk), n_dims, chunk))
             orders = np.array(chosen, dtype=np.int32).reshape(collective.n_chunks, n_dims)
             return Schedule(nominal, orders, self.fuses_last_dim, label=self.name)
+        words = priced_words(collective)  # sized in priced words, whatever the dtype (`element_bounds`)
+        n_nominal = min(collective.chunks, words)
+        nominal = split_bounds(words, n_nominal)
         bounds: list[int] = [0]
         rows: list[list[int]] = []
         offset = 0
-        while offset < collective.count:
+        while offset < words:
             k = len(rows)
             if k >= MAX_CHUNKS:
                 raise PolicyError(f"policy {self.name!r} cut a collective into more than {MAX_CHUNKS} chunks")
-            step = int(nominal[k + 1] - nominal[k]) if k < collective.n_chunks else int(nominal[1])
-            remaining = collective.count - offset
-            elems = self.size(Chunk(k, offset, min(step, remaining), remaining, collective))
-            if (
-                isinstance(elems, bool)
-                or not isinstance(elems, (int, np.integer))
-                or not 1 <= elems <= remaining
-            ):
+            step = int(nominal[k + 1] - nominal[k]) if k < n_nominal else int(nominal[1])
+            remaining = words - offset
+            ask = min(step, remaining)
+            size = self.size(Chunk(k, offset, ask, remaining, collective, ask * PRICED_ITEMSIZE))
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or not 0 < size <= remaining:
                 raise PolicyError(
-                    f"policy {self.name!r} sized chunk {k} at {elems!r} elements; "
+                    f"policy {self.name!r} sized chunk {k} at {size!r} words; "
                     f"it must be an integer between 1 and {remaining}"
                 )
-            chunk = Chunk(k, offset, int(elems), remaining, collective)
+            chunk = Chunk(k, offset, int(size), remaining, collective, int(size) * PRICED_ITEMSIZE)
             rows.append(checked_order(self, self.order(chunk), n_dims, chunk))
-            offset += int(elems)
+            offset += int(size)
             bounds.append(offset)
         return Schedule(
             np.array(bounds, dtype=np.int64),

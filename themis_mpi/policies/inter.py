@@ -208,9 +208,10 @@ class ThemisFlex(Themis):
     sizes_chunks = True
 
     def size(self, chunk: Chunk) -> int:
-        """The gap to the most loaded dim in elements, or the nominal size when that is smaller.
+        """The gap to the most loaded dim in priced words, or the nominal size when that is smaller.
 
-        A chunk below the nominal size keeps the baseline order (ASTRA-sim's fallback).
+        Sizes are words (`InterPolicy.sizes_chunks`), so they do not depend on the dtype. A chunk
+        below the nominal size keeps the baseline order (ASTRA-sim's fallback).
         """
         self._rs_order: list[int] | None = None
         if chunk.op == "all_to_all":
@@ -218,12 +219,12 @@ class ThemisFlex(Themis):
         first = self.tracker.sort()
         if first is None:
             return chunk.elems
-        gap_elems = int(self.tracker.gap_bytes(first, chunk.op)) // chunk.collective.itemsize
-        if gap_elems < chunk.elems:
+        gap_words = int(self.tracker.gap_bytes(first, chunk.op)) // PRICED_ITEMSIZE
+        if gap_words < chunk.elems:
             self._rs_order = self.tracker.fall_back()
             return chunk.elems
         self._rs_order = list(self.tracker._sorted)
-        return min(gap_elems, chunk.remaining)
+        return min(gap_words, chunk.remaining)
 
     def order(self, chunk: Chunk) -> Sequence[int]:
         """The order chosen with the size; the chunk's load is added at its real size."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..collectives import Collective
+from ..collectives import Collective, priced_words
 from ..config import RunConfig
 from ..engine import CollectiveRun, Engine, Transport
 from ..policies import (
@@ -84,7 +84,8 @@ def validate_schedule(schedule: Schedule, collective: Collective, n_dims: int) -
             f"returned bounds of shape {bounds.shape} and orders of shape {orders.shape}; "
             f"they must be (chunks + 1,) and (chunks, {n_dims})"
         )
-    if bounds[0] != 0 or bounds[-1] != collective.count or np.any(np.diff(bounds) < 1):
+    ends = (collective.count, priced_words(collective))  # elements, or words (a sized stream)
+    if bounds[0] != 0 or bounds[-1] not in ends or np.any(np.diff(bounds) < 1):
         raise PolicyError(
             f"returned chunk bounds that do not cut [0, {collective.count}) into non-empty chunks"
         )
