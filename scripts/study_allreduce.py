@@ -230,7 +230,7 @@ def plot_busy(rows, size, path):
     plt.close(fig)
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--out",
@@ -239,7 +239,7 @@ def main():
     )
     ap.add_argument("--chunk-sweep-size", default=2**30, type=int, help="bytes (default 1 GiB)")
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     sizes = [2**20 * 4**i for i in range(8)]  # 1 MiB .. 16 GiB
     chunk_counts = [2**i for i in range(9)]  # 1 .. 256
     rows, elapsed = run_all(sizes, chunk_counts, args.chunk_sweep_size, parse_workers(args.workers))

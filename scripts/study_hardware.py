@@ -386,14 +386,14 @@ def _section(part) -> tuple[list[dict], list[str]]:
     return rows, lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/hardware", help="output directory")
     ap.add_argument("--quick", action="store_true", help="fewer topologies and points (for a smoke test)")
     ap.add_argument("--nccl", action="store_true", help="the nccl-tests logs study only (issue 29)")
     ap.add_argument("--logs", default=os.path.join(ROOT, "tests/data/nccl-tests"), help="nccl-tests logs")
     ap.add_argument("--workers", default="1", help=f"{WORKERS_HELP}; the four sections run in parallel")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.perf_counter()
     if args.nccl:
         os.makedirs(args.out, exist_ok=True)

@@ -326,7 +326,7 @@ def summary_markdown(rows, wrows, topos, decision: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/policies", help="output directory (never the repo root)")
     ap.add_argument(
@@ -343,7 +343,7 @@ def main():
     )
     ap.add_argument("--no-workloads", action="store_true", help="skip the workloads")
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.search_evals < 0:
         sys.exit(f"study_policies.py: --search-evals must be >= 0, got {args.search_evals}")
     if os.path.abspath(args.out) == os.path.abspath(os.path.join(os.path.dirname(__file__), "..")):

@@ -252,7 +252,7 @@ def plot(rows: list[dict], path: str) -> None:
         fig.savefig(tmp, dpi=110, format="png")
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--out", default="results/scheduling", help="output folder (docs/scheduling is the shipped copy)"
@@ -262,7 +262,7 @@ def main():
     ap.add_argument("--workers", default="1", help=WORKERS_HELP)
     ap.add_argument("--quick", action="store_true", help="ResNet-50 and VGG-19 at ratio 1 only")
     ap.add_argument("--write-vgg19", metavar="PATH", help="write the VGG-19 workload and stop")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.write_vgg19:
         write_text(args.write_vgg19, "\n".join(vgg19()) + "\n")
         print(f"wrote {args.write_vgg19}")

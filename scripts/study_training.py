@@ -67,7 +67,7 @@ def _point(point) -> dict:
     }
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default="traces")
     ap.add_argument(
@@ -79,7 +79,7 @@ def main():
     ap.add_argument(
         "--quick", action="store_true", help=f"{', '.join(QUICK_WORKLOADS)} on {', '.join(QUICK_TOPOLOGIES)}"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     workloads = {w: WORKLOADS[w] for w in QUICK_WORKLOADS} if args.quick else WORKLOADS
     topologies = QUICK_TOPOLOGIES if args.quick else TOPOLOGIES
     spec = TrainingSpec(chunks=args.chunks, iterations=args.iterations)

@@ -4,8 +4,9 @@ Convention (docs/index.md, "How the pages are checked"): a fenced ``console`` bl
 commands, each on a line that starts with ``$ `` (continued on lines that start with ``> ``), and
 below each command the output it printed. The commands run from the root of a copy of the
 shipped files (what git tracks), with standard error folded into standard output; a plain
-``themis-mpi ARGS`` or ``python scripts/NAME.py ARGS`` runs in the test's own process
-(`run_example`), any other command under bash. The output is
+``themis-mpi ARGS`` or ``python scripts/NAME.py ARGS``, also in a ``&&`` list with ``mkdir -p`` and
+piped through ``tail``/``head``/``grep``/``cut``/``sed -n`` (`simple_list`, those filters in Python),
+runs in the test's own process (`run_example`), any other command under bash. The output is
 compared line by line and token by token: a line of ``...`` stands for any number of lines, and
 the values of the wall-clock columns in ``WALL_CLOCK_COLUMNS`` are not compared (they are found by
 name in the table header above them, counted from the end of the line). Commands under
@@ -21,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,11 +211,14 @@ def plain_command(command: str) -> tuple[str, list[str]] | None:
     return None
 
 
-def run_plain(program: str, args: list[str], root: Path) -> str:
-    """A plain command (`plain_command`) run in this process from `root`: its output, standard error folded in.
+def run_plain(
+    program: str, args: list[str], root: Path, fold_stderr: bool = True
+) -> subprocess.CompletedProcess:
+    """A plain command (`plain_command`) run in this process from `root`: exit code and output.
 
-    A script is the checkout's (the copy's is the same file); `SESSION_CACHED` results come from
-    the session's cache in tests/harness.py.
+    `fold_stderr`: standard error written into the standard output (``2>&1``). A script is the
+    checkout's (the copy's is the same file); `SESSION_CACHED` results come from the session's
+    cache in tests/harness.py.
     """
     main = None
     with pytest.MonkeyPatch.context() as patch:
@@ -225,20 +230,200 @@ def run_plain(program: str, args: list[str], root: Path) -> str:
                     patch.setattr(module, name, getattr(harness, name))
         patch.setenv("THEMIS_MPI_PROGRESS_S", "inf")
         patch.setattr(Meter, "NOTE_S", float("inf"))  # (read when the module was imported)
-        return in_process(args, cwd=root, fold_stderr=True, main=main).stdout
+        return in_process(args, cwd=root, fold_stderr=fold_stderr, main=main)
+
+
+# Outside quotes: a quoted string, an operator of the few that `simple_list` reads, or other text.
+_SHELL_PARTS = re.compile(r"'[^']*'|\"[^\"$`\\]*\"|(&&|\|\||[|;&<>])|[^'\"|;&<>]+")
+
+
+def split_unquoted(command: str) -> list[str] | None:
+    """`command` cut at its operators outside quotes: text, operator, text, ...; None if it cannot be read so."""
+    parts, text, at = [], "", 0
+    while at < len(command):
+        found = _SHELL_PARTS.match(command, at)
+        if found is None:
+            return None
+        if found.group(1):
+            parts += [text, found.group(1)]
+            text = ""
+        else:
+            text += found.group(0)
+        at = found.end()
+    return [*parts, text]
+
+
+def lines_of(text: str) -> list[str]:
+    """The lines of a program's output, without their newlines."""
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n") if text else []
+
+
+def text_of(lines: list[str]) -> str:
+    """Lines as a program prints them."""
+    return "".join(line + "\n" for line in lines)
+
+
+def span(spec: str) -> tuple[int, int | None] | None:
+    """``N``, ``N-M``, ``N-`` or ``-M`` of cut, as a slice of 0-based positions; None for any other list."""
+    found = re.fullmatch(r"(\d*)(-?)(\d*)", spec)
+    if not found or not (found.group(1) or found.group(3)):
+        return None
+    first = int(found.group(1) or 1)
+    last = int(found.group(3)) if found.group(3) else (first if not found.group(2) else None)
+    return first - 1, last
+
+
+def same_in_re(pattern: str, extended: bool) -> bool:
+    """Whether a grep pattern means the same in Python's re as in POSIX basic (or `extended`) syntax.
+
+    Only literal word characters, ``.``, ``*`` after an atom, bracket lists without classes,
+    ``^`` and ``$`` as anchors at the ends (of each branch: ``|`` only in extended syntax).
+    """
+    allowed = r"[\w .*:#,%\[\]^$|-]*" if extended else r"[\w .*:#,%\[\]^$-]*"
+    if not re.fullmatch(allowed, pattern) or re.search(r"\[[:=.]|\*\*|^\*", pattern):
+        return False
+    for branch in pattern.split("|") if extended else [pattern]:
+        bare = re.sub(r"\[\^?\]?[^\]]*\]", "", branch)  # (inside a bracket list ^ and $ are the same)
+        if not branch or "^" in bare[1:] or "$" in bare[:-1] or "[" in bare or "]" in bare:
+            return False
+    return True
+
+
+Filter = Callable[[list[str]], tuple[list[str], int] | None]
+
+
+def filter_of(words: list[str]) -> Filter | None:
+    """A simple filter in Python: a function from lines to (lines, exit status); None for any other.
+
+    ``tail -N``, ``head -N``, ``grep [-E|-c|-v] PATTERN``, ``cut -cLIST``, ``cut -dD -fLIST``,
+    ``sed -n Np``: exactly what the program does with those flags (POSIX), nothing it does with others; a
+    function gives None for input it cannot be sure of (cut -c counts bytes: ASCII lines only).
+    """
+    name, flags = words[0], words[1:]
+    if name in ("tail", "head") and len(flags) == 1 and re.fullmatch(r"-\d+", flags[0]):
+        n = int(flags[0][1:])
+        return (
+            (lambda ls: (ls[max(len(ls) - n, 0) :] if n else [], 0))
+            if name == "tail"
+            else (lambda ls: (ls[:n], 0))
+        )
+    if name == "sed" and flags[:1] == ["-n"] and len(flags) == 2 and re.fullmatch(r"[1-9]\d*p", flags[1]):
+        n = int(flags[1][:-1])
+        return lambda ls: (ls[n - 1 : n], 0)
+    if name == "grep" and len(flags) in (1, 2) and flags[:-1] in ([], ["-E"], ["-c"], ["-v"]):
+        if not same_in_re(flags[-1], extended=flags[0] == "-E"):
+            return None
+        pattern, invert, count = re.compile(flags[-1]), flags[0] == "-v", flags[0] == "-c"
+
+        def grep(lines: list[str]) -> tuple[list[str], int]:
+            picked = [line for line in lines if bool(pattern.search(line)) != invert]
+            return [str(len(picked))] if count else picked, 0 if picked else 1
+
+        return grep
+    if name == "cut" and len(flags) == 1 and flags[0].startswith("-c") and (chars := span(flags[0][2:])):
+        return lambda ls: (
+            ([line[chars[0] : chars[1]] for line in ls], 0) if all(map(str.isascii, ls)) else None
+        )
+    if (
+        name == "cut"
+        and len(flags) == 2
+        and re.fullmatch(r"-d.", flags[0])
+        and flags[1][:2] == "-f"
+        and (fields := span(flags[1][2:]))
+    ):
+        sep = flags[0][2]
+        return lambda ls: (
+            [sep.join(line.split(sep)[fields[0] : fields[1]]) if sep in line else line for line in ls],
+            0,
+        )
+    return None
+
+
+def simple_list(command: str):
+    """The steps of a ``&&`` list of plain commands and ``mkdir -p DIR``; None for any other command.
+
+    Each plain command (`plain_command`) maybe piped through filters (`filter_of`) or sent to
+    ``> /dev/null``. Returned as steps ``(kind, program, filters)`` that `run_simple` runs in this process.
+    """
+    try:
+        return _simple_list(command)
+    except ValueError:  # (shlex: a quote that does not close)
+        return None
+
+
+def _simple_list(command: str):
+    """`simple_list`, which may raise ValueError."""
+    parts = split_unquoted(command.split(" #", 1)[0])
+    if parts is None:
+        return None
+    chains: list[list[str]] = [[""]]  # the commands of the list, each the stages of its pipe
+    for index, part in enumerate(parts):
+        if index % 2 == 0:
+            chains[-1][-1] += part
+        elif part == "&&":
+            chains.append([""])
+        elif part == "|":
+            chains[-1].append("")
+        elif part == ">" and index + 1 < len(parts) and parts[index + 1].strip() == "/dev/null":
+            chains[-1][-1] += " >/dev/null"  # (a ">" of its own: `plain_command` takes no such stage)
+            parts[index + 1] = ""
+        else:
+            return None
+    steps = []
+    for stages in chains:
+        words = shlex.split(stages[0])
+        if len(stages) == 1 and len(words) == 3 and words[:2] == ["mkdir", "-p"] and "'" not in stages[0]:
+            steps.append(("mkdir", words[2], []))
+            continue
+        null = stages[0].rstrip().endswith(" >/dev/null")
+        program = plain_command(stages[0].rstrip().removesuffix(" >/dev/null"))
+        filters = [filter_of(shlex.split(stage)) if ">" not in stage else None for stage in stages[1:]]
+        if program is None or None in filters or (null and filters):
+            return None
+        steps.append(("null" if null else "run", program, filters))
+    return steps
+
+
+def run_simple(steps, root: Path) -> str | None:
+    """A `simple_list`'s output, standard error folded in, run in this process from `root`.
+
+    None when it cannot be sure to print what bash would: a piped program that writes to standard
+    error (bash orders those lines against the filter's as the programs run), or a filter that
+    declines its input.
+    """
+    output = ""
+    for kind, program, filters in steps:
+        if kind == "mkdir":
+            (root / program).mkdir(parents=True, exist_ok=True)
+            continue
+        done = run_plain(*program, root, fold_stderr=kind == "run" and not filters)
+        if filters and done.stderr:
+            return None
+        lines, code = lines_of(done.stdout), done.returncode
+        for step in filters:
+            filtered = step(lines)
+            if filtered is None:
+                return None
+            lines, code = filtered
+        output += done.stderr if kind == "null" else text_of(lines) if filters else done.stdout
+        if code != 0:
+            break
+    return output
 
 
 def run_example(example: Example, root: Path) -> None:
     """Run one example in the copy and compare its output with the page.
 
-    A plain command (`plain_command`) runs in this process (`run_plain`): the same command line,
-    without an interpreter's start-up; any other (mpiexec, pipes, lists) runs under bash, standard
-    error folded into standard output.
+    A plain command (`plain_command`), or a list of them with simple filters (`simple_list`), runs
+    in this process (`run_simple`): the same command line, without an interpreter's start-up; any
+    other (mpiexec, loops, other programs) runs under bash, standard error folded into standard
+    output.
     """
-    plain = plain_command(example.command)
-    if plain is not None:
-        output = run_plain(*plain, root)
-    else:  # (the pages are terminal sessions: the progress bar clears, as THEMIS_MPI_PROGRESS_S=inf has it)
+    steps = simple_list(example.command)
+    output = None if steps is None else run_simple(steps, root)
+    if (
+        output is None
+    ):  # (the pages are terminal sessions: the progress bar clears, as THEMIS_MPI_PROGRESS_S=inf has it)
         output = subprocess.run(
             ["bash", "-c", example.command],
             cwd=root,
@@ -281,6 +466,52 @@ if RUN_MPI:
     def test_mpi_example_reproduces(example, shipped):
         """A pasted mpiexec command prints what its page shows, wall-clock columns aside."""
         run_example(example, shipped)
+
+
+FILTER_INPUT = (
+    "# topology a|b|c\n  2x2x2 1.5|x|y\n# machine: link 3\nno bar here\ntime error 4%\n\nlast line\n"
+)
+FILTERS = [
+    "tail -3", "tail -0", "tail -99", "head -2", "head -99", "sed -n 2p", "sed -n 99p",
+    "grep '^topology'", "grep '^# [tm]'", "grep -v '^# [g1rm]'", "grep -c .", "grep -c '^zz'",
+    "grep -E '^# topology|^# machine: link|time error'", "grep 'error 4%$'",
+    "cut -c1-9", "cut -c3-", "cut -c-2", "cut -c5", "cut -d'|' -f2-10", "cut -d'|' -f1", "cut -d'|' -f2-",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", FILTERS)
+def test_a_filter_in_python_prints_what_the_program_prints(command):
+    """Each filter that `simple_list` runs in Python gives the program's lines and exit status."""
+    program = subprocess.run(command, shell=True, input=FILTER_INPUT, capture_output=True, text=True)
+    step = filter_of(shlex.split(command))
+    assert step is not None
+    assert step(lines_of(FILTER_INPUT)) == (lines_of(program.stdout), program.returncode)
+
+
+def test_other_commands_stay_under_bash():
+    """A filter or flag the Python filters do not implement, or another list, leaves the command to bash."""
+    plain = "themis-mpi model -t 4x2 -q"
+    for other in (
+        "tail -n 3",
+        "grep -i x",
+        "grep 'a\\|b'",
+        "grep 'a+'",
+        "grep 'x^'",
+        "cut -c1,3",
+        "sort",
+        "wc -l",
+    ):
+        assert filter_of(shlex.split(other)) is None, other
+    for command in (
+        f"{plain} | sort",
+        f"{plain} > out.txt",
+        f"{plain}; {plain}",
+        f"{plain} || true",
+        "ls | tail -1",
+    ):
+        assert simple_list(command) is None, command
+    assert simple_list(f"mkdir -p out && {plain} | tail -2 | cut -c1-9") is not None
+    assert sum(simple_list(e.command) is not None and plain_command(e.command) is None for e in SERIAL) >= 30
 
 
 def test_edited_figure_is_caught():
@@ -356,13 +587,10 @@ def test_cited_documents_exist():
 @pytest.mark.docs
 def test_allreduce_study_regenerates(tmp_path):
     """The all-reduce study's documented command rewrites its shipped data, timings aside."""
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "study_allreduce.py"), "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )
+    done = in_process(
+        ["--out", tmp_path], main=script("study_allreduce").main
+    )  # (its command, in this process)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     timings = ("wall_s", "decision_s")
     shipped_rows = json.loads((ROOT / "docs" / "study" / "study.json").read_text())
     new_rows = json.loads((tmp_path / "study.json").read_text())

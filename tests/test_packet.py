@@ -11,7 +11,7 @@ import random
 import statistics
 
 import pytest
-from harness import ROOT, cli, in_process, local, script
+from harness import ROOT, cli, in_process, script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_network import emulated_runs, emulator_equals_model, solo_matches_step_wise, stage_ends, topologies
@@ -221,7 +221,7 @@ def test_a_straggler_under_the_packet_rule_runs_on_every_npus_links_and_the_emul
     ]
     rows = {}
     for net in ("fair", "packet"):
-        r = local(["model", *args, "--network", net, "--json", str(tmp_path / f"{net}.json")])
+        r = in_process(["model", *args, "--network", net, "--json", str(tmp_path / f"{net}.json")])
         assert r.returncode == 0, r.stderr
         rows[net] = json.loads((tmp_path / f"{net}.json").read_text())[0]
     assert rows["packet"]["time_us"] > rows["fair"]["time_us"]  # (one packet stored and forwarded per step)
@@ -249,7 +249,7 @@ def test_an_mtu_item_in_the_topology_is_the_mtu_flag():
 @pytest.mark.parametrize("command", ["run", "model", "train", "replay", "workload"])
 def test_every_timing_command_takes_mtu(command):
     """`--mtu BYTES` is on run, model, train, replay and workload (--run); defaulted the same but on replay."""
-    r = local([command, "--help"])
+    r = in_process([command, "--help"])
     text = " ".join(r.stdout.split())
     default = "the recorded one" if command == "replay" else "4096, or the topology's MTU(...)"
     assert r.returncode == 0 and "--mtu BYTES" in r.stdout and f"(default {default})" in text, r.stdout
@@ -280,7 +280,7 @@ def test_replay_reproduces_a_packet_trace_run_with_another_mtu(tmp_path):
 )
 def test_settings_the_packet_rule_cannot_take_are_one_line(args, message):
     """Bad combinations: one line, exit 2, before anything runs."""
-    r = local(["model", "-b", "1M", "-c", "4", "-q", *args])
+    r = in_process(["model", "-b", "1M", "-c", "4", "-q", *args])
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

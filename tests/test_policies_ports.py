@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from harness import cli, local
+from harness import cli, in_process
 from hypothesis import given
 from hypothesis import strategies as st
 from test_properties import topologies
@@ -47,7 +47,7 @@ def _loads(policy: str, topo, coll):
 def test_it_is_registered_and_listed():
     """`themis-mpi policies` lists it, with Themis's queue policy."""
     assert "themis-ports" in inter_names()
-    out = local(["policies"])
+    out = in_process(["policies"])
     assert out.returncode == 0
     line = next(x for x in out.stdout.splitlines() if x.split()[:1] == ["themis-ports"])
     assert "auto intra scf" in line
@@ -171,7 +171,7 @@ def test_the_emulator_equals_the_model_behind_a_shared_nic(tmp_path, active):
             "-p", "themis,themis-ports", "--network", "fair", "--active-chunks-per-dim", str(active), "-q"]  # fmt: skip
     emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr
-    model = local(["model", *args, "--json", str(tmp_path / "model.json")])
+    model = in_process(["model", *args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
     e, m = json.loads((tmp_path / "emu.json").read_text()), json.loads((tmp_path / "model.json").read_text())
     assert [r["policy"] for r in e] == ["themis", "themis-ports"]

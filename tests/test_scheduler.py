@@ -5,7 +5,7 @@ import math
 import re
 
 import pytest
-from harness import DATA, ROOT, cli, local
+from harness import DATA, ROOT, cli, in_process, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -266,7 +266,7 @@ def test_the_emulator_equals_the_model_under_p3(tmp_path):
     """`mpiexec -n 8 train --comm-scheduler p3`: the model's iteration time, and every element right."""
     args = ["train", str(RESNET50), "-t", "2x2x2", "-c", "4", "-n", "2", "--comm-scale", "0.01"]
     args += ["--compute-scale", "0.02", "-p", "themis", "--comm-scheduler", "p3", "--partition-mib", "0.02"]
-    model = local([*args, "--json", str(tmp_path / "model.json")])
+    model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr
@@ -329,7 +329,7 @@ def test_the_docs_scheduler_plugin_is_listed_and_runs_on_both_transports(site, t
 def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loop(tmp_path, scheduler):
     """The same iteration time from the text loop and from its Chakra graph under each scheduler (needs agree)."""
     et = tmp_path / "r50.et"
-    assert local(["convert", "-t", "4x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
+    assert in_process(["convert", "-t", "4x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
     rows = {}
     for name, source in (("text", RESNET50), ("et", et)):
         out = tmp_path / f"{name}.json"
@@ -345,7 +345,7 @@ def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loo
             "--compute-scale",
             "0.5",
         ]
-        proc = local([*args, "--comm-scheduler", scheduler, "--partition-mib", "1", "--json", str(out)])
+        proc = in_process([*args, "--comm-scheduler", scheduler, "--partition-mib", "1", "--json", str(out)])
         assert proc.returncode == 0, proc.stderr
         rows[name] = [(r["policy"], r["iteration_us"], r["collectives"]) for r in json.loads(out.read_text())]
     assert rows["text"] == rows["et"]
@@ -354,11 +354,11 @@ def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loo
 def test_the_emulator_equals_the_model_on_a_chakra_graph_under_bytescheduler(tmp_path):
     """A Chakra graph under bytescheduler with two slots per dim: the emulator's time is the model's, wrong 0."""
     et = tmp_path / "r50.et"
-    assert local(["convert", "-t", "2x2x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
+    assert in_process(["convert", "-t", "2x2x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
     args = ["train", str(et), "-t", "2x2x2", "-c", "4", "--comm-scale", "0.01", "--compute-scale", "0.02"]
     args += ["-p", "themis", "--comm-scheduler", "bytescheduler", "--partition-mib", "0.02"]
     args += ["--credit-mib", "0.05", "--active-chunks-per-dim", "2"]
-    model = local([*args, "--json", str(tmp_path / "model.json")])
+    model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
     emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
     assert emu.returncode == 0, emu.stderr

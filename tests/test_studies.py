@@ -1,14 +1,12 @@
 """The studies' shipped data is what their documented commands write, timings aside (issue 26).
 
 Each test runs a quick subset of a study's command (`--quick`, or the whole command where it is
-short) into tmp_path and compares its rows with the matching rows of the JSON shipped in docs/,
-wall-clock fields excluded. A difference means the study is not reproducible (a time budget, an
+short) into tmp_path, in this process (`run_study`), and compares its rows with the matching rows
+of the JSON shipped in docs/, wall-clock fields excluded. A difference means the study is not reproducible (a time budget, an
 unseeded draw) or the shipped data is stale: re-run the command of docs/studies.md.
 """
 
 import json
-import subprocess
-import sys
 
 import harness
 from harness import ROOT
@@ -16,7 +14,6 @@ from harness import ROOT
 import themis_mpi.calibrate
 
 TIMINGS = {"decision_s", "wall_s", "cpu_s"}  # wall-clock fields: the only ones a re-run may change
-STUDY_TIMEOUT_S = 300
 
 
 def untimed(value):
@@ -29,14 +26,13 @@ def untimed(value):
 
 
 def run_study(script: str, out, *args: str) -> None:
-    """Run scripts/<script> with `args` and --out `out`, as docs/studies.md documents it."""
-    subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / script), *args, "--out", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        check=True,
-        timeout=STUDY_TIMEOUT_S,
-    )
+    """Run scripts/<script> with `args` and --out `out`, as docs/studies.md documents it.
+
+    In this process (the script's ``main(argv)``; none of these needs MPI or a process of its
+    own), from the checkout as the command runs, its output discarded.
+    """
+    done = harness.in_process([*args, "--out", out], main=harness.script(script.removesuffix(".py")).main)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def by_key(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, dict]:
@@ -89,7 +85,7 @@ def test_hardware_study_regenerates(tmp_path):
     assert (tmp_path / "hardware.md").read_text() == (shipped / "hardware.md").read_text()
 
 
-def test_nccl_fits_regenerate(tmp_path, monkeypatch, capsys):
+def test_nccl_fits_regenerate(tmp_path, monkeypatch):
     """study_hardware.py --nccl (the fits of the shipped nccl-tests logs) rewrites docs/hardware's nccl.json and nccl.md.
 
     Run in this process (its `main`, as the command runs it) with the session's fits of the logs
@@ -97,9 +93,7 @@ def test_nccl_fits_regenerate(tmp_path, monkeypatch, capsys):
     """
     study = harness.script("study_hardware")
     monkeypatch.setattr(themis_mpi.calibrate, "fit_nccl", harness.fit_nccl)
-    monkeypatch.setattr(sys, "argv", ["study_hardware.py", "--nccl", "--out", str(tmp_path)])
-    study.main()
-    capsys.readouterr()
+    assert harness.in_process(["--nccl", "--out", tmp_path], main=study.main).returncode == 0
     shipped = ROOT / "docs" / "hardware"
     assert untimed(json.loads((tmp_path / "nccl.json").read_text())) == untimed(
         json.loads((shipped / "nccl.json").read_text())

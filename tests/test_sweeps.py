@@ -44,7 +44,7 @@ def table(stdout: str) -> list[str]:
 
 def test_two_workers_write_the_serial_rows_in_order(tmp_path):
     """`--workers 2` prints and writes the rows of `--workers 1`, in the same order (roundRobin included)."""
-    one = local(["model", *GRID, "--workers", "1", "--json", str(tmp_path / "1.json"), "-q"])
+    one = in_process(["model", *GRID, "--workers", "1", "--json", str(tmp_path / "1.json"), "-q"])
     two = local(["model", *GRID, "--workers", "2", "--json", str(tmp_path / "2.json"), "-q"])
     assert one.returncode == two.returncode == 0, one.stderr + two.stderr
     serial = rows_of(tmp_path / "1.json")
@@ -56,7 +56,7 @@ def test_two_workers_write_the_serial_rows_in_order(tmp_path):
 
 def test_an_mpi_futures_pool_writes_the_serial_rows(tmp_path):
     """`mpiexec -n 3 python -m mpi4py.futures -m themis_mpi model ... --workers mpi` writes the serial rows."""
-    one = local(["model", *GRID, "--json", str(tmp_path / "1.json"), "-q"])
+    one = in_process(["model", *GRID, "--json", str(tmp_path / "1.json"), "-q"])
     pool = mpirun(
         3, ["-m", "mpi4py.futures", "-m", "themis_mpi", "model", *GRID, "--workers", "mpi",
             "--json", str(tmp_path / "mpi.json"), "-q"], timeout_s=120,
@@ -89,9 +89,9 @@ def test_a_killed_sweep_resumed_completes_to_the_uninterrupted_files(tmp_path):
 def test_a_different_grid_is_refused_on_resume(tmp_path):
     """Resuming a file of another grid is one line and exit 2, and the file is left as it was."""
     out = tmp_path / "rows.json"
-    assert local(["model", "-c", "4,8", "--json", str(out), "-q"]).returncode == 0
+    assert in_process(["model", "-c", "4,8", "--json", str(out), "-q"]).returncode == 0
     before = out.read_text()
-    proc = local(["model", "-c", "4,16", "--json", str(out), "--resume", "-q"])
+    proc = in_process(["model", "-c", "4,16", "--json", str(out), "--resume", "-q"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "another sweep" in proc.stderr
     assert out.read_text() == before
 
@@ -99,9 +99,9 @@ def test_a_different_grid_is_refused_on_resume(tmp_path):
 def test_a_resumed_finished_sweep_runs_nothing(tmp_path):
     """Resuming a complete sweep runs no cell and leaves its rows as they were."""
     out = tmp_path / "rows.jsonl"
-    assert local(["model", "-c", "4,8", "--jsonl", str(out), "-q"]).returncode == 0
+    assert in_process(["model", "-c", "4,8", "--jsonl", str(out), "-q"]).returncode == 0
     before = rows_of(out)
-    again = local(["model", "-c", "4,8", "--jsonl", str(out), "--resume", "-q"])
+    again = in_process(["model", "-c", "4,8", "--jsonl", str(out), "--resume", "-q"])
     assert again.returncode == 0 and "# resumed: 4 of 4 cells in the files, 0 left" in again.stdout
     assert rows_of(out) == before
 
@@ -144,7 +144,7 @@ def test_train_on_two_workers_gives_the_serial_rows(tmp_path):
     """`train --workers 2` writes the rows of a serial `train`, policy by policy (roundRobin's two intras too)."""
     workload = str(ROOT / "tests" / "data" / "astra-sim-1.0-text" / "Resnet50_DataParallel.txt")
     argv = ["train", workload, "-t", "2x2x2", "-p", "all", "--intra", "auto,fifo", "-c", "8", "-n", "1"]
-    one = local([*argv, "--json", str(tmp_path / "1.json")])
+    one = in_process([*argv, "--json", str(tmp_path / "1.json")])
     two = local([*argv, "--workers", "2", "--json", str(tmp_path / "2.json")])
     assert one.returncode == two.returncode == 0, two.stderr
     assert rows_of(tmp_path / "2.json") == rows_of(tmp_path / "1.json")

@@ -47,7 +47,7 @@ def test_a_killed_sweep_resumed_gives_the_rows_of_the_whole_sweep(tmp_path):
     full = {ext: tmp_path / f"full.{ext}" for ext in ("json", "csv", "jsonl")}
     part = {ext: tmp_path / f"part.{ext}" for ext in ("json", "csv", "jsonl")}
     files = lambda paths: [a for ext, p in paths.items() for a in (f"--{ext}", str(p))]  # noqa: E731
-    done = local(["train", WORKLOAD, *GRID, *files(full), "-q"], timeout_s=300)
+    done = in_process(["train", WORKLOAD, *GRID, *files(full), "-q"])
     assert done.returncode == 0, done.stderr
     total = len(rows_of(full["json"]))
     killed_sweep(["train", WORKLOAD, *GRID, *files(part), "-q"], part["jsonl"], 1, poll_s=0.002)

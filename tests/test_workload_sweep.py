@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
+import pytest
 from harness import in_process, local
 
 GPT = [
@@ -32,11 +34,17 @@ def rows_of(path) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in RUNS and v != ""} for r in csv.DictReader(f)]
 
 
-def test_a_sweep_on_two_workers_writes_the_rows_of_the_single_runs(tmp_path):
-    """2 topologies x 2 chunk counts x both policies: 8 rows, those of the 4 single runs, in grid order."""
-    out = tmp_path / "sweep.csv"
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> Path:
+    """The CSV of the sweep `GRID` with both policies on two workers, run once for the tests that read it."""
+    out = tmp_path_factory.mktemp("swept") / "sweep.csv"
     proc = local([*GPT, *GRID, "--csv", str(out), "--workers", "2"])
     assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_a_sweep_on_two_workers_writes_the_rows_of_the_single_runs(swept, tmp_path):
+    """2 topologies x 2 chunk counts x both policies: 8 rows, those of the 4 single runs, in grid order."""
     single = []
     for topology in ("2x2x2", "4x2"):
         for chunks in ("4", "16"):
@@ -44,29 +52,30 @@ def test_a_sweep_on_two_workers_writes_the_rows_of_the_single_runs(tmp_path):
             ran = in_process([*GPT, "-t", topology, "-c", chunks, "--csv", one])
             assert ran.returncode == 0, ran.stderr
             single += rows_of(one)
-    swept = rows_of(out)
-    assert [(r["chunks"], r["policy"]) for r in swept] == [
+    rows = rows_of(swept)
+    assert [(r["chunks"], r["policy"]) for r in rows] == [
         (c, p) for _ in range(2) for c in ("4", "16") for p in ("baseline", "themis")
     ]
-    assert swept == single
-    for r in swept:  # the priced parts are in every row, and add up (docs/workloads.md, "LLM training")
+    assert rows == single
+    for r in rows:  # the priced parts are in every row, and add up (docs/workloads.md, "LLM training")
         parts = float(r["compute_us"]) + float(r["bubble_us"]) + float(r["exposed_us"])
         assert abs(parts - float(r["iteration_us"])) < 1e-6 * float(r["iteration_us"])
         assert float(r["stage0_activation_bytes"]) > float(r["stage1_activation_bytes"]) > 0  # 1F1B: 2 vs 1
 
 
-def test_a_resumed_sweep_gives_the_same_rows(tmp_path):
-    """Rows deleted from the file, `--resume` runs their cells again and writes the whole sweep's rows."""
+def test_a_resumed_sweep_gives_the_same_rows(swept, tmp_path):
+    """Rows deleted from the file, `--resume` runs their cells again and writes the whole sweep's rows.
+
+    The file is the two workers' sweep (`swept`) without its last two rows, resumed serially.
+    """
     out = tmp_path / "sweep.csv"
-    done = in_process([*GPT, *GRID, "-p", "baseline", "--csv", out])
-    assert done.returncode == 0, done.stderr
-    whole = rows_of(out)
-    lines = out.read_text().splitlines(keepends=True)
-    out.write_text("".join(lines[:3]))  # the header and the first two rows
-    again = in_process([*GPT, *GRID, "-p", "baseline", "--csv", out, "--resume"])
+    lines = swept.read_text().splitlines(keepends=True)
+    assert len(lines) == 9
+    out.write_text("".join(lines[:7]))  # the header and the first six rows
+    again = in_process([*GPT, *GRID, "--csv", out, "--resume"])
     assert again.returncode == 0, again.stderr
-    assert "# resumed: 2 of 4 cells in the files, 2 left" in again.stdout
-    assert rows_of(out) == whole
+    assert "# resumed: 6 of 8 cells in the files, 2 left" in again.stdout
+    assert rows_of(out) == rows_of(swept)
 
 
 def test_a_bad_list_item_is_one_line_and_exit_2(tmp_path):
