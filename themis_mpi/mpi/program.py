@@ -161,7 +161,7 @@ class Program:
                             (reduces if mode == REDUCE else swaps).append((buf[a:b], into))
                     reqs += [comm.Send_init(buf[a:b], peer, tag) for peer, a, b in sends]
                 bound.append((reqs, tuple(reduces), tuple(swaps)))
-            waves.append((list(stages), stages[0], tuple(bound)))
+            waves.append((list(stages), tuple(bound)))
         self._bound = (buf, scratch, tuple(waves))
 
     @property
@@ -172,17 +172,17 @@ class Program:
     def free(self) -> None:
         """Free the persistent requests of `bind` (the program may be bound again)."""
         if self._bound is not None:
-            for _, _, rounds in self._bound[2]:
+            for _, rounds in self._bound[2]:
                 for reqs, _, _ in rounds:
                     for req in reqs:
                         req.Free()
         self._bound = None
 
-    def run(self, ufunc: np.ufunc, wait: Callable[[list[MPI.Request], int], None]) -> np.ndarray:
+    def run(self, ufunc: np.ufunc, wait: Callable[[list[MPI.Request], list[int]], None]) -> np.ndarray:
         """Move and reduce the data of every stage as bound (`bind`), wave by wave.
 
-        `wait(requests, stage)` completes a round's requests (stage: the place in the order of
-        the wave's first stage, which a stalled wait names).
+        `wait(requests, stages)` completes a round's requests (stages: the wave's places in the
+        order, whose peers a stalled or failed wait names).
 
         Returns:
             Each stage's wall start and end (perf_counter seconds), in the model's order.
@@ -190,11 +190,11 @@ class Program:
         assert self._bound is not None, "bind the program to its buffers first"
         walls = np.empty((len(self.where), 2))
         clock, startall = time.perf_counter, MPI.Prequest.Startall
-        for stages, first, rounds in self._bound[2]:
+        for stages, rounds in self._bound[2]:
             t0_s = clock()
             for reqs, reduces, swaps in rounds:
                 startall(reqs)
-                wait(reqs, first)
+                wait(reqs, stages)
                 for part, received in reduces:
                     ufunc(part, received, out=part)
                 for part, received in swaps:  # (in place once the sends are done)

@@ -480,21 +480,22 @@ class MpiTransport:
                 other.free()
         # (its own tag: a stage's messages take theirs below tag_mod)
         program.bind(data.buffer, scratch, self.tag_mod)
-        at = [0]
+        at: list[list[int]] = [[0]]
 
-        def waiting() -> str:
-            chunk, op, dim, peers = program.where[at[0]]
-            peers = tuple(self.grid.world_ranks[dim][p] for p in peers)
+        def waiting() -> str:  # (every stage of the round: a dead peer may be any of theirs)
+            places = [program.where[i] for i in at[0]]
+            peers = sorted({self.grid.world_ranks[d][p] for _, _, d, ps in places for p in ps})
+            stages = "; ".join(f"chunk {chunk}, {op} on dim {d}" for chunk, op, d, _ in places)
             return (
                 f"waiting for rank(s) {', '.join(map(str, peers))} in collective {run.coll_id} "
-                f"({data.collective.op} of {data.collective.size_bytes} B), chunk {chunk}, {op} on dim {dim}"
+                f"({data.collective.op} of {data.collective.size_bytes} B), {stages}"
             )
 
         backoff = self.grid.watchdog.backoff(waiting)
         pause, testall = backoff.pause, MPI.Request.Testall
 
-        def wait(reqs: list[MPI.Request], stage: int) -> None:
-            at[0] = stage
+        def wait(reqs: list[MPI.Request], stages: list[int]) -> None:
+            at[0] = stages
             try:
                 while not testall(reqs):
                     pause(ROUND_SLEEP_S if backoff.idle < ROUND_SHORT_PAUSES else None)
