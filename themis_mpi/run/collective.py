@@ -104,9 +104,8 @@ def run_collective(
 
     with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
         run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
-        return result_of(
-            transport, run, engine, wall_s, schedule, policy, decision_s
-        ), engine  # (its figures)
+        result = result_of(transport, run, engine, wall_s, schedule, policy, decision_s)  # (its figures too)
+    return result, engine
 
 
 def result_of(
