@@ -56,7 +56,9 @@ def run(args, inject=None, cwd=None):
         if inject
         else [sys.executable, "-m", "themis_mpi", *args]
     )
-    return subprocess.run(cmd, capture_output=True, text=True, env=mpi_env(), cwd=cwd or ROOT, timeout=120)
+    # (no progress lines: a loaded machine would add one to the one line a failure must print)
+    env = {**mpi_env(), "THEMIS_MPI_PROGRESS_S": "inf"}
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd or ROOT, timeout=120)
 
 
 def place(args, out_dir, stem="out"):
