@@ -168,9 +168,10 @@ def priced_chunks(collective: Collective, bounds) -> tuple[int, list[int], int]:
     n, words = len(bounds) - 1, priced_words(collective)
     if np.array_equal(bounds, split_bounds(collective.count, n)):
         return PRICED_ITEMSIZE, np.diff(split_bounds(words, n)).tolist(), words
+    sizes = np.diff(np.asarray(bounds, dtype=np.int64)).tolist()
     if bounds[-1] == words:
-        return PRICED_ITEMSIZE, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), words
-    return collective.itemsize, np.diff(np.asarray(bounds, dtype=np.int64)).tolist(), collective.count
+        return PRICED_ITEMSIZE, sizes, words
+    return collective.itemsize, sizes, collective.count
 
 
 def element_bounds(collective: Collective, bounds) -> np.ndarray:
