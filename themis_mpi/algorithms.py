@@ -57,6 +57,14 @@ class CustomStage(Protocol):
         """
         ...
 
+    def flow(self, op: str, full_elems: int, planner: Any) -> tuple[tuple[Any, ...], bool] | None:
+        """One stage as steps over one NPU's links (`timing.links.Step`), and whether they use the same links.
+
+        `planner` is the run's `timing.routes.StepPlanner` of the stage's element size (its
+        links by name, their rates, its cost model). None: the stage is timed alone (`time_ns`).
+        """
+        ...
+
 
 _CUSTOM: dict[tuple[str, int], CustomStage] = {}  # (algorithm name or msccl:FILE, dim size) -> stage
 

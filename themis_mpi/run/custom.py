@@ -10,7 +10,9 @@ is checked against the closed form (`msccl.custom.run_gpu`).
 
 A dim's custom stages (`DimStages`, held for a run by `dim_stages`) run inside the engine's
 schedules instead: their steps move the data through the MPI transport's stage path, and their
-time is the file's programs on the dim alone, which one NPU's view takes as the stage's end.
+time is the file's programs on the dim alone, which one NPU's view takes as the stage's end;
+where stages may share the dim's links (several at once, a shared port) under a sharing rule,
+one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`DimStages.flow`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
-from ..timing.links import physical_links
+from ..timing.links import Step as LinkStep
+from ..timing.links import Transfer, Usage, physical_links, rated
 from ..timing.programs import ProgramTimes, time_programs
+from ..timing.routes import StepPlanner
 from ..timing.rules import IDEAL, rule_class
 from ..topology import Topology
 
+LinkFlow = tuple[tuple[LinkStep, ...], bool]  # a stage's steps on one NPU's links, and whether uniform
 TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
 
 
@@ -176,11 +181,22 @@ class DimStages:
     the model and on every emulator rank. The same run gives the row's figures of the dim
     (`load`: the bytes NPU 0 sends, what its links carry; `results.dim_results`). An all-reduce
     stage without an allreduce file runs the reduce-scatter file and then the all-gather file.
+
+    Under a sharing rule where the dim's stages may meet other stages on its links (`shared`:
+    several active stages per dim, or a port the dim shares), a stage is not timed alone: one
+    NPU's view runs it as a flow of its rounds over NPU 0's links (`flow`), among every other
+    stage's, as a built-in stage's steps. That view stands for every NPU, so the files must be
+    rotation-symmetric (every NPU's rounds send the same bytes to the peers the same distance
+    ahead, as every built-in algorithm's do): one line otherwise.
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
         self.alone = topology.with_dims([topology.dims[d]])
+        self.topology, self.d = topology, d
         self.files, self.config = files, config
+        meets = config.active_per_dim > 1 or topology.port_of(d) is not None  # (other stages on its links)
+        self.shared = bool(rule_class(config.network).routes and meets)
+        self._flows: dict[tuple, LinkFlow] = {}
         self.cost = config.costs(topology)
         # the dim's links alone ("dim0.up") named as the run's ("dim{d}.up"): NPU 0's come first
         self._names = [f"dim{d}." + link.name.split(".", 1)[1] for link in physical_links(self.alone)]
@@ -223,6 +239,72 @@ class DimStages:
         _, sent, carried = self._run(op, full_elems, itemsize)
         return sent, carried
 
+    def flow(self, op: str, full_elems: int, planner: StepPlanner) -> LinkFlow | None:
+        """One stage as NPU 0's steps over its links, and whether they use the same links; None: timed alone.
+
+        Each round of NPU 0 (`stage_steps`) is a step: a transfer per message, over the links
+        one NPU's view gives a message to the peer k ahead (a Switch's up-link, then its
+        down-link; the FullyConnected link to k; a Ring's links the shorter way, k hops each
+        carrying what the k NPUs behind send through it; the dim's port, out and in), then the
+        hops' latency and the endpoint delay, as a built-in stage's step (`routes.StepPlanner`,
+        whose links, rates and cost model of the stage's element size it takes).
+        """
+        if not self.shared:
+            return None
+        cost = planner.cost
+        key = (op, full_elems, cost.itemsize, cost.endpoint_delay_ns)
+        if key not in self._flows:
+            steps = tuple(
+                self._round(step.sends, planner)
+                for custom in self._parts(op)
+                for step in stage_steps(custom, 0, 0, full_elems)
+                if step.sends
+            )
+            self._flows[key] = (steps, all(step.usage == steps[0].usage for step in steps))
+        return self._flows[key]
+
+    def _round(self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner) -> LinkStep:
+        """A round's messages from coordinate 0 as one step on NPU 0's links (`flow`)."""
+        d, dim, port = self.d, self.topology.dims[self.d], self.topology.port_of(self.d)
+        index = planner.index
+        p_out = ((index[f"port{port}.out"], 1.0),) if port is not None else ()
+        p_in = ((index[f"port{port}.in"], 1.0),) if port is not None else ()
+        transfers, latency_ns = [], 0.0
+        for peer, start, stop in sends:
+            k = peer % dim.npus
+            hops: tuple[Usage, ...]
+            if dim.kind == "Switch":
+                n_hops = 2
+                hops = (((index[f"dim{d}.up"], 1.0), *p_out), ((index[f"dim{d}.down"], 1.0), *p_in))
+            elif dim.kind == "Ring":
+                way, n_hops = ("ccw", dim.npus - k) if dim.npus - k < k else ("cw", k)
+                hops = (((index[f"dim{d}.{way}"], float(n_hops)), *p_out, *p_in),)
+            else:
+                n_hops = 1
+                hops = (((index[f"dim{d}.peer+{k}"], 1.0), *p_out, *p_in),)
+            transfers.append(Transfer(float((stop - start) * planner.cost.itemsize), hops))
+            latency_ns = max(latency_ns, n_hops * dim.latency_ns)
+        step = LinkStep(tuple(transfers), latency_ns + planner.cost.endpoint_delay_ns)
+        return rated(step, planner.capacity)
+
+    def check_symmetric(self) -> None:
+        """Refuse files one NPU's view cannot stand for (class doc), in one line naming the file."""
+        p = self.topology.dims[self.d].npus
+        for custom in self.files.values():
+            n = custom.algo.nchunksperloop
+            shapes = [
+                [sorted(((q - c) % p, b - a) for q, a, b in s.sends) for s in stage_steps(custom, c, 0, n)]
+                for c in range(p)
+            ]
+            bad = next((c for c in range(1, p) if shapes[c] != shapes[0]), None)
+            if bad is not None:
+                raise UsageError(
+                    f"{custom.source}: under --network {self.config.network} with stages sharing dim "
+                    f"{self.d}'s links, one NPU's view times the file, but NPU {bad}'s rounds differ "
+                    "from NPU 0's (not rotation-symmetric); use --active-chunks-per-dim 1 on a dim "
+                    "that shares no port, or --network ideal"
+                )
+
 
 def dim_stages(
     topology: Topology, config: RunConfig, collective: Collective, prove: bool
@@ -239,15 +321,8 @@ def dim_stages(
             "a dim's custom stages run on the virtual clock, with NPUs alike, without the endpoint "
             "model (--endpoint) and without --compat"
         )
-    shares = rule_class(config.network).routes
     for d, dim_files in files.items():
         dim = topology.dims[d]
-        if shares and (config.active_per_dim > 1 or topology.port_of(d) is not None):
-            raise UsageError(
-                f"dim {d} runs {dim.custom}: a dim's custom stage is timed alone on the dim's links, "
-                f"so under --network {config.network} it runs one stage at a time "
-                "(--active-chunks-per-dim 1) on a dim that shares no port"
-            )
         same = [e for e, x in enumerate(topology.dims) if (x.algorithm, x.npus) == (dim.algorithm, dim.npus)]
         other = next((e for e in same if topology.dims[e].custom != dim.custom), None)
         if other is not None:
@@ -256,5 +331,7 @@ def dim_stages(
                 f"({dim.algorithm}) does not; give dim {other} the same --algorithm or another built-in one"
             )
         stage = DimStages(topology, d, dim_files, config)
+        if stage.shared:
+            stage.check_symmetric()
         stages[dim.custom, dim.npus] = stages[dim.algorithm, dim.npus] = stage
     return custom_stages(stages)

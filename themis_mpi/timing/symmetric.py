@@ -9,7 +9,9 @@ on every NPU's links (`world`); so does ASTRA-sim 2.x's backend on an uneven dim
 (`routes.uneven_dims`), where this view refuses to be made.
 
 A dim's custom stage (``msccl:FILE`` on the dim, `algorithms.custom_stage`) is one event at
-the time its file's programs take on the dim alone; it shares no link with other stages.
+the time its file's programs take on the dim alone where it shares no link with other stages;
+where it may (several active stages per dim, a shared port, under a sharing rule) it is a flow
+of its rounds over this NPU's links like a built-in stage (`CustomStage.flow`).
 
 Shortcuts: ``ideal`` takes a stage as one event, its end summed from the cost model's step times
 (`ideal.Ideal.end_ns`) without a flow; ``fair`` sums solo stages ahead (`fair`).
@@ -125,11 +127,17 @@ class Symmetric:
         """A stage (or, under ``ideal``, a message) starts now (``run.start_ns``, the engine's time)."""
         if self._custom and not isinstance(run, MessageRun):
             custom = custom_stage(self.topology.dims[run.stage.dim])
-            if custom is not None:  # (its time alone on the dim's links: `run.custom.dim_stages`)
+            if custom is not None:  # (its time alone on the dim's links, or its rounds as a flow)
                 if self.loop.idle(self.rule):
                     self.loop.now_ns = run.start_ns
                 s = run.stage
-                self._at(run.start_ns + custom.time_ns(s.op, s.full_elems, s.itemsize), self._end, run)
+                flow = None
+                if not self._alone:
+                    flow = custom.flow(s.op, s.full_elems, self._planner(s.itemsize))
+                if flow is None:
+                    self._at(run.start_ns + custom.time_ns(s.op, s.full_elems, s.itemsize), self._end, run)
+                else:
+                    self.rule.start(Flow(run, flow[0], flow[1], run.start_ns))
                 return
         if self._alone:  # (one event: its end from its steps' times alone)
             self._at(Ideal.end_ns(run.start_ns, self.alone_ns(run)), self._end, run)
@@ -143,9 +151,7 @@ class Symmetric:
         if loop.idle(self.rule):  # a new run's engine may start from 0
             loop.now_ns = run.start_ns
         s = run.stage
-        planner = self._planners.get(s.itemsize)
-        if planner is None:
-            planner = self._planners[s.itemsize] = step_planner(self.topology, self.cost(s.itemsize))
+        planner = self._planner(s.itemsize)
         if self.astra2:  # (a transfer per message, after the stage's first endpoint delay)
             key = (s.itemsize, s.dim, s.op, s.full_elems, astra2_anticlockwise(s))
             steps = self._routed.get(key)
@@ -155,6 +161,13 @@ class Symmetric:
             return
         steps, uniform = planner.stage_plan(s.dim, s.op, s.full_elems)
         self.rule.start(Flow(run, steps, uniform, run.start_ns))
+
+    def _planner(self, itemsize: int) -> StepPlanner:
+        """The step planner of an element size, made once."""
+        planner = self._planners.get(itemsize)
+        if planner is None:
+            planner = self._planners[itemsize] = step_planner(self.topology, self.cost(itemsize))
+        return planner
 
     def alone_ns(self, run: Any) -> tuple[float, ...]:
         """The step times alone of a stage (`cost.CostModel.run_steps_ns`) or a message (its path's)."""
