@@ -23,11 +23,13 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..algorithms import custom_stage
 from ..collectives import PRICED_ITEMSIZE, Collective, Stage, priced_chunks, priced_words, split_bounds
 from ..config import RunConfig
-from ..cost import CostModel
+from ..cost import A2A, CostModel
 from ..errors import PolicyError
 from ..limits import MAX_CHUNKS  # a sized stream may not cut a collective into more chunks than this
+from ..timing.links import physical_links
 from ..topology import Topology
 
 
@@ -92,6 +94,36 @@ class PolicyContext:
     cost: Callable[[int], CostModel]
     evaluate_collective: Callable[[Collective, Schedule], float] | None = None
     evaluate: Callable[[Sequence[Schedule]], float] | None = None
+
+    def stage_ns(self, d: int, op: str, full_elems: int, itemsize: int = PRICED_ITEMSIZE) -> float:
+        """A stage's time alone, as the policies estimate it: the one seam for every estimate.
+
+        A dim whose stages a custom algorithm runs (``msccl:RS.xml+AG.xml`` on it, while the run
+        holds them: `algorithms.custom_stage`) takes its file's time (`CustomStage.time_ns`),
+        not its built-in algorithm's (`cost.CostModel.stage_end_ns`).
+        """
+        custom = custom_stage(self.topology.dims[d])
+        if custom is not None and op != A2A:
+            return custom.time_ns(op, full_elems, itemsize)
+        return self.cost(itemsize).stage_end_ns(d, op, full_elems, 0.0)
+
+    def custom_scale(self, d: int, op: str, full_elems: int, itemsize: int = PRICED_ITEMSIZE) -> float:
+        """How much longer a dim's custom stage holds its links than Themis's bytes say (1.0 without one).
+
+        Themis's tracker counts a stage's (P-1)/P of its region at the dim's bandwidth, whatever
+        the built-in algorithm; a file's stage holds the dim as long as NPU 0's busiest link of
+        the dim is busy with what the file puts on it (`CustomStage.load`). An exported ring,
+        direct or halving-doubling on a Switch gives 1.0; the one-way ring on a Ring dim 2.0.
+        """
+        custom = custom_stage(self.topology.dims[d])
+        if custom is None or op == A2A:
+            return 1.0
+        dim = self.topology.dims[d]
+        _, carried = custom.load(op, full_elems, itemsize)
+        links = [link for link in physical_links(self.topology) if link.dim == d]
+        busy_ns = max((carried.get(link.name, 0.0) / link.bytes_per_ns for link in links), default=0.0)
+        counted_ns = full_elems * itemsize * (dim.npus - 1) / dim.npus / dim.bandwidth_bytes_per_ns
+        return busy_ns / counted_ns if counted_ns > 0 else 1.0
 
 
 @dataclass(slots=True)

@@ -24,8 +24,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..algorithms import custom_stage
 from ..collectives import AR_EVERY_DIM, PRICED_ITEMSIZE, Collective, chunk_stages
-from ..cost import ASTRA_SIM_2
+from ..cost import AG, ASTRA_SIM_2, RS
 from ..topology import Topology
 from .base import Chunk, InterPolicy, PolicyContext, baseline_order
 
@@ -40,15 +41,20 @@ def _involved_active(topology: Topology, involved, d: int) -> bool:
 class ThemisTracker:
     """Themis's load tracker: one load per dim in MiB at dim 0's bandwidth.
 
+    A dim whose stages a custom algorithm runs adds its built-in load times how much longer its
+    file's stage takes (`PolicyContext.custom_scale`): the load the file's stage time stands for.
+
     Attributes:
         topology: the network.
         involved: dims the collective runs on.
+        context: where a custom dim's stage time comes from (None: built-in algorithms only).
         loads: accumulated load per dim, reset for each collective.
         fallbacks: chunks that kept the baseline order because the loads were balanced.
     """
 
     topology: Topology
     involved: tuple[int, ...]
+    context: PolicyContext | None = None
     loads: list[float] = field(init=False)
     fallbacks: int = field(init=False, default=0)
 
@@ -59,6 +65,17 @@ class ThemisTracker:
         # per-dim constants, looked up once per chunk and dim
         self._is_active = [_involved_active(self.topology, self.involved, d) for d in range(len(dims))]
         self._ratios = [d.bandwidth_gbps / dims[0].bandwidth_gbps for d in dims]
+        self._custom = [self.context is not None and custom_stage(d) is not None for d in dims]
+        self._scales: dict[tuple[int, str, int], float] = {}
+
+    def _scale(self, d: int, op: str, stage_bytes: int) -> float:
+        """A custom dim's stage time over its built-in algorithm's (1.0 for a built-in dim)."""
+        if not self._custom[d] or self.context is None:
+            return 1.0
+        key = (d, op, stage_bytes)
+        if key not in self._scales:
+            self._scales[key] = self.context.custom_scale(d, op, stage_bytes // PRICED_ITEMSIZE)
+        return self._scales[key]
 
     def _active(self, d: int) -> bool:
         return self._is_active[d]
@@ -129,7 +146,7 @@ class ThemisTracker:
                     if self.topology.dims[d].algorithm == "ina":
                         self.loads[d] += m * p_d / MIB * self._rs_share(d) / self._ratio(d)
                     else:
-                        self.loads[d] += m / MIB * (p_d - 1) / self._ratio(d)
+                        self.loads[d] += m / MIB * (p_d - 1) / self._ratio(d) * self._scale(d, AG, m * p_d)
                     m *= p_d
             return order
         m = chunk_bytes
@@ -141,7 +158,7 @@ class ThemisTracker:
                 fused = 0.5 if d == active[-1] else 1.0
                 loads[d] += fused * m / MIB * self._rs_share(d) / ratios[d]
             else:
-                loads[d] += m / MIB * (p_d - 1) / p_d / ratios[d]
+                loads[d] += m / MIB * (p_d - 1) / p_d / ratios[d] * self._scale(d, RS, m)
             m //= p_d
         return rs_order
 
@@ -189,7 +206,7 @@ class Themis(InterPolicy):
 
     def begin(self, context: PolicyContext, collective: Collective) -> None:
         """Fresh loads; the nominal chunk size sets the balance threshold."""
-        self.tracker = ThemisTracker(context.topology, tuple(collective.dims))
+        self.tracker = ThemisTracker(context.topology, tuple(collective.dims), context)
         self.nominal_bytes = collective.size_bytes // collective.n_chunks
         self.n_dims = len(context.topology.dims)
 
@@ -289,10 +306,9 @@ class ThemisLat(InterPolicy):
     def _added_ns(self, chunk_bytes: int, c: int) -> list[float]:
         key = (chunk_bytes // PRICED_ITEMSIZE, c)
         if key not in self._added:
-            cost = self.context.cost(PRICED_ITEMSIZE)
             added = [0.0] * self.n_dims
             for s in chunk_stages(self.context.topology, self.collective, 0, 0, key[0], self.candidates[c]):
-                added[s.dim] += cost.stage_end_ns(s.dim, s.op, s.full_elems, 0.0)
+                added[s.dim] += self.context.stage_ns(s.dim, s.op, s.full_elems)
             self._added[key] = added
         return self._added[key]
 

@@ -58,7 +58,7 @@ def lower_bound_us(context: PolicyContext, collective: Collective, schedule: Sch
     (a chunk's stages run one after another).
     """
     unit, priced, _ = priced_chunks(collective, schedule.bounds)
-    topo, cost = context.topology, context.cost(unit)
+    topo = context.topology
     busy = [0.0] * len(topo.dims)
     chain, memo = 0.0, {}
     for k in range(schedule.n_chunks):
@@ -66,7 +66,7 @@ def lower_bound_us(context: PolicyContext, collective: Collective, schedule: Sch
         if key not in memo:
             per_dim = [0.0] * len(topo.dims)
             for st in chunk_stages(topo, collective, 0, k, key[0], key[1], schedule.fuse_last, unit):
-                per_dim[st.dim] += cost.stage_end_ns(st.dim, st.op, st.full_elems, 0.0)
+                per_dim[st.dim] += context.stage_ns(st.dim, st.op, st.full_elems, unit)
             memo[key] = per_dim
         per_dim = memo[key]
         chain = max(chain, sum(per_dim))

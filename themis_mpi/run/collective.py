@@ -85,6 +85,20 @@ def run_collective(
     """
     topology, config = transport.topology, transport.config
     check_ranks(topology, config)
+    with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
+        return _run_collective(transport, collective, policy, schedule, check, start_order)
+
+
+def _run_collective(
+    transport: Transport,
+    collective: Collective,
+    policy: PolicyLike,
+    schedule: Schedule | None,
+    check: bool,
+    start_order: list | None,
+) -> tuple[CollectiveResult, Engine]:
+    """`run_collective` while a dim's custom stages are held: the policy's estimates see them too."""
+    topology, config = transport.topology, transport.config
     (schedule,), decision_s = share_schedules(
         transport, policy, [collective], None if schedule is None else [schedule]
     )
@@ -102,10 +116,8 @@ def run_collective(
     def body(npu: Transport) -> tuple[CollectiveRun, Engine, float]:
         return collective_on(npu, collective, schedule, check, start_order, timing.every_npu)
 
-    with dim_stages(topology, config, collective, prove=not transport.checks_data):  # (a dim's msccl:FILE)
-        run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
-        result = result_of(transport, run, engine, wall_s, schedule, policy, decision_s)  # (its figures too)
-    return result, engine
+    run, engine, wall_s = run_on(timing, transport, body, kinds={})  # (every NPU runs one program)
+    return result_of(transport, run, engine, wall_s, schedule, policy, decision_s), engine
 
 
 def result_of(
