@@ -17,6 +17,7 @@ one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`Di
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -32,11 +33,12 @@ from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
+from ..timing.links import Flow, Transfer, Usage, physical_links, rated
 from ..timing.links import Step as LinkStep
-from ..timing.links import Transfer, Usage, physical_links, rated
 from ..timing.programs import ProgramTimes, time_programs
-from ..timing.routes import StepPlanner
+from ..timing.routes import StepPlanner, step_planner
 from ..timing.rules import IDEAL, rule_class
+from ..timing.symmetric import Symmetric
 from ..topology import Topology
 
 LinkFlow = tuple[tuple[LinkStep, ...], bool]  # a stage's steps on one NPU's links, and whether uniform
@@ -248,24 +250,48 @@ class DimStages:
         carrying what the k NPUs behind send through it; the dim's port, out and in), then the
         hops' latency and the endpoint delay, as a built-in stage's step (`routes.StepPlanner`,
         whose links, rates and cost model of the stage's element size it takes).
+
+        The rounds are the data's order, which may be stricter than the file's (a file whose
+        threadblocks send at once, reducing into one chunk in turn, moves its data one message
+        a round): the flow, alone on the links, must end when the file's programs alone do
+        (`time_ns`), or the stage is refused in one line.
         """
         if not self.shared:
             return None
         cost = planner.cost
         key = (op, full_elems, cost.itemsize, cost.endpoint_delay_ns)
         if key not in self._flows:
-            steps = tuple(
-                self._round(step.sends, planner)
-                for custom in self._parts(op)
-                for step in stage_steps(custom, 0, 0, full_elems)
-                if step.sends
-            )
-            self._flows[key] = (steps, all(step.usage == steps[0].usage for step in steps))
+            self._flows[key] = self._steps(op, full_elems, planner, self.topology, self.d)
+            # the same rounds alone on the dim's own links, against its programs there
+            flow = self._steps(op, full_elems, step_planner(self.alone, cost), self.alone, 0)
+            solo = Symmetric(self.alone, self.config, self.cost)
+            solo.rule.start(Flow(None, *flow))
+            solo_ns, alone_ns = solo.next(math.inf)[0], self.time_ns(op, full_elems, cost.itemsize)
+            if abs(solo_ns - alone_ns) > 1e-9 * alone_ns:
+                names = "+".join(custom.source for custom in self._parts(op))
+                raise UsageError(
+                    f"{names}: its rounds alone take {solo_ns / 1e3:.2f} us on dim {self.d}, its programs "
+                    f"{alone_ns / 1e3:.2f} us (its threadblocks run at once where its data goes a round "
+                    "at a time), so it cannot share the dim's links with other stages here; use "
+                    "--active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
+                )
         return self._flows[key]
 
-    def _round(self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner) -> LinkStep:
-        """A round's messages from coordinate 0 as one step on NPU 0's links (`flow`)."""
-        d, dim, port = self.d, self.topology.dims[self.d], self.topology.port_of(self.d)
+    def _steps(self, op: str, full_elems: int, planner: StepPlanner, topology: Topology, d: int) -> LinkFlow:
+        """NPU 0's rounds of a stage as steps on dim d of the topology (`flow`)."""
+        steps = tuple(
+            self._round(step.sends, planner, topology, d)
+            for custom in self._parts(op)
+            for step in stage_steps(custom, 0, 0, full_elems)
+            if step.sends
+        )
+        return steps, all(step.usage == steps[0].usage for step in steps)
+
+    def _round(
+        self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner, topology: Topology, d: int
+    ) -> LinkStep:
+        """A round's messages from coordinate 0 as one step on NPU 0's links of dim d (`flow`)."""
+        dim, port = topology.dims[d], topology.port_of(d)
         index = planner.index
         p_out = ((index[f"port{port}.out"], 1.0),) if port is not None else ()
         p_in = ((index[f"port{port}.in"], 1.0),) if port is not None else ()
