@@ -15,6 +15,7 @@ from test_msccl_run import rows_of, run_args
 from themis_mpi.api import sweep
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
+from themis_mpi.errors import UsageError
 from themis_mpi.policies import policy_context
 from themis_mpi.policies.inter import Themis
 from themis_mpi.run.custom import dim_stages
@@ -82,7 +83,15 @@ def test_emulator_equals_model_with_active_chunks_and_a_shared_port(ring, tmp_pa
 
 
 def test_a_file_one_npu_cannot_stand_for_is_refused_where_stages_share(tmp_path):
-    """A synthesized Ring(4) file whose NPUs send differently: one line under sharing, runs alone."""
+    """Files whose NPUs send differently round by round: one line under sharing, they run alone.
+
+    A synthesized Ring(4) file, and the exported direct (one message a round, to a peer that
+    differs NPU by NPU).
+    """
+    direct = exported_stages(tmp_path, "direct")
+    with pytest.raises(UsageError, match="NPU 1's rounds differ from NPU 0's"):
+        sweep(SHARED_PORT, "1M", "baseline", 4, network="fair", algorithm=[direct, "direct"])
+    assert sweep(SWITCH, "1M", "baseline", 4, network="fair", algorithm=[direct, "direct"])[0].time_us > 0
     paths = []
     for op in ("reduce_scatter", "all_gather"):
         paths.append(tmp_path / f"syn_{op}.xml")
