@@ -7,6 +7,8 @@ built-in ring, so it must take the same time to the ns, on the model and on the 
 the policies' estimates see the file (`policies.base.PolicyContext.stage_ns`, `custom_scale`).
 """
 
+import re
+
 import pytest
 from harness import cli, local
 from test_msccl_dim import exported_stages
@@ -26,9 +28,22 @@ SHARED_PORT = "SW(4,100,500)_SW(2,50,1000)_NIC(0+1,40)"  # dims 0 and 1 leave th
 
 
 @pytest.fixture(scope="module")
-def ring(tmp_path_factory) -> str:
-    """The built-in ring's reduce-scatter and all-gather on 4 NPUs, exported: dim 0's spec."""
-    return exported_stages(tmp_path_factory.mktemp("shared"), "ring")
+def exported(tmp_path_factory) -> dict[str, str]:
+    """The built-in ring's and halving-doubling's reduce-scatter and all-gather on 4 NPUs, exported."""
+    out = tmp_path_factory.mktemp("shared")
+    return {name: exported_stages(out, name) for name in ("ring", "halving_doubling", "direct")}
+
+
+@pytest.fixture(scope="module")
+def ring(exported) -> str:
+    """The exported ring: dim 0's spec."""
+    return exported["ring"]
+
+
+def row(topology: str, op: str, network: str, active: int, policy: str, first: str):
+    """The model's row of a 64 MiB collective in 8 chunks, `first` on dim 0, direct on dim 1."""
+    kw = dict(op=op, network=network, active_per_dim=active, algorithm=[first, "direct"])
+    return sweep(topology, "64M", policy, 8, **kw)[0]
 
 
 @pytest.mark.parametrize("network", ["fair", "packet"])
@@ -38,29 +53,22 @@ def ring(tmp_path_factory) -> str:
     ids=["active-2", "active-4", "shared-port", "shared-port-active-2"],
 )
 @pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
-def test_exported_ring_shares_the_network_as_the_builtin_ring(ring, network, topology, active, op):
-    """The same algorithm among other stages: the built-in ring's time to the ns, both schedules."""
-    for policy in ("baseline", "themis"):
-        mine, builtin = (
-            sweep(
-                topology,
-                "64M",
-                policy,
-                8,
-                op=op,
-                network=network,
-                active_per_dim=active,
-                algorithm=[a, "direct"],
-            )[0]
-            for a in (ring, "ring")
-        )
-        assert mine.time_us == pytest.approx(builtin.time_us, rel=1e-12)
-    # the stages did meet: the same run with one stage at a time on a dim of its own differs
+def test_exported_ring_shares_the_network_as_the_builtin_ring(exported, network, topology, active, op):
+    """The same algorithm among other stages: the built-in's time to the ns, both schedules.
+
+    The ring; and halving-doubling, whose partners differ NPU by NPU, but not their bytes, and
+    on a Switch every message crosses its sender's up-link and its receiver's down-link.
+    """
+    for algorithm, policies in (("ring", ("baseline", "themis")), ("halving_doubling", ("baseline",))):
+        for policy in policies:
+            mine, builtin = (
+                row(topology, op, network, active, policy, a) for a in (exported[algorithm], algorithm)
+            )
+            assert mine.time_us == pytest.approx(builtin.time_us, rel=1e-12), (algorithm, policy)
+    # the stages did meet: with one stage at a time on a dim of its own the time differs
     if active > 1:
-        alone = sweep(SWITCH, "64M", "baseline", 8, op=op, network=network, algorithm=[ring, "direct"])[0]
-        shared = sweep(topology, "64M", "baseline", 8, op=op, network=network, active_per_dim=active,
-                       algorithm=[ring, "direct"])[0]  # fmt: skip
-        assert shared.time_us != alone.time_us
+        alone = row(SWITCH, op, network, 1, "baseline", exported["ring"])
+        assert row(topology, op, network, active, "baseline", exported["ring"]).time_us != alone.time_us
 
 
 def test_emulator_equals_model_with_active_chunks_and_a_shared_port(ring, tmp_path):
@@ -82,16 +90,19 @@ def test_emulator_equals_model_with_active_chunks_and_a_shared_port(ring, tmp_pa
         assert model.time_us == pytest.approx(builtin.time_us, rel=1e-12)
 
 
-def test_a_file_one_npu_cannot_stand_for_is_refused_where_stages_share(tmp_path):
-    """Files whose NPUs send differently round by round: one line under sharing, they run alone.
+def test_a_file_one_npu_cannot_stand_for_is_refused_where_stages_share(exported, tmp_path):
+    """Files one NPU's rounds cannot time: one line where stages share links, and they run alone.
 
-    A synthesized Ring(4) file, and the exported direct (one message a round, to a peer that
-    differs NPU by NPU).
+    A synthesized Ring(4) file, whose NPUs send differently round by round; and the exported
+    direct, whose data moves one message a round where its threadblocks send at once: its
+    rounds alone take two more latencies of the Switch (2 x 2 hops x 500 ns) than its programs.
     """
-    direct = exported_stages(tmp_path, "direct")
-    with pytest.raises(UsageError, match="NPU 1's rounds differ from NPU 0's"):
-        sweep(SHARED_PORT, "1M", "baseline", 4, network="fair", algorithm=[direct, "direct"])
-    assert sweep(SWITCH, "1M", "baseline", 4, network="fair", algorithm=[direct, "direct"])[0].time_us > 0
+    with pytest.raises(UsageError, match="its rounds alone take") as refused:
+        row(SHARED_PORT, "all_reduce", "fair", 1, "baseline", exported["direct"])
+    rounds_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", str(refused.value)))
+    assert rounds_us - programs_us == pytest.approx(2 * 2 * 0.5)
+    assert len(str(refused.value).splitlines()) == 1
+    assert row(SWITCH, "all_reduce", "fair", 1, "baseline", exported["direct"]).time_us > 0
     paths = []
     for op in ("reduce_scatter", "all_gather"):
         paths.append(tmp_path / f"syn_{op}.xml")

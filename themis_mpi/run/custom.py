@@ -315,11 +315,19 @@ class DimStages:
 
     def check_symmetric(self) -> None:
         """Refuse files one NPU's view cannot stand for (class doc), in one line naming the file."""
-        p = self.topology.dims[self.d].npus
+        dim = self.topology.dims[self.d]
+        p, switch = dim.npus, dim.kind == "Switch"  # (on a Switch every peer is up, then down)
+
+        def ahead(c: int, peers) -> list[tuple[int, int]]:
+            return sorted((0 if switch else (q - c) % p, b - a) for q, a, b in peers)
+
         for custom in self.files.values():
             n = custom.algo.nchunksperloop
             shapes = [
-                [sorted(((q - c) % p, b - a) for q, a, b in s.sends) for s in stage_steps(custom, c, 0, n)]
+                [
+                    (ahead(c, s.sends), ahead(c, s.recvs) if switch else [])
+                    for s in stage_steps(custom, c, 0, n)
+                ]
                 for c in range(p)
             ]
             bad = next((c for c in range(1, p) if shapes[c] != shapes[0]), None)
