@@ -189,7 +189,9 @@ class DimStages:
     NPU's view runs it as a flow of its rounds over NPU 0's links (`flow`), among every other
     stage's, as a built-in stage's steps. That view stands for every NPU, so the files must be
     rotation-symmetric (every NPU's rounds send the same bytes to the peers the same distance
-    ahead, as every built-in algorithm's do): one line otherwise.
+    ahead, as the ring's do; on a Switch the same bytes out and in each round, as
+    halving-doubling's too), and their rounds alone must take their programs' time (`flow`):
+    one line otherwise.
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
