@@ -234,7 +234,9 @@ def builtin(algorithm: str, op: str, npus: int, both_ways: bool = False) -> Algo
     b = Builder(f"{algorithm}{'_2ch' if both else ''}_{op}_{npus}", coll, npus, chunks)
     for c in range(npus):
         # a ring's k-th message of a step is on channel k: 0 to the next NPU, 1 to the previous
-        ring = (b.threadblock(c, (c + 1) % npus, (c - 1) % npus, 0),) if algorithm == "ring" else ()
+        ring: tuple[int, ...] = ()
+        if algorithm == "ring":
+            ring = (b.threadblock(c, (c + 1) % npus, (c - 1) % npus, 0),)
         ring += (b.threadblock(c, (c - 1) % npus, (c + 1) % npus, 1),) if both else ()
         for st in plan(algorithm, stage, npus, c, 0, chunks, both):
             for k, (peer, lo, hi) in enumerate(st.sends):
