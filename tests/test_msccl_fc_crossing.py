@@ -11,6 +11,7 @@ import pytest
 from harness import DATA, ROOT, shared
 from test_msccl_run import emulated, model_us
 
+from themis_mpi.api import sweep
 from themis_mpi.units import BYTES_PER_GB
 
 TOPOLOGY = "FC(4,100,500)"
@@ -114,3 +115,11 @@ def test_the_emulator_runs_the_ring_both_ways_in_the_models_time(network, tmp_pa
     assert row["wrong"] == 0
     assert row["time_us"] == model_us(TOPOLOGY, "all_reduce", size, "ring", network)
     assert row["time_us"] == pytest.approx(closed_us("ring", size), rel=1e-9)
+
+
+def test_the_built_in_ring_drives_both_neighbour_links_and_not_the_third():
+    """Under fair, NPU 0's links to the next and the previous NPU carry half the ring's bytes each."""
+    (row,) = sweep(TOPOLOGY, 2**20, "baseline", 1, op="all_reduce", network="fair", algorithm=["ring"])
+    carried = {link.name: link.bytes for link in row.links}
+    sent = 6 * 2**20 / 4  # six steps of S/4
+    assert carried["dim0.peer+1"] == carried["dim0.peer+3"] == sent / 2 and carried["dim0.peer+2"] == 0
