@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 
 from themis_mpi.cli.app import main
-from themis_mpi.cost import AR, CostModel
+from themis_mpi.cost import AR, CostModel, ring_both_ways
 from themis_mpi.errors import UsageError
 from themis_mpi.msccl.build import Builder, builtin
 from themis_mpi.msccl.check import check, require
@@ -327,6 +327,20 @@ def test_the_two_channel_ring_uses_both_directions():
     latency_ns = 14 * 500
     assert t_two == pytest.approx(builtin_ns)
     assert t_one - latency_ns == pytest.approx(2 * (builtin_ns - latency_ns))
+    both = builtin("ring", "all_reduce", 8, both_ways=True)  # the built-in ring written both ways round
+    assert both.nchannels == 2
+    assert time_programs(programs(both), size / both.nchunksperloop, AlphaBeta(topo)).end_ns == pytest.approx(
+        builtin_ns
+    )
+
+
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_gather", "all_reduce"])
+@pytest.mark.parametrize("npus", [2, 3, 4, 8])
+def test_the_ring_both_ways_round_checks_and_is_proved(op, npus):
+    """The built-in ring both ways round (two channels, 2P chunks) computes the collective."""
+    algo = builtin("ring", op, npus, both_ways=True)
+    assert algo.nchannels == 2 and algo.nchunksperloop == 2 * npus
+    assert check(algo) == [] and prove(algo, programs(algo)).ok
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct", "halving_doubling"])
@@ -358,8 +372,8 @@ def test_exported_builtins_take_the_cost_models_time(algorithm, spec, op):
     names = {"RS": "reduce_scatter", "AG": "all_gather", "AR": "all_reduce"}
     topo = parse_topology(spec).with_overrides(algorithms=[algorithm])
     size = 2**20
-    algo = builtin(algorithm, names[op], 8)
-    t = time_programs(programs(algo), size / 8, AlphaBeta(topo)).end_ns
+    algo = builtin(algorithm, names[op], 8, ring_both_ways(topo.dims[0]))  # (FC's ring: both ways round)
+    t = time_programs(programs(algo), size / algo.nchunksperloop, AlphaBeta(topo)).end_ns
     assert t == pytest.approx(sum(CostModel(topo, 1).step_times_ns(0, op, size)))
 
 

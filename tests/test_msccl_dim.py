@@ -12,9 +12,11 @@ from harness import DATA, cli, local
 from test_msccl_run import rows_of, run_args
 
 from themis_mpi.api import sweep
+from themis_mpi.cost import ring_both_ways
 from themis_mpi.msccl.build import builtin
 from themis_mpi.msccl.ir import write_algorithm
 from themis_mpi.results import flat_row
+from themis_mpi.topology import parse_topology
 from themis_mpi.units import BYTES_PER_GB
 
 TOPOLOGY = "SW(4,100,500)_SW(2,50,1000)"  # 4x2: the ring's messages never share a Switch's links
@@ -150,13 +152,16 @@ def test_what_a_dims_custom_stages_cannot_run_is_refused(files):
         )
 
 
-def exported_stages(out, algorithm: str, npus: int = 4) -> str:
-    """The built-in algorithm's reduce-scatter and all-gather on `npus` NPUs, exported: a dim's spec."""
+def exported_stages(out, algorithm: str, npus: int = 4, both_ways: bool = False) -> str:
+    """The built-in algorithm's reduce-scatter and all-gather on `npus` NPUs, exported: a dim's spec.
+
+    `both_ways`: the ring both ways round, as it runs on a FullyConnected dim (`cost.ring_both_ways`).
+    """
     paths = []
     for op in ("reduce_scatter", "all_gather"):
-        paths.append(out / f"{algorithm}_{op}_{npus}.xml")
+        paths.append(out / f"{algorithm}_{op}_{npus}{'_2ch' if both_ways else ''}.xml")
         if not paths[-1].exists():
-            write_algorithm(str(paths[-1]), builtin(algorithm, op, npus))
+            write_algorithm(str(paths[-1]), builtin(algorithm, op, npus, both_ways))
     return "msccl:" + "+".join(map(str, paths))
 
 
@@ -172,13 +177,14 @@ def test_an_exported_dim_gives_the_builtins_row_field_by_field(tmp_path, network
     Time, dimbound_us, every dim's busy time, bytes, stages and busy share, every link's bytes:
     all from what the file's programs put on the dim, equal to the built-in's. Themis counts
     what the file puts on the dim's busiest link (`PolicyContext.custom_scale`): where that is
-    the bytes it counts for every built-in algorithm (a Switch; direct on FullyConnected) it
-    chooses as with the built-in; ring and halving-doubling on FullyConnected hold one peer link
-    of B/3 longer, and Themis, seeing it, chooses otherwise (test_msccl_shared.py).
+    the bytes it counts for every built-in algorithm (a Switch; direct and the ring both ways round
+    on FullyConnected) it chooses as with the built-in; halving-doubling on FullyConnected holds
+    one peer link of B/3 longer, and Themis, seeing it, chooses otherwise (test_msccl_shared.py).
     """
     topology = f"{first}_SW(2,50,1000)"
-    spec = exported_stages(tmp_path, algorithm)
-    same_load = first.startswith("SW") or algorithm == "direct"
+    dim = parse_topology(first).with_overrides(algorithms=[algorithm]).dims[0]
+    spec = exported_stages(tmp_path, algorithm, both_ways=ring_both_ways(dim))
+    same_load = not (first.startswith("FC") and algorithm == "halving_doubling")
     for policy in ("baseline", "themis") if same_load else ("baseline",):
         rows = [
             flat_row(sweep(topology, "64M", policy, 4, network=network, algorithm=[a, "direct"])[0].to_dict())

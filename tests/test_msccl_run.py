@@ -16,6 +16,7 @@ from test_msccl import replace_step
 from test_msccl_synthesis import SIZE, TACOS_US, TORUS_2D
 
 from themis_mpi.api import sweep
+from themis_mpi.cost import ring_both_ways
 from themis_mpi.msccl.build import builtin
 from themis_mpi.msccl.ir import read_algorithm, write_algorithm
 from themis_mpi.msccl.synthesis import synthesize_all_gather, to_algorithm
@@ -154,14 +155,28 @@ def test_a_damaged_file_is_refused_by_model_and_run_with_the_checkers_line(tmp_p
 
 
 @pytest.mark.parametrize("rule", rule_names())
-@pytest.mark.parametrize("topology", ["SW(8,100,500)", "FC(8,100,500)"])
 @pytest.mark.parametrize("size", ["1M", "64M", "1G"])
-def test_the_ring_file_takes_the_built_in_rings_time(rule, topology, size):
-    """On SW(8) and FC(8) the shared ring file's time is the built-in ring's within 2 %, every rule."""
+def test_the_ring_file_takes_the_built_in_rings_time(rule, size):
+    """On SW(8) the shared ring file's time is the built-in ring's within 2 %, every rule."""
     path = shared("custom-algos") / "allreduce_ring_8gpu_astrasim_example.xml"
-    mine = model_us(topology, "all_reduce", size, f"msccl:{path}", rule)
-    ring = model_us(topology, "all_reduce", size, "ring", rule)
+    mine = model_us("SW(8,100,500)", "all_reduce", size, f"msccl:{path}", rule)
+    ring = model_us("SW(8,100,500)", "all_reduce", size, "ring", rule)
     assert mine == pytest.approx(ring, rel=0.02)
+
+
+@pytest.mark.parametrize("rule", rule_names())
+@pytest.mark.parametrize("size", ["1M", "64M", "1G"])
+def test_the_ring_file_uses_one_of_the_two_links_the_built_in_ring_drives_on_fc(rule, size):
+    """On FC(8): the built-in ring's latency terms plus twice its bandwidth term.
+
+    The built-in ring runs both ways round a FullyConnected dim (`cost.ring_both_ways`), half
+    of each message on the link to each neighbour; the shared file's one ring drives one of them.
+    """
+    path = shared("custom-algos") / "allreduce_ring_8gpu_astrasim_example.xml"
+    latency_us = 2 * 7 * 500 / 1e3
+    one_way = model_us("FC(8,100,500)", "all_reduce", size, f"msccl:{path}", rule)
+    ring = model_us("FC(8,100,500)", "all_reduce", size, "ring", rule)
+    assert one_way - latency_us == pytest.approx(2 * (ring - latency_us), rel=0.02)
 
 
 @pytest.mark.parametrize("rule", rule_names())
@@ -204,11 +219,12 @@ def test_all_pairs_and_ring_cross_once_on_a_switch():
 
 
 def test_all_pairs_against_a_fully_connected_dim():
-    """FC(4): all-pairs beats the ring at every size, and crosses the dim's default, direct, once.
+    """FC(4): all-pairs crosses the built-in ring once, and the dim's default, direct, once.
 
-    All-pairs sends its whole buffer over each of the three links; the ring 1.5 times it over one.
+    All-pairs sends its whole buffer over each of the three links; the ring, both ways round
+    (`cost.ring_both_ways`), 0.75 times it over each of two (tests/test_msccl_fc_crossing.py).
     """
-    assert crossings("FC(4,100,500)", "ring") == []
+    assert len(crossings("FC(4,100,500)", "ring")) == 1
     assert len(crossings("FC(4,100,500)", "direct")) == 1
 
 
@@ -221,7 +237,8 @@ def test_all_pairs_against_a_fully_connected_dim():
 def test_exported_builtins_take_the_builtins_time(algorithm, topology, rule, tmp_path):
     """Export then import: the file's time is the built-in algorithm's, to the ns, under every rule."""
     path = tmp_path / f"{algorithm}.xml"
-    write_algorithm(str(path), builtin(algorithm, "all_reduce", 8))
+    dim = parse_topology(topology).with_overrides(algorithms=[algorithm]).dims[0]
+    write_algorithm(str(path), builtin(algorithm, "all_reduce", 8, ring_both_ways(dim)))  # (FC: both ways)
     for size in ("64K", "64M"):
         mine = model_us(topology, "all_reduce", size, f"msccl:{path}", rule)
         assert mine == model_us(topology, "all_reduce", size, algorithm, rule)

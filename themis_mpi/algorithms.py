@@ -89,8 +89,12 @@ def custom_stage(dim: Any) -> CustomStage | None:
     return _CUSTOM.get((dim.custom, dim.npus)) if dim.custom else None
 
 
-def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step]:
+def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int, both_ways: bool = False) -> list[Step]:
     """The steps of one stage for the rank at coordinate c of a P-NPU dim, on ``[lo, hi)``.
+
+    With `both_ways` the ring runs both ways round (`cost.ring_both_ways`): the first half of
+    each block goes clockwise (to the next NPU), the second half counter-clockwise (to the
+    previous one), in the same steps; block c still ends reduced on rank c.
 
     An AR stage (the baseline's All-Reduce phase on its last dim) is the RS steps, which leave
     block c reduced, followed by the AG steps, which spread every reduced block back over the
@@ -111,7 +115,7 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
     if algorithm == "nccl":  # the NCCL-like model moves data as a ring; `cost` times it flat
         algorithm = "ring"
     if op == AR:
-        return plan(algorithm, RS, p, c, lo, hi) + plan(algorithm, AG, p, c, lo, hi)
+        return plan(algorithm, RS, p, c, lo, hi, both_ways) + plan(algorithm, AG, p, c, lo, hi, both_ways)
     b = block_bounds(lo, hi, p)
 
     def blk(i: int) -> tuple[int, int]:
@@ -129,6 +133,8 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
         if op == RS:
             return [Step(tuple((j, *blk(j)) for j in others), tuple((j, *blk(c)) for j in others), REDUCE)]
         return [Step(tuple((j, *blk(c)) for j in others), tuple((j, *blk(j)) for j in others), COPY)]
+    if algorithm == "ring" and both_ways:
+        return ring_steps_both_ways(op, p, c, b)
     if algorithm == "ring":
         nxt, prv = (c + 1) % p, (c - 1) % p
         if op == RS:
@@ -153,6 +159,37 @@ def plan(algorithm: str, op: str, p: int, c: int, lo: int, hi: int) -> list[Step
         steps.append(Step(((partner, *rng(mine, mine + m)),), ((partner, *rng(theirs, theirs + m)),), COPY))
         m *= 2
     return steps
+
+
+def ring_steps_both_ways(op: str, p: int, c: int, b: list[int]) -> list[Step]:
+    """The ring's RS or AG steps both ways round on the blocks bounded by `b` (`plan`).
+
+    The clockwise ring moves the first half of each block (to the next NPU, from the previous
+    one), the counter-clockwise ring the second half, its mirror image.
+    """
+    nxt, prv = (c + 1) % p, (c - 1) % p
+
+    def cw(i: int) -> tuple[int, int]:
+        i %= p
+        return b[i], b[i] + (b[i + 1] - b[i]) // 2
+
+    def ccw(i: int) -> tuple[int, int]:
+        i %= p
+        return b[i] + (b[i + 1] - b[i]) // 2, b[i + 1]
+
+    if op == RS:
+        return [
+            Step(
+                ((nxt, *cw(c - s - 1)), (prv, *ccw(c + s + 1))),
+                ((prv, *cw(c - s - 2)), (nxt, *ccw(c + s + 2))),
+                REDUCE,
+            )
+            for s in range(p - 1)
+        ]
+    return [
+        Step(((nxt, *cw(c - s)), (prv, *ccw(c + s))), ((prv, *cw(c - s - 1)), (nxt, *ccw(c + s + 1))), COPY)
+        for s in range(p - 1)
+    ]
 
 
 def plan_all_to_all(p: int, c: int, stride: int, group: int, lo: int, hi: int) -> list[Step]:

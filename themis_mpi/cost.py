@@ -5,8 +5,10 @@ has one port of the dim's bandwidth B per NPU: messages sent at once share it, s
 ``n`` messages of ``b`` bytes costs ``hops * latency_ns + n * b / B + endpoint_delay_ns``. A
 FullyConnected dim of P NPUs is P-1 links of B/(P-1), one per peer: a message to one peer uses
 one link, messages to different peers go at once, so a step costs ``hops * latency_ns +
-b * (P-1) / B + endpoint_delay_ns`` whatever n is (ring and halving-doubling move each message
-at B/(P-1); direct and all-to-all drive all P-1 links and reach B).
+b * (P-1) / B + endpoint_delay_ns`` whatever n is (halving-doubling moves each message at
+B/(P-1); direct and all-to-all drive all P-1 links and reach B). The ring runs both ways round
+there, as on a Ring dim (`ring_both_ways`): half of each message to the next NPU, half to the
+previous one, on two links at once, so its step costs ``b * (P-1) / (2B)`` (on more than 2 NPUs).
 
 With ``compat="astra-sim-1.0"`` the step times follow ASTRA-sim 1.0 exactly (its system layer at
 branch ASTRA-sim-1.0 and its analytical backend), see `astra_steps`:
@@ -142,6 +144,21 @@ def reduction_2_ns(n_bytes: int) -> int:
     ``PacketBundle::call``; with the 2.x runs' 1e9 GB/s it is 0 below 1e9 bytes.
     """
     return ASTRA_MEM_ACCESSES * int(n_bytes / ASTRA2_LOCAL_MEM_BYTES_PER_S * 1e9)
+
+
+def ring_both_ways(dim: Dim, astra: bool = False) -> bool:
+    """Whether the dim's ring runs both ways round (docs/time-model.md).
+
+    Half of each message goes to the next NPU, half to the previous one, at once. On a Ring dim
+    it always has (its two directions' links); on a FullyConnected dim of more than 2 NPUs it
+    drives the two neighbour links, as a real runtime's ring on a fully connected node drives
+    more than one link (NCCL and RCCL run several channels); on 2 NPUs both neighbours are one
+    link. A Switch has one up-link, so its ring goes one way. ASTRA-sim's compats (`astra`) keep
+    its one-way ring (`astra_steps`).
+    """
+    if astra or dim.algorithm != "ring":
+        return False
+    return dim.kind == "Ring" or (dim.kind == "FullyConnected" and dim.npus > 2)
 
 
 def link_bytes_per_ns(dim: Dim) -> float:
@@ -345,6 +362,8 @@ class CostModel:
         """
         if dim.kind == "FullyConnected":  # one link of B/(P-1) per peer, all in parallel
             transfer_ns = msg_bytes * (dim.npus - 1) / dim.bandwidth_bytes_per_ns
+            if n_msgs == 1 and ring_both_ways(dim, self.astra):  # a ring step: half to each neighbour at once
+                transfer_ns /= 2
         else:  # one port of B, shared
             transfer_ns = n_msgs * msg_bytes / dim.bandwidth_bytes_per_ns
         return dim.hops * dim.latency_ns + max(transfer_ns, memory_ns) + self.endpoint_delay_ns

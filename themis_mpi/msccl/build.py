@@ -208,13 +208,16 @@ class Builder:
         )
 
 
-def builtin(algorithm: str, op: str, npus: int) -> Algorithm:
+def builtin(algorithm: str, op: str, npus: int, both_ways: bool = False) -> Algorithm:
     """A built-in algorithm's stage on `npus` NPUs as MSCCL-IR: P chunks, in place (module doc).
 
     Args:
         algorithm: ring, direct or halving_doubling (``hd``).
         op: reduce_scatter, all_gather or all_reduce.
         npus: NPUs of the dim (halving-doubling: a power of two).
+        both_ways: the ring both ways round (`cost.ring_both_ways`), as it runs on a Ring or a
+            FullyConnected dim: 2P chunks, the first half of each block clockwise on channel 0,
+            the second half counter-clockwise on channel 1.
     """
     algorithm = {"hd": "halving_doubling", "halving-doubling": "halving_doubling"}.get(algorithm, algorithm)
     if algorithm not in BUILTINS:
@@ -226,16 +229,19 @@ def builtin(algorithm: str, op: str, npus: int) -> Algorithm:
     if algorithm == "halving_doubling" and not is_power_of_two(npus):
         raise UsageError(f"halving_doubling needs a power-of-two number of NPUs, got {npus}")
     stage, coll, buffer = OPS[op]
-    b = Builder(f"{algorithm}_{op}_{npus}", coll, npus, npus)
+    both = both_ways and algorithm == "ring"
+    chunks = 2 * npus if both else npus
+    b = Builder(f"{algorithm}{'_2ch' if both else ''}_{op}_{npus}", coll, npus, chunks)
     for c in range(npus):
-        for st in plan(algorithm, stage, npus, c, 0, npus):
-            for peer, lo, hi in st.sends:
-                b.send(
-                    c,
-                    b.threadblock(c, peer, peer if algorithm != "ring" else (c - 1) % npus),
-                    Ref(buffer, lo, hi - lo),
-                )
-            for peer, lo, hi in st.recvs:
-                tb = b.threadblock(c, peer if algorithm != "ring" else (c + 1) % npus, peer)
+        # a ring's k-th message of a step is on channel k: 0 to the next NPU, 1 to the previous
+        ring: tuple[int, ...] = ()
+        if algorithm == "ring":
+            ring = (b.threadblock(c, (c + 1) % npus, (c - 1) % npus, 0),)
+        ring += (b.threadblock(c, (c - 1) % npus, (c + 1) % npus, 1),) if both else ()
+        for st in plan(algorithm, stage, npus, c, 0, chunks, both):
+            for k, (peer, lo, hi) in enumerate(st.sends):
+                b.send(c, ring[k] if ring else b.threadblock(c, peer, peer), Ref(buffer, lo, hi - lo))
+            for k, (peer, lo, hi) in enumerate(st.recvs):
+                tb = ring[k] if ring else b.threadblock(c, peer, peer)
                 b.recv(c, tb, Ref(buffer, lo, hi - lo), reduce=st.mode == PLAN_REDUCE)
     return b.algorithm()

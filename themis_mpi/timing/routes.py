@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, steps
+from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, ring_both_ways, steps
 from ..topology import Topology
 from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links
 
@@ -51,7 +51,8 @@ class StepPlanner:
         """Per step, whom an NPU sends to: (distance ahead on the dim, share of the step's bytes).
 
         It receives from the same distances behind. A Ring step sends half each way (to the peer
-        d ahead clockwise, d behind counter-clockwise); a ring step elsewhere the next NPU; a
+        d ahead clockwise, d behind counter-clockwise), and so does a ring step on a
+        FullyConnected dim (`cost.ring_both_ways`); a ring step elsewhere the next NPU; a
         halving-doubling step the peer at the step's distance (its mask) ahead, as the
         FullyConnected link it uses says; direct, all-to-all and in-network steps every peer.
         """
@@ -61,12 +62,13 @@ class StepPlanner:
         if dim.algorithm == "ina" and op != A2A and p > 1:
             return (every,)
         block = block_elems(full_elems, p) * self.cost.itemsize
+        both = dim.kind == "Ring" or ring_both_ways(dim, self.cost.astra)
         out: list[tuple[tuple[int, float], ...]] = []
         for msg, n in steps(dim, op, full_elems, self.cost.itemsize):
             distance = 1 if dim.algorithm in ("ring", "nccl") else max(1, msg // max(block, 1))
             if n > 1:
                 out.append(every)
-            elif dim.kind == "Ring":
+            elif both:
                 out.append(((distance % p, 0.5), (-distance % p, 0.5)))
             else:
                 out.append(((distance % p, 1.0),))
@@ -90,6 +92,7 @@ class StepPlanner:
             ina = (((i[f"dim{d}.up"], cu), *p_out), ((i[f"dim{d}.down"], cd), *p_in))
             return [one_transfer(v, ina, delay_ns, capacity)]
         block = block_elems(full_elems, dim.npus) * itemsize
+        both = ring_both_ways(dim, self.cost.astra)
         out = []
         for msg, n in steps(dim, op, full_elems, itemsize):
             v = float(msg * n)
@@ -102,10 +105,13 @@ class StepPlanner:
             elif n > 1:  # direct and all-to-all: one message per peer, every link
                 share = 1.0 / (dim.npus - 1)
                 hops = (tuple((i[f"dim{d}.peer+{k}"], share) for k in range(1, dim.npus)) + p_out + p_in,)
+            elif both:  # ring both ways round: half to the next NPU, half to the previous one
+                ends = ((i[f"dim{d}.peer+1"], 0.5), (i[f"dim{d}.peer+{dim.npus - 1}"], 0.5))
+                hops = ((*ends, *p_out, *p_in),)
             else:  # ring: the next NPU; halving-doubling: the partner at the step's distance
                 distance = 1 if dim.algorithm == "ring" else max(1, msg // block)
                 hops = (((i[f"dim{d}.peer+{distance}"], 1.0), *p_out, *p_in),)
-            half = 0.5 if dim.kind == "Ring" else 1.0  # (a Ring's message goes half each way)
+            half = 0.5 if dim.kind == "Ring" or both else 1.0  # (a message going half each way)
             out.append(one_transfer(v, hops, delay_ns, capacity, n, msg * half))
         return out
 
