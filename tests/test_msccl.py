@@ -361,6 +361,16 @@ def test_exported_builtins_read_back_check_and_prove(algorithm, op, npus, tmp_pa
     assert check(algo) == [] and prove(algo, programs(algo)).ok
 
 
+def test_export_both_ways_writes_the_two_channel_ring_and_only_for_the_ring(tmp_path, capsys):
+    """`export --msccl --both-ways`: the ring of Ring and FullyConnected dims; another algorithm, one line."""
+    path = tmp_path / "a.xml"
+    assert main(["export", "--msccl", str(path), "--npus", "4", "--both-ways"]) == 0
+    assert read_algorithm(str(path)) == builtin("ring", "all_reduce", 4, both_ways=True)
+    bad = tmp_path / "b.xml"
+    assert main(["export", "--msccl", str(bad), "--algorithm", "direct", "--both-ways"]) == 2
+    assert "--both-ways is the ring's" in capsys.readouterr().err and not bad.exists()
+
+
 @pytest.mark.parametrize(
     ("algorithm", "spec"),
     [("ring", "SW(8,100,700)"), ("ring", "FC(8,100,700)"), ("direct", "FC(8,100,700)"),

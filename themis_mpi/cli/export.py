@@ -47,7 +47,9 @@ def export_msccl(args: argparse.Namespace) -> int:
     if args.trace_in is not None:
         raise UsageError("export --msccl writes a built-in algorithm and takes no trace")
     check_outputs(args.msccl)
-    algo = builtin(args.algorithm, args.op, args.npus)
+    if args.both_ways and args.algorithm != "ring":
+        raise UsageError(f"--both-ways is the ring's, not {args.algorithm}'s")
+    algo = builtin(args.algorithm, args.op, args.npus, args.both_ways)
     require_proof(algo, require(algo, args.msccl), args.msccl)
     write_algorithm(args.msccl, algo)
     print(

@@ -534,8 +534,8 @@ def _export_parser(sub: Any) -> None:
         "export",
         help="convert a trace to Chrome/Perfetto trace-event JSON, or write a built-in algorithm as MSCCL-IR",
         description="TRACE.h5 --perfetto OUT.json: the trace as trace-event JSON. --msccl OUT.xml: a "
-        "built-in algorithm's stage (--algorithm, -o, --npus) as MSCCL-IR XML, checked and proved before "
-        "it is written.",
+        "built-in algorithm's stage (--algorithm, -o, --npus, --both-ways) as MSCCL-IR XML, checked and "
+        "proved before it is written.",
     )
     p.add_argument("trace_in", metavar="TRACE.h5", nargs="?", help="the trace (with --perfetto)")
     p.add_argument("--perfetto", metavar="OUT.json", type=_path, help="write the trace as trace-event JSON")
@@ -556,6 +556,12 @@ def _export_parser(sub: Any) -> None:
         help="with --msccl: the collective (default all_reduce)",
     )
     p.add_argument("--npus", type=int, default=8, help="with --msccl: NPUs of the algorithm (default 8)")
+    p.add_argument(
+        "--both-ways",
+        action="store_true",
+        help="with --msccl and the ring: both ways round on two channels, as the ring runs on Ring "
+        "and FullyConnected dims (default one way, as on a Switch)",
+    )
 
 
 def _synthesize_parser(sub: Any) -> None:

@@ -5,9 +5,10 @@ Each NPU has, per dim (B is the dim's per-NPU bandwidth, all its links together)
 - Ring: two outgoing links of B/2, one per direction. Every stage spreads its bytes evenly over
   both (the ring algorithm runs two counter-rotating half-rings, half the data each), so an
   uncontended ring keeps its time.
-- FullyConnected of P NPUs: P-1 links of B/(P-1), one per peer distance. A ring step uses the
-  link to the next NPU, a halving-doubling step the link to its partner, a direct or
-  all-to-all step all of them.
+- FullyConnected of P NPUs: P-1 links of B/(P-1), one per peer distance. A ring step puts half
+  its bytes on the link to the next NPU and half on the link to the previous one
+  (`cost.ring_both_ways`; one way, to the next NPU, under the ASTRA-sim compat modes and on 2
+  NPUs), a halving-doubling step the link to its partner, a direct or all-to-all step all of them.
 - Switch: one up-link and one down-link of B to the dim's switch; a message goes up, then down.
 - A shared port (`topology.Port`, e.g. one NIC that dims 1 and 2 leave through): an out and an
   in direction of the port's rate that every transfer of those dims crosses as well.
