@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UsageError
-from .topology import PROTOCOLS, NcclParams, Topology
+from .topology import PROTOCOLS, Dim, NcclParams, Topology
 from .units import BYTES_PER_GB
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
@@ -131,6 +131,49 @@ def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.n
     return params.channels / np.clip(sizes / share_bytes, 1.0, params.channels)
 
 
+def ring_steps(params: NcclParams, lv: list[Level], protocol: str) -> tuple[float, list[Level]]:
+    """A protocol's price of a ring's steps: its base latency, and each level as one step sees it.
+
+    A step across level 0 pays dim 0's latency times the protocol's factor (`STEP_FACTORS`), one
+    across a higher level that level's latency; it moves bytes at the protocol's efficiency of
+    the level's rate (above level 0 of the NICs' share, ``net_efficiency / eff_Simple``). The
+    ring (`pairs`) and a custom algorithm (`custom_topology`) are priced by it alike.
+    """
+    if protocol not in params.protocols:
+        raise UsageError(
+            f"protocol {protocol} is not one of the topology's NCCL protocols ({'+'.join(params.protocols)})"
+        )
+    k = PROTOCOLS.index(protocol)
+    eff, factor = params.efficiency[k], STEP_FACTORS[params.rccl]["Ring"][k]
+    share = [1.0] + [params.net_efficiency / params.efficiency[2]] * (len(lv) - 1)
+    steps = [
+        Level(x.npus, eff * s * x.bytes_per_ns, x.latency_ns * (factor if j == 0 else 1.0), x.switch)
+        for j, (s, x) in enumerate(zip(share, lv))
+    ]
+    return params.base_ns[k], steps
+
+
+def custom_topology(topology: Topology, protocol: str) -> tuple[Topology, float]:
+    """The per-dim network a custom algorithm's steps take under a protocol, and the call's base latency.
+
+    Each dim of more than one NPU is its level as one ring step sees it (`ring_steps`): its links
+    at the protocol's share of the rate, a message paying the step's latency per hop (a Switch's
+    up and down are one step, half each); the call pays the protocol's base latency once.
+    """
+    params = topology.nccl if topology.nccl is not None else NcclParams()
+    base_ns, steps = ring_steps(params, levels(topology, range(len(topology.dims))), protocol)
+    step = iter(steps)
+    dims = []
+    for dim in topology.dims:
+        if dim.npus == 1:
+            dims.append(Dim(dim.kind, 1, dim.bandwidth_gbps, dim.latency_ns))
+            continue
+        level = next(step)
+        hops = 2 if dim.kind == "Switch" else 1
+        dims.append(Dim(dim.kind, dim.npus, level.bytes_per_ns * 1e9 / BYTES_PER_GB, level.latency_ns / hops))
+    return Topology(tuple(dims), "", topology.ports, None, topology.mtu_bytes), base_ns
+
+
 @dataclass(frozen=True)
 class Pair:
     """One algorithm and protocol: its latency (ns) and its time at each size asked (ns)."""
@@ -178,15 +221,13 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         eff, base = params.efficiency[k], params.base_ns[k]
         if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
             hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
-            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)  # x eff
+            base, step_lv = ring_steps(params, lv, p)
+            cap = min(level.bytes_per_ns * n / h for level, h in zip(step_lv, hops) if h)
             steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
-            latency = base + sum(
-                st * level.latency_ns * (factors["Ring"][k] if j == 0 else 1.0)
-                for j, (st, level) in enumerate(zip(steps, lv))
-            )
+            latency = base + sum(st * level.latency_ns for st, level in zip(steps, step_lv))
             slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
-            algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))
+            algbw = cap if op == BROADCAST else cap * n / (twice * (n - 1))
             add("Ring", p, latency, algbw, slower)
         if op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos:
             algbw = eff * params.tree_efficiency * min(lv[0].bytes_per_ns / 2, inter) * np.ones_like(sizes)
