@@ -1,19 +1,32 @@
-"""A custom algorithm's reductions under the endpoint model (``--hbm-gbps``, issue 44).
+"""A custom algorithm's reductions under the endpoint model and its protocol on nccl dims (issue 44).
 
-A reducing step pays what the endpoint model adds to a built-in reduce-scatter step of the same
+Under the endpoint model (``--hbm-gbps``) a reducing step pays what the endpoint model adds to a built-in reduce-scatter step of the same
 bytes beyond its transfer (`msccl.timing.reduction_ns`); copies pay nothing, so an all-reduce's
 copying half matches the built-in's only while its memory traffic hides under the transfer
 (``COPY_MEM * b / M <= b / B``), which these tests assert of the H they take.
+
+On nccl dims the file's ``proto`` prices its steps as the NCCL-like model prices one step of its
+ring (`nccl.custom_topology`). `msccl.custom.choose` still refuses nccl dims before a run, so
+these tests time the file by `run.custom.time_custom`, the run's own timing of it.
 """
 
+import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 from harness import DATA, cli, in_process
 
+from themis_mpi import nccl
+from themis_mpi.collectives import Collective
+from themis_mpi.config import RunConfig
 from themis_mpi.cost import COPY_MEM, REDUCE_MEM
+from themis_mpi.errors import UsageError
 from themis_mpi.msccl.build import builtin
+from themis_mpi.msccl.custom import load
 from themis_mpi.msccl.ir import write_algorithm
+from themis_mpi.run.custom import time_custom
+from themis_mpi.topology import PROTOCOLS, parse_topology
 from themis_mpi.units import BYTES_PER_GB
 
 FIXTURES = DATA / "msccl"
@@ -123,3 +136,42 @@ def test_what_the_endpoint_model_cannot_price_is_one_line(topology, extra, fragm
     ]
     proc = in_process([*args, *hbm(300), *extra])
     assert proc.returncode == 2 and fragment in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def protocol_us(tmp_path, topology: str, proto: str, size_bytes: int) -> float:
+    """The exported ring all-reduce with `proto`, timed as a run times it (`time_custom`, ideal)."""
+    topo = parse_topology(topology)
+    path = tmp_path / f"ring_{proto}.xml"
+    write_algorithm(str(path), dataclasses.replace(builtin("ring", "all_reduce", topo.npus), proto=proto))
+    collective = Collective.of_bytes("all_reduce", size_bytes, "float64", 1, (0,))
+    config = dataclasses.replace(RunConfig(), network="ideal")
+    transport = SimpleNamespace(topology=topo, config=config, cost=config.costs(topo))
+    return time_custom(transport, collective, load(str(path), collective, topo.npus, False)).end_ns / 1e3
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS)
+def test_the_exported_ring_takes_the_nccl_rings_time_for_its_protocol(proto, tmp_path):
+    """SW(8) nccl, 64 MiB (all channels busy): the NCCL-like model's ring of that protocol, to 1e-9."""
+    spec = "SW(8,100,500,nccl)_NCCL(ll=6600:0.45,ll128=14000:0.9,simple=8400:0.95)"
+    topo = parse_topology(spec)
+    found = nccl.pairs(topo.nccl, nccl.levels(topo, [0]), nccl.ALL_REDUCE, [SIZE])
+    (ring,) = [p for p in found if (p.algorithm, p.protocol) == ("Ring", proto)]
+    assert protocol_us(tmp_path, spec, proto, SIZE) == pytest.approx(ring.times_ns[0] / 1e3, rel=1e-9)
+
+
+def test_ll_is_slower_per_byte_than_simple_by_the_models_factor(tmp_path):
+    """Per byte (the time of 2 S less that of S), LL over Simple is eff_Simple / eff_LL of the topology."""
+    spec = "FC(4,100,500,nccl)_SW(2,50,2000,nccl)_NCCL(ll=6600:0.4,simple=8400:0.9)"
+    per_byte = {
+        p: protocol_us(tmp_path, spec, p, 2 * SIZE) - protocol_us(tmp_path, spec, p, SIZE)
+        for p in ("LL", "Simple")
+    }
+    eff = parse_topology(spec).nccl.efficiency
+    assert per_byte["LL"] / per_byte["Simple"] == pytest.approx(eff[2] / eff[0], rel=1e-9)
+
+
+def test_a_protocol_the_topology_has_not_is_one_line(tmp_path):
+    """A file of LL128 on nccl dims without LL128 (RCCL's gfx94x): one line naming both."""
+    with pytest.raises(UsageError) as refused:
+        protocol_us(tmp_path, "SW(8,100,500,nccl)_NCCL(protos=ll+simple)", "LL128", SIZE)
+    assert str(refused.value) == "protocol LL128 is not one of the topology's NCCL protocols (LL+Simple)"

@@ -30,6 +30,7 @@ from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
 from ..msccl.timing import reduction_ns
+from ..nccl import custom_topology
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
 from ..timing.links import physical_links
 from ..timing.programs import ProgramTimes, time_programs
@@ -40,12 +41,18 @@ TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
 
 
 def time_custom(transport: Transport, collective: Collective, custom: Custom) -> ProgramTimes:
-    """Every NPU's program on every NPU's links under the run's rule (`timing.programs`)."""
+    """Every NPU's program on every NPU's links under the run's rule (`timing.programs`).
+
+    On nccl dims the links and step latencies are the file's protocol's (`nccl.custom_topology`).
+    """
     topology, config = transport.topology, transport.config
     if config.clock != "virtual":
         raise UsageError("custom algorithms run on the virtual clock only (not --clock wall)")
     cost = transport.cost(collective.itemsize)
-    return time_programs(
+    base_ns = 0.0
+    if topology.flat:
+        topology, base_ns = custom_topology(topology, custom.algo.proto)
+    times = time_programs(
         topology,
         config.network,
         config,
@@ -54,6 +61,8 @@ def time_custom(transport: Transport, collective: Collective, custom: Custom) ->
         reduction_ns(cost),
         endpoint_delay_ns=cost.endpoint_delay_ns,
     )
+    times.end_ns += base_ns
+    return times
 
 
 class _Mailbox:
