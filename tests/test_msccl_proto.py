@@ -100,9 +100,14 @@ def test_a_reduce_scatters_time_grows_by_its_reductions_in_closed_form(tmp_path)
     assert grown_us == pytest.approx(3 * (memory_ns - transfer_ns) / 1e3, rel=1e-9)
 
 
-def test_the_emulator_takes_the_models_time_under_the_endpoint_model(tmp_path):
-    """Under mpiexec -n 8 with --hbm-gbps: #wrong 0, the model's time to the ns."""
-    topo, algo = f"SW(8,{B_GBPS},500)", f"msccl:{exported(tmp_path, 'all_reduce', 8)}"
+@pytest.mark.parametrize("dims", ["one", "two"])
+def test_the_emulator_takes_the_models_time_under_the_endpoint_model(dims, tmp_path):
+    """Under mpiexec -n 8 with --hbm-gbps, a file over every NPU and a dim's files: #wrong 0, the model's time."""
+    if dims == "one":
+        topo, algo = f"SW(8,{B_GBPS},500)", f"msccl:{exported(tmp_path, 'all_reduce', 8)}"
+    else:
+        topo = f"SW(4,{B_GBPS},500)_SW(2,{B_GBPS},500)"
+        algo = f"msccl:{exported(tmp_path, 'reduce_scatter', 4)}+{exported(tmp_path, 'all_gather', 4)},ring"
     out = tmp_path / "run.json"
     args = ["run", "-t", topo, "-b", "96K", "-c", "2", "-p", "baseline", "--network", "ideal"]
     proc = cli(8, [*args, "--algorithm", algo, *hbm(300), "--json", str(out)])
