@@ -131,8 +131,25 @@ def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.n
     return params.channels / np.clip(sizes / share_bytes, 1.0, params.channels)
 
 
-def ring_steps(params: NcclParams, lv: list[Level], protocol: str) -> tuple[float, list[Level]]:
-    """A protocol's price of a ring's steps: its base latency, and each level as one step sees it.
+@dataclass(frozen=True)
+class RingStep:
+    """One protocol's price of a ring step (`ring_steps`).
+
+    Attributes:
+        base_ns: the call's base latency.
+        efficiency: the share of a level's rate the protocol's data reaches.
+        latency_factors: per level, the factor of its latency a step across it pays.
+        rate_shares: per level, the share of its rate a step across it reaches (times `efficiency`).
+    """
+
+    base_ns: float
+    efficiency: float
+    latency_factors: list[float]
+    rate_shares: list[float]
+
+
+def ring_steps(params: NcclParams, n_levels: int, protocol: str) -> RingStep:
+    """A protocol's price of a ring's steps over `n_levels` levels.
 
     A step across level 0 pays dim 0's latency times the protocol's factor (`STEP_FACTORS`), one
     across a higher level that level's latency; it moves bytes at the protocol's efficiency of
@@ -144,13 +161,13 @@ def ring_steps(params: NcclParams, lv: list[Level], protocol: str) -> tuple[floa
             f"protocol {protocol} is not one of the topology's NCCL protocols ({'+'.join(params.protocols)})"
         )
     k = PROTOCOLS.index(protocol)
-    eff, factor = params.efficiency[k], STEP_FACTORS[params.rccl]["Ring"][k]
-    share = [1.0] + [params.net_efficiency / params.efficiency[2]] * (len(lv) - 1)
-    steps = [
-        Level(x.npus, eff * s * x.bytes_per_ns, x.latency_ns * (factor if j == 0 else 1.0), x.switch)
-        for j, (s, x) in enumerate(zip(share, lv))
-    ]
-    return params.base_ns[k], steps
+    factor = STEP_FACTORS[params.rccl]["Ring"][k]
+    return RingStep(
+        params.base_ns[k],
+        params.efficiency[k],
+        [factor] + [1.0] * (n_levels - 1),
+        [1.0] + [params.net_efficiency / params.efficiency[2]] * (n_levels - 1),
+    )
 
 
 def custom_topology(topology: Topology, protocol: str) -> tuple[Topology, float]:
@@ -161,17 +178,19 @@ def custom_topology(topology: Topology, protocol: str) -> tuple[Topology, float]
     up and down are one step, half each); the call pays the protocol's base latency once.
     """
     params = topology.nccl if topology.nccl is not None else NcclParams()
-    base_ns, steps = ring_steps(params, levels(topology, range(len(topology.dims))), protocol)
-    step = iter(steps)
+    lv = levels(topology, range(len(topology.dims)))
+    ring = ring_steps(params, len(lv), protocol)
+    priced = iter(zip(lv, ring.latency_factors, ring.rate_shares))
     dims = []
     for dim in topology.dims:
         if dim.npus == 1:
             dims.append(Dim(dim.kind, 1, dim.bandwidth_gbps, dim.latency_ns))
             continue
-        level = next(step)
+        level, factor, share = next(priced)
+        gbps = ring.efficiency * share * level.bytes_per_ns * 1e9 / BYTES_PER_GB
         hops = 2 if dim.kind == "Switch" else 1
-        dims.append(Dim(dim.kind, dim.npus, level.bytes_per_ns * 1e9 / BYTES_PER_GB, level.latency_ns / hops))
-    return Topology(tuple(dims), "", topology.ports, None, topology.mtu_bytes), base_ns
+        dims.append(Dim(dim.kind, dim.npus, gbps, level.latency_ns * factor / hops))
+    return Topology(tuple(dims), "", topology.ports, None, topology.mtu_bytes), ring.base_ns
 
 
 @dataclass(frozen=True)
@@ -221,13 +240,13 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         eff, base = params.efficiency[k], params.base_ns[k]
         if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
             hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
-            base, step_lv = ring_steps(params, lv, p)
-            cap = min(level.bytes_per_ns * n / h for level, h in zip(step_lv, hops) if h)
+            ring = ring_steps(params, len(lv), p)
+            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(ring.rate_shares, lv, hops) if h)
             steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
-            latency = base + sum(st * level.latency_ns for st, level in zip(steps, step_lv))
+            latency = base + sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, ring.latency_factors))
             slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
-            algbw = cap if op == BROADCAST else cap * n / (twice * (n - 1))
+            algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))
             add("Ring", p, latency, algbw, slower)
         if op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos:
             algbw = eff * params.tree_efficiency * min(lv[0].bytes_per_ns / 2, inter) * np.ones_like(sizes)
