@@ -300,8 +300,6 @@ def test_msccl_auto_runs_on_the_emulator_with_the_models_time(tmp_path):
         (["-t", "SW(4,100,500)_SW(2,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'},ring"],
          "a dim's stage maps s, r, rrc, rcs, rrcs and nop steps, not rrs"),
         (["-t", "SW(4,100,500)", "--algorithm", "msccl:"], "write msccl:FILE.xml or msccl-auto:DIR"),
-        (["-t", "SW(4,100,500,nccl)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"],
-         "runs on per-dim topologies"),
         (["-t", "SW(4,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}", "--trace", "/tmp/never.h5"],
          "a custom algorithm's steps are not traced yet"),
         (["-t", "SW(4,100,500)_SW(2,100,500)", "--dims", "0", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}"],
@@ -310,7 +308,7 @@ def test_msccl_auto_runs_on_the_emulator_with_the_models_time(tmp_path):
         (["-t", "SW(4,100,500)", "--algorithm", f"msccl:{FIXTURES / 'ring_allreduce_rrcs_4.xml'}", "--npu-delay-us", "1=5"],
          "run single collectives (model, run) with NPUs alike"),
     ],
-    ids=["another-collective", "another-npu-count", "per-dim", "no-file", "nccl-dims", "trace", "part-of-the-npus",
+    ids=["another-collective", "another-npu-count", "per-dim", "no-file", "trace", "part-of-the-npus",
          "no-directory", "stragglers"],
 )  # fmt: skip
 def test_custom_algorithms_that_cannot_run_are_refused_in_one_line(args, fragment):

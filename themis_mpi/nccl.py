@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import UsageError
-from .topology import PROTOCOLS, NcclParams, Topology
+from .topology import PROTOCOLS, Dim, NcclParams, Topology
 from .units import BYTES_PER_GB
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER = "all_reduce", "reduce_scatter", "all_gather"
@@ -132,6 +132,68 @@ def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.n
 
 
 @dataclass(frozen=True)
+class RingStep:
+    """One protocol's price of a ring step (`ring_steps`).
+
+    Attributes:
+        base_ns: the call's base latency.
+        efficiency: the share of a level's rate the protocol's data reaches.
+        latency_factors: per level, the factor of its latency a step across it pays.
+        rate_shares: per level, the share of its rate a step across it reaches (times `efficiency`).
+    """
+
+    base_ns: float
+    efficiency: float
+    latency_factors: list[float]
+    rate_shares: list[float]
+
+
+def ring_steps(params: NcclParams, n_levels: int, protocol: str) -> RingStep:
+    """A protocol's price of a ring's steps over `n_levels` levels.
+
+    A step across level 0 pays dim 0's latency times the protocol's factor (`STEP_FACTORS`), one
+    across a higher level that level's latency; it moves bytes at the protocol's efficiency of
+    the level's rate (above level 0 of the NICs' share, ``net_efficiency / eff_Simple``). The
+    ring (`pairs`) and a custom algorithm (`custom_topology`) are priced by it alike.
+    """
+    if protocol not in params.protocols:
+        raise UsageError(
+            f"protocol {protocol} is not one of the topology's NCCL protocols ({'+'.join(params.protocols)})"
+        )
+    k = PROTOCOLS.index(protocol)
+    factor = STEP_FACTORS[params.rccl]["Ring"][k]
+    return RingStep(
+        params.base_ns[k],
+        params.efficiency[k],
+        [factor] + [1.0] * (n_levels - 1),
+        [1.0] + [params.net_efficiency / params.efficiency[2]] * (n_levels - 1),
+    )
+
+
+def custom_topology(topology: Topology, protocol: str) -> tuple[Topology, float]:
+    """The per-dim network a custom algorithm's steps take under a protocol, and the call's base latency.
+
+    Each dim of more than one NPU is its level as one ring step sees it (`ring_steps`): its links
+    at the protocol's share of the rate, a message paying the step's latency per hop (a Switch's
+    up and down are one step, half each); the call pays the protocol's base latency once.
+    """
+    params = topology.nccl if topology.nccl is not None else NcclParams()
+    lv = levels(topology, range(len(topology.dims)))
+    ring = ring_steps(params, len(lv), protocol)
+    priced = iter(zip(lv, ring.latency_factors, ring.rate_shares))
+    dims = []
+    for dim in topology.dims:
+        if dim.npus == 1:
+            dims.append(Dim(dim.kind, 1, dim.bandwidth_gbps, dim.latency_ns))
+            continue
+        level, factor, share = next(priced)
+        gbps = ring.efficiency * share * level.bytes_per_ns * 1e9 / BYTES_PER_GB
+        hops = 2 if dim.kind == "Switch" else 1
+        dims.append(Dim(dim.kind, dim.npus, gbps, level.latency_ns * factor / hops))
+    return Topology(tuple(dims), "", topology.ports, None, topology.mtu_bytes), ring.base_ns
+
+
+@dataclass(frozen=True)
 class Pair:
     """One algorithm and protocol: its latency (ns) and its time at each size asked (ns)."""
 
@@ -178,12 +240,10 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         eff, base = params.efficiency[k], params.base_ns[k]
         if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
             hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
-            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)  # x eff
+            ring = ring_steps(params, len(lv), p)
+            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(ring.rate_shares, lv, hops) if h)
             steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
-            latency = base + sum(
-                st * level.latency_ns * (factors["Ring"][k] if j == 0 else 1.0)
-                for j, (st, level) in enumerate(zip(steps, lv))
-            )
+            latency = base + sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, ring.latency_factors))
             slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
             algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))

@@ -134,8 +134,6 @@ def choose(topology: Topology, collective: Collective, prove: bool = True) -> Cu
     if not spec:
         dim_algorithms(topology, collective, prove)  # (a dim's files: checked here, before anything runs)
         return None
-    if topology.flat:
-        raise UsageError(f"{spec} runs on per-dim topologies; nccl dims time a collective flat")
     npus = topology.group_npus(collective.dims)
     if npus != topology.npus:
         raise UsageError(

@@ -1,7 +1,10 @@
-"""A standalone timing model of MSCCL programs: each step's end, given each message's time.
+"""Custom algorithms' prices, and a standalone timing model of MSCCL programs for the synthesizer.
 
-This is part 1's stand-in for the timing core (issue 41): it is handed a `Network` that says
-which links a message holds and how long it takes; part 2 hands it the link-model interface.
+`reduction_ns` prices a reducing step's reduction under the endpoint model, as the built-in
+algorithms' stages pay theirs; `timing.programs` (the run's timing of a custom algorithm) takes it.
+
+`time_programs` here is the synthesizer's own plan (`msccl.synthesis`, `cli.synthesize`): each
+step's end, given a `Network` that says which links a message holds and how long it takes:
 
 - A threadblock runs its steps in order; a step starts when the threadblock's previous step has
   ended and the steps it waits for have ended.
@@ -16,7 +19,7 @@ which links a message holds and how long it takes; part 2 hands it the link-mode
   overtaking). Without it messages never wait for each other.
 
 Reductions are free by default, as `cost` prices a built-in algorithm's reduction unless the
-endpoint model is on (part 2 prices them like it).
+endpoint model is on.
 
 `AlphaBeta` is the network of a topology as docs/time-model.md draws one NPU's links
 (`timing.links.physical_links`): a Ring dim two links of B/2 (clockwise to the next NPU, counter-clockwise
@@ -34,14 +37,49 @@ import heapq
 import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
+from ..cost import REDUCE_MEM, CostModel
+from ..errors import UsageError
 from ..timing.links import physical_links
 from ..topology import Topology
 from .ir import REDUCES
 from .program import GpuProgram, Op, connection
 
 LinkId = Hashable
+
+
+def reduction_ns(cost: CostModel, d: int | None = None) -> Callable[[float], float]:
+    """What reducing a received message of n bytes adds to a step on dim d (0 without the endpoint model).
+
+    With ``d=None`` (a file over every NPU) the topology must have one dim of more than one NPU:
+    the endpoint model gives each dim its own share of the memory, so a reduction is priced by a dim.
+
+    The endpoint model prices a built-in reduce-scatter step of b bytes as ``hops * latency +
+    max(b / B, REDUCE_MEM * b / M_d) + endpoint delay`` (`cost.CostModel.step_time_ns`): memory
+    traffic and transfer overlap. A custom step's message already pays the transfer, so its
+    reduction adds what that step pays beyond it, the same function's difference. Copies add
+    nothing (a copying step's memory traffic is not priced). ACE is refused: its engine reduces.
+    """
+    if not cost.endpoint.on:
+        return lambda n_bytes: 0.0
+    if cost.endpoint.ace:
+        raise UsageError("custom algorithms do not take --ace (its engine reduces and copies); drop --ace")
+    if d is None:
+        dims = [e for e, dim in enumerate(cost.topology.dims) if dim.npus > 1]
+        if len(dims) > 1:
+            raise UsageError(
+                "under the endpoint model a custom algorithm over every NPU runs on one dim (a reduction "
+                "is priced by its dim's share of the memory); give each dim its own file"
+            )
+        d = dims[0] if dims else 0
+    dim, rate = cost.topology.dims[d], cost.memory_bytes_per_ns[d]
+
+    def extra_ns(n_bytes: float) -> float:
+        b: Any = n_bytes  # (a chunk's bytes may be fractional; the step prices them alike)
+        return cost.step_time_ns(dim, b, 1, REDUCE_MEM * n_bytes / rate) - cost.step_time_ns(dim, b, 1)
+
+    return extra_ns
 
 
 class Network(Protocol):

@@ -32,6 +32,8 @@ from ..cost import AG, RS
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
 from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
+from ..msccl.timing import reduction_ns
+from ..nccl import custom_topology
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
 from ..timing.links import Flow, Transfer, Usage, physical_links, rated
 from ..timing.links import Step as LinkStep
@@ -46,21 +48,28 @@ TAG_BASE, TAGS = 1, 30000  # a custom algorithm's messages: TAG_BASE + channel
 
 
 def time_custom(transport: Transport, collective: Collective, custom: Custom) -> ProgramTimes:
-    """Every NPU's program on every NPU's links under the run's rule (`timing.programs`)."""
+    """Every NPU's program on every NPU's links under the run's rule (`timing.programs`).
+
+    On nccl dims the links and step latencies are the file's protocol's (`nccl.custom_topology`).
+    """
     topology, config = transport.topology, transport.config
-    if config.endpoint.on:
-        raise UsageError("custom algorithms do not take the endpoint model (--endpoint) yet")
     if config.clock != "virtual":
         raise UsageError("custom algorithms run on the virtual clock only (not --clock wall)")
     cost = transport.cost(collective.itemsize)
-    return time_programs(
+    base_ns = 0.0
+    if topology.flat:
+        topology, base_ns = custom_topology(topology, custom.algo.proto)
+    times = time_programs(
         topology,
         config.network,
         config,
         custom.progs,
         chunk_bytes(custom, collective),
+        reduction_ns(cost),
         endpoint_delay_ns=cost.endpoint_delay_ns,
     )
+    times.end_ns += base_ns
+    return times
 
 
 class _Mailbox:
@@ -217,7 +226,7 @@ class DimStages:
         """One stage alone on the dim's links: its time, NPU 0's bytes sent, its links' bytes carried."""
         key = (op, full_elems, itemsize)
         if key not in self._runs:
-            delay_ns = self.cost(itemsize).endpoint_delay_ns
+            cost = self.cost(itemsize)
             end_ns, sent, carried = 0.0, 0.0, dict.fromkeys(self._names, 0.0)
             for custom in self._parts(op):
                 times = time_programs(
@@ -226,7 +235,8 @@ class DimStages:
                     self.config,
                     custom.progs,
                     [full_elems * itemsize / custom.algo.nchunksperloop],
-                    endpoint_delay_ns=delay_ns,
+                    reduction_ns(cost, self.d),
+                    endpoint_delay_ns=cost.endpoint_delay_ns,
                 )
                 end_ns, sent = end_ns + times.end_ns, sent + times.sent[0]
                 for name, nbytes in zip(self._names, times.carried):
@@ -352,10 +362,9 @@ def dim_stages(
     """
     stages: dict[tuple[str, int], DimStages] = {}
     files = dim_algorithms(topology, collective, prove)
-    if files and (config.endpoint.on or config.clock != "virtual" or config.asymmetric or config.compat):
+    if files and (config.endpoint.ace or config.clock != "virtual" or config.asymmetric or config.compat):
         raise UsageError(
-            "a dim's custom stages run on the virtual clock, with NPUs alike, without the endpoint "
-            "model (--endpoint) and without --compat"
+            "a dim's custom stages run on the virtual clock, with NPUs alike, without --ace and --compat"
         )
     for d, dim_files in files.items():
         dim = topology.dims[d]
