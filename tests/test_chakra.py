@@ -1,11 +1,12 @@
 """Rules for Chakra execution traces: the format, the graph replay, conversion, and MPI agreement."""
 
+import gc
 import gzip
 import json
 from dataclasses import replace
 
 import pytest
-from harness import DATA, ROOT, cli, in_process
+from harness import DATA, ROOT, cli_jobs, in_process
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -15,7 +16,7 @@ from themis_mpi.model import ModelTransport
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import run_graph, run_training
 from themis_mpi.topology import parse_topology
-from themis_mpi.workloads import convert
+from themis_mpi.workloads import chakra, convert
 from themis_mpi.workloads import et as et_format
 from themis_mpi.workloads.chakra import Graph, group_dims, load_graph, plan_graph
 from themis_mpi.workloads.et import (
@@ -356,42 +357,60 @@ def model_rows(args, out):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("npus,topology", [(4, T4), (8, "2x2x2")])
+ALL_REDUCE_ETS = [(4, T4), (8, "2x2x2")]
+DLRM_TOPOLOGY = "Ring(2,100,20)_SW(2,50,700)"
+
+
+@pytest.fixture(scope="module")
+def emulator_runs(tmp_path_factory) -> dict:
+    """This section's emulator runs, one mpiexec per rank count (`harness.cli_jobs`): key -> (args, rows).
+
+    ASTRA-sim's all-reduce ETs (``("all_reduce", npus)``), a neighbour shift and a cross-dim
+    exchange on 2x2 (``p2p``) and DLRM converted to ET (``dlrm``).
+    """
+    tmp = tmp_path_factory.mktemp("emulator")
+    args = {
+        ("all_reduce", n): ["train", str(ET_DIR / f"{n}npus_1MB" / "all_reduce"), "-t", topology, "-c", "8"]
+        for n, topology in ALL_REDUCE_ETS
+    }
+    prefix = ring_shift(tmp, 4, 3 * MIB + 5, lambda r: r ^ 3, tag=40000)
+    args["p2p"] = ["train", prefix, "-t", "Ring(2,100,20)_FC(2,50,700)", "-p", "baseline"]
+    et = tmp / "dlrm.et"
+    wl = parse_workload(str(DATA / "astra-sim-1.0-text" / "DLRM_HybridParallel.txt"))
+    et_format.write_et(str(et), convert.workload_to_et(wl, parse_topology(DLRM_TOPOLOGY), iterations=2))
+    args["dlrm"] = ["train", str(et), "-t", DLRM_TOPOLOGY, "-c", "4"]
+    files = {key: tmp / f"emu{i}.json" for i, key in enumerate(args)}
+    ranks = {key: key[1] if key[0] == "all_reduce" else 4 for key in args}
+    done = cli_jobs({k: (ranks[k], [*a, "--json", str(files[k])]) for k, a in args.items()}, tmp)
+    out = {}
+    for key, a in args.items():
+        assert done[key].returncode == 0, done[key].stderr[-2000:]
+        out[key] = (a, json.loads(files[key].read_text()))
+    return out
+
+
+@pytest.mark.parametrize("npus,topology", ALL_REDUCE_ETS)
 def test_the_all_reduce_et_runs_under_mpiexec_with_no_wrong_element_in_the_models_time(
-    tmp_path, npus, topology
+    tmp_path, emulator_runs, npus, topology
 ):
     """ASTRA-sim's all-reduce ET under mpiexec -n 4 and -n 8: wrong = 0, times equal the model's."""
-    args = ["train", str(ET_DIR / f"{npus}npus_1MB" / "all_reduce"), "-t", topology, "-c", "8"]
-    proc = cli(npus, [*args, "--json", str(tmp_path / "emu.json")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    emu = json.loads((tmp_path / "emu.json").read_text())
+    args, emu = emulator_runs[("all_reduce", npus)]
     mod = model_rows(args, tmp_path / "model.json")
     for e, m in zip(emu, mod):
         assert e["wrong"] == 0 and e["transport"] == "mpi" and m["transport"] == "model"
         assert e["iteration_us"] == m["iteration_us"] and e["collectives"] == 1
 
 
-def test_point_to_point_messages_carry_real_data_in_the_models_time(tmp_path):
+def test_point_to_point_messages_carry_real_data_in_the_models_time(tmp_path, emulator_runs):
     """A neighbour shift and a cross-dim exchange on 2x2 under mpiexec -n 4: wrong = 0, the model's time."""
-    prefix = ring_shift(tmp_path, 4, 3 * MIB + 5, lambda r: r ^ 3, tag=40000)
-    args = ["train", prefix, "-t", "Ring(2,100,20)_FC(2,50,700)", "-p", "baseline"]
-    proc = cli(4, [*args, "--json", str(tmp_path / "emu.json")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (emu,) = json.loads((tmp_path / "emu.json").read_text())
+    args, (emu,) = emulator_runs["p2p"]
     (mod,) = model_rows(args, tmp_path / "model.json")
     assert emu["wrong"] == 0 and emu["iteration_us"] == mod["iteration_us"] > 10
 
 
-def test_a_converted_workload_runs_on_the_emulator_in_the_models_time(tmp_path):
+def test_a_converted_workload_runs_on_the_emulator_in_the_models_time(tmp_path, emulator_runs):
     """DLRM (all-to-all and all-reduce) converted to ET, under mpiexec -n 4: wrong = 0, the model's times."""
-    et = tmp_path / "dlrm.et"
-    wl = parse_workload(str(DATA / "astra-sim-1.0-text" / "DLRM_HybridParallel.txt"))
-    topology = "Ring(2,100,20)_SW(2,50,700)"
-    et_format.write_et(str(et), convert.workload_to_et(wl, parse_topology(topology), iterations=2))
-    args = ["train", str(et), "-t", topology, "-c", "4"]
-    proc = cli(4, [*args, "--json", str(tmp_path / "emu.json")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    emu = json.loads((tmp_path / "emu.json").read_text())
+    args, emu = emulator_runs["dlrm"]
     mod = model_rows(args, tmp_path / "model.json")
     for e, m in zip(emu, mod):
         assert (
@@ -411,3 +430,17 @@ def test_a_graph_is_planned_once_per_npu_topology_and_spec(tmp_path):
     assert plan_graph(trace, topo, 1, spec) is not first  # another NPU
     assert plan_graph(trace, topo, 0, TrainingSpec(chunks=2)) is not first  # another spec
     assert [op.node_id for op in first.ops] == list(range(1, 50))
+
+
+def test_a_traces_plans_are_kept_for_every_npu_and_dropped_with_the_trace(tmp_path):
+    """Every NPU's plan of a live trace is kept (a world of 8 asks for each twice), none once the trace is gone."""
+    nodes = [comp(i, 1, deps=[i - 1] if i > 1 else []) for i in range(1, 50)]
+    trace = et_format.read_et(write(tmp_path, "chain.et", nodes))
+    topo, spec = parse_topology("2x2x2"), TrainingSpec(chunks=1)
+    plans = [plan_graph(trace, topo, npu, spec) for npu in range(8)]
+    assert all(plan_graph(trace, topo, npu, spec) is plans[npu] for npu in range(8))
+    key = id(trace)
+    assert len(chakra._PLANS[key]) == 8
+    del trace
+    gc.collect()
+    assert key not in chakra._PLANS

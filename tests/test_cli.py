@@ -5,32 +5,27 @@ import runpy
 import sys
 
 import pytest
-from harness import cli, in_process
+from harness import cli, cli_jobs, in_process
 
 from themis_mpi.topology import parse_topology
 
+BOTH_ARGS = ["run", "--topology", "2x2x2", "-b", "64M", "--policy", "both", "-n", "1", "-w", "0"]
+WALL_MODEL_ARGS = ["-t", "2x2x2", "-b", "4M", "-c", "8", "--policy", "both"]
+WALL_ARGS = ["run", *WALL_MODEL_ARGS, "--clock", "wall", "--time-scale", "200", "-n", "1", "-w", "0"]
 
-def test_themis_beats_baseline_on_2x2x2_with_exact_results(tmp_path):
+
+@pytest.fixture(scope="module")
+def runs8(tmp_path_factory) -> dict:
+    """This module's 8-rank runs in one mpiexec (`harness.cli_jobs`): key -> (the run, its JSON file)."""
+    tmp = tmp_path_factory.mktemp("runs8")
+    args = {"both": BOTH_ARGS, "wall": WALL_ARGS}
+    done = cli_jobs({k: (8, [*a, "--json", str(tmp / f"{k}.json")]) for k, a in args.items()}, tmp)
+    return {k: (done[k], tmp / f"{k}.json") for k in args}
+
+
+def test_themis_beats_baseline_on_2x2x2_with_exact_results(runs8):
     """`run -t 2x2x2 -b 64M --policy both`: wrong = 0 for both; Themis faster; baseline ~58 %."""
-    out = tmp_path / "rows.json"
-    proc = cli(
-        8,
-        [
-            "run",
-            "--topology",
-            "2x2x2",
-            "-b",
-            "64M",
-            "--policy",
-            "both",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--json",
-            str(out),
-        ],
-    )
+    proc, out = runs8["both"]
     assert proc.returncode == 0, proc.stderr
     rows = {r["policy"]: r for r in json.loads(out.read_text())}
     assert rows["baseline"]["wrong"] == 0 and rows["themis"]["wrong"] == 0
@@ -124,29 +119,12 @@ def test_bad_input_gets_one_line_and_exit_2_before_mpi_starts(ranks, args, fragm
     assert proc.returncode == 2
 
 
-def test_wall_clock_never_beats_the_virtual_clock(tmp_path):
+def test_wall_clock_never_beats_the_virtual_clock(tmp_path, runs8):
     """Wall-clock mode waits out every step's deadline, so it never ends before the virtual clock."""
-    wall_out, model_out = tmp_path / "wall.json", tmp_path / "model.json"
-    args = ["-t", "2x2x2", "-b", "4M", "-c", "8", "--policy", "both"]
-    proc = cli(
-        8,
-        [
-            "run",
-            *args,
-            "--clock",
-            "wall",
-            "--time-scale",
-            "200",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--json",
-            str(wall_out),
-        ],
-    )
+    proc, wall_out = runs8["wall"]
+    model_out = tmp_path / "model.json"
     assert proc.returncode == 0, proc.stderr
-    model = in_process(["model", *args, "--json", str(model_out)])
+    model = in_process(["model", *WALL_MODEL_ARGS, "--json", str(model_out)])
     assert model.returncode == 0, model.stderr
     virtual = {r["policy"]: r["time_us"] for r in json.loads(model_out.read_text())}
     for r in json.loads(wall_out.read_text()):

@@ -5,7 +5,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
-from harness import DATA, cli, run_specs
+from harness import DATA, cli_jobs, run_specs
 
 from themis_mpi.calibrate import fit, read_nccl_log
 from themis_mpi.cli import main
@@ -200,12 +200,14 @@ def test_training_with_the_endpoint_model_is_the_same_on_the_emulator(tmp_path):
         f"DATA\n3\nl0 -1 1000 NONE 0 2000 NONE 0 3000 ALLREDUCE {MIB} 0\n"
         f"l1 -1 1000 NONE 0 2000 NONE 0 3000 ALLREDUCE {2 * MIB} 0\nl2 -1 1000 NONE 0 2000 NONE 0 3000 ALLREDUCE {MIB} 0\n"
     )
-    for extra in (["--hbm-gbps", "150", "--compute-share", "0.3"], ["--hbm-gbps", "150", "--ace"]):
-        args = ["train", str(path), "-t", "2x2x2", "-c", "4", "-n", "1", *extra]
-        proc = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert main([*args, "--json", str(tmp_path / "model.json")]) == 0
-        emu = json.loads((tmp_path / "emu.json").read_text())
+    extras = {"share": ["--hbm-gbps", "150", "--compute-share", "0.3"], "ace": ["--hbm-gbps", "150", "--ace"]}
+    base = ["train", str(path), "-t", "2x2x2", "-c", "4", "-n", "1"]
+    runs = {k: (8, [*base, *e, "--json", str(tmp_path / f"emu-{k}.json")]) for k, e in extras.items()}
+    done = cli_jobs(runs, tmp_path)  # one mpiexec for both
+    for key, extra in extras.items():
+        assert done[key].returncode == 0, done[key].stderr[-2000:]
+        assert main([*base, *extra, "--json", str(tmp_path / "model.json")]) == 0
+        emu = json.loads((tmp_path / f"emu-{key}.json").read_text())
         model = json.loads((tmp_path / "model.json").read_text())
         assert [r["wrong"] for r in emu] == [0, 0]
         assert [r["iteration_us"] for r in emu] == [r["iteration_us"] for r in model]

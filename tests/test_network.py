@@ -219,11 +219,12 @@ def test_physics_holds_on_every_result(topo, policy, chunks, active, op, network
 def emulated_runs(cases: dict, tmp, trace: bool = False) -> dict:
     """`run` on 8 ranks of each case's `model` args (key -> args), all in one mpiexec (`harness.cli_jobs`).
 
-    Returns key -> (the run, its JSON file, its trace file, written with `trace`).
+    One iteration without warm-up unless a case's args give their own ``-n`` and ``-w``. Returns
+    key -> (the run, its JSON file, its trace file, written with `trace`).
     """
     files = {key: (tmp / f"{i}.json", tmp / f"{i}.h5") for i, key in enumerate(cases)}
     runs = {
-        key: (8, ["run", *args, "-n", "1", "-w", "0", "--json", str(files[key][0])]
+        key: (8, ["run", "-n", "1", "-w", "0", *args, "--json", str(files[key][0])]
                  + (["--trace", str(files[key][1])] if trace else []))
         for key, args in cases.items()
     }  # fmt: skip

@@ -11,7 +11,7 @@ import random
 import statistics
 
 import pytest
-from harness import ROOT, cli, in_process, script
+from harness import ROOT, in_process, script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_network import emulated_runs, emulator_equals_model, solo_matches_step_wise, stage_ends, topologies
@@ -181,10 +181,28 @@ def packet_args(topology: str, active: int) -> list[str]:
             "--mtu", "9000", "-q"]  # fmt: skip
 
 
+ITERATIONS_ARGS = ["-t", "2x2x2", "-b", "4M", "-c", "16", "-p", "baseline", "-q"]
+STRAGGLER_ARGS = [
+    "-t",
+    "SW(8,100,500,hd)",
+    "-b",
+    "4M",
+    "-c",
+    "4",
+    "-p",
+    "baseline",
+    "-q",
+    "--link-scale",
+    "0:3=0.5",
+]
+
+
 @pytest.fixture(scope="module")
 def packet_runs(tmp_path_factory):
-    """The emulator's runs of every `PACKET_CASES` case: one mpiexec."""
-    return emulated_runs({c: packet_args(*c) for c in PACKET_CASES}, tmp_path_factory.mktemp("packet"))
+    """The emulator's runs of this module, one mpiexec: every `PACKET_CASES` case, the iterations, the straggler."""
+    cases: dict = {c: packet_args(*c) for c in PACKET_CASES}
+    cases.update(iterations=[*ITERATIONS_ARGS, "-n", "3", "-w", "1"], straggler=STRAGGLER_ARGS)
+    return emulated_runs(cases, tmp_path_factory.mktemp("packet"))
 
 
 @pytest.mark.parametrize("topology, active", PACKET_CASES)
@@ -193,41 +211,29 @@ def test_the_emulator_equals_the_model_under_the_packet_rule(tmp_path, packet_ru
     emulator_equals_model(tmp_path, packet_args(topology, active), "packet", packet_runs[(topology, active)])
 
 
-def test_every_iteration_of_the_emulator_takes_the_models_time(tmp_path):
+def test_every_iteration_of_the_emulator_takes_the_models_time(tmp_path, packet_runs):
     """`run` with a warm-up and 3 iterations: each the model's time (the rule starts each run afresh)."""
-    args = ["-t", "2x2x2", "-b", "4M", "-c", "16", "-p", "baseline", "-q"]
-    emu = cli(8, ["run", *args, "-n", "3", "-w", "1", "--json", str(tmp_path / "e.json")])
+    emu, emu_json, _ = packet_runs["iterations"]
     assert emu.returncode == 0, emu.stderr
-    model = in_process(["model", *args, "--json", str(tmp_path / "m.json")])
+    model = in_process(["model", *ITERATIONS_ARGS, "--json", str(tmp_path / "m.json")])
     assert model.returncode == 0, model.stderr
-    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "m.json"))
+    (e,), (m,) = json.loads(emu_json.read_text()), json.loads((tmp_path / "m.json").read_text())
     assert e["network"] == "packet" and e["time_us"] == m["time_us"] and e["wrong"] == 0
 
 
-def test_a_straggler_under_the_packet_rule_runs_on_every_npus_links_and_the_emulator_agrees(tmp_path):
+def test_a_straggler_under_the_packet_rule_runs_on_every_npus_links_and_the_emulator_agrees(
+    tmp_path, packet_runs
+):
     """NPU 3's links at half rate on SW(8,100,500,hd): above fair's time (its packets), and 8 ranks give the model's."""
-    args = [
-        "-t",
-        "SW(8,100,500,hd)",
-        "-b",
-        "4M",
-        "-c",
-        "4",
-        "-p",
-        "baseline",
-        "-q",
-        "--link-scale",
-        "0:3=0.5",
-    ]
     rows = {}
     for net in ("fair", "packet"):
-        r = in_process(["model", *args, "--network", net, "--json", str(tmp_path / f"{net}.json")])
+        r = in_process(["model", *STRAGGLER_ARGS, "--network", net, "--json", str(tmp_path / f"{net}.json")])
         assert r.returncode == 0, r.stderr
         rows[net] = json.loads((tmp_path / f"{net}.json").read_text())[0]
     assert rows["packet"]["time_us"] > rows["fair"]["time_us"]  # (one packet stored and forwarded per step)
-    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "e.json")])
+    emu, emu_json, _ = packet_runs["straggler"]
     assert emu.returncode == 0, emu.stderr
-    e = json.loads((tmp_path / "e.json").read_text())[0]
+    e = json.loads(emu_json.read_text())[0]
     assert e["network"] == "packet" and e["time_us"] == rows["packet"]["time_us"] and e["wrong"] == 0
 
 

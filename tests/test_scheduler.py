@@ -5,7 +5,7 @@ import math
 import re
 
 import pytest
-from harness import DATA, ROOT, cli, in_process, local
+from harness import DATA, ROOT, cli, cli_jobs, in_process, local
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -262,16 +262,39 @@ def test_a_scheduler_composes_with_every_inter_and_intra_policy():
             assert len(engine.collectives) == loop.collectives_issued
 
 
-def test_the_emulator_equals_the_model_under_p3(tmp_path):
+P3_ARGS = ["train", str(RESNET50), "-t", "2x2x2", "-c", "4", "-n", "2", "--comm-scale", "0.01"]
+P3_ARGS += ["--compute-scale", "0.02", "-p", "themis", "--comm-scheduler", "p3", "--partition-mib", "0.02"]
+
+
+@pytest.fixture(scope="module")
+def emulator_runs(tmp_path_factory) -> dict:
+    """The emulator's runs of this module in one mpiexec (`harness.cli_jobs`): per key its args and row.
+
+    ``p3``: ResNet-50 under p3; ``bytescheduler``: its converted Chakra graph under bytescheduler
+    with two slots per dim.
+    """
+    tmp = tmp_path_factory.mktemp("emulator")
+    et = tmp / "r50.et"
+    assert in_process(["convert", "-t", "2x2x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
+    graph = ["train", str(et), "-t", "2x2x2", "-c", "4", "--comm-scale", "0.01", "--compute-scale", "0.02"]
+    graph += ["-p", "themis", "--comm-scheduler", "bytescheduler", "--partition-mib", "0.02"]
+    graph += ["--credit-mib", "0.05", "--active-chunks-per-dim", "2"]
+    args = {"p3": P3_ARGS, "bytescheduler": graph}
+    done = cli_jobs({k: (8, [*a, "--json", str(tmp / f"{k}.json")]) for k, a in args.items()}, tmp)
+    out = {}
+    for key, a in args.items():
+        assert done[key].returncode == 0, done[key].stderr
+        (row,) = json.loads((tmp / f"{key}.json").read_text())
+        out[key] = (a, row)
+    return out
+
+
+def test_the_emulator_equals_the_model_under_p3(tmp_path, emulator_runs):
     """`mpiexec -n 8 train --comm-scheduler p3`: the model's iteration time, and every element right."""
-    args = ["train", str(RESNET50), "-t", "2x2x2", "-c", "4", "-n", "2", "--comm-scale", "0.01"]
-    args += ["--compute-scale", "0.02", "-p", "themis", "--comm-scheduler", "p3", "--partition-mib", "0.02"]
+    args, e = emulator_runs["p3"]
     model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
-    assert emu.returncode == 0, emu.stderr
     (m,) = json.loads((tmp_path / "model.json").read_text())
-    (e,) = json.loads((tmp_path / "emu.json").read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
     assert m["collectives"] > 54 * 2  # the tensors were sliced
     assert (e["scheduler"], e["partition_mib"]) == (m["scheduler"], m["partition_mib"]) == ("p3", 0.02)
@@ -351,19 +374,12 @@ def test_a_chakra_graph_converted_from_a_text_workload_schedules_as_the_text_loo
     assert rows["text"] == rows["et"]
 
 
-def test_the_emulator_equals_the_model_on_a_chakra_graph_under_bytescheduler(tmp_path):
+def test_the_emulator_equals_the_model_on_a_chakra_graph_under_bytescheduler(tmp_path, emulator_runs):
     """A Chakra graph under bytescheduler with two slots per dim: the emulator's time is the model's, wrong 0."""
-    et = tmp_path / "r50.et"
-    assert in_process(["convert", "-t", "2x2x2", "-n", "2", str(RESNET50), str(et)]).returncode == 0
-    args = ["train", str(et), "-t", "2x2x2", "-c", "4", "--comm-scale", "0.01", "--compute-scale", "0.02"]
-    args += ["-p", "themis", "--comm-scheduler", "bytescheduler", "--partition-mib", "0.02"]
-    args += ["--credit-mib", "0.05", "--active-chunks-per-dim", "2"]
+    args, e = emulator_runs["bytescheduler"]
     model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
-    assert emu.returncode == 0, emu.stderr
     (m,) = json.loads((tmp_path / "model.json").read_text())
-    (e,) = json.loads((tmp_path / "emu.json").read_text())
     assert e["wrong"] == 0 and e["iteration_us"] == m["iteration_us"]
 
 

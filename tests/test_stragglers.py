@@ -487,12 +487,19 @@ class _AnyOrder(deque):
         return value
 
 
+ORDER_SETTINGS = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4, chunks=8)
+ORDER_CONFIG = RunConfig(network="ideal", npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
+
+
+@pytest.fixture(scope="module")
+def in_order():
+    """The training with stragglers, the NPUs run in the world's own order (once for every seed)."""
+    return train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=ORDER_CONFIG, **ORDER_SETTINGS)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monkeypatch, seed):
+def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monkeypatch, in_order, seed):
     """Times follow from the data alone: running the NPUs in a random order gives the same iteration."""
-    settings = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4, chunks=8)
-    config = RunConfig(network="ideal", npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
-    in_order = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
     init = NpuWorld.__init__
 
     def any_order(self, *args, **kwargs):
@@ -500,7 +507,7 @@ def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monke
         self.ready = _AnyOrder(seed)
 
     monkeypatch.setattr(NpuWorld, "__init__", any_order)
-    shuffled = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=config, **settings)
+    shuffled = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=ORDER_CONFIG, **ORDER_SETTINGS)
     assert shuffled.iteration_us == in_order.iteration_us
     assert [d.busy_us for d in shuffled.dims] == [d.busy_us for d in in_order.dims]
 

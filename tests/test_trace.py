@@ -5,7 +5,7 @@ import json
 import h5py
 import numpy as np
 import pytest
-from harness import cli, in_process
+from harness import cli_jobs, in_process
 
 from themis_mpi.analysis import analyze_trace
 from themis_mpi.errors import UsageError
@@ -16,13 +16,24 @@ RUN_ARGS = ["-t", "2x2x2", "-b", "1M", "-c", "8", "--policy", "both"]
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory):
+def emulated(tmp_path_factory):
+    """The module's 8-rank runs in one mpiexec (`harness.cli_jobs`): the traced run, then its replay.
+
+    Returns the folder and each run (``run``, ``replay``). The replay reads the run's trace, which
+    rank 0 has written before the ranks leave the run's final barrier.
+    """
     d = tmp_path_factory.mktemp("traces")
-    proc = cli(
-        8,
-        ["run", *RUN_ARGS, "-n", "1", "-w", "0", "--trace", str(d / "run.h5"), "--json", str(d / "run.json")],
-    )
-    assert proc.returncode == 0, proc.stderr
+    run = ["run", *RUN_ARGS, "-n", "1", "-w", "0", "--trace", str(d / "run.h5")]
+    run += ["--json", str(d / "run.json")]
+    replay = ["replay", str(d / "run.h5"), "--trace", str(d / "replay.h5")]
+    done = cli_jobs({"run": (8, run), "replay": (8, replay)}, d)
+    assert done["run"].returncode == 0, done["run"].stderr
+    return d, done
+
+
+@pytest.fixture(scope="module")
+def traces(emulated):
+    d, _ = emulated
     proc = in_process(["model", *RUN_ARGS, "--trace", str(d / "model.h5"), "--json", str(d / "model.json")])
     assert proc.returncode == 0, proc.stderr
     return d
@@ -142,10 +153,10 @@ def test_model_replay_of_an_emulator_trace_reproduces_every_event(traces, tmp_pa
     assert json.loads(out.read_text())["max_event_diff_us"] == 0
 
 
-def test_emulator_replay_reproduces_every_event(traces, tmp_path):
+def test_emulator_replay_reproduces_every_event(emulated):
     """Under mpiexec the replay moves real data again and reproduces every event time."""
-    out = tmp_path / "replay.h5"
-    proc = cli(8, ["replay", str(traces / "run.h5"), "--trace", str(out)])
+    d, done = emulated
+    out, proc = d / "replay.h5", done["replay"]
     assert proc.returncode == 0, proc.stderr
     assert "on the emulator" in proc.stdout and "exactly" in proc.stdout
     assert (Trace(str(out)).collectives["wrong"] == 0).all()

@@ -107,6 +107,9 @@ class LinkedTransport(ModelTransport):
 
     def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """The earliest certain batch of ends (stages and messages, in start order), or the horizon."""
+        if not self._pending:  # nothing waits for a peer: the answer is this rank's own (no lock)
+            first = self.view.loop.next_ns(self.view.rule)
+            return self.view.next(first) if first <= horizon_ns else (horizon_ns, [])
         ex = self.exchange
         with ex.cond:
             while True:

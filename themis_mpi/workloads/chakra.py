@@ -41,6 +41,7 @@ import heapq
 import json
 import math
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -308,8 +309,7 @@ def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, wher
     return Op(0, node.id, SEND if send else RECV, peer=peer, path=tuple(path), nbytes=nbytes, tag=tag)
 
 
-_PLANS: list[tuple[tuple, EtTrace, Plan]] = []  # the last plans made (key, its trace, plan), newest last
-_PLANS_KEPT = 4  # a run plans one NPU's graph up to 5 times (collectives, the planner, the loop)
+_PLANS: dict[int, dict[tuple, Plan]] = {}  # id of a live trace -> its plans, dropped with the trace
 
 
 def plan_graph(
@@ -317,17 +317,18 @@ def plan_graph(
 ) -> Plan:
     """One NPU's ops in topological order; a node that cannot run is refused with one line.
 
-    The last few plans are kept (a plan is read, never changed): one run asks for the same NPU's
-    plan several times, and a 100,000-node graph takes seconds to plan.
+    A trace's plans are kept while it lives (a plan is read, never changed): one run asks for
+    each NPU's plan several times (collectives, the planner, the loop), those of every NPU of a
+    world among them, and a 100,000-node graph takes seconds to plan.
     """
-    key = (id(trace), rank, topology, spec, tuple(sorted((groups or {}).items())))
-    for known, kept, plan in _PLANS:
-        if known == key and kept is trace:
-            return plan
-    plan = _plan_graph(trace, topology, rank, spec, groups or {})
-    _PLANS.append((key, trace, plan))
-    del _PLANS[:-_PLANS_KEPT]
-    return plan
+    plans = _PLANS.get(id(trace))
+    if plans is None:
+        plans = _PLANS[id(trace)] = {}
+        weakref.finalize(trace, _PLANS.pop, id(trace), None)  # (its id may be reused after)
+    key = (rank, topology, spec, tuple(sorted((groups or {}).items())))
+    if key not in plans:
+        plans[key] = _plan_graph(trace, topology, rank, spec, groups or {})
+    return plans[key]
 
 
 def _plan_graph(trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpec, groups: dict) -> Plan:

@@ -708,8 +708,17 @@ def _line(npus: int) -> Topology:
     return Topology((Dim("Switch" if npus > 1 else "Ring", npus, 100.0, 0.0),))
 
 
+_BUILT: dict[tuple, EtTrace] = {}  # the last traces built, (config, layout, drop, rank) -> trace
+_BUILT_KEPT = 64  # `run.priced.price_all` reads each stage's rank under 5 drops; a world 8 ranks under 5
+
+
 class LazyTraces(Sequence):
-    """Every rank's trace, built when first read (a model run reads one rank per stage)."""
+    """Every rank's trace, built when first read (a model run reads one rank per stage).
+
+    The last traces built are shared by every `LazyTraces` of the same model, layout and
+    collectives left out (a trace is read, never changed), so the runs of one priced iteration
+    build and plan (`chakra.plan_graph` keeps a live trace's plans) each rank's graph once.
+    """
 
     def __init__(self, c: LlmConfig, layout: Layout, drop: frozenset[str] = frozenset()):
         self.c, self.layout, self.drop = c, layout, drop
@@ -723,7 +732,12 @@ class LazyTraces(Sequence):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]
         if rank not in self._made:
-            path = f"<{self.c.schedule} rank {rank}>"
-            nodes = rank_graph(self.c, self.layout, rank, self.drop)
-            self._made[rank] = EtTrace(path, "0.0.4", self.attrs, nodes)
+            key = (self.c, self.layout, self.drop, rank)
+            if key not in _BUILT:
+                path = f"<{self.c.schedule} rank {rank}>"
+                nodes = rank_graph(self.c, self.layout, rank, self.drop)
+                _BUILT[key] = EtTrace(path, "0.0.4", self.attrs, nodes)
+                for old in list(_BUILT)[:-_BUILT_KEPT]:
+                    del _BUILT[old]
+            self._made[rank] = _BUILT[key]
         return self._made[rank]
