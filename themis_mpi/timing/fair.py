@@ -166,6 +166,7 @@ class Fair(LinkModel):
         self._moving: list[Flow] = []  # transfers in progress (solo stages too)
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
+        self._had_solo = False  # a stage went solo here once (every NPU's links: never, `_join` skips the scan)
 
     # --- flows in and out --------------------------------------------------------------------------
 
@@ -263,7 +264,7 @@ class Fair(LinkModel):
         else:
             link = -1
         overlap_ns = -math.inf  # (no solo stage to interleave with)
-        if link >= 0:  # a link is in use: solo stages on any of mine share from now on, or interleave
+        if link >= 0 and self._had_solo:  # a link is in use: solo stages on mine share from now, or interleave
             mine, solos, plain = step.links, [], False
             for other in self._moving:
                 if other is not flow and not mine.isdisjoint(other.steps[other.k].links):
@@ -300,6 +301,7 @@ class Fair(LinkModel):
     def _go_solo(self, flow: Flow, rate: float, overlap_ns: float, windows: list[Window] | None) -> None:
         """The stage is solo from now at its links' rate, until its transfers meet another's (if ever)."""
         flow.rate, flow.solo_ns, flow.overlap_ns, flow.windows = rate, self.loop.now_ns, overlap_ns, windows
+        self._had_solo = True
         flow.solo_k = flow.k
         if windows is None:
             flow.end_ns = _solo_end(flow.steps, flow.k, self.loop.now_ns, flow.left, rate)
