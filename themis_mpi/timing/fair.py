@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .links import Flow, Host, Link, LinkModel, Step, Usage
 
 SATURATED = 1e-12  # relative slack within which a link counts as full when rates are filled
+VECTOR_FLOWS = 48  # shared transfers from which `max_min_rates` fills over numpy arrays
 
 
 def max_min_rates(
@@ -68,6 +71,9 @@ def max_min_rates(
             active.append(f)
         else:
             rates[f] = rate
+    if len(active) >= VECTOR_FLOWS:
+        _fill_vectorised(usages, capacity, weights, rates, active)
+        return rates
     left: dict[int, float] = {}
     while active:
         load: dict[int, float] = {}
@@ -95,6 +101,52 @@ def max_min_rates(
                 still.append(f)
         active = still
     return rates
+
+
+def _fill_vectorised(
+    usages: list[Usage],
+    capacity: list[float],
+    weights: list[int] | None,
+    rates: list[float],
+    active: list[int],
+) -> None:
+    """`max_min_rates`' progressive filling of the shared transfers over numpy arrays, to the bit.
+
+    The same float operations in the same order: a link's load sums its transfers' shares in
+    transfer order (`numpy.bincount` adds in input order), each round takes the least
+    ``left / load`` and adds it to every growing transfer's rate (every NPU's links share
+    thousands of transfers, where the loop per transfer and round was most of the run).
+    """
+    owner, link_of, load_of = [], [], []
+    for i, f in enumerate(active):
+        weight = 1 if weights is None else weights[f]
+        for link, share in usages[f]:
+            owner.append(i)
+            link_of.append(link)
+            load_of.append(share * weight)
+    owners, links, loads = np.array(owner), np.array(link_of), np.array(load_of)
+    cap = np.array(capacity, dtype=float)
+    left, saturated = cap.copy(), SATURATED * cap
+    grow = np.ones(len(active)) if weights is None else np.array([weights[f] for f in active], dtype=float)
+    got = np.zeros(len(active))
+    growing = np.ones(len(active), dtype=bool)
+    n_links = len(capacity)
+    while True:
+        on = growing[owners]
+        at, w = links[on], loads[on]
+        load = np.bincount(at, weights=w, minlength=n_links)
+        touched = np.bincount(at, minlength=n_links) > 0
+        step = float(np.min(left[touched] / load[touched]))
+        left[touched] -= step * load[touched]
+        full = touched & (left <= saturated)
+        got[growing] += step if weights is None else step * grow[growing]
+        stopped = np.zeros(len(active), dtype=bool)
+        stopped[owners[on & full[links]]] = True
+        growing &= ~stopped
+        if not growing.any():
+            break
+    for i, f in enumerate(active):
+        rates[f] = float(got[i])
 
 
 # a solo stage's transfer: start, end, its step, bytes left at its start, rate (a plain tuple: made and
@@ -166,7 +218,7 @@ class Fair(LinkModel):
         self._moving: list[Flow] = []  # transfers in progress (solo stages too)
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
-        self._had_solo = False  # a stage went solo here once (every NPU's links: never, `_join` skips the scan)
+        self._had_solo = False  # a stage went solo here (never on every NPU's links: no scan for them)
 
     # --- flows in and out --------------------------------------------------------------------------
 
@@ -264,7 +316,7 @@ class Fair(LinkModel):
         else:
             link = -1
         overlap_ns = -math.inf  # (no solo stage to interleave with)
-        if link >= 0 and self._had_solo:  # a link is in use: solo stages on mine share from now, or interleave
+        if link >= 0 and self._had_solo:  # a link in use: solo stages on mine share from now, or interleave
             mine, solos, plain = step.links, [], False
             for other in self._moving:
                 if other is not flow and not mine.isdisjoint(other.steps[other.k].links):

@@ -233,6 +233,8 @@ class Packet(Fair):
         One whose transfer starts now took its links now, before whatever comes (step by step,
         a running stage's next step starts before the engine starts new stages at that instant).
         """
+        if not self._had_solo:  # (every NPU's links: no stage goes solo, nothing to place)
+            return
         now = self.loop.now_ns
         for f in [f for f in self._moving if f.solo_ns >= 0 and not links.isdisjoint(f.steps[f.k].links)]:
             if f.solo_ns < 0:  # (placed with one before it)
