@@ -5,7 +5,8 @@ Usage::
     python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
     python scripts/bench_npus.py --timelines
     python scripts/bench_npus.py --llm [--out results]
-    python scripts/bench_npus.py --world [--before DIR] [--timeout-s 900] [--out results]
+    python scripts/bench_npus.py --world [--cut] [--before DIR] [--after DIR] [--timeout-s 900]
+        [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -41,7 +42,8 @@ process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT
 ``HGX-H100-SW_SW_SW`` (16 chunks, NPU 5 at 1.5x compute) under the default rule and under
 ``fair``, and ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
 links at 0.5x, baseline and themis) under ``fair``; with ``--before DIR`` (an older checkout of
-the package) each case runs there first, side by side.
+the package) each case runs there first, side by side; ``--cut``: the GNMT cases on a 256-NPU
+cut of the HGX preset instead (its dims at 8 x 4 nodes).
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -293,6 +295,10 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
     return rows
 
 
+HGX = "HGX-H100-SW_SW_SW"
+HGX_CUT_256 = (
+    "SW(8,419.1,700,hd)_SW(8,46.57,1700,hd)_SW(4,46.57,1700,hd)_NIC(1+2,46.57)"  # (its dims at 8 x 4)
+)
 WORLD_CASES = (  # (label, train's arguments)
     ("GNMT, HGX, packet", "traces/gnmt.txt -t HGX-H100-SW_SW_SW -c 16 --npu-compute-scale 5=1.5 -p baseline"),
     (
@@ -338,12 +344,21 @@ def train_run(root: str, flags: str, timeout_s: float) -> dict:
     }
 
 
-def world_rows(out_json: str, before: str | None, timeout_s: float) -> list[dict]:
-    """Issue 43's every-NPU-links cases (module doc), each with the older checkout first if given."""
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+def world_rows(
+    out_json: str, before: str | None, timeout_s: float, cut: bool, after: str | None = None
+) -> list[dict]:
+    """Issue 43's every-NPU-links cases (module doc), each with the older checkout first if given.
+
+    `cut`: the GNMT cases only, on the 256-NPU HGX cut (`HGX_CUT_256`); `after`: the checkout
+    measured as "after" (default: this one).
+    """
+    here = after or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    cases = [
+        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if HGX in flags
+    ]
     rows: list[dict] = []
     print(f"{'case':>22} {'code':>7} {'iteration_us':>28} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}")
-    for label, flags in WORLD_CASES:
+    for label, flags in cases if cut else WORLD_CASES:
         for code, root in ([("before", before)] if before else []) + [("after", here)]:
             r = train_run(root, flags, timeout_s) | {"case": label, "code": code, "flags": flags}
             rows.append(r)
@@ -422,6 +437,8 @@ def main() -> None:
     )
     ap.add_argument("--world", action="store_true", help="issue 43's every-NPU-links cases (module doc)")
     ap.add_argument("--before", help="--world: an older checkout of the package, run first side by side")
+    ap.add_argument("--after", help="--world: the checkout measured as after (default: this one)")
+    ap.add_argument("--cut", action="store_true", help="--world: the GNMT cases on a 256-NPU HGX cut")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
     if args.one:
@@ -438,7 +455,9 @@ def main() -> None:
         llm_rows(os.path.join(args.out, "bench_llm.json"))
         return
     if args.world:
-        world_rows(os.path.join(args.out, "bench_world.json"), args.before, args.timeout_s)
+        world_rows(
+            os.path.join(args.out, "bench_world.json"), args.before, args.timeout_s, args.cut, args.after
+        )
         return
     if args.classes:
         class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
