@@ -8,8 +8,12 @@ from themis_mpi.timing import fair
 from themis_mpi.timing.fair import VECTOR_FLOWS, max_min_rates
 
 
-def random_transfers(rng: random.Random) -> tuple[list, list[float], list[int] | None]:
-    """Transfers over a few to many links of mixed rates, shares of 1, 1/2 or odd, some unshared."""
+def random_transfers(rng: random.Random) -> tuple[list, list[float], list[int] | None, list[int] | None]:
+    """Transfers over a few to many links of mixed rates, shares of 1, 1/2 or odd, some unshared.
+
+    Half the cases with the users a rule keeps (`Fair._users`), which may count more than these
+    transfers (solo stages beside them), half with weights (``packet``'s messages).
+    """
     n_links = rng.randint(2, 80)
     capacity = [
         rng.choice([46.57, 419.1, 50.0, 23.285]) * rng.choice([1.0, 0.5, 1.5]) for _ in range(n_links)
@@ -19,20 +23,26 @@ def random_transfers(rng: random.Random) -> tuple[list, list[float], list[int] |
         links = rng.sample(range(n_links), rng.randint(1, min(4, n_links)))
         usages.append(tuple((link, rng.choice([1.0, 0.5, 1 / 3, 2.0])) for link in links))
     weights = [rng.randint(1, 40) for _ in usages] if rng.random() < 0.5 else None
-    return usages, capacity, weights
+    users = None
+    if rng.random() < 0.5:
+        users = [int(rng.random() < 0.1) for _ in capacity]
+        for usage in usages:
+            for link, _ in usage:
+                users[link] += 1
+    return usages, capacity, users, weights
 
 
 @pytest.mark.parametrize("seed", range(40))
 def test_vectorised_filling_equals_the_loop_per_transfer(seed, monkeypatch):
     """`max_min_rates` over numpy arrays gives the loop's rates bit for bit (weighted or not)."""
-    usages, capacity, weights = random_transfers(random.Random(seed))
+    usages, capacity, users, weights = random_transfers(random.Random(seed))
     filled = []
-    vectorised = fair._fill_vectorised
-    monkeypatch.setattr(fair, "_fill_vectorised", lambda *a: filled.append(vectorised(*a)))
-    fast = max_min_rates(usages, capacity, None, weights)
+    vectorised = fair._rates_vectorised
+    monkeypatch.setattr(fair, "_rates_vectorised", lambda *a: filled.append(a) or vectorised(*a))
+    fast = max_min_rates(usages, capacity, users, weights)
     assert filled  # (the case took the fast path)
     monkeypatch.setattr(fair, "VECTOR_FLOWS", 1 << 30)
-    plain = max_min_rates(usages, capacity, None, weights)
+    plain = max_min_rates(usages, capacity, users, weights)
     assert fast == plain
     assert all(rate > 0 for rate in fast)  # (and they fit: no link over its rate)
     used = [0.0] * len(capacity)

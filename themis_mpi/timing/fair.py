@@ -52,6 +52,8 @@ def max_min_rates(
     transfer of weight w grows w times as fast, as w transfers would (weights of 1: the
     unweighted rates to the bit).
     """
+    if len(usages) >= VECTOR_FLOWS and all(usages):
+        return _rates_vectorised(usages, capacity, users, weights)
     if users is None:
         users = [0] * len(capacity)
         for usage in usages:
@@ -71,9 +73,6 @@ def max_min_rates(
             active.append(f)
         else:
             rates[f] = rate
-    if len(active) >= VECTOR_FLOWS:
-        _fill_vectorised(usages, capacity, weights, rates, active)
-        return rates
     left: dict[int, float] = {}
     while active:
         load: dict[int, float] = {}
@@ -103,50 +102,47 @@ def max_min_rates(
     return rates
 
 
-def _fill_vectorised(
+def _rates_vectorised(
     usages: list[Usage],
     capacity: list[float],
+    users: list[int] | None,
     weights: list[int] | None,
-    rates: list[float],
-    active: list[int],
-) -> None:
-    """`max_min_rates`' progressive filling of the shared transfers over numpy arrays, to the bit.
+) -> list[float]:
+    """`max_min_rates` over numpy arrays of (transfer, link, share) entries, to the bit.
 
-    The same float operations in the same order: a link's load sums its transfers' shares in
-    transfer order (`numpy.bincount` adds in input order), each round takes the least
-    ``left / load`` and adds it to every growing transfer's rate (every NPU's links share
-    thousands of transfers, where the loop per transfer and round was most of the run).
+    The same float operations in the same order: a transfer's solo rate is its least
+    ``capacity / share``; a link's load sums its growing transfers' shares in transfer order
+    (`numpy.bincount` adds in input order); each round takes the least ``left / load`` and adds
+    it to every growing transfer's rate. Every NPU's links share thousands of transfers, where
+    the loops per transfer and round were most of the run.
     """
-    owner, link_of, load_of = [], [], []
-    for i, f in enumerate(active):
-        weight = 1 if weights is None else weights[f]
-        for link, share in usages[f]:
-            owner.append(i)
-            link_of.append(link)
-            load_of.append(share * weight)
-    owners, links, loads = np.array(owner), np.array(link_of), np.array(load_of)
+    n, n_links = len(usages), len(capacity)
+    lengths = [len(usage) for usage in usages]
+    entries = np.array([entry for usage in usages for entry in usage])
+    links, shares = entries[:, 0].astype(np.intp), entries[:, 1]
+    owners = np.repeat(np.arange(n), lengths)
+    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     cap = np.array(capacity, dtype=float)
+    count = np.bincount(links, minlength=n_links) if users is None else np.array(users)
+    shared = np.logical_or.reduceat(count[links] > 1, firsts)
+    got = np.where(shared, 0.0, np.minimum.reduceat(cap[links] / shares, firsts))
+    grow = None if weights is None else np.array(weights, dtype=float)
+    loads = shares if grow is None else shares * grow[owners]
     left, saturated = cap.copy(), SATURATED * cap
-    grow = np.ones(len(active)) if weights is None else np.array([weights[f] for f in active], dtype=float)
-    got = np.zeros(len(active))
-    growing = np.ones(len(active), dtype=bool)
-    n_links = len(capacity)
-    while True:
+    growing = shared
+    while growing.any():
         on = growing[owners]
-        at, w = links[on], loads[on]
-        load = np.bincount(at, weights=w, minlength=n_links)
+        at = links[on]
+        load = np.bincount(at, weights=loads[on], minlength=n_links)
         touched = np.bincount(at, minlength=n_links) > 0
-        step = float(np.min(left[touched] / load[touched]))
+        step = np.min(left[touched] / load[touched])
         left[touched] -= step * load[touched]
         full = touched & (left <= saturated)
-        got[growing] += step if weights is None else step * grow[growing]
-        stopped = np.zeros(len(active), dtype=bool)
+        got[growing] += step if grow is None else step * grow[growing]
+        stopped = np.zeros(n, dtype=bool)
         stopped[owners[on & full[links]]] = True
-        growing &= ~stopped
-        if not growing.any():
-            break
-    for i, f in enumerate(active):
-        rates[f] = float(got[i])
+        growing = growing & ~stopped
+    return got.tolist()
 
 
 # a solo stage's transfer: start, end, its step, bytes left at its start, rate (a plain tuple: made and
