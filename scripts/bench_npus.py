@@ -5,8 +5,8 @@ Usage::
     python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
     python scripts/bench_npus.py --timelines
     python scripts/bench_npus.py --llm [--out results]
-    python scripts/bench_npus.py --world [--cut] [--before DIR] [--after DIR] [--timeout-s 900]
-        [--out results]
+    python scripts/bench_npus.py --world [--cut] [--only GNMT] [--before DIR] [--after DIR]
+        [--timeout-s 900] [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -345,12 +345,12 @@ def train_run(root: str, flags: str, timeout_s: float) -> dict:
 
 
 def world_rows(
-    out_json: str, before: str | None, timeout_s: float, cut: bool, after: str | None = None
+    out_json: str, before: str | None, timeout_s: float, cut: bool, after: str | None = None, only: str = ""
 ) -> list[dict]:
     """Issue 43's every-NPU-links cases (module doc), each with the older checkout first if given.
 
     `cut`: the GNMT cases only, on the 256-NPU HGX cut (`HGX_CUT_256`); `after`: the checkout
-    measured as "after" (default: this one).
+    measured as "after" (default: this one); `only`: the cases whose label contains it.
     """
     here = after or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     cases = [
@@ -359,6 +359,8 @@ def world_rows(
     rows: list[dict] = []
     print(f"{'case':>22} {'code':>7} {'iteration_us':>28} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}")
     for label, flags in cases if cut else WORLD_CASES:
+        if only not in label:
+            continue
         for code, root in ([("before", before)] if before else []) + [("after", here)]:
             r = train_run(root, flags, timeout_s) | {"case": label, "code": code, "flags": flags}
             rows.append(r)
@@ -438,6 +440,7 @@ def main() -> None:
     ap.add_argument("--world", action="store_true", help="issue 43's every-NPU-links cases (module doc)")
     ap.add_argument("--before", help="--world: an older checkout of the package, run first side by side")
     ap.add_argument("--after", help="--world: the checkout measured as after (default: this one)")
+    ap.add_argument("--only", default="", help="--world: the cases whose label contains this")
     ap.add_argument("--cut", action="store_true", help="--world: the GNMT cases on a 256-NPU HGX cut")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
