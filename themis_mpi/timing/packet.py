@@ -44,6 +44,7 @@ from .fair import Fair, max_min_rates
 from .links import Flow, Host, Link, LinkModel, Settings, Step
 
 DEFAULT_MTU_BYTES = 4096  # the usual RoCE / InfiniBand MTU
+MAX_PLANS = 1 << 16  # stage plans kept as packets (every NPU's links: one per rank, dim, op and size)
 RESIDUAL = 0.5  # mean residual of a fixed-size packet in service, met at a random phase (renewal theory)
 
 
@@ -145,7 +146,7 @@ class Packet(Fair):
         """The flow's first step leaves now, its steps cut into packets (memoised by its steps)."""
         plan = self._plans.get(id(flow.steps))
         if plan is None:
-            if len(self._plans) >= 4096:  # (messages bring new steps: the memory stays bounded)
+            if len(self._plans) >= MAX_PLANS:  # (messages bring new steps: the memory stays bounded)
                 self._plans.clear()
             plan = self._plans[id(flow.steps)] = (flow.steps, tuple(self.packetize(s) for s in flow.steps))
         flow.steps = plan[1]
