@@ -3,8 +3,11 @@
 import random
 
 import pytest
+from test_classes import random_case, same_fields
 
-from themis_mpi.timing import fair
+from themis_mpi.config import RunConfig
+from themis_mpi.run.collective import model_collective
+from themis_mpi.timing import fair, planner
 from themis_mpi.timing.fair import VECTOR_FLOWS, max_min_rates
 
 
@@ -50,3 +53,26 @@ def test_vectorised_filling_equals_the_loop_per_transfer(seed, monkeypatch):
         for link, share in usage:
             used[link] += rate * share
     assert all(u <= c * (1 + 1e-9) for u, c in zip(used, capacity))
+
+
+@pytest.mark.parametrize("rule", ["fair", "packet"])
+def test_every_npus_links_with_the_vectorised_filling_run_as_with_the_loop(monkeypatch, rule):
+    """Random topologies, a late NPU, a slow link, every NPU's links: the same, field by field.
+
+    Whether every max-min filling goes over numpy arrays or through the loop per transfer.
+    """
+    monkeypatch.setattr(planner, "by_classes", lambda *args, **kwargs: None)  # (every NPU's links)
+    filled = []
+    vectorised = fair._rates_vectorised
+    for seed in range(12):
+        topo, config, coll, policy = random_case(seed)
+        config = RunConfig(network=rule, npu_delay_ns=config.npu_delay_ns, link_scale=config.link_scale)
+        with monkeypatch.context() as m:
+            m.setattr(fair, "VECTOR_FLOWS", 1)
+            m.setattr(fair, "_rates_vectorised", lambda *a: filled.append(a) or vectorised(*a))
+            fast, _ = model_collective(topo, coll, policy, config)
+        with monkeypatch.context() as m:
+            m.setattr(fair, "VECTOR_FLOWS", 1 << 30)
+            plain, _ = model_collective(topo, coll, policy, config)
+        same_fields(fast, plain)
+    assert len(filled) > 100  # (the runs shared links: the fast path ran)
