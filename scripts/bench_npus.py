@@ -458,9 +458,8 @@ def main() -> None:
         llm_rows(os.path.join(args.out, "bench_llm.json"))
         return
     if args.world:
-        world_rows(
-            os.path.join(args.out, "bench_world.json"), args.before, args.timeout_s, args.cut, args.after
-        )
+        path = os.path.join(args.out, "bench_world.json")
+        world_rows(path, args.before, args.timeout_s, args.cut, args.after, args.only)
         return
     if args.classes:
         class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
