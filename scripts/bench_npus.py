@@ -5,6 +5,8 @@ Usage::
     python scripts/bench_npus.py --classes [--timeout-s 900] [--out results]
     python scripts/bench_npus.py --timelines
     python scripts/bench_npus.py --llm [--out results]
+    python scripts/bench_npus.py --world [--cut] [--only GNMT] [--before DIR] [--after DIR]
+        [--timeout-s 900] [--out results]
     python scripts/bench_npus.py [--shapes 4x4x4,8x4x4,8x8x4,8x8x8,16x8x8,16x16x8,16x16x16]
         [--chunks 16,64] [--paper 3D-SW_SW_SW_hetero,...] [--train-chunks 16,64] [--network ideal]
         [--out results]
@@ -35,6 +37,14 @@ NPUs, under ``fair`` and ``store-forward``. ``--llm`` times one GPT-3 175B itera
 global batch 1536, 4 chunks) on ``HGX-H100-SW_SW_SW`` as TP8 x PP8 x DP16 and TP8 x PP4 x DP32
 under the default rule, per policy in a process of its own (the linked ranks: one per stage).
 
+``--world`` runs issue 43's every-NPU-links cases as ``themis-mpi train`` commands, each in a
+process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT on
+``HGX-H100-SW_SW_SW`` (16 chunks, NPU 5 at 1.5x compute) under the default rule and under
+``fair``, and ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
+links at 0.5x, baseline and themis) under ``fair``; with ``--before DIR`` (an older checkout of
+the package) each case runs there first, side by side; ``--cut``: the GNMT cases on a 256-NPU
+cut of the HGX preset instead (its dims at 8 x 4 nodes).
+
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
 (`themis_mpi.timing.world.World`, one event loop over every NPU's engine). Prints the tables
@@ -50,6 +60,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -284,6 +295,83 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
     return rows
 
 
+HGX = "HGX-H100-SW_SW_SW"
+HGX_CUT_256 = (
+    "SW(8,419.1,700,hd)_SW(8,46.57,1700,hd)_SW(4,46.57,1700,hd)_NIC(1+2,46.57)"  # (its dims at 8 x 4)
+)
+WORLD_CASES = (  # (label, train's arguments)
+    ("GNMT, HGX, packet", "traces/gnmt.txt -t HGX-H100-SW_SW_SW -c 16 --npu-compute-scale 5=1.5 -p baseline"),
+    (
+        "GNMT, HGX, fair",
+        "traces/gnmt.txt -t HGX-H100-SW_SW_SW -c 16 --npu-compute-scale 5=1.5 -p baseline --network fair",
+    ),
+    (
+        "ResNet-152, 4D, fair",
+        "traces/per-layer/resnet152.txt -t 4D-Ring_FC_Ring_SW -c 16 --npu-compute-scale 5=1.5 "
+        "--link-scale 1:300=0.5 -p baseline,themis --network fair",
+    ),
+)
+
+
+def train_run(root: str, flags: str, timeout_s: float) -> dict:
+    """`themis-mpi train FLAGS -q` with the package at `root`: its rows, wall and CPU seconds, peak RSS."""
+    with tempfile.TemporaryFile("w+") as out:
+        start = time.perf_counter()
+        child = subprocess.Popen(
+            [sys.executable, "-m", "themis_mpi", "train", *flags.split(), "-q"],
+            cwd=root,
+            env=os.environ | {"PYTHONPATH": root},
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+        )
+        while True:  # (reaped here, not by Popen: `os.wait4` gives the child's own CPU and peak RSS)
+            pid, _, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout_s:
+                child.kill()
+                os.wait4(child.pid, 0)
+                return {"iteration_us": None, "note": "timeout", "wall_s": None, "cpu_s": None}
+            time.sleep(0.1)
+        wall_s = time.perf_counter() - start
+        out.seek(0)
+        rows = [line.split() for line in out if line.strip() and not line.startswith("#")]
+    return {
+        "iteration_us": {r[0]: float(r[2]) for r in rows if len(r) > 2},
+        "wall_s": wall_s,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "rss_mib": usage.ru_maxrss / 1024,  # (Linux: KiB)
+    }
+
+
+def world_rows(
+    out_json: str, before: str | None, timeout_s: float, cut: bool, after: str | None = None, only: str = ""
+) -> list[dict]:
+    """Issue 43's every-NPU-links cases (module doc), each with the older checkout first if given.
+
+    `cut`: the GNMT cases only, on the 256-NPU HGX cut (`HGX_CUT_256`); `after`: the checkout
+    measured as "after" (default: this one); `only`: the cases whose label contains it.
+    """
+    here = after or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    cases = [
+        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if HGX in flags
+    ]
+    rows: list[dict] = []
+    print(f"{'case':>22} {'code':>7} {'iteration_us':>28} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}")
+    for label, flags in cases if cut else WORLD_CASES:
+        if only not in label:
+            continue
+        for code, root in ([("before", before)] if before else []) + [("after", here)]:
+            r = train_run(root, flags, timeout_s) | {"case": label, "code": code, "flags": flags}
+            rows.append(r)
+            times = r["iteration_us"]
+            shown = " ".join(f"{t:.2f}" for t in times.values()) if times else r["note"]
+            figures = f"{r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}" if times else ""
+            print(f"{label:>22} {code:>7} {shown:>28} {figures}", flush=True)
+            write_json(out_json, {"world": rows})
+    return rows
+
+
 def timelines(topo_spec: str, network: str) -> list[int]:
     """Per stage, in start order, the distinct (start, end) pairs over every NPU of the all-reduce case.
 
@@ -344,11 +432,16 @@ def main() -> None:
     )
     ap.add_argument("--out", default="results", help="output folder (default results)")
     ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
-    ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes: per run (900)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes, --world: per run (900)")
     ap.add_argument("--timelines", action="store_true", help="distinct timelines per stage (module doc)")
     ap.add_argument(
         "--llm", action="store_true", help="GPT-3 175B on HGX, one iteration per policy (module doc)"
     )
+    ap.add_argument("--world", action="store_true", help="issue 43's every-NPU-links cases (module doc)")
+    ap.add_argument("--before", help="--world: an older checkout of the package, run first side by side")
+    ap.add_argument("--after", help="--world: the checkout measured as after (default: this one)")
+    ap.add_argument("--only", default="", help="--world: the cases whose label contains this")
+    ap.add_argument("--cut", action="store_true", help="--world: the GNMT cases on a 256-NPU HGX cut")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
     if args.one:
@@ -363,6 +456,10 @@ def main() -> None:
     os.makedirs(args.out, exist_ok=True)
     if args.llm:
         llm_rows(os.path.join(args.out, "bench_llm.json"))
+        return
+    if args.world:
+        path = os.path.join(args.out, "bench_world.json")
+        world_rows(path, args.before, args.timeout_s, args.cut, args.after, args.only)
         return
     if args.classes:
         class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .links import Flow, Host, Link, LinkModel, Step, Usage
 
 SATURATED = 1e-12  # relative slack within which a link counts as full when rates are filled
+VECTOR_FLOWS = 48  # shared transfers from which `max_min_rates` fills over numpy arrays
 
 
 def max_min_rates(
@@ -49,6 +52,8 @@ def max_min_rates(
     transfer of weight w grows w times as fast, as w transfers would (weights of 1: the
     unweighted rates to the bit).
     """
+    if len(usages) >= VECTOR_FLOWS and all(usages):
+        return _rates_vectorised(usages, capacity, users, weights)
     if users is None:
         users = [0] * len(capacity)
         for usage in usages:
@@ -95,6 +100,49 @@ def max_min_rates(
                 still.append(f)
         active = still
     return rates
+
+
+def _rates_vectorised(
+    usages: list[Usage],
+    capacity: list[float],
+    users: list[int] | None,
+    weights: list[int] | None,
+) -> list[float]:
+    """`max_min_rates` over numpy arrays of (transfer, link, share) entries, to the bit.
+
+    The same float operations in the same order: a transfer's solo rate is its least
+    ``capacity / share``; a link's load sums its growing transfers' shares in transfer order
+    (`numpy.bincount` adds in input order); each round takes the least ``left / load`` and adds
+    it to every growing transfer's rate. Every NPU's links share thousands of transfers, where
+    the loops per transfer and round were most of the run.
+    """
+    n, n_links = len(usages), len(capacity)
+    lengths = [len(usage) for usage in usages]
+    entries = np.array([entry for usage in usages for entry in usage])
+    links, shares = entries[:, 0].astype(np.intp), entries[:, 1]
+    owners = np.repeat(np.arange(n), lengths)
+    firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    cap = np.array(capacity, dtype=float)
+    count = np.bincount(links, minlength=n_links) if users is None else np.array(users)
+    shared = np.logical_or.reduceat(count[links] > 1, firsts)
+    got = np.where(shared, 0.0, np.minimum.reduceat(cap[links] / shares, firsts))
+    grow = None if weights is None else np.array(weights, dtype=float)
+    loads = shares if grow is None else shares * grow[owners]
+    left, saturated = cap.copy(), SATURATED * cap
+    growing = shared
+    while growing.any():
+        on = growing[owners]
+        at = links[on]
+        load = np.bincount(at, weights=loads[on], minlength=n_links)
+        touched = np.bincount(at, minlength=n_links) > 0
+        step = np.min(left[touched] / load[touched])
+        left[touched] -= step * load[touched]
+        full = touched & (left <= saturated)
+        got[growing] += step if grow is None else step * grow[growing]
+        stopped = np.zeros(n, dtype=bool)
+        stopped[owners[on & full[links]]] = True
+        growing = growing & ~stopped
+    return got.tolist()
 
 
 # a solo stage's transfer: start, end, its step, bytes left at its start, rate (a plain tuple: made and
@@ -166,6 +214,7 @@ class Fair(LinkModel):
         self._moving: list[Flow] = []  # transfers in progress (solo stages too)
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
+        self._had_solo = False  # a stage went solo here (never on every NPU's links: no scan for them)
 
     # --- flows in and out --------------------------------------------------------------------------
 
@@ -263,7 +312,7 @@ class Fair(LinkModel):
         else:
             link = -1
         overlap_ns = -math.inf  # (no solo stage to interleave with)
-        if link >= 0:  # a link is in use: solo stages on any of mine share from now on, or interleave
+        if link >= 0 and self._had_solo:  # a link in use: solo stages on mine share from now, or interleave
             mine, solos, plain = step.links, [], False
             for other in self._moving:
                 if other is not flow and not mine.isdisjoint(other.steps[other.k].links):
@@ -300,6 +349,7 @@ class Fair(LinkModel):
     def _go_solo(self, flow: Flow, rate: float, overlap_ns: float, windows: list[Window] | None) -> None:
         """The stage is solo from now at its links' rate, until its transfers meet another's (if ever)."""
         flow.rate, flow.solo_ns, flow.overlap_ns, flow.windows = rate, self.loop.now_ns, overlap_ns, windows
+        self._had_solo = True
         flow.solo_k = flow.k
         if windows is None:
             flow.end_ns = _solo_end(flow.steps, flow.k, self.loop.now_ns, flow.left, rate)

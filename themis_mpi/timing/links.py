@@ -292,6 +292,10 @@ class LinkModel(ABC):
         """The rule for a run on these links: `cls(links, host)` unless the rule takes parameters."""
         return cls(links, host, count_bytes=count_bytes)
 
+    def prepared(self, steps: tuple[Step, ...]) -> tuple[Step, ...]:
+        """A plan's steps as this rule runs them (a container that keeps plans keeps these): as given."""
+        return steps
+
     @abstractmethod
     def start(self, flow: Flow) -> None:
         """The flow starts now (its first step, or its lead delay)."""

@@ -125,7 +125,7 @@ class Packet(Fair):
         self._held: set[Flow] = set()  # whole-packet transfers being sent
         self._joined = [-math.inf] * len(links)  # when the last transfer took (or takes) a share of a link
         self._last_ns = -math.inf  # the latest instant a transfer entered (a smaller one: a new run)
-        self._plans: dict[int, tuple[tuple[Step, ...], tuple[PacketStep, ...]]] = {}  # by id of steps
+        self._plans: dict[int, tuple[tuple[Step, ...], tuple[Step, ...]]] = {}  # by id of steps
 
     @classmethod
     def made(
@@ -141,13 +141,20 @@ class Packet(Fair):
 
     # --- a flow's steps as packets ----------------------------------------------------------------
 
+    def prepared(self, steps: tuple[Step, ...]) -> tuple[Step, ...]:
+        """The steps cut into packets (every NPU's links keep their stage plans so, one per rank)."""
+        return tuple(self.packetize(s) for s in steps)
+
     def start(self, flow: Flow) -> None:
         """The flow's first step leaves now, its steps cut into packets (memoised by its steps)."""
+        if flow.steps and isinstance(flow.steps[0], PacketStep):  # (`prepared` already)
+            super().start(flow)
+            return
         plan = self._plans.get(id(flow.steps))
         if plan is None:
             if len(self._plans) >= 4096:  # (messages bring new steps: the memory stays bounded)
                 self._plans.clear()
-            plan = self._plans[id(flow.steps)] = (flow.steps, tuple(self.packetize(s) for s in flow.steps))
+            plan = self._plans[id(flow.steps)] = (flow.steps, self.prepared(flow.steps))
         flow.steps = plan[1]
         super().start(flow)
 
@@ -233,6 +240,8 @@ class Packet(Fair):
         One whose transfer starts now took its links now, before whatever comes (step by step,
         a running stage's next step starts before the engine starts new stages at that instant).
         """
+        if not self._had_solo:  # (every NPU's links: no stage goes solo, nothing to place)
+            return
         now = self.loop.now_ns
         for f in [f for f in self._moving if f.solo_ns >= 0 and not links.isdisjoint(f.steps[f.k].links)]:
             if f.solo_ns < 0:  # (placed with one before it)

@@ -66,11 +66,11 @@ SAY_ABOVE_S = 30.0  # a command whose run `estimate`s more than this says so bef
 # scripts/bench_estimate.py (docs/performance.md, "What a run will cost"): one NPU's view per step
 # of that NPU; every NPU vectorised per step (the numpy calls serve every NPU at once) plus a little
 # per NPU and step; every NPU in event order per NPU and step; every NPU's links per NPU and step
-# at 64 NPUs, growing as NPUs^0.4 (more flows share each link's rate: 0.29 on Ring x FC x SW
-# shapes, 0.46 on cuts of the HGX-H100 preset, whose outer dims share a NIC).
-STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 12.5}
+# at 64 NPUs, growing as NPUs^0.35 (more flows share each link's rate: HGX-H100 cuts, whose outer
+# dims share a NIC, 0.40 from 64 to 256 NPUs, 0.19 from 64 to the whole preset's 1024).
+STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 10.0}
 VECTORS_NPU_STEP_US = 0.002
-WORLD_NPUS, WORLD_GROWTH = 64, 0.4  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.4
+WORLD_NPUS, WORLD_GROWTH = 64, 0.35  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.35
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,7 @@ class World(Greenlets):
         steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
         classes = self.classes
         if classes is None:
-            return steps, recvs, consumers
+            return self.rule.prepared(steps), recvs, consumers
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
         if pattern not in classes.patterns:
