@@ -42,7 +42,7 @@ planner what the run will cost (`timing.planner.estimate`: the simulator it chos
 chunk steps, at costs per step measured on the development machine,
 [performance](performance.md#what-a-run-will-cost-issue-43)); above 30 s (`THEMIS_MPI_EXPECT_S`
 moves that threshold) it adds one line to the header; GNMT on `HGX-H100-SW_SW_SW` with `-c 16
---network fair --npu-compute-scale 5=1.5` prints `# expect ~4.4 min: every NPU's links under fair
+--network fair --npu-compute-scale 5=1.5` prints `# expect ~2 min: every NPU's links under fair
 (NPU 5 computes slower, 1024 NPUs x 4,480 chunk steps)`.
 """
 
