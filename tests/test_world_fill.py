@@ -75,4 +75,4 @@ def test_every_npus_links_with_the_vectorised_filling_run_as_with_the_loop(monke
             m.setattr(fair, "VECTOR_FLOWS", 1 << 30)
             plain, _ = model_collective(topo, coll, policy, config)
         same_fields(fast, plain)
-    assert len(filled) > 100  # (the runs shared links: the fast path ran)
+    assert filled  # (the runs shared links: the fast path ran)
