@@ -183,3 +183,19 @@ def test_a_protocol_the_topology_has_not_is_one_line(tmp_path):
     with pytest.raises(UsageError) as refused:
         protocol_us(tmp_path, "SW(8,100,500,nccl)_NCCL(protos=ll+simple)", "LL128", SIZE)
     assert str(refused.value) == "protocol LL128 is not one of the topology's NCCL protocols (LL+Simple)"
+
+
+def test_a_custom_file_on_nccl_dims_is_printed_as_a_topology_that_reads_back(tmp_path):
+    """The header's topology (the file in the dim's field, beside NCCL(...)) parses back equal, same time."""
+    spec = "SW(8,100,500,nccl)_NCCL(ll=6600:0.45,simple=8400:0.95)"
+    path = tmp_path / "ring.xml"
+    write_algorithm(str(path), builtin("ring", "all_reduce", 8))
+    topo = parse_topology(spec).with_overrides(algorithms=[f"msccl:{path}"])
+    assert topo.flat and parse_topology(topo.spec()) == topo
+    times = []
+    for args in (["-t", spec, "--algorithm", f"msccl:{path}"], ["-t", topo.spec()]):
+        out = tmp_path / "rows.json"
+        proc = in_process(["model", *args, "-b", "64M", "-c", "1", "-p", "baseline", "--json", str(out)])
+        assert proc.returncode == 0, proc.stderr
+        times.append(json.loads(out.read_text())[0]["time_us"])
+    assert times[0] == times[1]

@@ -681,6 +681,8 @@ def parse_inline(spec: str) -> Topology:
         )
     if not dims:
         raise UsageError("a topology needs at least one dim besides NCCL(...), NIC(...) and MTU(...)")
+    if nccl is not None:  # a custom algorithm on nccl dims falls back to nccl (`Topology.spec` writes it so)
+        dims = [replace(d, algorithm="nccl") if d.custom else d for d in dims]
     return Topology(tuple(dims), "", tuple(ports), nccl, mtu_bytes)
 
 
