@@ -148,6 +148,14 @@ class RingStep:
     rate_shares: list[float]
 
 
+def level_shares(params: NcclParams, n_levels: int) -> list[float]:
+    """Per level, the share of its rate reached before the protocol's efficiency.
+
+    All of level 0; across a higher level the NICs' ``net_efficiency / eff_Simple``.
+    """
+    return [1.0] + [params.net_efficiency / params.efficiency[2]] * (n_levels - 1)
+
+
 def ring_steps(params: NcclParams, n_levels: int, protocol: str) -> RingStep:
     """A protocol's price of a ring's steps over `n_levels` levels.
 
@@ -166,7 +174,7 @@ def ring_steps(params: NcclParams, n_levels: int, protocol: str) -> RingStep:
         params.base_ns[k],
         params.efficiency[k],
         [factor] + [1.0] * (n_levels - 1),
-        [1.0] + [params.net_efficiency / params.efficiency[2]] * (n_levels - 1),
+        level_shares(params, n_levels),
     )
 
 
@@ -211,7 +219,7 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
     n = math.prod(level.npus for level in lv)
     below = [math.prod(x.npus for x in lv[:j]) for j in range(len(lv))]
     above = [math.prod(x.npus for x in lv[j:]) for j in range(len(lv))] + [1]
-    share = [1.0] + [params.net_efficiency / params.efficiency[2]] * (len(lv) - 1)  # Simple: net_eff across
+    share = level_shares(params, len(lv))
     crossing = [n // g if n // g > 1 else 0 for g in below] + [0]
     factors = STEP_FACTORS[params.rccl]
     protocols = [p for p in PROTOCOLS if p in params.protocols]
@@ -241,7 +249,7 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
             hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
             ring = ring_steps(params, len(lv), p)
-            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(ring.rate_shares, lv, hops) if h)
+            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)
             steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
             latency = base + sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, ring.latency_factors))
             slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
