@@ -35,7 +35,7 @@ from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_s
 from ..msccl.timing import reduction_ns
 from ..nccl import custom_topology
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
-from ..timing.links import Flow, Transfer, Usage, physical_links, rated
+from ..timing.links import Flow, Transfer, physical_links, rated
 from ..timing.links import Step as LinkStep
 from ..timing.programs import ProgramTimes, time_programs
 from ..timing.routes import StepPlanner, step_planner
@@ -257,11 +257,9 @@ class DimStages:
         """One stage as NPU 0's steps over its links, and whether they use the same links; None: timed alone.
 
         Each round of NPU 0 (`stage_steps`) is a step: a transfer per message, over the links
-        one NPU's view gives a message to the peer k ahead (a Switch's up-link, then its
-        down-link; the FullyConnected link to k; a Ring's links the shorter way, k hops each
-        carrying what the k NPUs behind send through it; the dim's port, out and in), then the
-        hops' latency and the endpoint delay, as a built-in stage's step (`routes.StepPlanner`,
-        whose links, rates and cost model of the stage's element size it takes).
+        one NPU's view gives a message to the peer k ahead (`routes.StepPlanner.message_hops`),
+        then the hops' latency and the endpoint delay, as a built-in stage's step (the planner's
+        links, rates and cost model of the stage's element size).
 
         The rounds are the data's order, which may be stricter than the file's (a file whose
         threadblocks send at once, reducing into one chunk in turn, moves its data one message
@@ -273,9 +271,9 @@ class DimStages:
         cost = planner.cost
         key = (op, full_elems, cost.itemsize, cost.endpoint_delay_ns)
         if key not in self._flows:
-            self._flows[key] = self._steps(op, full_elems, planner, self.topology, self.d)
+            self._flows[key] = self._steps(op, full_elems, planner, self.d)
             # the same rounds alone on the dim's own links, against its programs there
-            flow = self._steps(op, full_elems, step_planner(self.alone, cost), self.alone, 0)
+            flow = self._steps(op, full_elems, step_planner(self.alone, cost), 0)
             solo = Symmetric(self.alone, self.config, self.cost)
             solo.rule.start(Flow(None, *flow))
             solo_ns, alone_ns = solo.next(math.inf)[0], self.time_ns(op, full_elems, cost.itemsize)
@@ -289,37 +287,22 @@ class DimStages:
                 )
         return self._flows[key]
 
-    def _steps(self, op: str, full_elems: int, planner: StepPlanner, topology: Topology, d: int) -> LinkFlow:
-        """NPU 0's rounds of a stage as steps on dim d of the topology (`flow`)."""
+    def _steps(self, op: str, full_elems: int, planner: StepPlanner, d: int) -> LinkFlow:
+        """NPU 0's rounds of a stage as steps on dim d of the planner's topology (`flow`)."""
         steps = tuple(
-            self._round(step.sends, planner, topology, d)
+            self._round(step.sends, planner, d)
             for custom in self._parts(op)
             for step in stage_steps(custom, 0, 0, full_elems)
             if step.sends
         )
         return steps, all(step.usage == steps[0].usage for step in steps)
 
-    def _round(
-        self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner, topology: Topology, d: int
-    ) -> LinkStep:
+    def _round(self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner, d: int) -> LinkStep:
         """A round's messages from coordinate 0 as one step on NPU 0's links of dim d (`flow`)."""
-        dim, port = topology.dims[d], topology.port_of(d)
-        index = planner.index
-        p_out = ((index[f"port{port}.out"], 1.0),) if port is not None else ()
-        p_in = ((index[f"port{port}.in"], 1.0),) if port is not None else ()
+        dim = planner.topology.dims[d]
         transfers, latency_ns = [], 0.0
         for peer, start, stop in sends:
-            k = peer % dim.npus
-            hops: tuple[Usage, ...]
-            if dim.kind == "Switch":
-                n_hops = 2
-                hops = (((index[f"dim{d}.up"], 1.0), *p_out), ((index[f"dim{d}.down"], 1.0), *p_in))
-            elif dim.kind == "Ring":
-                way, n_hops = ("ccw", dim.npus - k) if dim.npus - k < k else ("cw", k)
-                hops = (((index[f"dim{d}.{way}"], float(n_hops)), *p_out, *p_in),)
-            else:
-                n_hops = 1
-                hops = (((index[f"dim{d}.peer+{k}"], 1.0), *p_out, *p_in),)
+            hops, n_hops = planner.message_hops(d, peer % dim.npus)
             transfers.append(Transfer(float((stop - start) * planner.cost.itemsize), hops))
             latency_ns = max(latency_ns, n_hops * dim.latency_ns)
         step = LinkStep(tuple(transfers), latency_ns + planner.cost.endpoint_delay_ns)

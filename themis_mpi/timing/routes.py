@@ -74,6 +74,22 @@ class StepPlanner:
                 out.append(((distance % p, 1.0),))
         return tuple(out)
 
+    def message_hops(self, d: int, k: int) -> tuple[tuple[Usage, ...], int]:
+        """A message from this NPU to the peer k ahead on dim d: its links hop by hop, and its hops.
+
+        A Switch: the up-link, then the down-link (2 hops); a Ring: the shorter way round, its
+        direction's link carrying what the NPUs behind send through it (k hops, k times the
+        bytes); a FullyConnected dim: the link to that peer. The dim's port, out and in.
+        """
+        dim, i = self.topology.dims[d], self.index
+        p_out, p_in = self._port(d, 1.0, 1.0)
+        if dim.kind == "Switch":
+            return (((i[f"dim{d}.up"], 1.0), *p_out), ((i[f"dim{d}.down"], 1.0), *p_in)), 2
+        if dim.kind == "Ring":
+            way, n_hops = ("ccw", dim.npus - k) if dim.npus - k < k else ("cw", k)
+            return (((i[f"dim{d}.{way}"], float(n_hops)), *p_out, *p_in),), n_hops
+        return (((i[f"dim{d}.peer+{k}"], 1.0), *p_out, *p_in),), 1
+
     def _port(self, dim_index: int, out: float, into: float) -> tuple[Usage, Usage]:
         port = self.topology.port_of(dim_index)
         if port is None:
