@@ -41,8 +41,8 @@ def _involved_active(topology: Topology, involved, d: int) -> bool:
 class ThemisTracker:
     """Themis's load tracker: one load per dim in MiB at dim 0's bandwidth.
 
-    A dim whose stages a custom algorithm runs adds its built-in load times how much longer its
-    file's stage takes (`PolicyContext.custom_scale`): the load the file's stage time stands for.
+    A dim whose stages a custom algorithm runs adds its built-in load times how much longer the
+    file keeps the dim's busiest link busy than those bytes say (`PolicyContext.custom_scale`).
 
     Attributes:
         topology: the network.
@@ -69,7 +69,7 @@ class ThemisTracker:
         self._scales: dict[tuple[int, str, int], float] = {}
 
     def _scale(self, d: int, op: str, stage_bytes: int) -> float:
-        """A custom dim's stage time over its built-in algorithm's (1.0 for a built-in dim)."""
+        """A custom dim's busiest-link time over the bytes counted (`PolicyContext.custom_scale`)."""
         if not self._custom[d] or self.context is None:
             return 1.0
         key = (d, op, stage_bytes)
