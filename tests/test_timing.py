@@ -7,6 +7,7 @@
 
 import ast
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -239,3 +240,25 @@ def test_store_forward_under_astra2_truncates_and_pipelines_the_latency_behind_t
     )
     serial, hop = 10 // 3, int(7.0 + 10.0 / 3)  # 3 ns on the link, there 10 ns after it took it
     assert ends == {"first": 1.0 + hop, "queued": 1.0 + serial + hop}
+
+
+# --- a step alone on its links ---------------------------------------------------------------------
+
+
+def test_a_step_whose_transfers_share_a_link_alone_takes_their_bytes_together_at_its_rate():
+    """Two transfers of S over one link of rate B, alone under fair: 2S/B (their shares add up on it)."""
+    from themis_mpi.timing.fair import Fair
+    from themis_mpi.timing.links import rated
+
+    links = (Link("up", 0, 2.0), Link("a", 0, 2.0), Link("b", 0, 2.0))
+    both = rated(
+        Step((Transfer(10.0, (((0, 1.0),), ((1, 1.0),))), Transfer(10.0, (((0, 1.0),), ((2, 1.0),)))), 3.0),
+        [2.0] * 3,
+    )
+    assert both.solo_rate == pytest.approx(2.0)  # the step's 20 bytes all cross "up" at 2 B/ns (4.0 before)
+    host = _Host()
+    rule = Fair(links, host)
+    rule.start(Flow("two", (both,)))
+    while host.loop.step(math.inf, rule):
+        pass
+    assert dict(host.ends) == {"two": pytest.approx(20.0 / 2.0 + 3.0)}

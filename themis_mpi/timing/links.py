@@ -164,8 +164,15 @@ def one_transfer(
 
 
 def rated(step: Step, capacity) -> Step:
-    """The step with its rate alone on its links (`Step.solo_rate`): its tightest link's."""
-    rate = min((capacity[link] / share for link, share in step.usage), default=math.inf)
+    """The step with its rate alone on its links (`Step.solo_rate`): its tightest link's.
+
+    A link several of its transfers cross carries their shares together (a custom round's
+    messages to several peers over one up-link), so the shares are summed per link first.
+    """
+    per_link: dict[int, float] = {}
+    for link, share in step.usage:
+        per_link[link] = per_link.get(link, 0.0) + share
+    rate = min((capacity[link] / share for link, share in per_link.items()), default=math.inf)
     return Step(step.transfers, step.delay_ns, step.alone_ns, rate)
 
 
