@@ -48,12 +48,12 @@ SHORT = {
     "against the ring's 16/30 (LL128 x 0.92), times treeCorrectionFactor (0.5-0.9 below 512 MiB): on equal graph bandwidths "
     "it runs the ring there; the fit labels 256 KiB-256 MiB LL128 tree (0.9 at 64 MiB, 1 at 128 MiB) instead, and which "
     "pair wins at a held-out size needs the graphs' bandwidths NCCL compares, which the log does not print",
-    "gb200x8_2tray_mnnvl_NOHEADER.txt": "64 MiB -12 %: held out between Ring Simple (to 32 MiB) and NVLS (from "
-    "128 MiB), the model takes NVLS, the faster by its prices (231 us, the NVLS line through 128 and 256 MiB); "
-    "the ring line through 16 and 32 MiB gives 273 us (+2.9 %). Either NCCL still runs the ring there (its "
-    "tuner's choice needs the NVLS and ring graphs' bandwidths: nvlsEfficiency 0.74 x 2 on Blackwell, 25 us) "
-    "or NVLS with 32 KiB chunks (16-128 MiB on 32 channels x 8 heads) costs more per chunk than the 64 and "
-    "128 KiB chunks the fit sees (3.3 against 2.9 us/MiB); p90 12.4 %",
+    "gb200x8_2tray_mnnvl_NOHEADER.txt": "64 MiB -12 %: NCCL's tuner rates NVLS at 25 us (tuning.cc hwLatencies) "
+    "against Ring Simple's 8.4 + 14 x 3.4 = 56 us, and runs NVLS from 128 MiB, so it rates NVLS faster at every "
+    "size and runs it from where Ring LL stops: 16-64 MiB are NVLS with 32 KiB chunks (32 channels x 8 heads), "
+    "at 3.3-3.5 us/MiB where a cost linear in the chunk count, fitted on the 64 and 128 KiB chunks (2.4 and "
+    "2.15 us/MiB), gives 3.0. The fit puts 16-32 MiB on Ring Simple instead and 64 MiB, held out, on NVLS "
+    "(231 us against 265); p90 12.4 %",
     "mi300x16_2node_roce_rccl.txt": "1 MiB -32 %: RCCL's MI300 tuner (tuning.cc tuning_model_5, the LL rows "
     "alike in RCCL 2.21.5 and later) rates tree LL above ring LL at 1 and 2 MiB whatever the graph's bandwidth "
     "(ring LL's correction 0.4 against tree LL's 1.0, at twice the latency), so RCCL runs tree LL at 1 MiB, as "
