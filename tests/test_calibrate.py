@@ -36,20 +36,31 @@ PARTIAL_PCT = 5.0
 SHORT = {
     "h100x16_2node_ib_issue309_qoofyk.txt": "1 MiB -18 %: the log's LL128 tree takes 72-76 us from 1 to 2 MiB "
     "(latency-bound) where the LL128 tree fitted through 2 and 8 MiB falls to 59 us; 1 MiB is held out between "
-    "LL's range (to 512 KiB, whose out-of-place 77.7 us is 10 % above its in-place 70.3) and LL128's",
+    "LL's range (to 512 KiB, whose out-of-place 77.7 us is 10 % above its in-place 70.3) and LL128's; NCCL's "
+    "tree LL128 chunking (enqueue.cc calcCollChunking, nstepsLL128 = 2.8) gives 32 KiB chunks at both 1 and "
+    "2 MiB on 8 or more channels, so no chunk threshold separates them either",
     "h100x16_2node_ib_ring_issue309_gjaion.txt": "128 MiB -5.7 %: the ring's time per byte from 64 to 128 MiB is "
     "30 % above its slope from 256 MiB up (both columns: 795.8 and 795.7 us); its chunk (S / 24 channels / 16 "
     "ranks) stays below NCCL's 512 KiB step at both sizes, so no NCCL threshold lies between them",
-    "a100x16_2node_oci_roce.txt": "median 4.2 %, 64 MiB +6.2 % and 1 GiB -5.5 %: NCCL's tuner keeps the ring up "
-    "to 512 MiB (its tree correction factors, 0.5-0.9 at medium sizes) where the model's tree is faster; the "
-    "fit's LL128 tree carries NCCL's correction factors into 512 KiB-256 MiB (0.9 at 64 MiB, 1 at 128 MiB)",
-    "gb200x8_2tray_mnnvl_NOHEADER.txt": "64 MiB -12 %: NVLS with 32 KiB chunks (16-128 MiB on 32 channels x 8 heads) "
-    "takes 3.3 us/MiB where a constant cost per chunk, fitted on its 64 and 128 KiB chunks, gives 2.9 (the DGX "
-    "log shows the same at its 32 KiB sizes); p90 12.4 %",
-    "mi300x16_2node_roce_rccl.txt": "1 MiB -32 %: RCCL's MI300 tuning model (tuning.cc tuning_model_5) scales "
-    "each pair's rate per size (ring LL 1.0 at 512 KiB but 0.4 at 1-2 MiB, tree Simple 0.1 below 2 MiB): its "
-    "tuner runs a slow pair at 1 MiB alone (414.8 us out of place, 413.6 in place, between 305.6 and 318.6), "
-    "where the model, held out there, takes the faster of its neighbours' pairs; 64 MiB +6.8 %",
+    "a100x16_2node_oci_roce.txt": "median 4.2 %, 64 MiB +6.2 % and 1 GiB -5.5 %: the log's 16-512 MiB are "
+    "ring-like (busbw 111-166 GB/s, under the NICs) and its 1 GiB jump (219) the tree; NCCL's tuner (tuning.cc) "
+    "rates a 2-node tree at 0.5 x 0.92 of its graph's bus bandwidth (LL128: x 120/128, capped per channel) "
+    "against the ring's 16/30 (LL128 x 0.92), times treeCorrectionFactor (0.5-0.9 below 512 MiB): on equal graph bandwidths "
+    "it runs the ring there; the fit labels 256 KiB-256 MiB LL128 tree (0.9 at 64 MiB, 1 at 128 MiB) instead, and which "
+    "pair wins at a held-out size needs the graphs' bandwidths NCCL compares, which the log does not print",
+    "gb200x8_2tray_mnnvl_NOHEADER.txt": "64 MiB -12 %: NCCL's tuner rates NVLS at 25 us (tuning.cc hwLatencies) "
+    "against Ring Simple's 8.4 + 14 x 3.4 = 56 us, and runs NVLS from 128 MiB, so it rates NVLS faster at every "
+    "size and runs it from where Ring LL stops: 16-64 MiB are NVLS with 32 KiB chunks (32 channels x 8 heads), "
+    "at 3.3-3.5 us/MiB where a cost linear in the chunk count, fitted on the 64 and 128 KiB chunks (2.4 and "
+    "2.15 us/MiB), gives 3.0. The fit puts 16-32 MiB on Ring Simple instead and 64 MiB, held out, on NVLS "
+    "(231 us against 265); p90 12.4 %",
+    "mi300x16_2node_roce_rccl.txt": "1 MiB -32 %: RCCL's MI300 tuner (tuning.cc tuning_model_5, the LL rows "
+    "alike in RCCL 2.21.5 and later) rates tree LL above ring LL at 1 and 2 MiB whatever the graph's bandwidth "
+    "(ring LL's correction 0.4 against tree LL's 1.0, at twice the latency), so RCCL runs tree LL at 1 MiB, as "
+    "the log's 109 us from 512 KiB (4.8 GB/s) says; but the model's tree LL, fitted through 8 B-512 KiB, gives "
+    "278 us there. Choosing by that tuner (tried, with search.cc's 7 x 48 GB/s xGMI bus bandwidth) leaves "
+    "1 MiB at -33 % and moves 256 MiB onto tree Simple (+47 %): 2.21.5's tables switch to ring Simple at "
+    "512 MiB, a later RCCL's at 128 MiB, the log's 2.22.3 at 256 MiB; 64 MiB +6.8 %",
 }
 MIB = 1 << 20
 _FITS: dict = {}
@@ -235,9 +246,11 @@ SHORT_PREDICTIONS = {
         "mi300x8_1node_rccl.txt",
         "mi300x16_2node_roce_rccl.txt",
         None,
-    ): "256 MiB -12 %: the 2-node cluster's floor "
-    "of 218 us (8 B to 4 KiB; one node: 14 us) is 13 % of its 256 MiB time; neither the one-node fit nor "
-    "NCCL's nominal 14 us network step has it (RCCL's own MI300 model puts a ring's network step at 320 us)",
+    ): "256 MiB -12 %: the predicted ring Simple slope from 256 MiB (5.43 us/MiB) is the log's (5.40-5.49); "
+    "the miss is its intercept: the log's ring line meets zero at 280-330 us (its floor is 218 us from 8 B to "
+    "4 KiB; one node: 14 us), the prediction's at 118 us (NCCL's nominal 14 us network step). RCCL's tuner "
+    "rates that ring at 17 + 26 x 6 + 4 x 320 = 1453 us (tuning_model_5's 320 us network step), a rating and "
+    "not a time; nothing in either library gives a 2-node floor of 218 us",
 }
 
 
