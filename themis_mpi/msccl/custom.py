@@ -438,6 +438,16 @@ def stage_steps(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
     copied ones (received apart, stored once its sends are done); each send goes with its
     receiver's kind. Messages of a step are ordered by (peer, channel, place) on both sides.
     """
+    return [step for step in stage_slots(custom, c, lo, hi) if step.sends or step.recvs]
+
+
+def stage_slots(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
+    """GPU c's steps as `stage_steps` gives them, with an empty step where it has none.
+
+    Two per round (its reduced receives, then its copied ones): the k-th slot of every GPU is
+    the same part of the same round, so a message sent in a GPU's slot k is received in its
+    peer's slot k (every NPU's links match them so: `timing.routes.NpuRoutes.stage`).
+    """
     algo = custom.algo
     p, k = algo.ngpus, algo.nchunksperloop // algo.ngpus
     blocks = block_bounds(lo, hi, p)
@@ -448,14 +458,13 @@ def stage_steps(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
         sends, copies, reduces = ranks[c]
         for mode, recvs, kind in ((REDUCE, reduces, 2), (COPY, copies, 1)):
             outs = [m for m in sends if _received(ranks[m[0]][kind], c, m)]
-            if outs or recvs:
-                steps.append(
-                    Step(
-                        tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(outs)),
-                        tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(recvs)),
-                        mode,
-                    )
+            steps.append(
+                Step(
+                    tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(outs)),
+                    tuple((q, bounds[a], bounds[b]) for q, _, _, a, b in sorted(recvs)),
+                    mode,
                 )
+            )
     return steps
 
 

@@ -17,9 +17,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..algorithms import CustomStage, custom_stage
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, ring_both_ways, steps
 from ..topology import Topology
-from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links
+from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links, rated
 
 
 class StepPlanner:
@@ -334,12 +335,22 @@ class NpuRoutes:
         c = (rank // stride) % self.topology.dims[d].npus
         return c, rank - c * stride
 
+    def custom(self, d: int) -> CustomStage | None:
+        """Dim d's custom stage where it runs each NPU by its own rounds (`CustomStage.every_npu`)."""
+        custom = custom_stage(self.topology.dims[d])
+        return custom if custom is not None and custom.every_npu else None
+
     def stage(self, rank: int, cost: CostModel, d: int, op: str, full_elems: int) -> tuple:
         """A stage's steps on NPU `rank`'s links (and its receivers'), and per step its peers.
 
         Returns the steps, per step the NPUs it receives from, and per step how many NPUs
-        receive from it.
+        receive from it. A dim's custom stage that runs on every NPU's links (`custom`) is the
+        NPU's own rounds (`custom_stage`).
         """
+        custom = self.custom(d)
+        if custom is not None:
+            slots = custom.npu_steps(op, self.coord(rank, d)[0], full_elems, cost.itemsize)
+            return self.custom_stage(rank, cost, d, slots)
         planner = step_planner(self.topology, cost)
         dim = self.topology.dims[d]
         p, stride = dim.npus, self.strides[d]
@@ -372,6 +383,31 @@ class NpuRoutes:
             )
             recvs.append(tuple(sorted({base + (c - k) % p * stride for k, _ in peers})))
             consumers.append(len({r for r, _ in to}))
+        return tuple(out), tuple(recvs), tuple(consumers)
+
+    def custom_stage(self, rank: int, cost: CostModel, d: int, slots) -> tuple:
+        """NPU `rank`'s rounds of a custom stage (`algorithms.Step`s, one per slot), as `stage` gives steps.
+
+        A slot's step is a transfer per message over its route (`route`: the sender's links,
+        the NPUs' on the way, the receiver's down-link and port in), then the longest of its
+        messages' hops (sent or received) times the dim's latency and the endpoint delay, as a
+        built-in step's; it ends once its own transfers are through and the slot's messages from
+        its peers are too (an NPU that only receives in a slot waits for them; one with no
+        message in a slot goes on at once).
+        """
+        dim = self.topology.dims[d]
+        _, base = self.coord(rank, d)
+        stride = self.strides[d]
+        out, recvs, consumers = [], [], []
+        for slot in slots:
+            sends = [(base + q * stride, b - a) for q, a, b in slot.sends]
+            froms = sorted({base + q * stride for q, _, _ in slot.recvs})
+            transfers = tuple(Transfer(float(n * cost.itemsize), self.route(rank, dst)) for dst, n in sends)
+            hops = [len(t.hops) for t in transfers] + [len(self.route(src, rank)) for src in froms]
+            delay_ns = max(hops) * dim.latency_ns + cost.endpoint_delay_ns if hops else 0.0
+            out.append(rated(Step(transfers, delay_ns), self.capacity))
+            recvs.append(tuple(froms))
+            consumers.append(len({dst for dst, _ in sends}))
         return tuple(out), tuple(recvs), tuple(consumers)
 
     def route(self, src: int, dst: int) -> tuple[Usage, ...]:

@@ -290,7 +290,8 @@ class World(Greenlets):
         """A stage's steps on NPU `rank`'s links, per step its senders and its receivers' count.
 
         With classes, on its class's links weighed (`classes.Classes.step`); a pattern they were
-        not refined by stops the run (`classes.Unproven`).
+        not refined by stops the run (`classes.Unproven`), and so does a dim's custom stage whose
+        NPUs' rounds differ (`routes.NpuRoutes.custom`: no pattern refines by it; every NPU runs).
         """
         cost = self.cost(itemsize)
         steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
@@ -299,7 +300,7 @@ class World(Greenlets):
             return self.rule.prepared(steps), recvs, consumers
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
-        if pattern not in classes.patterns:
+        if pattern not in classes.patterns or self.routes.custom(d) is not None:
             raise Unproven(pattern)
         c, base = self.routes.coord(rank, d)
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
