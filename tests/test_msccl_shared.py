@@ -5,12 +5,13 @@ shares, a dim's custom stage runs as a flow of its rounds over one NPU's links a
 stages (`run.custom.DimStages.flow`). The built-in ring exported is the same algorithm as the
 built-in ring, so it must take the same time to the ns, on the model and on the emulator; and
 the policies' estimates see the file (`policies.base.PolicyContext.stage_ns`, `custom_scale`).
+Files whose NPUs' rounds differ run each NPU's rounds on every NPU's links (`DimStages.npu_steps`).
 """
 
 import re
 
 import pytest
-from harness import cli, local
+from harness import cli, cli_jobs, local
 from test_msccl_dim import exported_stages
 from test_msccl_run import rows_of, run_args
 
@@ -20,7 +21,8 @@ from themis_mpi.config import RunConfig
 from themis_mpi.errors import UsageError
 from themis_mpi.policies import policy_context
 from themis_mpi.policies.inter import Themis
-from themis_mpi.run.custom import dim_stages
+from themis_mpi.run.custom import DimStages, dim_stages
+from themis_mpi.timing.planner import ONE_NPU, WORLD, Run, plan
 from themis_mpi.topology import parse_topology
 
 SWITCH = "SW(4,100,500)_SW(2,50,1000)"
@@ -90,12 +92,90 @@ def test_emulator_equals_model_with_active_chunks_and_a_shared_port(ring, tmp_pa
         assert model.time_us == pytest.approx(builtin.time_us, rel=1e-12)
 
 
-def test_a_file_one_npu_cannot_stand_for_is_refused_where_stages_share(exported, tmp_path):
-    """Files one NPU's rounds cannot time: one line where stages share links, and they run alone.
+RING = "Ring(4,100,500)_SW(2,50,1000)"
+FC = "FC(4,100,500)_SW(2,50,1000)"
+FC_PORT = "FC(4,100,500)_SW(2,50,1000)_NIC(0+1,40)"
 
-    A synthesized Ring(4) file, whose NPUs send differently round by round; and the exported
-    direct, whose data moves one message a round where its threadblocks send at once: its
-    rounds alone take two more latencies of the Switch (2 x 2 hops x 500 ns) than its programs.
+
+def simulator(topology: str, first: str, network: str, active: int) -> str:
+    """What times a 1 MiB all-reduce with `first` on dim 0 (`timing.planner.plan`), its stages held."""
+    topo = parse_topology(f"{topology.replace(')_', f',{first})_', 1)}")
+    config = RunConfig(network=network, active_per_dim=active)
+    collective = Collective.of_bytes("all_reduce", 2**20, "float64", 4, (0, 1))
+    with dim_stages(topo, config, collective, prove=True):
+        return plan(Run(topo, config)).simulator
+
+
+@pytest.mark.parametrize("network", ["fair", "packet", "store-forward"])
+@pytest.mark.parametrize(
+    "algorithm,topology",
+    [("ring", SWITCH), ("ring", SHARED_PORT), ("ring", RING), ("halving_doubling", SWITCH)]
+    + [("halving_doubling", SHARED_PORT)],  # (its partners differ NPU by NPU on a Ring: no one NPU's view)
+)
+def test_every_npus_rounds_are_one_npus_view_where_the_file_is_symmetric(
+    exported, monkeypatch, network, topology, algorithm
+):
+    """Every NPU's links running each NPU's rounds give one NPU's view to the ns where that view is exact.
+
+    The exported ring (and halving-doubling, symmetric on a Switch) run both ways: as one
+    NPU's flow (`DimStages.flow`), and forced onto every NPU's links as if its NPUs' rounds
+    differed (`DimStages.npu_steps`, `routes.NpuRoutes.custom_stage`), 2 active chunks a dim.
+    """
+    spec = exported[algorithm]
+    one = row(topology, "all_reduce", network, 2, "baseline", spec)
+    assert simulator(topology, spec, network, 2) == ONE_NPU
+    monkeypatch.setattr(DimStages, "asymmetric", lambda self: 1)
+    assert simulator(topology, spec, network, 2) == WORLD
+    every = row(topology, "all_reduce", network, 2, "baseline", spec)
+    assert every.time_us == pytest.approx(one.time_us, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", ["fair", "packet"])
+@pytest.mark.parametrize("topology,active", [(FC, 2), (FC_PORT, 1), (FC_PORT, 2)])
+def test_exported_halving_doubling_on_a_fully_connected_dim_takes_the_builtins_time(
+    exported, network, topology, active
+):
+    """Its XOR partners differ NPU by NPU, so every NPU's links run it; each message has its own link.
+
+    The built-in halving-doubling sends each step to its partner's link too, so the times are
+    the same to the ns, with 2 active chunks a dim and with a NIC shared by both dims.
+    """
+    spec = exported["halving_doubling"]
+    assert simulator(topology, spec, network, active) == WORLD
+    mine = row(topology, "all_reduce", network, active, "baseline", spec)
+    builtin = row(topology, "all_reduce", network, active, "baseline", "halving_doubling")
+    assert mine.time_us == pytest.approx(builtin.time_us, rel=1e-12)
+    assert [x.name for x in mine.links] == [x.name for x in builtin.links]
+    for a, b in zip(mine.links, builtin.links):
+        assert a.bytes == pytest.approx(b.bytes, rel=1e-12), a.name
+
+
+@pytest.mark.parametrize("network", ["fair", "packet"])
+def test_exported_halving_doubling_on_a_ring_dim_runs_within_its_links(exported, network):
+    """On a Ring its partner 2 away is 2 hops the same way (ties clockwise) for every NPU: no link over 100 %.
+
+    Its messages are routed hop by hop, where the built-in halving-doubling on a Ring spreads
+    each step half each way over its own links (one NPU's view), so the two differ: the file
+    loads its clockwise links and takes longer. With stages sharing the links it takes longer
+    than alone.
+    """
+    spec = exported["halving_doubling"]
+    shared = row(RING, "all_reduce", network, 2, "baseline", spec)
+    alone = row(RING, "all_reduce", network, 1, "baseline", spec)
+    assert shared.links and all(link.busy_pct <= 100 + 1e-9 for link in shared.links)
+    assert shared.time_us > row(RING, "all_reduce", network, 2, "baseline", "halving_doubling").time_us
+    assert shared.time_us != alone.time_us
+
+
+def test_files_whose_rounds_outrun_their_programs_are_refused_where_stages_share(exported, tmp_path):
+    """A file whose rounds move its data later than its programs do: one line where stages share links.
+
+    A round takes a message only with the receive it pairs with. The exported direct reduces
+    its receives into one chunk in turn, so its rounds take one message at a time where its
+    threadblocks send at once: on a Switch (one NPU's view) two more latencies of the Switch (2 x
+    2 hops x 500 ns); on a Ring (every NPU's rounds) its messages one link at a time. A
+    synthesized Ring(4) file whose NPU sends twice to a peer that takes the second in a later
+    round likewise. Each runs alone (one active chunk, no shared port).
     """
     with pytest.raises(UsageError, match="its rounds alone take") as refused:
         row(SHARED_PORT, "all_reduce", "fair", 1, "baseline", exported["direct"])
@@ -103,27 +183,39 @@ def test_a_file_one_npu_cannot_stand_for_is_refused_where_stages_share(exported,
     assert rounds_us - programs_us == pytest.approx(2 * 2 * 0.5)
     assert len(str(refused.value).splitlines()) == 1
     assert row(SWITCH, "all_reduce", "fair", 1, "baseline", exported["direct"]).time_us > 0
+    with pytest.raises(UsageError, match="every NPU's rounds alone take") as refused:
+        row(RING, "all_reduce", "packet", 2, "baseline", exported["direct"])
+    rounds_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", str(refused.value)))
+    assert rounds_us > programs_us
     paths = []
     for op in ("reduce_scatter", "all_gather"):
         paths.append(tmp_path / f"syn_{op}.xml")
         proc = local(["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(paths[-1])])
         assert proc.returncode == 0, proc.stderr
     spec = "msccl:" + "+".join(map(str, paths))
-    base = [
-        "model",
-        "-t",
-        "Ring(4,100,500)_SW(2,50,1000)",
-        "-b",
-        "1M",
-        "-c",
-        "4",
-        "--algorithm",
-        f"{spec},direct",
-    ]
+    base = ["model", "-t", RING, "-b", "1M", "-c", "4", "--algorithm", f"{spec},direct"]
     proc = local([*base, "--network", "fair", "--active-chunks-per-dim", "2"])
-    assert proc.returncode == 2 and "not rotation-symmetric" in proc.stderr
+    assert proc.returncode == 2 and "every NPU's rounds alone take" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert local([*base, "--network", "fair"]).returncode == 0
+
+
+def test_emulator_replays_every_npus_rounds(exported, tmp_path):
+    """Under mpiexec -n 8, the exported halving-doubling on a Ring dim, 2 active chunks: #wrong 0, the model's time."""
+    spec = exported["halving_doubling"]
+    runs = {}
+    for network in ("fair", "packet"):
+        args = run_args(RING, "all_reduce", "1M", f"{spec},direct", network, tmp_path / f"{network}.json", 4)
+        runs[network] = (8, [*args, "--active-chunks-per-dim", "2"])
+    done = cli_jobs(runs, tmp_path)
+    for network, proc in done.items():
+        assert proc.returncode == 0, proc.stderr
+        (got,) = rows_of(tmp_path / f"{network}.json")
+        model = sweep(
+            RING, "1M", "baseline", 4, network=network, active_per_dim=2, algorithm=[spec, "direct"]
+        )[0]
+        assert got["wrong"] == 0
+        assert got["time_us"] == pytest.approx(model.time_us, rel=1e-12)
 
 
 def themis_orders(topology: str, collective: Collective, config: RunConfig):
