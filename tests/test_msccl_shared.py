@@ -95,6 +95,7 @@ def test_emulator_equals_model_with_active_chunks_and_a_shared_port(ring, tmp_pa
 RING = "Ring(4,100,500)_SW(2,50,1000)"
 FC = "FC(4,100,500)_SW(2,50,1000)"
 FC_PORT = "FC(4,100,500)_SW(2,50,1000)_NIC(0+1,40)"
+RING_PORT = "Ring(4,100,500)_SW(2,50,1000)_NIC(0+1,40)"
 
 
 def simulator(topology: str, first: str, network: str, active: int) -> str:
@@ -167,15 +168,45 @@ def test_exported_halving_doubling_on_a_ring_dim_runs_within_its_links(exported,
     assert shared.time_us != alone.time_us
 
 
-def test_files_whose_rounds_outrun_their_programs_are_refused_where_stages_share(exported, tmp_path):
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory) -> str:
+    """`themis-mpi synthesize` on Ring(4): its reduce-scatter (by reversal) and all-gather, dim 0's spec."""
+    out = tmp_path_factory.mktemp("synthesized")
+    paths = []
+    for op in ("reduce_scatter", "all_gather"):
+        paths.append(out / f"syn_{op}.xml")
+        proc = local(["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(paths[-1])])
+        assert proc.returncode == 0, proc.stderr
+    return "msccl:" + "+".join(map(str, paths))
+
+
+@pytest.mark.parametrize("network", ["fair", "packet"])
+@pytest.mark.parametrize("topology,active", [(RING, 2), (RING_PORT, 1)])
+def test_a_synthesized_all_gather_shares_a_ring_dim_within_its_links(synthesized, network, topology, active):
+    """Its NPUs' rounds differ: every NPU's links run them among the other stages, no link over 100 %.
+
+    Its rounds carry what its programs carry alone (one active chunk, no shared port): each of
+    dim 0's links the same bytes.
+    """
+    assert simulator(topology, synthesized, network, active) == WORLD
+    kw = dict(op="all_gather", network=network, algorithm=[synthesized, "direct"])
+    shared = sweep(topology, "1M", "baseline", 4, active_per_dim=active, **kw)[0]
+    alone = sweep(RING, "1M", "baseline", 4, active_per_dim=1, **kw)[0]
+    assert shared.links and all(link.busy_pct <= 100 + 1e-9 for link in shared.links)
+    carried = {link.name: link.bytes for link in alone.links if link.name.startswith("dim0.")}
+    assert carried and {x.name: x.bytes for x in shared.links if x.name in carried} == pytest.approx(carried)
+
+
+def test_files_whose_rounds_outrun_their_programs_are_refused_where_stages_share(exported, synthesized):
     """A file whose rounds move its data later than its programs do: one line where stages share links.
 
     A round takes a message only with the receive it pairs with. The exported direct reduces
     its receives into one chunk in turn, so its rounds take one message at a time where its
     threadblocks send at once: on a Switch (one NPU's view) two more latencies of the Switch (2 x
     2 hops x 500 ns); on a Ring (every NPU's rounds) its messages one link at a time. A
-    synthesized Ring(4) file whose NPU sends twice to a peer that takes the second in a later
-    round likewise. Each runs alone (one active chunk, no shared port).
+    synthesized Ring(4) reduce-scatter (an all-gather reversed), whose NPU sends twice to a peer
+    that takes the second in a later round, likewise. Each runs alone (one active chunk, no
+    shared port).
     """
     with pytest.raises(UsageError, match="its rounds alone take") as refused:
         row(SHARED_PORT, "all_reduce", "fair", 1, "baseline", exported["direct"])
@@ -187,35 +218,33 @@ def test_files_whose_rounds_outrun_their_programs_are_refused_where_stages_share
         row(RING, "all_reduce", "packet", 2, "baseline", exported["direct"])
     rounds_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", str(refused.value)))
     assert rounds_us > programs_us
-    paths = []
-    for op in ("reduce_scatter", "all_gather"):
-        paths.append(tmp_path / f"syn_{op}.xml")
-        proc = local(["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(paths[-1])])
-        assert proc.returncode == 0, proc.stderr
-    spec = "msccl:" + "+".join(map(str, paths))
-    base = ["model", "-t", RING, "-b", "1M", "-c", "4", "--algorithm", f"{spec},direct"]
+    base = ["model", "-t", RING, "-b", "1M", "-c", "4", "--algorithm", f"{synthesized},direct"]
     proc = local([*base, "--network", "fair", "--active-chunks-per-dim", "2"])
     assert proc.returncode == 2 and "every NPU's rounds alone take" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert local([*base, "--network", "fair"]).returncode == 0
 
 
-def test_emulator_replays_every_npus_rounds(exported, tmp_path):
-    """Under mpiexec -n 8, the exported halving-doubling on a Ring dim, 2 active chunks: #wrong 0, the model's time."""
-    spec = exported["halving_doubling"]
+def test_emulator_replays_every_npus_rounds(exported, synthesized, tmp_path):
+    """Under mpiexec -n 8 (one job), 2 active chunks on a Ring dim: #wrong 0 and the model's time.
+
+    The exported halving-doubling's all-reduce and the synthesized all-gather, under fair and packet.
+    """
+    files = (("hd", "all_reduce", exported["halving_doubling"]), ("syn", "all_gather", synthesized))
+    cases = {(name, network): (op, spec) for name, op, spec in files for network in ("fair", "packet")}
     runs = {}
-    for network in ("fair", "packet"):
-        args = run_args(RING, "all_reduce", "1M", f"{spec},direct", network, tmp_path / f"{network}.json", 4)
-        runs[network] = (8, [*args, "--active-chunks-per-dim", "2"])
-    done = cli_jobs(runs, tmp_path)
-    for network, proc in done.items():
+    for (name, network), (op, spec) in cases.items():
+        args = run_args(RING, op, "1M", f"{spec},direct", network, tmp_path / f"{name}-{network}.json", 4)
+        runs[name, network] = (8, [*args, "--active-chunks-per-dim", "2"])
+    for (name, network), proc in cli_jobs(runs, tmp_path).items():
         assert proc.returncode == 0, proc.stderr
-        (got,) = rows_of(tmp_path / f"{network}.json")
-        model = sweep(
-            RING, "1M", "baseline", 4, network=network, active_per_dim=2, algorithm=[spec, "direct"]
-        )[0]
+        (got,) = rows_of(tmp_path / f"{name}-{network}.json")
+        op, spec = cases[name, network]
+        kw = dict(op=op, network=network, active_per_dim=2, algorithm=[spec, "direct"])
+        model = sweep(RING, "1M", "baseline", 4, **kw)[0]
+        assert simulator(RING, spec, network, 2) == WORLD
         assert got["wrong"] == 0
-        assert got["time_us"] == pytest.approx(model.time_us, rel=1e-12)
+        assert got["time_us"] == pytest.approx(model.time_us, rel=1e-12), (name, network)
 
 
 def themis_orders(topology: str, collective: Collective, config: RunConfig):
