@@ -17,7 +17,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..algorithms import CustomStage, custom_stage
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, ring_both_ways, steps
 from ..topology import Topology
 from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links, rated
@@ -335,22 +334,12 @@ class NpuRoutes:
         c = (rank // stride) % self.topology.dims[d].npus
         return c, rank - c * stride
 
-    def custom(self, d: int) -> CustomStage | None:
-        """Dim d's custom stage where it runs each NPU by its own rounds (`CustomStage.every_npu`)."""
-        custom = custom_stage(self.topology.dims[d])
-        return custom if custom is not None and custom.every_npu else None
-
     def stage(self, rank: int, cost: CostModel, d: int, op: str, full_elems: int) -> tuple:
         """A stage's steps on NPU `rank`'s links (and its receivers'), and per step its peers.
 
         Returns the steps, per step the NPUs it receives from, and per step how many NPUs
-        receive from it. A dim's custom stage that runs on every NPU's links (`custom`) is the
-        NPU's own rounds (`custom_stage`).
+        receive from it.
         """
-        custom = self.custom(d)
-        if custom is not None:
-            slots = custom.npu_steps(op, self.coord(rank, d)[0], full_elems, cost.itemsize)
-            return self.custom_stage(rank, cost, d, slots)
         planner = step_planner(self.topology, cost)
         dim = self.topology.dims[d]
         p, stride = dim.npus, self.strides[d]
@@ -386,7 +375,10 @@ class NpuRoutes:
         return tuple(out), tuple(recvs), tuple(consumers)
 
     def custom_stage(self, rank: int, cost: CostModel, d: int, slots) -> tuple:
-        """NPU `rank`'s rounds of a custom stage (`algorithms.Step`s, one per slot), as `stage` gives steps.
+        """NPU `rank`'s rounds of a dim's custom stage, as `stage` gives a built-in stage's.
+
+        `slots` are its steps, one per slot of a round (`algorithms.CustomStage.npu_steps`: the
+        ranges it sends to and receives from coordinates of the dim).
 
         A slot's step is a transfer per message over its route (`route`: the sender's links,
         the NPUs' on the way, the receiver's down-link and port in), then the longest of its
