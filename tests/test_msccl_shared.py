@@ -131,7 +131,7 @@ def test_every_npus_rounds_are_one_npus_view_where_the_file_is_symmetric(
     assert every.time_us == pytest.approx(one.time_us, rel=1e-12)
 
 
-@pytest.mark.parametrize("network", ["fair", "packet"])
+@pytest.mark.parametrize("network", ["fair", "packet", "store-forward"])
 @pytest.mark.parametrize("topology,active", [(FC, 2), (FC_PORT, 1), (FC_PORT, 2)])
 def test_exported_halving_doubling_on_a_fully_connected_dim_takes_the_builtins_time(
     exported, network, topology, active
@@ -223,6 +223,10 @@ def test_files_whose_rounds_outrun_their_programs_are_refused_where_stages_share
     assert proc.returncode == 2 and "every NPU's rounds alone take" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert local([*base, "--network", "fair"]).returncode == 0
+    # a round where an NPU sends nothing is a step of no transfers, which store-forward does not take
+    proc = local([*base, "-o", "all_gather", "--network", "store-forward", "--active-chunks-per-dim", "2"])
+    assert proc.returncode == 2 and "store-forward does not take a step without transfers" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_emulator_replays_every_npus_rounds(exported, synthesized, tmp_path):

@@ -41,7 +41,7 @@ from ..timing.links import Flow, Transfer, physical_links, rated
 from ..timing.links import Step as LinkStep
 from ..timing.programs import ProgramTimes, time_programs
 from ..timing.routes import NpuRoutes, StepPlanner, step_planner
-from ..timing.rules import IDEAL, rule_class
+from ..timing.rules import IDEAL, STORE_FORWARD, rule_class
 from ..timing.symmetric import Symmetric
 from ..timing.world import World, _Stage
 from ..topology import Topology
@@ -244,9 +244,17 @@ class DimStages:
 
     def _check_rounds(self, op: str, full_elems: int, itemsize: int) -> None:
         """Every rank's rounds alone on the dim's own links against its programs there (`npu_steps`)."""
+        every = self._npu_slots(op, full_elems)
+        idle = next(((c, k) for c, ks in enumerate(every) for k, x in enumerate(ks) if not x.sends), None)
+        if idle is not None and self.config.network == STORE_FORWARD:
+            raise UsageError(
+                f"{self._sources(op)}: NPU {idle[0]} of dim {self.d} sends nothing in step {idle[1]} of its "
+                "rounds, and --network store-forward does not take a step without transfers; use "
+                "--network fair or packet, or --active-chunks-per-dim 1 on a dim that shares no port"
+            )
         cost = self.cost(itemsize)
         routes, world = NpuRoutes(self.alone), World(self.alone, self.config, replayable=False)
-        for c, slots in enumerate(self._npu_slots(op, full_elems)):
+        for c, slots in enumerate(every):
             steps, recvs, consumers = routes.custom_stage(c, cost, 0, slots)
             owner = _Stage(c, None, (op, full_elems), recvs, consumers)  # type: ignore[arg-type]
             world.rule.start(Flow(owner, world.rule.prepared(steps)))
@@ -257,13 +265,16 @@ class DimStages:
     def _same_time(self, op: str, whose: str, rounds_ns: float, alone_ns: float) -> None:
         """Refuse in one line a stage whose rounds alone do not end when its programs alone do."""
         if abs(rounds_ns - alone_ns) > 1e-9 * alone_ns:
-            names = "+".join(custom.source for custom in self._parts(op))
             raise UsageError(
-                f"{names}: {whose} alone take {rounds_ns / 1e3:.2f} us on dim {self.d}, its programs "
-                f"{alone_ns / 1e3:.2f} us (its threadblocks run at once where its data goes a round "
+                f"{self._sources(op)}: {whose} alone take {rounds_ns / 1e3:.2f} us on dim {self.d}, its "
+                f"programs {alone_ns / 1e3:.2f} us (its threadblocks run at once where its data goes a round "
                 "at a time), so it cannot share the dim's links with other stages here; use "
                 "--active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
             )
+
+    def _sources(self, op: str) -> str:
+        """The stage's files, as a refusal names them."""
+        return "+".join(custom.source for custom in self._parts(op))
 
     def _npu_slots(self, op: str, full_elems: int) -> list[list[Step]]:
         """Every rank's steps of `npu_steps`, by coordinate (not checked)."""
