@@ -13,8 +13,8 @@ schedules instead: their steps move the data through the MPI transport's stage p
 time is the file's programs on the dim alone, which one NPU's view takes as the stage's end;
 where stages may share the dim's links (several at once, a shared port) under a sharing rule,
 one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`DimStages.flow`),
-or, for files whose NPUs' rounds differ, every NPU's links run each NPU's own rounds
-(`DimStages.npu_steps`, `timing.routes.NpuRoutes.stage`).
+or, for files whose NPUs' rounds differ, every NPU's links run each NPU's messages level by
+level as its programs send them (`DimStages.npu_steps`, `timing.routes.NpuRoutes.custom_stage`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..config import RunConfig
 from ..cost import AG, RS
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
-from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_slots, stage_steps
+from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_levels, stage_steps
 from ..msccl.timing import reduction_ns
 from ..nccl import custom_topology
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
@@ -204,7 +204,8 @@ class DimStages:
     ahead, as the ring's do; on a Switch the same bytes out and in each round, as
     halving-doubling's too), and their rounds alone must take their programs' time (`flow`):
     one line otherwise. Files whose NPUs' rounds differ (`asymmetric`) run on every NPU's links
-    instead (`every_npu`: the planner chooses them), each NPU by its own rounds (`npu_steps`).
+    instead (`every_npu`: the planner chooses them), each NPU by its own messages, level by
+    level as its programs send them (`npu_steps`).
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
@@ -219,8 +220,8 @@ class DimStages:
         self._names = [f"dim{d}." + link.name.split(".", 1)[1] for link in physical_links(self.alone)]
         self._runs: dict[tuple[str, int, int], tuple[float, float, dict[str, float]]] = {}
         self.every_npu = self.shared and self.asymmetric() is not None
-        self._slots: dict[tuple[str, int], list[list[Step]]] = {}
-        self._checked: set[tuple[str, int, int]] = set()  # (op, elements, itemsize) whose rounds were checked
+        self._by_level: dict[tuple[str, int], list[list[Step]]] = {}
+        self._checked: set[tuple[str, int, int]] = set()  # (op, elements, itemsize) whose levels were checked
 
     def _parts(self, op: str) -> list[Custom]:
         return [self.files[op]] if op in self.files else [self.files[RS], self.files[AG]]
@@ -230,64 +231,58 @@ class DimStages:
         return [step for custom in self._parts(op) for step in stage_steps(custom, c, lo, hi)]
 
     def npu_steps(self, op: str, c: int, full_elems: int, itemsize: int) -> list[Step]:
-        """The rank at coordinate c's steps, one per slot where some rank of the dim has a message.
+        """The rank at coordinate c's steps: its files' levels in turn (`msccl.custom.stage_levels`).
 
-        Slots are `msccl.custom.stage_slots`'s, file after file: slot k is the same part of the
-        same round on every rank, so what a rank sends in its slot k its peer receives in its own.
-        Every rank's rounds alone on the dim's links must end when the file's programs alone do
-        (as `flow` checks one NPU's), or the stage is refused in one line.
+        Level k is the same level of the same file on every rank, so what a rank sends in its
+        step k its peer receives in its own. Every rank's levels alone on the dim's links must
+        end when the files' programs alone do (as `flow` checks one NPU's rounds), or the stage
+        is refused in one line.
         """
         if (op, full_elems, itemsize) not in self._checked:
-            self._check_rounds(op, full_elems, itemsize)
+            self._check_levels(op, full_elems, itemsize)
             self._checked.add((op, full_elems, itemsize))
-        return self._npu_slots(op, full_elems)[c]
+        return self._levels(op, full_elems)[c]
 
-    def _check_rounds(self, op: str, full_elems: int, itemsize: int) -> None:
-        """Every rank's rounds alone on the dim's own links against its programs there (`npu_steps`)."""
-        every = self._npu_slots(op, full_elems)
+    def _check_levels(self, op: str, full_elems: int, itemsize: int) -> None:
+        """Every rank's levels alone on the dim's own links against its programs there (`npu_steps`)."""
+        every = self._levels(op, full_elems)
         idle = next(((c, k) for c, ks in enumerate(every) for k, x in enumerate(ks) if not x.sends), None)
         if idle is not None and self.config.network == STORE_FORWARD:
             raise UsageError(
-                f"{self._sources(op)}: NPU {idle[0]} of dim {self.d} sends nothing in step {idle[1]} of its "
-                "rounds, and --network store-forward does not take a step without transfers; use "
+                f"{self._sources(op)}: NPU {idle[0]} of dim {self.d} sends nothing in level {idle[1]} of "
+                "its programs, and --network store-forward does not take a step without transfers; use "
                 "--network fair or packet, or --active-chunks-per-dim 1 on a dim that shares no port"
             )
         cost = self.cost(itemsize)
         routes, world = NpuRoutes(self.alone), World(self.alone, self.config, replayable=False)
-        for c, slots in enumerate(every):
-            steps, recvs, consumers = routes.custom_stage(c, cost, 0, slots)
+        for c, levels in enumerate(every):
+            steps, recvs, consumers = routes.custom_stage(c, cost, 0, levels)
             owner = _Stage(c, None, (op, full_elems), recvs, consumers)  # type: ignore[arg-type]
             world.rule.start(Flow(owner, world.rule.prepared(steps)))
         while world.loop.step(math.inf, world.rule):  # (the rule's own events too: `fair` moves)
             pass
-        self._same_time(op, "every NPU's rounds", world.now_ns, self.time_ns(op, full_elems, itemsize))
+        self._same_time(op, "every NPU's levels", world.now_ns, self.time_ns(op, full_elems, itemsize))
 
-    def _same_time(self, op: str, whose: str, rounds_ns: float, alone_ns: float) -> None:
-        """Refuse in one line a stage whose rounds alone do not end when its programs alone do."""
-        if abs(rounds_ns - alone_ns) > 1e-9 * alone_ns:
+    def _same_time(self, op: str, whose: str, steps_ns: float, alone_ns: float, why: str = "") -> None:
+        """Refuse in one line a stage whose steps alone do not end when its programs alone do."""
+        if abs(steps_ns - alone_ns) > 1e-9 * alone_ns:
             raise UsageError(
-                f"{self._sources(op)}: {whose} alone take {rounds_ns / 1e3:.2f} us on dim {self.d}, its "
-                f"programs {alone_ns / 1e3:.2f} us (its threadblocks run at once where its data goes a round "
-                "at a time), so it cannot share the dim's links with other stages here; use "
-                "--active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
+                f"{self._sources(op)}: {whose} alone take {steps_ns / 1e3:.2f} us on dim {self.d}, its "
+                f"programs {alone_ns / 1e3:.2f} us{why}, so it cannot share the dim's links with other "
+                "stages here; use --active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
             )
 
     def _sources(self, op: str) -> str:
         """The stage's files, as a refusal names them."""
         return "+".join(custom.source for custom in self._parts(op))
 
-    def _npu_slots(self, op: str, full_elems: int) -> list[list[Step]]:
+    def _levels(self, op: str, full_elems: int) -> list[list[Step]]:
         """Every rank's steps of `npu_steps`, by coordinate (not checked)."""
         key = (op, full_elems)
-        if key not in self._slots:
-            p = self.topology.dims[self.d].npus
-            ranks = [
-                [slot for custom in self._parts(op) for slot in stage_slots(custom, q, 0, full_elems)]
-                for q in range(p)
-            ]
-            used = [k for k in range(len(ranks[0])) if any(r[k].sends or r[k].recvs for r in ranks)]
-            self._slots[key] = [[r[k] for k in used] for r in ranks]
-        return self._slots[key]
+        if key not in self._by_level:
+            parts = [stage_levels(custom, 0, full_elems) for custom in self._parts(op)]
+            self._by_level[key] = [[step for part in parts for step in part[c]] for c in range(len(parts[0]))]
+        return self._by_level[key]
 
     def _run(self, op: str, full_elems: int, itemsize: int) -> tuple[float, float, dict[str, float]]:
         """One stage alone on the dim's links: its time, NPU 0's bytes sent, its links' bytes carried."""
@@ -345,7 +340,8 @@ class DimStages:
             solo = Symmetric(self.alone, self.config, self.cost)
             solo.rule.start(Flow(None, *flow))
             alone_ns = self.time_ns(op, full_elems, cost.itemsize)
-            self._same_time(op, "its rounds", solo.next(math.inf)[0], alone_ns)
+            why = " (its threadblocks run at once where its data goes a round at a time)"
+            self._same_time(op, "its rounds", solo.next(math.inf)[0], alone_ns, why)
         return self._flows[key]
 
     def _steps(self, op: str, full_elems: int, planner: StepPlanner, d: int) -> LinkFlow:

@@ -19,7 +19,7 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
 - A dim's custom files whose NPUs' rounds differ, where its stages share links under a sharing
-  rule (`algorithms.CustomStage.every_npu`): every NPU's links, each NPU by its own rounds
+  rule (`algorithms.CustomStage.every_npu`): every NPU's links, each NPU by its own levels
   (`WORLD`); on the emulator each rank replays that run.
 - A collective a custom algorithm runs (``--algorithm msccl:FILE``): every NPU's program on
   every NPU's links of its group, under any rule (`programs`, `CUSTOM`); the model and every

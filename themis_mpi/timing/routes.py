@@ -374,26 +374,25 @@ class NpuRoutes:
             consumers.append(len({r for r, _ in to}))
         return tuple(out), tuple(recvs), tuple(consumers)
 
-    def custom_stage(self, rank: int, cost: CostModel, d: int, slots) -> tuple:
-        """NPU `rank`'s rounds of a dim's custom stage, as `stage` gives a built-in stage's.
+    def custom_stage(self, rank: int, cost: CostModel, d: int, levels) -> tuple:
+        """NPU `rank`'s steps of a dim's custom stage, as `stage` gives a built-in stage's.
 
-        `slots` are its steps, one per slot of a round (`algorithms.CustomStage.npu_steps`: the
-        ranges it sends to and receives from coordinates of the dim).
-
-        A slot's step is a transfer per message over its route (`route`: the sender's links,
-        the NPUs' on the way, the receiver's down-link and port in), then the longest of its
-        messages' hops (sent or received) times the dim's latency and the endpoint delay, as a
-        built-in step's; it ends once its own transfers are through and the slot's messages from
-        its peers are too (an NPU that only receives in a slot waits for them; one with no
-        message in a slot goes on at once).
+        `levels` are its steps, one per level (`algorithms.CustomStage.npu_steps`: the ranges it
+        sends to and receives from coordinates of the dim). A level's step is a transfer per
+        message over its route (`route`: the sender's links, on a Ring every NPU's on the way,
+        a Switch's down-link and the port in of the receiver), then the longest of its messages'
+        hops (sent or received) times the dim's latency and the endpoint delay, as a built-in
+        step's; it ends once its own transfers are through and the level's messages from its
+        peers are too (an NPU that only receives at a level waits for them; one with no message
+        there goes on at once).
         """
         dim = self.topology.dims[d]
         _, base = self.coord(rank, d)
         stride = self.strides[d]
         out, recvs, consumers = [], [], []
-        for slot in slots:
-            sends = [(base + q * stride, b - a) for q, a, b in slot.sends]
-            froms = sorted({base + q * stride for q, _, _ in slot.recvs})
+        for level in levels:
+            sends = [(base + q * stride, b - a) for q, a, b in level.sends]
+            froms = sorted({base + q * stride for q, _, _ in level.recvs})
             transfers = tuple(Transfer(float(n * cost.itemsize), self.route(rank, dst)) for dst, n in sends)
             hops = [len(t.hops) for t in transfers] + [len(self.route(src, rank)) for src in froms]
             delay_ns = max(hops) * dim.latency_ns + cost.endpoint_delay_ns if hops else 0.0

@@ -291,7 +291,7 @@ class World(Greenlets):
         """A stage's steps on NPU `rank`'s links, per step its senders and its receivers' count.
 
         A dim's custom files whose NPUs' rounds differ (`algorithms.CustomStage.every_npu`) are
-        the NPU's own rounds (`routes.NpuRoutes.custom_stage`). With classes, on its class's links
+        the NPU's own steps (`routes.NpuRoutes.custom_stage`). With classes, on its class's links
         weighed (`classes.Classes.step`); a pattern they were not refined by stops the run
         (`classes.Unproven`), and so do such files (no pattern refines by them: every NPU runs).
         """
@@ -300,8 +300,8 @@ class World(Greenlets):
         own = custom is not None and custom.every_npu
         classes = self.classes
         if classes is None and custom is not None and own:
-            slots = custom.npu_steps(op, self.routes.coord(rank, d)[0], full_elems, itemsize)
-            steps, recvs, consumers = self.routes.custom_stage(rank, cost, d, slots)
+            levels = custom.npu_steps(op, self.routes.coord(rank, d)[0], full_elems, itemsize)
+            steps, recvs, consumers = self.routes.custom_stage(rank, cost, d, levels)
             return self.rule.prepared(steps), recvs, consumers
         steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
         if classes is None:
