@@ -296,10 +296,9 @@ class World(Greenlets):
         (`classes.Unproven`), and so do such files (no pattern refines by them: every NPU runs).
         """
         cost = self.cost(itemsize)
-        custom = custom_stage(self.topology.dims[d])
-        own = custom is not None and custom.every_npu
         classes = self.classes
-        if classes is None and custom is not None and own:
+        custom = custom_stage(self.topology.dims[d])
+        if custom is not None and custom.every_npu and classes is None:
             levels = custom.npu_steps(op, self.routes.coord(rank, d)[0], full_elems, itemsize)
             steps, recvs, consumers = self.routes.custom_stage(rank, cost, d, levels)
             return self.rule.prepared(steps), recvs, consumers
@@ -308,7 +307,7 @@ class World(Greenlets):
             return self.rule.prepared(steps), recvs, consumers
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
-        if pattern not in classes.patterns or own:
+        if pattern not in classes.patterns or (custom is not None and custom.every_npu):
             raise Unproven(pattern)
         c, base = self.routes.coord(rank, d)
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
