@@ -11,7 +11,7 @@ Files whose NPUs' rounds differ run each NPU's levels on every NPU's links (`Dim
 import re
 
 import pytest
-from harness import cli, cli_jobs, local
+from harness import cli, cli_jobs, in_process
 from test_msccl_dim import exported_stages
 from test_msccl_run import rows_of, run_args
 
@@ -181,7 +181,7 @@ def synthesized(tmp_path_factory) -> str:
     paths = []
     for op in ("reduce_scatter", "all_gather"):
         paths.append(out / f"syn_{op}.xml")
-        proc = local(["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(paths[-1])])
+        proc = in_process(["synthesize", op, "-t", "Ring(4,100,500)", "-b", "1M", "--out", str(paths[-1])])
         assert proc.returncode == 0, proc.stderr
     return "msccl:" + "+".join(map(str, paths))
 
@@ -222,14 +222,16 @@ def test_files_whose_steps_are_not_their_programs_are_refused_where_stages_share
     assert len(str(refused.value).splitlines()) == 1
     assert row(SWITCH, "all_reduce", "fair", 1, "baseline", exported["direct"]).time_us > 0
     base = ["model", "-t", RING, "-b", "64M", "-c", "8", "--algorithm", f"{exported['direct']},direct"]
-    proc = local([*base, "--network", "packet", "--active-chunks-per-dim", "2"])
+    proc = in_process([*base, "--network", "packet", "--active-chunks-per-dim", "2"])
     assert proc.returncode == 2 and "every NPU's levels alone take" in proc.stderr
     levels_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", proc.stderr))
     assert levels_us != pytest.approx(programs_us, rel=1e-9)
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert local([*base, "--network", "packet"]).returncode == 0
+    assert in_process([*base, "--network", "packet"]).returncode == 0
     base = ["model", "-t", RING, "-b", "1M", "-c", "4", "--algorithm", f"{synthesized},direct"]
-    proc = local([*base, "-o", "all_gather", "--network", "store-forward", "--active-chunks-per-dim", "2"])
+    proc = in_process(
+        [*base, "-o", "all_gather", "--network", "store-forward", "--active-chunks-per-dim", "2"]
+    )
     assert proc.returncode == 2 and "store-forward does not take a step without transfers" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
