@@ -162,8 +162,9 @@ def test_exported_files_on_a_ring_dim_run_within_its_links(exported, algorithm, 
     """On a Ring their messages go the shorter way round hop by hop (ties clockwise): no link over 100 %.
 
     The built-in halving-doubling and direct on a Ring spread each step half each way over the
-    sender's own links (one NPU's view), so the files differ from them: they load the clockwise
-    links and take longer. With stages sharing the links the time differs from one at a time.
+    sender's own links (one NPU's view), so the files differ from them: a message 2 away loads
+    two clockwise links, and they take longer. With stages sharing the links the time differs
+    from one stage at a time.
     """
     spec = exported[algorithm]
     assert simulator(RING, spec, network, 2) == WORLD
