@@ -40,7 +40,22 @@ class Step:
 
 
 class CustomStage(Protocol):
-    """A custom algorithm as one dim's stages (`msccl.custom.DimAlgorithm` is one)."""
+    """A custom algorithm as one dim's stages (`run.custom.DimStages` is one).
+
+    Attributes:
+        every_npu: its stages run on every NPU's links, each NPU by its own steps
+            (`npu_steps`): one NPU's view cannot stand for the file where stages share links.
+    """
+
+    every_npu: bool
+
+    def npu_steps(self, op: str, c: int, full_elems: int, itemsize: int) -> list[Step]:
+        """The rank at coordinate c's steps of a stage on every NPU's links, one per level.
+
+        Step k of every rank of the dim is the same level (a step with no messages where the
+        rank has none), so a message sent in a rank's step k is received in its peer's.
+        """
+        ...
 
     def steps(self, op: str, c: int, lo: int, hi: int) -> list[Step]:
         """The steps of the rank at coordinate c on ``[lo, hi)``, as `plan` gives them."""

@@ -438,10 +438,7 @@ def stage_steps(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
     copied ones (received apart, stored once its sends are done); each send goes with its
     receiver's kind. Messages of a step are ordered by (peer, channel, place) on both sides.
     """
-    algo = custom.algo
-    p, k = algo.ngpus, algo.nchunksperloop // algo.ngpus
-    blocks = block_bounds(lo, hi, p)
-    bounds = [x for b in range(p) for x in block_bounds(blocks[b], blocks[b + 1], k)[:-1]] + [hi]
+    bounds = _chunk_bounds(custom, lo, hi)
     rounds = stage_rounds(custom)
     steps = []
     for ranks in rounds:
@@ -457,6 +454,49 @@ def stage_steps(custom: Custom, c: int, lo: int, hi: int) -> list[Step]:
                     )
                 )
     return steps
+
+
+def _chunk_bounds(custom: Custom, lo: int, hi: int) -> list[int]:
+    """Where each storage chunk of a stage on ``[lo, hi)`` starts (and the region's end): `stage_steps`."""
+    algo = custom.algo
+    p, k = algo.ngpus, algo.nchunksperloop // algo.ngpus
+    blocks = block_bounds(lo, hi, p)
+    return [x for b in range(p) for x in block_bounds(blocks[b], blocks[b + 1], k)[:-1]] + [hi]
+
+
+def stage_levels(custom: Custom, lo: int, hi: int) -> list[list[Step]]:
+    """Every GPU's messages level by level, as its programs send them: per GPU, a step per level.
+
+    As `timing.programs` runs a file, a step starts once its threadblock's previous step has
+    ended (a send ends when its message has arrived), its waits have, and the message it
+    receives has arrived. A message sent at level L arrives at L + 1: a step's level is the
+    longest such chain of messages before it. Level L of a GPU is a step of the messages it
+    sends at L (`Step.sends`) and of those it receives that were sent at L (`Step.recvs`, empty
+    where it has none), so every NPU's links time the levels in turn, each NPU waiting for what
+    it receives (`timing.routes.NpuRoutes.custom_stage`). Unlike `stage_rounds` (the data's
+    steps), a send does not wait for its receiver's turn: a sender ahead of its peer runs ahead.
+    """
+    _mappable(custom)
+    bounds, progs = _chunk_bounds(custom, lo, hi), custom.progs
+    ends: dict[tuple[int, int, int], int] = {}
+    sent: dict[tuple[int, int, int, int], int] = {}
+    messages = []
+    for g, t, i in custom.order:  # (every step after those it needs: `program.schedule`)
+        op = progs[g].threadblocks[t][i]
+        level = max([ends[g, t, i - 1] if i else 0] + [ends[g, u, k] for u, k in op.waits])
+        if op.recv_peer >= 0:
+            level = max(level, sent[connection(op, g, False)] + 1)
+        ends[g, t, i] = level
+        if op.send_peer >= 0:
+            sent[connection(op, g, True)] = level
+            messages.append((level, g, op.send_peer, *_storage(custom, g, op.src or op.dst)))
+            ends[g, t, i] = level + 1
+    levels = 1 + max((m[0] for m in messages), default=-1)
+    out: list[list[tuple[list, list]]] = [[([], []) for _ in range(levels)] for _ in progs]
+    for level, g, q, a, b in sorted(messages):
+        out[g][level][0].append((q, bounds[a], bounds[b]))
+        out[q][level][1].append((g, bounds[a], bounds[b]))
+    return [[Step(tuple(sends), tuple(recvs), COPY) for sends, recvs in gpu] for gpu in out]
 
 
 def _received(recvs: list, src: int, send: tuple) -> bool:

@@ -12,7 +12,9 @@ A dim's custom stages (`DimStages`, held for a run by `dim_stages`) run inside t
 schedules instead: their steps move the data through the MPI transport's stage path, and their
 time is the file's programs on the dim alone, which one NPU's view takes as the stage's end;
 where stages may share the dim's links (several at once, a shared port) under a sharing rule,
-one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`DimStages.flow`).
+one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`DimStages.flow`),
+or, for files whose NPUs' rounds differ, every NPU's links run each NPU's messages level by
+level as its programs send them (`DimStages.npu_steps`, `timing.routes.NpuRoutes.custom_stage`).
 """
 
 from __future__ import annotations
@@ -31,16 +33,17 @@ from ..config import RunConfig
 from ..cost import AG, RS
 from ..engine import CollectiveRun, Engine, Transport
 from ..errors import UsageError
-from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_steps
+from ..msccl.custom import Custom, chunk_bytes, dim_algorithms, run_gpu, stage_levels, stage_steps
 from ..msccl.timing import reduction_ns
 from ..nccl import custom_topology
 from ..results import CollectiveResult, dim_bound_us, dim_results, link_results, summarize
 from ..timing.links import Flow, Transfer, physical_links, rated
 from ..timing.links import Step as LinkStep
 from ..timing.programs import ProgramTimes, time_programs
-from ..timing.routes import StepPlanner, step_planner
-from ..timing.rules import IDEAL, rule_class
+from ..timing.routes import NpuRoutes, StepPlanner, step_planner
+from ..timing.rules import IDEAL, STORE_FORWARD, rule_class
 from ..timing.symmetric import Symmetric
+from ..timing.world import World, _Stage
 from ..topology import Topology
 
 LinkFlow = tuple[tuple[LinkStep, ...], bool]  # a stage's steps on one NPU's links, and whether uniform
@@ -196,11 +199,13 @@ class DimStages:
     Under a sharing rule where the dim's stages may meet other stages on its links (`shared`:
     several active stages per dim, or a port the dim shares), a stage is not timed alone: one
     NPU's view runs it as a flow of its rounds over NPU 0's links (`flow`), among every other
-    stage's, as a built-in stage's steps. That view stands for every NPU, so the files must be
+    stage's, as a built-in stage's steps. That view stands for every NPU where the files are
     rotation-symmetric (every NPU's rounds send the same bytes to the peers the same distance
     ahead, as the ring's do; on a Switch the same bytes out and in each round, as
     halving-doubling's too), and their rounds alone must take their programs' time (`flow`):
-    one line otherwise.
+    one line otherwise. Files whose NPUs' rounds differ (`asymmetric`) run on every NPU's links
+    instead (`every_npu`: the planner chooses them), each NPU by its own messages, level by
+    level as its programs send them (`npu_steps`).
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
@@ -214,6 +219,9 @@ class DimStages:
         # the dim's links alone ("dim0.up") named as the run's ("dim{d}.up"): NPU 0's come first
         self._names = [f"dim{d}." + link.name.split(".", 1)[1] for link in physical_links(self.alone)]
         self._runs: dict[tuple[str, int, int], tuple[float, float, dict[str, float]]] = {}
+        self.every_npu = self.shared and self.asymmetric() is not None
+        self._by_level: dict[tuple[str, int], list[list[Step]]] = {}
+        self._checked: set[tuple[str, int, int]] = set()  # (op, elements, itemsize) whose levels were checked
 
     def _parts(self, op: str) -> list[Custom]:
         return [self.files[op]] if op in self.files else [self.files[RS], self.files[AG]]
@@ -221,6 +229,60 @@ class DimStages:
     def steps(self, op: str, c: int, lo: int, hi: int) -> list[Step]:
         """The rank at coordinate c's steps on ``[lo, hi)``."""
         return [step for custom in self._parts(op) for step in stage_steps(custom, c, lo, hi)]
+
+    def npu_steps(self, op: str, c: int, full_elems: int, itemsize: int) -> list[Step]:
+        """The rank at coordinate c's steps: its files' levels in turn (`msccl.custom.stage_levels`).
+
+        Level k is the same level of the same file on every rank, so what a rank sends in its
+        step k its peer receives in its own. Every rank's levels alone on the dim's links must
+        end when the files' programs alone do (as `flow` checks one NPU's rounds), or the stage
+        is refused in one line.
+        """
+        if (op, full_elems, itemsize) not in self._checked:
+            self._check_levels(op, full_elems, itemsize)
+            self._checked.add((op, full_elems, itemsize))
+        return self._levels(op, full_elems)[c]
+
+    def _check_levels(self, op: str, full_elems: int, itemsize: int) -> None:
+        """Every rank's levels alone on the dim's own links against its programs there (`npu_steps`)."""
+        every = self._levels(op, full_elems)
+        idle = next(((c, k) for c, ks in enumerate(every) for k, x in enumerate(ks) if not x.sends), None)
+        if idle is not None and self.config.network == STORE_FORWARD:
+            raise UsageError(
+                f"{self._sources(op)}: NPU {idle[0]} of dim {self.d} sends nothing in level {idle[1]} of "
+                "its programs, and --network store-forward does not take a step without transfers; use "
+                "--network fair or packet, or --active-chunks-per-dim 1 on a dim that shares no port"
+            )
+        cost = self.cost(itemsize)
+        routes, world = NpuRoutes(self.alone), World(self.alone, self.config, replayable=False)
+        for c, levels in enumerate(every):
+            steps, recvs, consumers = routes.custom_stage(c, cost, 0, levels)
+            owner = _Stage(c, None, (op, full_elems), recvs, consumers)  # type: ignore[arg-type]
+            world.rule.start(Flow(owner, world.rule.prepared(steps)))
+        while world.loop.step(math.inf, world.rule):  # (the rule's own events too: `fair` moves)
+            pass
+        self._same_time(op, "every NPU's levels", world.now_ns, self.time_ns(op, full_elems, itemsize))
+
+    def _same_time(self, op: str, whose: str, steps_ns: float, alone_ns: float, why: str = "") -> None:
+        """Refuse in one line a stage whose steps alone do not end when its programs alone do."""
+        if abs(steps_ns - alone_ns) > 1e-9 * alone_ns:
+            raise UsageError(
+                f"{self._sources(op)}: {whose} alone take {steps_ns / 1e3:.2f} us on dim {self.d}, its "
+                f"programs {alone_ns / 1e3:.2f} us{why}, so it cannot share the dim's links with other "
+                "stages here; use --active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
+            )
+
+    def _sources(self, op: str) -> str:
+        """The stage's files, as a refusal names them."""
+        return "+".join(custom.source for custom in self._parts(op))
+
+    def _levels(self, op: str, full_elems: int) -> list[list[Step]]:
+        """Every rank's steps of `npu_steps`, by coordinate (not checked)."""
+        key = (op, full_elems)
+        if key not in self._by_level:
+            parts = [stage_levels(custom, 0, full_elems) for custom in self._parts(op)]
+            self._by_level[key] = [[step for part in parts for step in part[c]] for c in range(len(parts[0]))]
+        return self._by_level[key]
 
     def _run(self, op: str, full_elems: int, itemsize: int) -> tuple[float, float, dict[str, float]]:
         """One stage alone on the dim's links: its time, NPU 0's bytes sent, its links' bytes carried."""
@@ -264,9 +326,10 @@ class DimStages:
         The rounds are the data's order, which may be stricter than the file's (a file whose
         threadblocks send at once, reducing into one chunk in turn, moves its data one message
         a round): the flow, alone on the links, must end when the file's programs alone do
-        (`time_ns`), or the stage is refused in one line.
+        (`time_ns`), or the stage is refused in one line. None also for a file that runs on every
+        NPU's links (`every_npu`; one NPU's view of it is an estimate: its time alone).
         """
-        if not self.shared:
+        if not self.shared or self.every_npu:
             return None
         cost = planner.cost
         key = (op, full_elems, cost.itemsize, cost.endpoint_delay_ns)
@@ -276,15 +339,9 @@ class DimStages:
             flow = self._steps(op, full_elems, step_planner(self.alone, cost), 0)
             solo = Symmetric(self.alone, self.config, self.cost)
             solo.rule.start(Flow(None, *flow))
-            solo_ns, alone_ns = solo.next(math.inf)[0], self.time_ns(op, full_elems, cost.itemsize)
-            if abs(solo_ns - alone_ns) > 1e-9 * alone_ns:
-                names = "+".join(custom.source for custom in self._parts(op))
-                raise UsageError(
-                    f"{names}: its rounds alone take {solo_ns / 1e3:.2f} us on dim {self.d}, its programs "
-                    f"{alone_ns / 1e3:.2f} us (its threadblocks run at once where its data goes a round "
-                    "at a time), so it cannot share the dim's links with other stages here; use "
-                    "--active-chunks-per-dim 1 on a dim that shares no port, or --network ideal"
-                )
+            alone_ns = self.time_ns(op, full_elems, cost.itemsize)
+            why = " (its threadblocks run at once where its data goes a round at a time)"
+            self._same_time(op, "its rounds", solo.next(math.inf)[0], alone_ns, why)
         return self._flows[key]
 
     def _steps(self, op: str, full_elems: int, planner: StepPlanner, d: int) -> LinkFlow:
@@ -308,8 +365,8 @@ class DimStages:
         step = LinkStep(tuple(transfers), latency_ns + planner.cost.endpoint_delay_ns)
         return rated(step, planner.capacity)
 
-    def check_symmetric(self) -> None:
-        """Refuse files one NPU's view cannot stand for (class doc), in one line naming the file."""
+    def asymmetric(self) -> int | None:
+        """An NPU whose rounds differ from NPU 0's (one NPU's view cannot stand for the file), or None."""
         dim = self.topology.dims[self.d]
         p, switch = dim.npus, dim.kind == "Switch"  # (on a Switch every peer is up, then down)
 
@@ -327,12 +384,8 @@ class DimStages:
             ]
             bad = next((c for c in range(1, p) if shapes[c] != shapes[0]), None)
             if bad is not None:
-                raise UsageError(
-                    f"{custom.source}: under --network {self.config.network} with stages sharing dim "
-                    f"{self.d}'s links, one NPU's view times the file, but NPU {bad}'s rounds differ "
-                    "from NPU 0's (not rotation-symmetric); use --active-chunks-per-dim 1 on a dim "
-                    "that shares no port, or --network ideal"
-                )
+                return bad
+        return None
 
 
 def dim_stages(
@@ -359,7 +412,5 @@ def dim_stages(
                 f"({dim.algorithm}) does not; give dim {other} the same --algorithm or another built-in one"
             )
         stage = DimStages(topology, d, dim_files, config)
-        if stage.shared:
-            stage.check_symmetric()
         stages[dim.custom, dim.npus] = stages[dim.algorithm, dim.npus] = stage
     return custom_stages(stages)

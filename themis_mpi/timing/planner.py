@@ -18,6 +18,9 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
+- A dim's custom files whose NPUs' rounds differ, where its stages share links under a sharing
+  rule (`algorithms.CustomStage.every_npu`): every NPU's links, each NPU by its own levels
+  (`WORLD`); on the emulator each rank replays that run.
 - A collective a custom algorithm runs (``--algorithm msccl:FILE``): every NPU's program on
   every NPU's links of its group, under any rule (`programs`, `CUSTOM`); the model and every
   emulator rank compute that one deterministic run (`run.custom`).
@@ -36,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
+from ..algorithms import custom_stage
 from ..collectives import Collective
 from ..config import RunConfig
 from ..cost import A2A, ASTRA_SIM_2, RS, steps
@@ -178,6 +182,9 @@ def plan(run: Run) -> Plan:
                 "with NPUs alike and no --compat"
             )
         return Plan(run, CUSTOM, rule)
+    stages = [custom_stage(dim) for dim in run.topology.dims]  # (a dim's custom files, while held)
+    if any(stage is not None and stage.every_npu for stage in stages):
+        return Plan(run, WORLD, rule)
     if run.kind in (GRAPH, JOBS) and run.stragglers:
         raise UsageError(
             "stragglers run text workloads in train; Chakra graphs do not take them yet"

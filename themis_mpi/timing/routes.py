@@ -13,6 +13,7 @@ partners, which makes some Ring dims uneven (`uneven_dims`).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -372,6 +373,38 @@ class NpuRoutes:
             )
             recvs.append(tuple(sorted({base + (c - k) % p * stride for k, _ in peers})))
             consumers.append(len({r for r, _ in to}))
+        return tuple(out), tuple(recvs), tuple(consumers)
+
+    def custom_stage(self, rank: int, cost: CostModel, d: int, levels) -> tuple:
+        """NPU `rank`'s steps of a dim's custom stage, as `stage` gives a built-in stage's.
+
+        `levels` are its steps, one per level (`algorithms.CustomStage.npu_steps`: the ranges it
+        sends to and receives from coordinates of the dim). A level's step is a transfer per
+        message over its route (`route`: the sender's links, on a Ring every NPU's on the way,
+        a Switch's down-link and the port in of the receiver), then the longest of its messages'
+        hops (sent or received) times the dim's latency and the endpoint delay, as a built-in
+        step's; it ends once its own transfers are through and the level's messages from its
+        peers are too (an NPU that only receives at a level waits for them; one with no message
+        there goes on at once).
+        """
+        dim = self.topology.dims[d]
+        _, base = self.coord(rank, d)
+        stride = self.strides[d]
+        out, recvs, consumers = [], [], []
+        for level in levels:
+            sends = [(base + q * stride, b - a) for q, a, b in level.sends]
+            froms = sorted({base + q * stride for q, _, _ in level.recvs})
+            transfers = tuple(Transfer(float(n * cost.itemsize), self.route(rank, dst)) for dst, n in sends)
+            hops = [len(t.hops) for t in transfers] + [len(self.route(src, rank)) for src in froms]
+            delay_ns = max(hops) * dim.latency_ns + cost.endpoint_delay_ns if hops else 0.0
+            step = Step(transfers, delay_ns)
+            loads: dict[int, float] = {}  # (a link several of its messages cross carries their sum)
+            for link, share in step.usage:
+                loads[link] = loads.get(link, 0.0) + share
+            rate = min((self.capacity[link] / share for link, share in loads.items()), default=math.inf)
+            out.append(Step(transfers, delay_ns, solo_rate=rate))
+            recvs.append(tuple(froms))
+            consumers.append(len({dst for dst, _ in sends}))
         return tuple(out), tuple(recvs), tuple(consumers)
 
     def route(self, src: int, dst: int) -> tuple[Usage, ...]:

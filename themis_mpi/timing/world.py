@@ -40,6 +40,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..algorithms import custom_stage
 from ..config import RunConfig
 from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
@@ -289,17 +290,24 @@ class World(Greenlets):
     def _plan(self, rank: int, itemsize: int, d: int, op: str, full_elems: int) -> tuple:
         """A stage's steps on NPU `rank`'s links, per step its senders and its receivers' count.
 
-        With classes, on its class's links weighed (`classes.Classes.step`); a pattern they were
-        not refined by stops the run (`classes.Unproven`).
+        A dim's custom files whose NPUs' rounds differ (`algorithms.CustomStage.every_npu`) are
+        the NPU's own steps (`routes.NpuRoutes.custom_stage`). With classes, on its class's links
+        weighed (`classes.Classes.step`); a pattern they were not refined by stops the run
+        (`classes.Unproven`), and so do such files (no pattern refines by them: every NPU runs).
         """
         cost = self.cost(itemsize)
-        steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
         classes = self.classes
+        custom = custom_stage(self.topology.dims[d])
+        if custom is not None and custom.every_npu and classes is None:
+            levels = custom.npu_steps(op, self.routes.coord(rank, d)[0], full_elems, itemsize)
+            steps, recvs, consumers = self.routes.custom_stage(rank, cost, d, levels)
+            return self.rule.prepared(steps), recvs, consumers
+        steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
         if classes is None:
             return self.rule.prepared(steps), recvs, consumers
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
-        if pattern not in classes.patterns:
+        if pattern not in classes.patterns or (custom is not None and custom.every_npu):
             raise Unproven(pattern)
         c, base = self.routes.coord(rank, d)
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
