@@ -13,14 +13,13 @@ partners, which makes some Ring dims uneven (`uneven_dims`).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from ..cost import A2A, AG, AR, RS, CostModel, astra_steps, block_elems, ina_traffic, ring_both_ways, steps
 from ..topology import Topology
-from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links
+from .links import Link, Step, Transfer, Usage, check_link_scale, one_transfer, physical_links, rated
 
 
 class StepPlanner:
@@ -397,12 +396,7 @@ class NpuRoutes:
             transfers = tuple(Transfer(float(n * cost.itemsize), self.route(rank, dst)) for dst, n in sends)
             hops = [len(t.hops) for t in transfers] + [len(self.route(src, rank)) for src in froms]
             delay_ns = max(hops) * dim.latency_ns + cost.endpoint_delay_ns if hops else 0.0
-            step = Step(transfers, delay_ns)
-            loads: dict[int, float] = {}  # (a link several of its messages cross carries their sum)
-            for link, share in step.usage:
-                loads[link] = loads.get(link, 0.0) + share
-            rate = min((self.capacity[link] / share for link, share in loads.items()), default=math.inf)
-            out.append(Step(transfers, delay_ns, solo_rate=rate))
+            out.append(rated(Step(transfers, delay_ns), self.capacity))
             recvs.append(tuple(froms))
             consumers.append(len({dst for dst, _ in sends}))
         return tuple(out), tuple(recvs), tuple(consumers)
