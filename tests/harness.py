@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -107,6 +108,21 @@ def cli_jobs(commands: dict, tmp_path, **kw) -> dict:
         for k, d in zip(keys, json.loads(out.read_text())):
             done[k] = subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
     return done
+
+
+def at_once(request, scenarios: dict[str, Callable[[], object]]) -> dict[str, Future]:
+    """The scenarios of a module's selected tests run at once, one thread each; each outcome by test name.
+
+    For tests that mostly wait (a watchdog's timeout, a frozen rank): their jobs overlap where
+    they would each wait in turn. `scenarios` maps a test's name (``request.node.name``, with
+    its parameters) to what it runs; only those of the selected tests run, and all of them end
+    (each under its own timeouts) before this returns, so no job runs beside another test. A
+    test takes its outcome with ``.result()``, which raises what its scenario raised.
+    """
+    names = {item.name for item in request.session.items if item.module is request.module}
+    chosen = {name: run for name, run in scenarios.items() if name in names}
+    with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
+        return {name: pool.submit(run) for name, run in chosen.items()}
 
 
 def in_process(
