@@ -283,8 +283,8 @@ def waits(request, tmp_path_factory) -> dict:
                 folder("startup")
             ),
             "test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout": frozen_before_grid,
-            "test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace": lambda: frozen_writing_trace(
-                folder("write")
+            "test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace": lambda: (
+                frozen_writing_trace(folder("write"))
             ),
             "test_the_start_up_guard_ends_a_rank_whose_mpi_does_not_start_in_time": guard_past_its_timeout,
         },
