@@ -60,17 +60,24 @@ def shared(relative: str) -> Path:
     return path
 
 
-def mpi_env() -> dict:
-    """Environment for oversubscribed runs as root, with this checkout first on the path."""
-    return job_env(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def mpi_env(site=None) -> dict:
+    """Environment for oversubscribed runs as root, with this checkout first on the path.
+
+    `site`: a folder of plugins on the path after it, instead of this process's PYTHONPATH (for
+    jobs that run at once, each with its own plugins: `at_once`).
+    """
+    after = os.environ.get("PYTHONPATH", "") if site is None else str(site)
+    return job_env(PYTHONPATH=str(ROOT) + os.pathsep + after)
 
 
-def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``mpiexec -n n python args...``; a hang becomes a failed test, not a frozen CI."""
+def mpirun(
+    n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None, site=None
+) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n python args...``; a hang becomes a failed test, not a frozen CI (`site`: `mpi_env`)."""
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
     try:
         return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(), cwd=cwd or ROOT
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(site), cwd=cwd or ROOT
         )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(
@@ -78,11 +85,11 @@ def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> s
         ) from None
 
 
-def local(args, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
-    """`themis-mpi ARGS` in one process (the model), without mpiexec."""
+def local(args, timeout_s: float = 120, site=None, **kw) -> subprocess.CompletedProcess:
+    """`themis-mpi ARGS` in one process (the model), without mpiexec (`site`: `mpi_env`)."""
     kw.setdefault("cwd", ROOT)
     return subprocess.run([sys.executable, "-m", "themis_mpi", *args], capture_output=True, text=True,
-                          env=mpi_env(), timeout=timeout_s, **kw)  # fmt: skip
+                          env=mpi_env(site), timeout=timeout_s, **kw)  # fmt: skip
 
 
 def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
