@@ -181,6 +181,28 @@ def fit_nccl(log, **kw):
     return copy.deepcopy(_FITS[key])
 
 
+def _default_fit(log):
+    from themis_mpi.calibrate.ncclfit import fit_nccl as fit
+
+    return fit(log)
+
+
+def fit_nccl_at_once(logs: list) -> None:
+    """The default fits of `logs` not yet computed (`fit_nccl`), two at a time in forked workers.
+
+    A fit is CPU-bound in one thread; the suite runs in one, so a second core would idle. A fit
+    is deterministic, so a worker's is the same, bit for bit, as this process's would be.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    todo = {repr(log): log for log in logs if repr(log) not in _FITS}
+    if len(todo) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+        _FITS.update(zip(todo, pool.map(_default_fit, todo.values())))
+
+
 _COMPARED: dict[tuple, dict] = {}
 _FOLDERS: dict[str, str] = {}
 
