@@ -187,20 +187,29 @@ def _default_fit(log):
     return fit(log)
 
 
-def fit_nccl_at_once(logs: list) -> None:
-    """The default fits of `logs` not yet computed (`fit_nccl`), two at a time in forked workers.
+def on_two_cores(function: Callable, items: list) -> list:
+    """`function` of each item, in order, two at a time in forked workers (in this process without fork).
 
-    A fit is CPU-bound in one thread; the suite runs in one, so a second core would idle. A fit
-    is deterministic, so a worker's is the same, bit for bit, as this process's would be.
+    For CPU-bound work in the test's process: the suite runs in one thread, so a second core
+    would idle. The workers are forks of this process (its modules, caches and patches); what
+    `function` returns comes back pickled. `function` must be a module-level function.
     """
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    todo = {repr(log): log for log in logs if repr(log) not in _FITS}
-    if len(todo) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return
+    if len(items) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [function(item) for item in items]
     with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
-        _FITS.update(zip(todo, pool.map(_default_fit, todo.values())))
+        return list(pool.map(function, items))
+
+
+def fit_nccl_at_once(logs: list) -> None:
+    """The default fits of `logs` not yet computed (`fit_nccl`), two at a time (`on_two_cores`).
+
+    A fit is deterministic, so a worker's is the same, bit for bit, as this process's would be.
+    """
+    todo = {repr(log): log for log in logs if repr(log) not in _FITS}
+    _FITS.update(zip(todo, on_two_cores(_default_fit, list(todo.values()))))
 
 
 _COMPARED: dict[tuple, dict] = {}
