@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -59,17 +60,24 @@ def shared(relative: str) -> Path:
     return path
 
 
-def mpi_env() -> dict:
-    """Environment for oversubscribed runs as root, with this checkout first on the path."""
-    return job_env(PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def mpi_env(site=None) -> dict:
+    """Environment for oversubscribed runs as root, with this checkout first on the path.
+
+    `site`: a folder of plugins on the path after it, instead of this process's PYTHONPATH (for
+    jobs that run at once, each with its own plugins: `at_once`).
+    """
+    after = os.environ.get("PYTHONPATH", "") if site is None else str(site)
+    return job_env(PYTHONPATH=str(ROOT) + os.pathsep + after)
 
 
-def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> subprocess.CompletedProcess:
-    """Run ``mpiexec -n n python args...``; a hang becomes a failed test, not a frozen CI."""
+def mpirun(
+    n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None, site=None
+) -> subprocess.CompletedProcess:
+    """Run ``mpiexec -n n python args...``; a hang becomes a failed test, not a frozen CI (`site`: `mpi_env`)."""
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, *args]
     try:
         return subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(), cwd=cwd or ROOT
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=mpi_env(site), cwd=cwd or ROOT
         )
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(
@@ -77,11 +85,11 @@ def mpirun(n: int, args: list[str], timeout_s: float = TIMEOUT_S, cwd=None) -> s
         ) from None
 
 
-def local(args, timeout_s: float = 120, **kw) -> subprocess.CompletedProcess:
-    """`themis-mpi ARGS` in one process (the model), without mpiexec."""
+def local(args, timeout_s: float = 120, site=None, **kw) -> subprocess.CompletedProcess:
+    """`themis-mpi ARGS` in one process (the model), without mpiexec (`site`: `mpi_env`)."""
     kw.setdefault("cwd", ROOT)
     return subprocess.run([sys.executable, "-m", "themis_mpi", *args], capture_output=True, text=True,
-                          env=mpi_env(), timeout=timeout_s, **kw)  # fmt: skip
+                          env=mpi_env(site), timeout=timeout_s, **kw)  # fmt: skip
 
 
 def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
@@ -107,6 +115,21 @@ def cli_jobs(commands: dict, tmp_path, **kw) -> dict:
         for k, d in zip(keys, json.loads(out.read_text())):
             done[k] = subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
     return done
+
+
+def at_once(request, scenarios: dict[str, Callable[[], object]]) -> dict[str, Future]:
+    """The scenarios of a module's selected tests run at once, one thread each; each outcome by test name.
+
+    For tests that mostly wait (a watchdog's timeout, a frozen rank): their jobs overlap where
+    they would each wait in turn. `scenarios` maps a test's name (``request.node.name``, with
+    its parameters) to what it runs; only those of the selected tests run, and all of them end
+    (each under its own timeouts) before this returns, so no job runs beside another test. A
+    test takes its outcome with ``.result()``, which raises what its scenario raised.
+    """
+    names = {item.name for item in request.session.items if item.module is request.module}
+    chosen = {name: run for name, run in scenarios.items() if name in names}
+    with ThreadPoolExecutor(max_workers=max(1, len(chosen))) as pool:
+        return {name: pool.submit(run) for name, run in chosen.items()}
 
 
 def in_process(
@@ -156,6 +179,37 @@ def fit_nccl(log, **kw):
     if key not in _FITS:
         _FITS[key] = fit(log)
     return copy.deepcopy(_FITS[key])
+
+
+def _default_fit(log):
+    from themis_mpi.calibrate.ncclfit import fit_nccl as fit
+
+    return fit(log)
+
+
+def on_two_cores(function: Callable, items: list) -> list:
+    """`function` of each item, in order, two at a time in forked workers (in this process without fork).
+
+    For CPU-bound work in the test's process: the suite runs in one thread, so a second core
+    would idle. The workers are forks of this process (its modules, caches and patches); what
+    `function` returns comes back pickled. `function` must be a module-level function.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if len(items) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [function(item) for item in items]
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(function, items))
+
+
+def fit_nccl_at_once(logs: list) -> None:
+    """The default fits of `logs` not yet computed (`fit_nccl`), two at a time (`on_two_cores`).
+
+    A fit is deterministic, so a worker's is the same, bit for bit, as this process's would be.
+    """
+    todo = {repr(log): log for log in logs if repr(log) not in _FITS}
+    _FITS.update(zip(todo, on_two_cores(_default_fit, list(todo.values()))))
 
 
 _COMPARED: dict[tuple, dict] = {}

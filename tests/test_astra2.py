@@ -161,11 +161,14 @@ def test_the_cli_reads_2x_yaml_as_it_is():
     assert "2194.65" in proc.stdout
 
 
-@pytest.mark.parametrize("network", ["store-forward", "ideal"])
-def test_emulator_equals_model_under_the_compat_on_8_ranks(tmp_path, network):
-    """Both transports give the same times and exact data under astra-sim-2, both backends, 8 ranks."""
+COMPAT_NETWORKS = ["store-forward", "ideal"]
+COMPAT_TOPOLOGIES = ("SW(8,50,500,ring)", "Ring(8,100,500,direct)")
+
+
+def compat_cases(network: str) -> list[dict]:
+    """The agreement cases of `network` under astra-sim-2 (`harness.run_specs`)."""
     base = {"dtype": "float32", "endpoint_delay_ns": 10.0, "compat": ASTRA_SIM_2, "network": network}
-    cases = [
+    return [
         {
             **base,
             "op": "all_reduce",
@@ -202,10 +205,21 @@ def test_emulator_equals_model_under_the_compat_on_8_ranks(tmp_path, network):
             "active": 2,
         },
     ]
-    topologies = ("SW(8,50,500,ring)", "Ring(8,100,500,direct)")
-    jobs = run_specs({topo: (8, topo, cases) for topo in topologies}, tmp_path)  # one mpiexec for both
-    for topo in topologies:
-        rows = jobs[topo]
+
+
+@pytest.fixture(scope="module")
+def compat_rows(tmp_path_factory) -> dict:
+    """Every network's cases on both topologies in one mpiexec (`harness.run_specs`): rows by (network, topology)."""
+    specs = {(n, t): (8, t, compat_cases(n)) for n in COMPAT_NETWORKS for t in COMPAT_TOPOLOGIES}
+    return run_specs(specs, tmp_path_factory.mktemp("compat"))
+
+
+@pytest.mark.parametrize("network", COMPAT_NETWORKS)
+def test_emulator_equals_model_under_the_compat_on_8_ranks(compat_rows, network):
+    """Both transports give the same times and exact data under astra-sim-2, both backends, 8 ranks."""
+    cases = compat_cases(network)
+    for topo in COMPAT_TOPOLOGIES:
+        rows = compat_rows[(network, topo)]
         assert len(rows) == len(cases)
         for r in rows:
             assert r["emu"]["wrong"] == 0, r["case"]

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, in_process, mpi_env
+from harness import DATA, ROOT, cli_jobs, in_process, mpi_env
 
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, RS, CostModel
@@ -185,24 +185,41 @@ def test_buckets_on_a_chakra_trace_are_refused(tmp_path):
     assert proc.returncode == 2 and "text workloads only" in proc.stderr
 
 
-@pytest.mark.parametrize(
-    "workload,topology,ranks,extra",
-    [
-        ("synthetic", "2x2x2", 8, ["--bucket-mib", "3", "--first-bucket-mib", "1"]),
-        ("Transformer_HybridParallel.txt", "Ring(2,100,20)_SW(4,50,700)", 8, ["--bucket-mib", "0.05"]),
-    ],
-)
-def test_emulator_with_buckets_equals_the_model(tmp_path, workload, topology, ranks, extra):
-    """Bucketed replay on real data: wrong = 0, and the emulator's iteration time is the model's."""
+BUCKETED = [
+    ("synthetic", "2x2x2", 8, ["--bucket-mib", "3", "--first-bucket-mib", "1"]),
+    ("Transformer_HybridParallel.txt", "Ring(2,100,20)_SW(4,50,700)", 8, ["--bucket-mib", "0.05"]),
+]
+
+
+def bucketed_args(tmp_path, workload: str, topology: str, extra: list[str]) -> list[str]:
+    """The training of a `BUCKETED` case (the synthetic workload written under tmp_path)."""
     path = synthetic(tmp_path).path if workload == "synthetic" else str(REFERENCE / workload)
     args = ["train", path, "-t", topology, "-c", "4", *extra]
     if workload.startswith("Transformer"):  # 30-130 kB gradients: several share a bucket
         args += ["--comm-scale", "0.001"]
+    return args
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory) -> dict:
+    """The emulator's runs of `BUCKETED` in one mpiexec per rank count (`harness.cli_jobs`): args, job, rows."""
+    tmp = tmp_path_factory.mktemp("buckets")
+    args = {i: bucketed_args(tmp, w, t, x) for i, (w, t, _, x) in enumerate(BUCKETED)}
+    done = cli_jobs(
+        {i: (BUCKETED[i][2], [*a, "--json", str(tmp / f"emu{i}.json")]) for i, a in args.items()}, tmp
+    )
+    return {i: (a, done[i], tmp / f"emu{i}.json") for i, a in args.items()}
+
+
+@pytest.mark.parametrize("workload,topology,ranks,extra", BUCKETED)
+def test_emulator_with_buckets_equals_the_model(tmp_path, bucketed, workload, topology, ranks, extra):
+    """Bucketed replay on real data: wrong = 0, and the emulator's iteration time is the model's."""
+    args, proc, out_emu = bucketed[BUCKETED.index((workload, topology, ranks, extra))]
+    path = args[1]
     wl = parse_workload(path)
     spec = TrainingSpec(bucket_mib=float(extra[1]), comm_scale=0.001 if "Transformer" in path else 1)
     assert any(len(b.layers) > 1 for b in bucket_plan(wl, wl.fit_topology(parse_topology(topology)), spec))
-    out_emu, out_model = tmp_path / "emu.json", tmp_path / "model.json"
-    proc = cli(ranks, [*args, "--json", str(out_emu)])
+    out_model = tmp_path / "model.json"
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gradient buckets" in proc.stdout
     model = in_process([*args, "--json", str(out_model)])

@@ -66,6 +66,17 @@ MIB = 1 << 20
 _FITS: dict = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fits_at_once(request):
+    """The fits of the logs the selected per-log tests check, computed first, two at a time.
+
+    (`harness.fit_nccl_at_once`: the same fits, on both cores; `fitted` then finds them.)
+    """
+    selected = [item for item in request.session.items if item.module is request.module]
+    names = {getattr(item, "callspec", None) and item.callspec.params.get("name") for item in selected}
+    harness.fit_nccl_at_once([read_nccl_log(str(LOGS / n)) for n in NAMES if n in names])
+
+
 def fitted(name: str):
     """The log and its fit, computed once per test session (`harness.fit_nccl`, shared with the studies)."""
     if name not in _FITS:

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import cli, in_process
+from harness import cli_jobs, in_process
 
 import themis_mpi
 from themis_mpi import api
@@ -162,19 +162,37 @@ def test_a_float64_themisflex_trace_replays_unchanged(tmp_path, size_bytes):
     assert got["unchanged"] and got["max_event_diff_us"] == 0.0
 
 
-@pytest.mark.parametrize("topology", ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"])
-def test_the_emulator_equals_the_model_for_a_size_of_no_whole_elements(tmp_path, topology):
+ODD_TOPOLOGIES = ["2x2x2", "SW(2,100,700)_FC(4,100,700,ring)"]
+
+
+def odd_args(topology: str) -> list[str]:
+    """Every policy on `topology`, float64, a size of no whole elements."""
+    policies = ",".join(POLICIES)
+    return ["-t", topology, "-b", str(ODD_SIZES_BYTES[1]), "-c", "16", "-p", policies, "-d", "float64", "-q"]
+
+
+@pytest.fixture(scope="module")
+def odd_runs(tmp_path_factory) -> dict:
+    """The emulator's runs of `ODD_TOPOLOGIES` in one mpiexec (`harness.cli_jobs`): per topology, job and rows."""
+    tmp = tmp_path_factory.mktemp("odd")
+    runs = {t: (8, ["run", *odd_args(t), "-n", "1", "-w", "0", "--json", str(tmp / f"e{i}.json")])
+            for i, t in enumerate(ODD_TOPOLOGIES)}  # fmt: skip
+    done = cli_jobs(runs, tmp)
+    return {t: (done[t], tmp / f"e{i}.json") for i, t in enumerate(ODD_TOPOLOGIES)}
+
+
+@pytest.mark.parametrize("topology", ODD_TOPOLOGIES)
+def test_the_emulator_equals_the_model_for_a_size_of_no_whole_elements(tmp_path, odd_runs, topology):
     """8 ranks, float64, 4194301 B (not a multiple of 8): the model's times to the ns, #wrong 0.
 
     themisFlex's word bounds map onto whole elements (`collectives.element_bounds`).
     """
-    policies = ",".join(POLICIES)
-    args = ["-t", topology, "-b", str(ODD_SIZES_BYTES[1]), "-c", "16", "-p", policies, "-d", "float64", "-q"]
-    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "e.json")])
+    args = odd_args(topology)
+    emu, e_json = odd_runs[topology]
     assert emu.returncode == 0, emu.stderr[-2000:]
     model = in_process(["model", *args, "--json", str(tmp_path / "m.json")])
     assert model.returncode == 0, model.stderr
-    e, m = (json.loads((tmp_path / f).read_text()) for f in ("e.json", "m.json"))
+    e, m = json.loads(e_json.read_text()), json.loads((tmp_path / "m.json").read_text())
     assert [r["policy"] for r in e] == [r["policy"] for r in m] == list(POLICIES)
     for er, mr in zip(e, m):
         assert er["wrong"] == 0 and er["size_bytes"] == ODD_SIZES_BYTES[1]

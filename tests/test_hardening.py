@@ -7,9 +7,10 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from harness import ROOT, mpi_env, mpiexec_path
+from harness import ROOT, at_once, mpi_env, mpiexec_path
 
 TIMEOUT_S = 5
 STARTUP_BUDGET_S = 120  # MPI start-up of 8 ranks on a loaded 2-core machine can take tens of seconds
@@ -125,9 +126,8 @@ def strike(tmp_path, how: str, attempt: int):
     return proc.returncode, err, survivors, ended_after_s, victim, trace
 
 
-@pytest.mark.parametrize("how", ["kill", "stop"])
-def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
-    """A killed or frozen rank of 8 ends the job in time, with one line naming it; no trace is left.
+def dead_or_silent(tmp_path, how: str) -> tuple[int, str, int]:
+    """Kill or freeze rank 5 (`strike`) until a survivor speaks; the exit code, output and victim.
 
     Even with auto-cleanup off, MPICH's launcher sometimes ends the job itself when a rank is
     killed (exit 9), or its proxy crashes (``unable to forward PMI response``, exit 255), taking
@@ -144,6 +144,158 @@ def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(tmp_path, how):
         launcher_took_over = returncode in (9, 255) and "Traceback" not in err
         if lines or not launcher_took_over:
             break
+    return returncode, err, victim
+
+
+def frozen_before_mpi(tmp_path) -> tuple[int, float, str, str]:
+    """Rank 5 of 8 stopped before MPI_Init: the exit code, seconds from the stop, output, marker."""
+    marker = str(tmp_path / "startup.json")
+    cmd = [
+        mpiexec_path(),
+        "-n",
+        "8",
+        sys.executable,
+        "-m",
+        "themis_mpi",
+        "run",
+        "-t",
+        "2x2x2",
+        "-b",
+        "1M",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--json",
+        marker,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        victim = None
+        deadline = time.monotonic() + 30
+        while victim is None and time.monotonic() < deadline:
+            victim = next((pid for pid, rank in job_pids(marker).items() if rank == 5), None)
+            time.sleep(0.02)
+        assert victim is not None, "rank 5 did not start"
+        os.kill(victim, signal.SIGSTOP)  # long before MPI_Init (the imports take longer)
+        struck = time.monotonic()
+        _, err = proc.communicate(timeout=TIMEOUT_S + 60)
+        took_s = time.monotonic() - struck
+    finally:
+        end_job(proc, marker)
+    return proc.returncode, took_s, err, marker
+
+
+def frozen_before_grid() -> tuple[subprocess.CompletedProcess, float]:
+    """Rank 5 of 8 stopped after MPI_Init, before the grid (tests/jobs/inject_fault.py): the job, its seconds."""
+    return run_timed(
+        [
+            mpiexec_path(),
+            *launcher_keeps_survivors(),
+            "-n",
+            "8",
+            sys.executable,
+            str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+            "freeze-start",
+            "5",
+            "run",
+            "-t",
+            "2x2x2",
+            "-b",
+            "1M",
+            "-n",
+            "1",
+            "-w",
+            "0",
+            "--timeout-s",
+            str(TIMEOUT_S),
+        ],
+        timeout_s=TIMEOUT_S + 90,
+    )
+
+
+def frozen_writing_trace(tmp_path) -> tuple[int, float, str, Path]:
+    """Rank 0 of 8 stopped as it writes the trace: the exit code, the job's seconds, output, trace."""
+    trace = tmp_path / "frozen.h5"
+    cmd = [
+        mpiexec_path(),
+        *launcher_keeps_survivors(),
+        "-n",
+        "8",
+        sys.executable,
+        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
+        "freeze-write",
+        "0",
+        "run",
+        "-t",
+        "2x2x2",
+        "-b",
+        "1M",
+        "-n",
+        "1",
+        "-w",
+        "0",
+        "--timeout-s",
+        str(TIMEOUT_S),
+        "--trace",
+        str(trace),
+    ]
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
+    )
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S + 90)
+    finally:
+        end_job(proc, str(trace))
+    return proc.returncode, time.monotonic() - start, err, trace
+
+
+def guard_past_its_timeout() -> tuple[int, float, str, str]:
+    """A 'MPI_Init' of 60 s under a guard of 1 s (`guarded`): exit code, seconds, output, errors."""
+    t0 = time.monotonic()
+    proc = guarded(1, 60)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, time.monotonic() - t0, out, err
+
+
+@pytest.fixture(scope="module")
+def waits(request, tmp_path_factory) -> dict:
+    """The jobs of the tests that wait for a timeout, run at once (`harness.at_once`): each test's outcome."""
+
+    def folder(name: str) -> Path:
+        return tmp_path_factory.mktemp(name)
+
+    return at_once(
+        request,
+        {
+            "test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis[kill]": lambda: dead_or_silent(
+                folder("kill"), "kill"
+            ),
+            "test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis[stop]": lambda: dead_or_silent(
+                folder("stop"), "stop"
+            ),
+            "test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout": lambda: frozen_before_mpi(
+                folder("startup")
+            ),
+            "test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout": frozen_before_grid,
+            "test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace": lambda: (
+                frozen_writing_trace(folder("write"))
+            ),
+            "test_the_start_up_guard_ends_a_rank_whose_mpi_does_not_start_in_time": guard_past_its_timeout,
+        },
+    )
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_dead_or_silent_rank_ends_the_job_with_a_diagnosis(request, waits, how):
+    """A killed or frozen rank of 8 ends the job in time, with one line naming it; no trace is left (`dead_or_silent`)."""
+    returncode, err, victim = waits[request.node.name].result()
+    lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines, err[-4000:] + f" returncode={returncode}"
     if how == "stop":  # every survivor sees the silence; the job says so once
         assert len(lines) == 1, lines
@@ -270,47 +422,10 @@ def test_a_workload_that_does_not_fit_exits_2_on_every_rank_at_once():
     ]
 
 
-def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(tmp_path):
+def test_a_rank_frozen_before_mpi_starts_ends_the_job_within_the_timeout(request, waits):
     """A rank stopped before MPI_Init keeps the others in MPI_Init: they give up after the timeout, in one line."""
-    marker = str(tmp_path / "startup.json")
-    cmd = [
-        mpiexec_path(),
-        "-n",
-        "8",
-        sys.executable,
-        "-m",
-        "themis_mpi",
-        "run",
-        "-t",
-        "2x2x2",
-        "-b",
-        "1M",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--timeout-s",
-        str(TIMEOUT_S),
-        "--json",
-        marker,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
-    )
-    try:
-        victim = None
-        deadline = time.monotonic() + 30
-        while victim is None and time.monotonic() < deadline:
-            victim = next((pid for pid, rank in job_pids(marker).items() if rank == 5), None)
-            time.sleep(0.02)
-        assert victim is not None, "rank 5 did not start"
-        os.kill(victim, signal.SIGSTOP)  # long before MPI_Init (the imports take longer)
-        struck = time.monotonic()
-        _, err = proc.communicate(timeout=TIMEOUT_S + 60)
-        took_s = time.monotonic() - struck
-    finally:
-        end_job(proc, marker)
-    assert proc.returncode != 0 and took_s < TIMEOUT_S + 30
+    returncode, took_s, err, marker = waits[request.node.name].result()
+    assert returncode != 0 and took_s < TIMEOUT_S + 30
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines == [
         f"themis-mpi: error: MPI did not start within {TIMEOUT_S} s (--timeout-s): a rank died or stopped "
@@ -340,12 +455,10 @@ def guarded(timeout_s: float, init_s: float, rank: int = 0) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
-def test_the_start_up_guard_ends_a_rank_whose_mpi_does_not_start_in_time():
+def test_the_start_up_guard_ends_a_rank_whose_mpi_does_not_start_in_time(request, waits):
     """Past the timeout, rank 0's guard says one line and kills its rank; it does not wait for MPI_Init."""
-    t0 = time.monotonic()
-    proc = guarded(1, 60)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 30
+    returncode, took_s, out, err = waits[request.node.name].result()
+    assert returncode == -signal.SIGKILL and took_s < 30
     assert out == ""
     assert err.splitlines() == [
         "themis-mpi: error: MPI did not start within 1 s (--timeout-s): a rank died or stopped "
@@ -376,32 +489,9 @@ def test_the_start_up_guard_leaves_when_its_rank_dies_before_mpi_starts():
     assert guards_of(proc.pid) == []
 
 
-def test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout(tmp_path):
+def test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout(request, waits):
     """A rank stopped after MPI_Init, before the grid: the others' start-up barrier names it and the job ends."""
-    proc, took_s = run_timed(
-        [
-            mpiexec_path(),
-            *launcher_keeps_survivors(),
-            "-n",
-            "8",
-            sys.executable,
-            str(ROOT / "tests" / "jobs" / "inject_fault.py"),
-            "freeze-start",
-            "5",
-            "run",
-            "-t",
-            "2x2x2",
-            "-b",
-            "1M",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--timeout-s",
-            str(TIMEOUT_S),
-        ],
-        timeout_s=TIMEOUT_S + 90,
-    )
+    proc, took_s = waits[request.node.name].result()
     assert proc.returncode != 0 and took_s < TIMEOUT_S + 60
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines and "start-up barrier" in lines[0] and "rank(s) 5 did not answer" in lines[0], proc.stderr[
@@ -409,44 +499,13 @@ def test_a_rank_frozen_before_the_grid_is_built_is_named_within_the_timeout(tmp_
     ]
 
 
-def test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace(tmp_path):
+def test_rank_0_frozen_while_writing_the_trace_is_named_and_leaves_no_trace(request, waits):
     """Rank 0 stops as it writes the trace: the others, waiting at the final barrier, name it and end the job."""
-    trace = tmp_path / "frozen.h5"
-    cmd = [
-        mpiexec_path(),
-        *launcher_keeps_survivors(),
-        "-n",
-        "8",
-        sys.executable,
-        str(ROOT / "tests" / "jobs" / "inject_fault.py"),
-        "freeze-write",
-        "0",
-        "run",
-        "-t",
-        "2x2x2",
-        "-b",
-        "1M",
-        "-n",
-        "1",
-        "-w",
-        "0",
-        "--timeout-s",
-        str(TIMEOUT_S),
-        "--trace",
-        str(trace),
-    ]
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=mpi_env(), cwd=ROOT
-    )
-    try:
-        _, err = proc.communicate(timeout=TIMEOUT_S + 90)
-    finally:
-        end_job(proc, str(trace))
-    assert proc.returncode != 0 and time.monotonic() - start < TIMEOUT_S + 60
+    returncode, took_s, err, trace = waits[request.node.name].result()
+    assert returncode != 0 and took_s < TIMEOUT_S + 60
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert lines and "final barrier" in lines[0] and "rank(s) 0 did not answer" in lines[0], err[-3000:]
-    assert not trace.exists() and not list(tmp_path.glob(".*partial*"))
+    assert not trace.exists() and not list(trace.parent.glob(".*partial*"))
 
 
 def test_a_wall_clock_step_longer_than_the_timeout_is_not_silence():

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from harness import ROOT, mpi_env, mpiexec_path
+from harness import ROOT, at_once, mpi_env, mpiexec_path
 from test_hardening import end_job, job_pids, launcher_keeps_survivors
 
 TIMEOUT_S = 5
@@ -40,15 +40,8 @@ def straggler_job(tmp_path, kind: str, rank: int, json_to: str) -> list[str]:
             "--timeout-s", str(TIMEOUT_S), "--json", json_to]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "kind, what",
-    [
-        ("freeze-grid", "the grid's blocking constructors"),
-        ("freeze-model", "the model run of every NPU's links that times a straggler run"),
-    ],
-)
-def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, what):
-    """Rank 5 stops in set-up (`what`) while the others stay busy: one line names it, exit 3, long before they finish."""
+def frozen_in_set_up(tmp_path, kind: str, what: str) -> tuple[int, float, str, str]:
+    """Rank 5 of a straggler job stopped in set-up (`what`): exit code, seconds from the stop, output, marker."""
     marker = str(tmp_path / "themis_mpi.json")  # (`job_pids` finds the ranks by it)
     proc = subprocess.Popen(
         straggler_job(tmp_path, kind, 5, marker),
@@ -69,20 +62,54 @@ def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(tmp_path, kind, wha
         took_s = time.monotonic() - struck
     finally:
         end_job(proc, marker)
+    return proc.returncode, took_s, err, marker
+
+
+def busy_on_their_own(tmp_path) -> subprocess.CompletedProcess:
+    """Every rank of a straggler job busy for 2x --timeout-s in its model run, nobody stopped."""
+    cmd = straggler_job(tmp_path, "freeze-model", 99, "-")  # (no rank 99: nobody stops)
+    env = dict(mpi_env(), THEMIS_MPI_TEST_MODEL_S=str(2 * TIMEOUT_S))
+    return subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=STARTUP_BUDGET_S + 120
+    )
+
+
+SET_UP = [
+    ("freeze-grid", "the grid's blocking constructors"),
+    ("freeze-model", "the model run of every NPU's links that times a straggler run"),
+]
+
+
+@pytest.fixture(scope="module")
+def jobs(request, tmp_path_factory) -> dict:
+    """The module's three jobs run at once (`harness.at_once`; each mostly waits for the vigil or its model run)."""
+    name = "test_a_rank_frozen_in_set_up_is_named_within_the_timeout[{}-{}]"
+    scenarios = {
+        name.format(kind, what): lambda kind=kind, what=what: frozen_in_set_up(
+            tmp_path_factory.mktemp(kind), kind, what
+        )
+        for kind, what in SET_UP
+    }
+    scenarios["test_ranks_busy_on_their_own_longer_than_the_timeout_are_not_silent"] = lambda: (
+        busy_on_their_own(tmp_path_factory.mktemp("busy"))
+    )
+    return at_once(request, scenarios)
+
+
+@pytest.mark.parametrize("kind, what", SET_UP)
+def test_a_rank_frozen_in_set_up_is_named_within_the_timeout(request, jobs, kind, what):
+    """Rank 5 stops in set-up (`what`) while the others stay busy: one line names it, exit 3, long before they finish."""
+    returncode, took_s, err, marker = jobs[request.node.name].result()
     # without the vigil the others would notice only at their first wait, after MODEL_S busy
-    assert proc.returncode == 3 and took_s < MODEL_S / 2, (proc.returncode, took_s, err[-3000:])
+    assert returncode == 3 and took_s < MODEL_S / 2, (returncode, took_s, err[-3000:])
     lines = [ln for ln in err.splitlines() if ln.startswith("themis-mpi: error:")]
     assert len(lines) == 1 and "rank(s) 5 did not answer" in lines[0], err[-3000:]
     assert not os.path.exists(marker)
 
 
-def test_ranks_busy_on_their_own_longer_than_the_timeout_are_not_silent(tmp_path):
+def test_ranks_busy_on_their_own_longer_than_the_timeout_are_not_silent(request, jobs):
     """Every rank busy for 2x --timeout-s in the model run (CPU-bound, 8 ranks on 2 cores): not a stall, exit 0."""
-    cmd = straggler_job(tmp_path, "freeze-model", 99, "-")  # (no rank 99: nobody stops)
-    env = dict(mpi_env(), THEMIS_MPI_TEST_MODEL_S=str(2 * TIMEOUT_S))
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=STARTUP_BUDGET_S + 120
-    )
+    proc = jobs[request.node.name].result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     (row,) = json.loads(proc.stdout)
     assert row["wrong"] == 0

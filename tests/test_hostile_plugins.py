@@ -7,7 +7,7 @@ that one that breaks on import breaks only its own test.
 import json
 
 import pytest
-from harness import cli, local
+from harness import at_once, cli, local
 from test_plugins import install
 
 EXITS_IN_ORDER = """
@@ -103,12 +103,25 @@ class Slow(InterPolicy):
 """
 
 
-def test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead(plugin, tmp_path):
-    """Rank 0 deciding for 4 s with --timeout-s 1 answers the others' pings: the run ends right, not aborted."""
-    plugin("slow_policy", SLOW, 'slow = "slow_policy:Slow"')
-    out = tmp_path / "rows.json"
+def installed(tmp_path_factory, module: str, source: str, entry: str):
+    """A site folder of its own holding one plugin module (source, entry-point line)."""
+    site = tmp_path_factory.mktemp(module)
+    install(site, f"{module}-dist", module, source, entry)
+    return site
+
+
+def thinks_slowly(tmp_path_factory):
+    """The slow policy on 4 ranks with --timeout-s 1: the job and its rows' path."""
+    site = installed(tmp_path_factory, "slow_policy", SLOW, 'slow = "slow_policy:Slow"')
+    out = site / "rows.json"
     proc = cli(4, ["run", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "4", "-p", "slow", "-n", "1", "-w", "0",
-                   "--timeout-s", "1", "--json", str(out)], timeout_s=120)  # fmt: skip
+                   "--timeout-s", "1", "--json", str(out)], timeout_s=120, site=site)  # fmt: skip
+    return proc, out
+
+
+def test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead(request, waits):
+    """Rank 0 deciding for 4 s with --timeout-s 1 answers the others' pings: the run ends right, not aborted."""
+    proc, out = waits[request.node.name].result()
     assert proc.returncode == 0, proc.stderr
     (row,) = json.loads(out.read_text())
     assert row["policy"] == "slow" and row["wrong"] == 0 and row["decision_s"] >= 4
@@ -117,11 +130,16 @@ def test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead(plug
 STUCK = SLOW.replace('name = "slow"', 'name = "stuck"').replace("time.sleep(4)", "time.sleep(3600)")
 
 
-def test_a_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(plugin):
+def stuck_on_the_model(tmp_path_factory):
+    """`model -p stuck --timeout-s 1`, its plugin never returning."""
+    site = installed(tmp_path_factory, "stuck_policy", STUCK, 'stuck = "stuck_policy:Slow"')
+    return local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "4", "-p", "stuck", "--timeout-s", "1", "-q"],
+                 timeout_s=60, site=site)  # fmt: skip
+
+
+def test_a_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(request, waits):
     """`model -p stuck --timeout-s 1`: one line naming the plugin and exit 3 within seconds, not a hang."""
-    plugin("stuck_policy", STUCK, 'stuck = "stuck_policy:Slow"')
-    proc = local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "4", "-p", "stuck", "--timeout-s", "1", "-q"],
-                 timeout_s=60)  # fmt: skip
+    proc = waits[request.node.name].result()
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "policy 'stuck'" in proc.stderr and "--timeout-s" in proc.stderr
 
@@ -146,11 +164,18 @@ class Stuck(IntraPolicy):
 """
 
 
-def test_an_intra_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(plugin):
+def stuck_intra_on_the_model(tmp_path_factory):
+    """`model --intra stuck_intra --timeout-s 1`, its plugin never placing its fifth stage."""
+    site = installed(
+        tmp_path_factory, "stuck_intra_policy", STUCK_INTRA, 'stuck_intra = "stuck_intra_policy:Stuck"'
+    )
+    return local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "8", "-p", "themis", "--intra", "stuck_intra",
+                  "--timeout-s", "1", "-q"], timeout_s=60, site=site)  # fmt: skip
+
+
+def test_an_intra_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout(request, waits):
     """`model --intra stuck_intra --timeout-s 1`: one line naming the intra plugin and exit 3, not a hang."""
-    plugin("stuck_intra_policy", STUCK_INTRA, 'stuck_intra = "stuck_intra_policy:Stuck"')
-    proc = local(["model", "-t", "Ring(4,100,20)", "-b", "1M", "-c", "8", "-p", "themis", "--intra", "stuck_intra",
-                  "--timeout-s", "1", "-q"], timeout_s=60)  # fmt: skip
+    proc = waits[request.node.name].result()
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.count("\n") == 1 and "'stuck_intra'" in proc.stderr and "--timeout-s" in proc.stderr
 
@@ -187,25 +212,47 @@ class PerRank(CommScheduler):
 MICRO = "DATA\n2\nconv1 -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 1048576 5\nfc -1 5000 NONE 0 5000 NONE 0 5000 ALLREDUCE 4194304 5\n"
 
 
-@pytest.fixture
-def schedulers(tmp_path, monkeypatch):
-    """The two hostile schedulers installed under `themis_mpi.schedulers`; a two-layer workload's path."""
-    site = tmp_path / "site"
-    site.mkdir()
+def under_a_scheduler(tmp_path_factory, name: str, timeout_s: int):
+    """A two-layer training on 4 ranks under the hostile scheduler `name` (installed with the other)."""
+    site = tmp_path_factory.mktemp(name)
     install(site, "hostile-sched", "hostile_sched", HOSTILE_SCHEDULERS, "")
     info = next(site.glob("*.dist-info"))
     entries = "stuck_sched = hostile_sched:Stuck\nper_rank = hostile_sched:PerRank\n"
     (info / "entry_points.txt").write_text(f"[themis_mpi.schedulers]\n{entries}")
-    monkeypatch.setenv("PYTHONPATH", str(site))
-    micro = tmp_path / "micro.txt"
+    micro = site / "micro.txt"
     micro.write_text(MICRO)
-    return str(micro)
+    args = ["train", str(micro), "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
+    return cli(4, [*args, "--comm-scheduler", name, "--timeout-s", str(timeout_s)], timeout_s=60, site=site)
 
 
-def test_a_scheduler_plugin_that_never_returns_under_mpi_ends_the_job_at_the_timeout(schedulers):
+@pytest.fixture(scope="module")
+def waits(request, tmp_path_factory) -> dict:
+    """The module's runs that wait for a plugin (a sleep, a timeout), at once (`harness.at_once`)."""
+    return at_once(
+        request,
+        {
+            "test_a_policy_that_thinks_longer_than_the_timeout_is_not_taken_for_dead": lambda: thinks_slowly(
+                tmp_path_factory
+            ),
+            "test_a_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout": lambda: (
+                stuck_on_the_model(tmp_path_factory)
+            ),
+            "test_an_intra_plugin_that_never_returns_on_the_model_is_ended_by_the_timeout": lambda: (
+                stuck_intra_on_the_model(tmp_path_factory)
+            ),
+            "test_a_scheduler_plugin_that_never_returns_under_mpi_ends_the_job_at_the_timeout": lambda: (
+                under_a_scheduler(tmp_path_factory, "stuck_sched", 2)
+            ),
+            "test_priorities_that_differ_between_ranks_are_named_under_mpi": lambda: under_a_scheduler(
+                tmp_path_factory, "per_rank", 5
+            ),
+        },
+    )
+
+
+def test_a_scheduler_plugin_that_never_returns_under_mpi_ends_the_job_at_the_timeout(request, waits):
     """Every rank runs the scheduler, so no rank's watchdog saw it hang: the plugin watchdog ends the job, exit 3."""
-    args = ["train", schedulers, "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
-    proc = cli(4, [*args, "--comm-scheduler", "stuck_sched", "--timeout-s", "2"], timeout_s=60)
+    proc = waits[request.node.name].result()
     assert proc.returncode == 3, proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
     assert len(errors) == 1 and "'stuck_sched' did not answer within 2 s (--timeout-s)" in errors[0], (
@@ -213,10 +260,9 @@ def test_a_scheduler_plugin_that_never_returns_under_mpi_ends_the_job_at_the_tim
     )
 
 
-def test_priorities_that_differ_between_ranks_are_named_under_mpi(schedulers):
+def test_priorities_that_differ_between_ranks_are_named_under_mpi(request, waits):
     """Ranks that order their stages differently meet other stages' messages: the line names the plugin."""
-    args = ["train", schedulers, "-t", "2x2", "-n", "2", "-c", "4", "--active-chunks-per-dim", "2"]
-    proc = cli(4, [*args, "--comm-scheduler", "per_rank", "--timeout-s", "5"], timeout_s=60)
+    proc = waits[request.node.name].result()
     assert proc.returncode == 3, proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("themis-mpi: error")]
     assert len(errors) == 1, proc.stderr

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import DATA, ROOT, cli, in_process, mpi_env
+from harness import DATA, ROOT, cli_jobs, in_process, mpi_env
 
 from themis_mpi.cli.app import main
 from themis_mpi.config import RunConfig
@@ -154,26 +154,42 @@ def test_workload_and_job_together_are_refused(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "jobs,network,extra",
-    [
-        (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair", []),
-        (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward", []),
-        (["C@dims=0,1:compute_scale=0.5", "R@dims=1,2:delay_us=3"], "fair", ["--comm-scheduler", "p3"]),
-    ],
-)
-def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(tmp_path, jobs, network, extra):
-    """On 8 ranks every rank runs its jobs: #wrong 0 and each job's iteration equals the model's."""
-    c = one_collective(tmp_path, 20000)
+EMULATED = [
+    (["C@dims=1", "C@dims=2:delay_us=7", "R@dims=0"], "fair", []),
+    (["C@dims=0,1:at=2/0", "R@dims=0,1:at=2/1"], "store-forward", []),
+    (["C@dims=0,1:compute_scale=0.5", "R@dims=1,2:delay_us=3"], "fair", ["--comm-scheduler", "p3"]),
+]
+
+
+def jobs_args(c: str, jobs: list[str], network: str, extra: list[str]) -> list[str]:
+    """A training of `jobs` (C: the collective at path `c`, R: ResNet-50) on the module's 8-NPU topology."""
     args = ["train", "-t", "SW(2,100,500)_SW(2,50,700)_SW(2,50,700)_NIC(1+2,50)", "-c", "4", "-n", "2"]
     args += ["-p", "themis", "--network", network, *extra]
     for job in jobs:
         args += ["--job", job.replace("C", c, 1).replace("R", str(RESNET), 1)]
-    emu = cli(8, [*args, "--json", str(tmp_path / "emu.json")])
+    return args
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> dict:
+    """The emulator's runs of `EMULATED` in one mpiexec (`harness.cli_jobs`): per case, its args, job and rows."""
+    tmp = tmp_path_factory.mktemp("jobs")
+    c = one_collective(tmp, 20000)
+    args = {i: jobs_args(c, *case) for i, case in enumerate(EMULATED)}
+    done = cli_jobs({i: (8, [*a, "--json", str(tmp / f"emu{i}.json")]) for i, a in args.items()}, tmp)
+    return {i: (a, done[i], tmp / f"emu{i}.json") for i, a in args.items()}
+
+
+@pytest.mark.parametrize("jobs,network,extra", EMULATED)
+def test_the_emulator_runs_jobs_on_8_ranks_in_the_models_time_with_exact_data(
+    tmp_path, emulated, jobs, network, extra
+):
+    """On 8 ranks every rank runs its jobs: #wrong 0 and each job's iteration equals the model's."""
+    args, emu, emu_json = emulated[EMULATED.index((jobs, network, extra))]
     assert emu.returncode == 0, emu.stderr[-2000:]
     model = in_process([*args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr[-2000:]
-    (e,), (m,) = (json.loads((tmp_path / f).read_text()) for f in ("emu.json", "model.json"))
+    (e,), (m,) = (json.loads(f.read_text()) for f in (emu_json, tmp_path / "model.json"))
     assert [j["wrong"] for j in e["jobs"]] == [0] * len(jobs)
     assert [j["iteration_us"] for j in e["jobs"]] == [j["iteration_us"] for j in m["jobs"]]
 

@@ -9,7 +9,7 @@ import math
 from dataclasses import replace
 
 import pytest
-from harness import DATA, ROOT, in_process, run_cases
+from harness import DATA, ROOT, in_process, run_specs
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -181,41 +181,55 @@ def test_npus_may_start_a_dims_stages_in_different_orders_and_share_their_number
     assert all(n == numbers[0] for n in numbers)
 
 
-@pytest.mark.parametrize("topology", ["Ring(8,100,500,hd)", MULTI])
-def test_emulator_equals_model_on_uneven_links_on_8_ranks(tmp_path, topology):
+UNEVEN = ["Ring(8,100,500,hd)", MULTI]
+UNEVEN_BASE = {
+    "dtype": "float32",
+    "endpoint_delay_ns": 10.0,
+    "compat": ASTRA_SIM_2,
+    "network": "store-forward",
+}
+UNEVEN_CASES = [
+    {
+        **UNEVEN_BASE,
+        "op": "all_reduce",
+        "count": 100003,
+        "chunks": 7,
+        "policy": "baseline",
+        "intra": "fifo",
+        "active": 2,
+    },
+    {
+        **UNEVEN_BASE,
+        "op": "all_reduce",
+        "count": 1 << 18,
+        "chunks": 16,
+        "policy": "themis",
+        "intra": "scf",
+        "active": 4,
+    },
+    {
+        **UNEVEN_BASE,
+        "op": "reduce_scatter",
+        "count": 1 << 16,
+        "chunks": 4,
+        "policy": "baseline",
+        "intra": "fifo",
+        "active": 2,
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def uneven_rows(tmp_path_factory) -> dict:
+    """The agreement of `UNEVEN_CASES` on both topologies in one mpiexec (`harness.run_specs`): rows by topology."""
+    return run_specs({t: (8, t, UNEVEN_CASES) for t in UNEVEN}, tmp_path_factory.mktemp("uneven"))
+
+
+@pytest.mark.parametrize("topology", UNEVEN)
+def test_emulator_equals_model_on_uneven_links_on_8_ranks(uneven_rows, topology):
     """Ring halving-doubling under 2.x store-forward: emulator == model exactly, active 2 and 4, #wrong 0."""
-    base = {"dtype": "float32", "endpoint_delay_ns": 10.0, "compat": ASTRA_SIM_2, "network": "store-forward"}
-    cases = [
-        {
-            **base,
-            "op": "all_reduce",
-            "count": 100003,
-            "chunks": 7,
-            "policy": "baseline",
-            "intra": "fifo",
-            "active": 2,
-        },
-        {
-            **base,
-            "op": "all_reduce",
-            "count": 1 << 18,
-            "chunks": 16,
-            "policy": "themis",
-            "intra": "scf",
-            "active": 4,
-        },
-        {
-            **base,
-            "op": "reduce_scatter",
-            "count": 1 << 16,
-            "chunks": 4,
-            "policy": "baseline",
-            "intra": "fifo",
-            "active": 2,
-        },
-    ]
-    rows = run_cases(8, {"topology": topology, "cases": cases}, tmp_path)
-    assert len(rows) == len(cases)
+    rows = uneven_rows[topology]
+    assert len(rows) == len(UNEVEN_CASES)
     for r in rows:
         assert r["emu"]["wrong"] == 0, r["case"]
         assert r["emu"]["time_us"] == r["model"]["time_us"], r["case"]

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from harness import cli, in_process
+from harness import cli_jobs, in_process
 from hypothesis import given
 from hypothesis import strategies as st
 from test_properties import topologies
@@ -164,16 +164,33 @@ def test_on_hgx_it_is_no_slower_than_the_baseline_or_themis_under_sharing(topo, 
     assert nic_out("themis").bytes > nic_out("baseline").bytes * 1.1
 
 
-@pytest.mark.parametrize("active", [1, 2])
-def test_the_emulator_equals_the_model_behind_a_shared_nic(tmp_path, active):
-    """8 ranks, dims 1 and 2 behind one NIC, fair sharing: exact data, and the model's times to the ns."""
-    args = ["-t", "Ring(2,100,20)_SW(2,100,700)_SW(2,100,700)_NIC(1+2,100)", "-b", "1M", "-c", "16",
+def nic_args(active: int) -> list[str]:
+    """Both port policies, dims 1 and 2 behind one NIC, fair sharing, `active` chunks per dim."""
+    return ["-t", "Ring(2,100,20)_SW(2,100,700)_SW(2,100,700)_NIC(1+2,100)", "-b", "1M", "-c", "16",
             "-p", "themis,themis-ports", "--network", "fair", "--active-chunks-per-dim", str(active), "-q"]  # fmt: skip
-    emu = cli(8, ["run", *args, "-n", "1", "-w", "0", "--json", str(tmp_path / "emu.json")])
+
+
+@pytest.fixture(scope="module")
+def nic_runs(tmp_path_factory) -> dict:
+    """The emulator's runs behind the shared NIC, 1 and 2 active, in one mpiexec (`harness.cli_jobs`)."""
+    tmp = tmp_path_factory.mktemp("nic")
+    runs = {
+        a: (8, ["run", *nic_args(a), "-n", "1", "-w", "0", "--json", str(tmp / f"emu{a}.json")])
+        for a in (1, 2)
+    }
+    done = cli_jobs(runs, tmp)
+    return {a: (done[a], tmp / f"emu{a}.json") for a in runs}
+
+
+@pytest.mark.parametrize("active", [1, 2])
+def test_the_emulator_equals_the_model_behind_a_shared_nic(tmp_path, nic_runs, active):
+    """8 ranks, dims 1 and 2 behind one NIC, fair sharing: exact data, and the model's times to the ns."""
+    args = nic_args(active)
+    emu, emu_json = nic_runs[active]
     assert emu.returncode == 0, emu.stderr
     model = in_process(["model", *args, "--json", str(tmp_path / "model.json")])
     assert model.returncode == 0, model.stderr
-    e, m = json.loads((tmp_path / "emu.json").read_text()), json.loads((tmp_path / "model.json").read_text())
+    e, m = json.loads(emu_json.read_text()), json.loads((tmp_path / "model.json").read_text())
     assert [r["policy"] for r in e] == ["themis", "themis-ports"]
     assert [r["time_us"] for r in e] == [r["time_us"] for r in m]
     assert [r["wrong"] for r in e] == [0, 0]

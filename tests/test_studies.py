@@ -1,14 +1,15 @@
 """The studies' shipped data is what their documented commands write, timings aside (issue 26).
 
 Each test runs a quick subset of a study's command (`--quick`, or the whole command where it is
-short) into tmp_path, in this process (`run_study`), and compares its rows with the matching rows
-of the JSON shipped in docs/, wall-clock fields excluded. A difference means the study is not reproducible (a time budget, an
+short) into a folder of its own, in a process of the suite (`run_study`; two studies at a time,
+`studies`), and compares its rows with the matching rows of the JSON shipped in docs/, wall-clock fields excluded. A difference means the study is not reproducible (a time budget, an
 unseeded draw) or the shipped data is stale: re-run the command of docs/studies.md.
 """
 
 import json
 
 import harness
+import pytest
 from harness import ROOT
 
 import themis_mpi.calibrate
@@ -25,14 +26,48 @@ def untimed(value):
     return value
 
 
-def run_study(script: str, out, *args: str) -> None:
-    """Run scripts/<script> with `args` and --out `out`, as docs/studies.md documents it.
+# The studies of the tests below, run first, two at a time (`studies`): test name -> script, arguments.
+# The longest first (policies, network, scheduling: about 10, 8 and 6 s), so both workers end together.
+STUDIES = {
+    "test_policy_study_quick_rows_are_the_shipped_rows": ("study_policies.py", ["--quick"]),
+    "test_network_study_quick_rows_are_the_shipped_rows": ("study_network.py", ["--quick"]),
+    "test_scheduling_study_quick_rows_are_the_shipped_rows": ("study_scheduling.py", ["--quick"]),
+    "test_hardware_study_regenerates": ("study_hardware.py", []),
+    "test_training_study_quick_rows_are_the_shipped_rows": ("study_training.py", ["--quick"]),
+}
 
-    In this process (the script's ``main(argv)``; none of these needs MPI or a process of its
-    own), from the checkout as the command runs, its output discarded.
+
+def run_study(job: tuple):
+    """Run scripts/<script> with its arguments and --out its folder, as docs/studies.md documents it.
+
+    The script's ``main(argv)`` in a process of the suite (none of these needs MPI or a process of
+    its own), from the checkout as the command runs; its exit code and output.
     """
-    done = harness.in_process([*args, "--out", out], main=harness.script(script.removesuffix(".py")).main)
+    script, out, args = job
+    return harness.in_process([*args, "--out", out], main=harness.script(script.removesuffix(".py")).main)
+
+
+@pytest.fixture(scope="module")
+def studies(request, tmp_path_factory) -> dict:
+    """The selected tests' studies (`STUDIES`) run two at a time (`harness.on_two_cores`): per test, its folder.
+
+    Each in a fork of this process (`run_study`); the tests then read its files.
+    """
+    names = [item.name for item in request.session.items if item.module is request.module]
+    jobs = {
+        n: (script, tmp_path_factory.mktemp(script[:-3]), args)
+        for n, (script, args) in STUDIES.items()
+        if n in names
+    }
+    done = dict(zip(jobs, harness.on_two_cores(run_study, list(jobs.values()))))
+    return {n: (done[n], job[1]) for n, job in jobs.items()}
+
+
+def ran(studies: dict, name: str):
+    """The folder of test `name`'s study (`studies`), once its run is known to have ended well."""
+    done, out = studies[name]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return out
 
 
 def by_key(rows: list[dict], key: tuple[str, ...]) -> dict[tuple, dict]:
@@ -53,9 +88,9 @@ def assert_subset(new: dict[tuple, dict], shipped: dict[tuple, dict]) -> None:
     )
 
 
-def test_policy_study_quick_rows_are_the_shipped_rows(tmp_path):
+def test_policy_study_quick_rows_are_the_shipped_rows(request, studies):
     """study_policies.py --quick gives docs/policies' rows for its cells and workloads, best-found search included."""
-    run_study("study_policies.py", tmp_path, "--quick")
+    tmp_path = ran(studies, request.node.name)
     new = json.loads((tmp_path / "study.json").read_text())
     shipped = json.loads((ROOT / "docs" / "policies" / "study.json").read_text())
     cell = ("topology", "latency", "size_bytes", "chunks", "policy")
@@ -66,18 +101,18 @@ def test_policy_study_quick_rows_are_the_shipped_rows(tmp_path):
     )
 
 
-def test_training_study_quick_rows_are_the_shipped_rows(tmp_path):
+def test_training_study_quick_rows_are_the_shipped_rows(request, studies):
     """study_training.py --quick gives docs/training's rows for its workloads and topologies."""
-    run_study("study_training.py", tmp_path, "--quick")
+    tmp_path = ran(studies, request.node.name)
     key = ("workload", "topology", "latency")
     new = json.loads((tmp_path / "training.json").read_text())
     shipped = json.loads((ROOT / "docs" / "training" / "training.json").read_text())
     assert_subset(by_key(new, key), by_key(shipped, key))
 
 
-def test_hardware_study_regenerates(tmp_path):
+def test_hardware_study_regenerates(request, studies):
     """study_hardware.py (the ACE and INA study, a few seconds) rewrites docs/hardware's JSON and tables."""
-    run_study("study_hardware.py", tmp_path)
+    tmp_path = ran(studies, request.node.name)
     shipped = ROOT / "docs" / "hardware"
     assert untimed(json.loads((tmp_path / "hardware.json").read_text())) == untimed(
         json.loads((shipped / "hardware.json").read_text())
@@ -101,9 +136,9 @@ def test_nccl_fits_regenerate(tmp_path, monkeypatch):
     assert (tmp_path / "nccl.md").read_text() == (shipped / "nccl.md").read_text()
 
 
-def test_network_study_quick_rows_are_the_shipped_rows(tmp_path):
+def test_network_study_quick_rows_are_the_shipped_rows(request, studies):
     """study_network.py --quick gives docs/network's all-reduce, splits and pipeline parts whole and its training rows."""
-    run_study("study_network.py", tmp_path, "--quick")
+    tmp_path = ran(studies, request.node.name)
     new = json.loads((tmp_path / "network.json").read_text())
     shipped = json.loads((ROOT / "docs" / "network" / "network.json").read_text())
     assert untimed(new["all_reduce"]) == untimed(shipped["all_reduce"])
@@ -113,9 +148,9 @@ def test_network_study_quick_rows_are_the_shipped_rows(tmp_path):
     assert_subset(by_key(new["training"], key), by_key(shipped["training"], key))
 
 
-def test_scheduling_study_quick_rows_are_the_shipped_rows(tmp_path):
+def test_scheduling_study_quick_rows_are_the_shipped_rows(request, studies):
     """study_scheduling.py --quick gives docs/scheduling's rows for its workloads at ratio 1."""
-    run_study("study_scheduling.py", tmp_path, "--quick")
+    tmp_path = ran(studies, request.node.name)
     new = json.loads((tmp_path / "scheduling.json").read_text())
     shipped = json.loads((ROOT / "docs" / "scheduling" / "scheduling.json").read_text())
     key = ("workload", "ratio", "policy")

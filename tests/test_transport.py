@@ -110,37 +110,45 @@ class Counting:
         return self.comm.Recv_init(*args)
 
 
-count, chunks, network = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 topo = parse_topology("2x2x2")
-with CartGrid(MPI.COMM_WORLD, topo) as grid:
-    counting = [Counting(c) for c in grid.subcomms]
-    real, grid.subcomms = grid.subcomms, counting
-    config = RunConfig(network=network).on(topo)
-    transport = MpiTransport(grid, config, emulator_timer(topo, config))  # (ideal: no timer)
-    collective = Collective("all_reduce", count, "float64", chunks, (0, 1, 2))
-    result, engine = run_collective(transport, collective, "baseline")
-    transport.drain()
-    grid.subcomms = real
-    sends = sum(c.sends for c in counting)
-    if grid.rank == 0:
-        print(json.dumps({"sends": sends, "stages": len(engine.records), "wrong": result.wrong}))
+for count, chunks, network in zip(*[iter(sys.argv[1:])] * 3):  # one line per case: COUNT CHUNKS NETWORK
+    with CartGrid(MPI.COMM_WORLD, topo) as grid:
+        counting = [Counting(c) for c in grid.subcomms]
+        real, grid.subcomms = grid.subcomms, counting
+        config = RunConfig(network=network).on(topo)
+        transport = MpiTransport(grid, config, emulator_timer(topo, config))  # (ideal: no timer)
+        collective = Collective("all_reduce", int(count), "float64", int(chunks), (0, 1, 2))
+        result, engine = run_collective(transport, collective, "baseline")
+        transport.drain()
+        grid.subcomms = real
+        sends = sum(c.sends for c in counting)
+        if grid.rank == 0:
+            print(json.dumps({"sends": sends, "stages": len(engine.records), "wrong": result.wrong}))
 """
+FOLDS = [(FOLD_MAX_BYTES, "ideal", 1), (FOLD_MAX_BYTES + 8, "ideal", 2), (FOLD_MAX_BYTES + 8, "packet", 1)]
+FOLD_CHUNKS = 4
 
 
-@pytest.mark.parametrize(
-    "block_bytes,network,per_step",
-    [(FOLD_MAX_BYTES, "ideal", 1), (FOLD_MAX_BYTES + 8, "ideal", 2), (FOLD_MAX_BYTES + 8, "packet", 1)],
-)
-def test_a_step_sends_one_message_per_peer_up_to_the_fold_limit_and_two_above(block_bytes, network, per_step):
+@pytest.fixture(scope="module")
+def counted() -> list[dict]:
+    """`COUNT_MESSAGES` of every `FOLDS` case in one 8-rank job: per case, its sends, stages and #wrong."""
+    # the first step's block of every chunk is block_bytes
+    cases = [a for b, network, _ in FOLDS for a in (2 * b // 8 * FOLD_CHUNKS, FOLD_CHUNKS, network)]
+    proc = mpirun(8, ["-c", COUNT_MESSAGES, *map(str, cases)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(FOLDS) :]]
+
+
+@pytest.mark.parametrize("block_bytes,network,per_step", FOLDS)
+def test_a_step_sends_one_message_per_peer_up_to_the_fold_limit_and_two_above(
+    counted, block_bytes, network, per_step
+):
     """On 2x2x2 (one peer per step, six steps per chunk) blocks up to the limit go as one message, larger ones as two.
 
     Under a sharing rule its timer times the stages: no send time travels, a larger block goes alone.
     """
-    chunks = 4
-    count = 2 * block_bytes // 8 * chunks  # the first step's block of every chunk is block_bytes
-    proc = mpirun(8, ["-c", COUNT_MESSAGES, str(count), str(chunks), network])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    chunks = FOLD_CHUNKS
+    out = counted[FOLDS.index((block_bytes, network, per_step))]
     assert out["wrong"] == 0
     # RS dim 0, RS dim 1, AR dim 2 (two steps), AG dim 1, AG dim 0; only the outer dim-0 blocks are that large
     assert out["sends"] == chunks * (4 + 2 * per_step)

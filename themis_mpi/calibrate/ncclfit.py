@@ -237,23 +237,22 @@ def _segments(loss: np.ndarray, penalty: float, pairs_of: list[tuple[str, int]])
     A dynamic programme over the last pair and the pairs used so far.
     """
     n, m = loss.shape
-
-    def may(used: int, q: int) -> bool:
-        algo, rank = pairs_of[q]
-        return not any(used >> u & 1 and pairs_of[u][0] == algo and pairs_of[u][1] > rank for u in range(m))
-
-    layer = {(p, 1 << p): float(loss[0, p]) + penalty for p in range(m) if np.isfinite(loss[0, p])}
+    # q may follow the pairs `used` unless one of its algorithm's later protocols is among them
+    after = [sum(1 << u for u, (b, r) in enumerate(pairs_of) if b == a and r > rank) for a, rank in pairs_of]
+    rows = loss.tolist()  # (Python floats: the same sums as on numpy's, without a scalar per step)
+    layer = {(p, 1 << p): rows[0][p] + penalty for p in range(m) if math.isfinite(rows[0][p])}
     back: list[dict] = [{}]
     for i in range(1, n):
         new: dict = {}
         prev: dict = {}
-        row = loss[i]
+        row = rows[i]
+        open_ = [q for q in range(m) if math.isfinite(row[q])]
         for (p, used), cost in layer.items():
-            moves = [(p, used, cost + row[p])] if np.isfinite(row[p]) else []
+            moves = [(p, used, cost + row[p])] if math.isfinite(row[p]) else []
             moves += [
                 (q, used | 1 << q, cost + penalty + row[q])
-                for q in range(m)
-                if not used >> q & 1 and np.isfinite(row[q]) and may(used, q)
+                for q in open_
+                if not used >> q & 1 and not used & after[q]
             ]
             for q, u, c in moves:
                 if c < new.get((q, u), math.inf):

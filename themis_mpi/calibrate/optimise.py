@@ -19,7 +19,7 @@ def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     depends on the BLAS kernel the machine picks).
     """
     n = len(b)
-    m = [[float(a[i, j]) for j in range(n)] + [float(b[i])] for i in range(n)]
+    m = [row + [bi] for row, bi in zip(a.tolist(), b.tolist())]  # (Python floats, as float() gives)
     for col in range(n):
         pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
         if m[pivot][col] == 0.0 or not math.isfinite(m[pivot][col]):
