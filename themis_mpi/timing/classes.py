@@ -19,6 +19,30 @@ of every NPU. That is exact for a rule where a transfer's share on a link is wha
 link at its rate, fluid max-min sharing (`FLUID`: ``fair``); under a rule that queues messages
 one by one (``store-forward``) or any other, every NPU runs. A stage pattern the classes were not
 refined by stops the run (`Unproven`), which starts again refined by it (`world.by_classes`).
+
+**Messages.** Ranks of one kind (`kinds`) run one program whose point-to-point peers lie at the
+same rank offsets (a generated LLM's ranks of one pipeline stage: `workloads.llm.LazyTraces.kind`).
+A message pattern (`Message`: the sender's kind, the offset to its receiver) refines as a stage
+pattern does: every NPU by the class of the NPU it sends to at that offset and of the one it
+receives from. Then ``r -> r + offset`` maps the senders' class A one to one onto the receivers'
+class B (each member of A sends into B, each member of B receives from A), so ``|A| = |B|``, and
+the representatives' message (A's sends, B's receives, matched by the classes, tag, offset and
+order: `world.World._message`) stands for each member's, its share on B's links weighed
+``|A| / |B| = 1``. A message whose route crosses a third NPU's links (a Ring's hops, a second
+dim) is not proven so: every NPU runs (`Inexact`).
+
+**The packet rule** (`packet`) is admitted where every weight is 1 (`Classes.step` checks each
+step it weighs, `Inexact` otherwise: every NPU runs; e.g. NPUs alike but for their pipeline
+stage, not a lone straggler's class of 1 sending to a class of 7). Then each representative's
+link carries, transfer for transfer, the transfers a member's link carries in the run of every
+NPU: the same shares and messages (`PacketStep.messages`, kept through the weighing), so the
+per-message max-min rates are the same. What else packet decides is per sender link (its queue
+of whole-packet transfers, the round robin that starts a transfer a packet after the one before,
+the half packet of residual wait): those links are the sender's own (`PacketStep.sends`; a
+message's route is its sender's and receiver's links only), so they carry only that NPU's own
+transfers, which a representative starts in the order any member does. A receiver's down-link
+may merge two members' transfers into one of twice the share (two receivers of one class),
+which the max-min rates and the packet rule's "is anything on this link" tests treat alike.
 """
 
 from __future__ import annotations
@@ -34,18 +58,26 @@ from ..config import RunConfig
 from ..topology import Topology
 from .fair import Fair
 from .links import Step, one_transfer
+from .packet import Packet
 from .rules import rule_class
 
 FLUID: tuple[type, ...] = (Fair,)  # rules where a share counts as that many transfers (module doc)
+UNIT: tuple[type, ...] = (Packet,)  # rules admitted where every share counts once (module doc)
 Pattern = tuple[int, tuple[tuple[tuple[int, float], ...], ...]]  # (dim, per step (distance, share)s)
+Message = tuple[int, int]  # (the sender's kind, the receiver's rank less the sender's)
 
 
 class Unproven(Exception):
     """A stage pattern the classes were not refined by: the run stops, to run again refined by it."""
 
-    def __init__(self, pattern: Pattern):
-        super().__init__(f"a stage pattern on dim {pattern[0]} the classes were not refined by")
-        self.pattern = pattern
+    def __init__(self, pattern: Pattern | None = None, message: Message | None = None):
+        what = f"a stage pattern on dim {pattern[0]}" if pattern else f"a message pattern {message}"
+        super().__init__(f"{what} the classes were not refined by")
+        self.pattern, self.message = pattern, message
+
+
+class Inexact(Exception):
+    """A step classes cannot weigh exactly under the run's rule (module doc): every NPU runs."""
 
 
 def fluid(rule: str) -> bool:
@@ -57,6 +89,11 @@ def fluid(rule: str) -> bool:
     return rule_class(rule) in FLUID
 
 
+def admitted(rule: str) -> bool:
+    """Whether classes may run under a rule: a fluid one, or one checked run by run (`UNIT`)."""
+    return fluid(rule) or rule_class(rule) in UNIT
+
+
 @dataclass(frozen=True)
 class Classes:
     """NPUs in classes that see the same events (module doc).
@@ -66,12 +103,16 @@ class Classes:
         reps: each class's representative, its lowest rank (ascending: rank 0 first).
         sizes: each class's NPUs.
         patterns: the stage patterns the classes are refined by.
+        kinds: every rank's kind, numbered (0: none given).
+        messages: the message patterns the classes are refined by.
     """
 
     of: np.ndarray
     reps: tuple[int, ...]
     sizes: np.ndarray
     patterns: frozenset[Pattern]
+    kinds: np.ndarray
+    messages: frozenset[Message] = frozenset()
 
     @property
     def count(self) -> int:
@@ -82,11 +123,12 @@ class Classes:
         """The representative of a rank's class."""
         return self.reps[self.of[rank]]
 
-    def step(self, rank: int, step: Step, per_npu: int, capacity: list[float]) -> Step:
+    def step(self, rank: int, step: Step, per_npu: int, capacity: list[float], unit: bool = False) -> Step:
         """A representative's step on representatives' links, its shares weighed by class sizes (module doc).
 
         Link ``j * per_npu + x`` (NPU j's link x) becomes its representative's link x; a share
-        there counts ``|A| / |B|`` times, A the sender's class and B that NPU's.
+        there counts ``|A| / |B|`` times, A the sender's class and B that NPU's. With `unit`
+        (a rule admitted where every weight is 1), any other weight raises `Inexact`.
         """
         a = self.sizes[self.of[rank]]
         hops = []
@@ -95,10 +137,15 @@ class Classes:
             for link, share in hop:
                 j, x = divmod(link, per_npu)
                 b = self.of[j]
+                if unit and a != self.sizes[b]:
+                    raise Inexact(f"a class of {a} NPUs sends to one of {self.sizes[b]}")
                 q = self.reps[b] * per_npu + x
                 usage[q] = usage.get(q, 0.0) + share * float(a / self.sizes[b])
             hops.append(tuple(usage.items()))
-        return one_transfer(step.bytes, tuple(hops), step.delay_ns, capacity)
+        (made,) = step.transfers
+        return one_transfer(
+            step.bytes, tuple(hops), step.delay_ns, capacity, made.messages, made.message_bytes
+        )
 
     def recvs(self, ranks: Iterable[int]) -> tuple[int, ...]:
         """The representatives of the NPUs a step receives from."""
@@ -115,33 +162,44 @@ def pattern_key(dim: int, peers: tuple[tuple[tuple[int, float], ...], ...]) -> P
 
 
 def npu_classes(
-    topology: Topology, config: RunConfig, kinds: Mapping[int, Any], patterns: Iterable[Pattern]
+    topology: Topology,
+    config: RunConfig,
+    kinds: Mapping[int, Any],
+    patterns: Iterable[Pattern],
+    messages: Iterable[Message] = (),
 ) -> Classes:
     """The coarsest classes of NPUs alike in their start and in their peers' classes (module doc).
 
     Args:
         topology: the network.
         config: the run settings: late NPUs and scaled links set NPUs apart.
-        kinds: what else sets an NPU's program apart (e.g. its compute factor), by rank.
+        kinds: what else sets an NPU's program apart (e.g. its compute factor, its graph), by rank.
         patterns: the stage patterns to refine by.
+        messages: the message patterns to refine by.
     """
     n = topology.npus
+    kind_ids: dict[str, int] = {}
+    kind_of = np.zeros(n, np.int64)
+    for r, kind in sorted(kinds.items()):
+        kind_of[r] = kind_ids.setdefault(repr(kind), len(kind_ids) + 1)
     keys: dict[int, list] = defaultdict(list)
     for r, delay_ns in config.npu_delay_ns:
         keys[r].append(("late", float(delay_ns)))
-    for r, kind in kinds.items():
-        keys[r].append(("kind", repr(kind)))
+    for r in kinds:
+        keys[r].append(("kind", int(kind_of[r])))
     for d, r, f in config.link_scale:
         keys[r].append(("link", d, float(f)))
     colour = np.zeros(n, np.int64)
     distinct: dict[tuple, int] = {}
     for r, key in sorted(keys.items()):
         colour[r] = distinct.setdefault(tuple(sorted(key)), len(distinct) + 1)
-    patterns = frozenset(patterns)
+    patterns, messages = frozenset(patterns), frozenset(messages)
     tables = [t for d, steps in sorted(patterns) for step in steps for t in _tables(topology, d, step)]
+    tables += [t for kind, offset in sorted(messages) for t in _message_tables(kind_of, kind, offset)]
     count = len(np.unique(colour))
     while True:
-        columns = [colour[:, None]] + [np.sort(colour[t], axis=1) for t in tables]
+        padded = np.append(colour, -1)  # (index n: no such peer)
+        columns = [colour[:, None]] + [np.sort(padded[t], axis=1) for t in tables]
         _, colour = np.unique(np.concatenate(columns, axis=1), axis=0, return_inverse=True)
         colour = colour.ravel()
         new = int(colour.max()) + 1
@@ -153,7 +211,44 @@ def npu_classes(
     renumber = np.empty_like(order)
     renumber[order] = np.arange(len(order))
     of = renumber[colour]
-    return Classes(of, tuple(int(r) for r in first[order]), np.bincount(of), patterns)
+    reps = tuple(int(r) for r in first[order])
+    return Classes(of, reps, np.bincount(of), patterns, kind_of, messages)
+
+
+def message_family(kind_of: np.ndarray, message: Message) -> set[Message]:
+    """A message pattern met, and its likes: every kind's at that offset either way, where it stays in range.
+
+    Refining by a pattern no NPU sends keeps the classes exact (only finer), and a pipeline's
+    stages send at one offset forward and back: one run learns them all.
+    """
+    n, offset = len(kind_of), message[1]
+    ranks = np.arange(n)
+    out = {message}
+    for kind in np.unique(kind_of):
+        members = ranks[kind_of == kind]
+        for o in (offset, -offset):
+            if 0 <= members.min() + o and members.max() + o < n:
+                out.add((int(kind), o))
+    return out
+
+
+def _message_tables(kind_of: np.ndarray, kind: int, offset: int) -> list[np.ndarray]:
+    """A message pattern's tables: each NPU of the kind's receiver, and each NPU's sender of that kind.
+
+    Index n where an NPU has none; an NPU of the kind whose receiver is out of range cannot be
+    proven alike (`Inexact`).
+    """
+    n = len(kind_of)
+    ranks = np.arange(n)
+    senders = kind_of == kind
+    to = ranks + offset
+    if np.any(senders & ((to < 0) | (to >= n))):
+        raise Inexact(f"NPUs of one kind send at offset {offset} past the last NPU")
+    frm = ranks - offset
+    inside = (frm >= 0) & (frm < n)
+    back = np.where(inside, frm, n)
+    back = np.where(inside & senders[np.clip(frm, 0, n - 1)], back, n)
+    return [np.where(senders, to, n)[:, None], back[:, None]]
 
 
 def _tables(topology: Topology, d: int, step: tuple[tuple[int, float], ...]) -> list[np.ndarray]:

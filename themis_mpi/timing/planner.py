@@ -246,22 +246,27 @@ def run_on(
         transport: this process's (the model's, or an MPI rank's).
         body: the per-NPU run, on the transport it is given.
         keep_starts: on the model, keep every NPU's stage starts on its links (to say why they
-            deadlock; the emulator's replay keeps them anyway).
+            deadlock; the emulator's replay keeps them anyway); a run by classes that stalls
+            runs again so.
         on_model: the model's own run where its one process stands for NPUs that differ: the
             linked ranks (`LINKED`), the slices of several jobs (`SLICES`).
         deadlock: NPUs of every NPU's links that wait for each other are a user's mistake,
             said in one line that starts with this (else the world's `errors.Stalled`).
         kinds: on the model on every NPU's links, what sets NPUs' programs apart (e.g. their
-            compute factors), by rank: one NPU per class runs where classes apply
-            (`world.by_classes`); None: NPUs cannot be told apart so, every NPU runs.
+            compute factors, their graphs), by rank; ranks of one kind run one program, its
+            messages' peers at the same rank offsets: one NPU per class runs where classes
+            apply (`world.by_classes`); None: NPUs cannot be told apart so, every NPU runs.
     """
     model = isinstance(transport, ModelTransport)
     topology, config = transport.topology, transport.config
     if plan.simulator == WORLD:
         try:
             results = None
-            if model and not keep_starts and kinds is not None:  # (one NPU per class, where they apply)
-                results = by_classes(topology, config, kinds, body)
+            if model and kinds is not None:  # (one NPU per class, where they apply)
+                try:
+                    results = by_classes(topology, config, kinds, body)
+                except Stalled:  # (every NPU's run below says why, with its starts kept)
+                    results = None
             if results is None:
                 world = World(topology, config, replayable=keep_starts or not model)
                 results = world.run(body)

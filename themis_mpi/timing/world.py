@@ -45,7 +45,7 @@ from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from ..errors import UsageError
 from ..topology import Topology
-from .classes import Classes, Unproven, fluid, npu_classes, pattern_key
+from .classes import Classes, Inexact, Unproven, admitted, fluid, message_family, npu_classes, pattern_key
 from .events import EventLoop
 from .greenlets import MAX_NPUS, GreenletControl, Greenlets
 from .links import Flow, Step
@@ -152,8 +152,7 @@ class World(Greenlets):
         replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
             need them; the model does not, and they are most of the memory of a long run).
         classes: run one NPU per class, on its class's links weighed (`classes.Classes`; a
-            fluid rule, collectives and training without messages; not replayable); None:
-            every NPU.
+            rule classes admit, `classes.admitted`; not replayable); None: every NPU.
     """
 
     def __init__(
@@ -167,12 +166,13 @@ class World(Greenlets):
         simulated = topology.npus if classes is None else classes.count
         if simulated > MAX_NPUS:
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
-        assert classes is None or (not replayable and fluid(config.network) and config.compat != ASTRA_SIM_2)
+        assert classes is None or not (replayable or config.compat or not admitted(config.network))
         if classes is None:
             super().__init__(topology.npus)
         else:
             super().__init__(topology.npus, classes.reps, classes.sizes)
         self.classes = classes
+        self.unit = not fluid(config.network)  # (with classes: every weight must be 1, `Classes.step`)
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
         self.routes = NpuRoutes(topology, config.link_scale)
@@ -192,7 +192,7 @@ class World(Greenlets):
         self._sent: dict[tuple, int] = {}  # (key, step, sender) -> receivers yet to take it
         self._waiting: dict[tuple, list[Flow]] = {}  # (key, step, sender) -> receivers waiting
         self._counts: dict[tuple, int] = defaultdict(int)
-        self._posted: dict[tuple, StageRun] = {}  # a message's first side, until the other comes
+        self._posted: dict[tuple, tuple[int, MessageRun]] = {}  # a message's first side, until the other
         # 2.x: messages in before their receive, receives before their message
         self._arrived: dict[tuple, int] = defaultdict(int)
         self._receives: dict[tuple, deque[_Astra2Stage]] = defaultdict(deque)
@@ -305,34 +305,47 @@ class World(Greenlets):
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
         per_npu, capacity = self.routes.per_npu, self.routes.capacity
         return (
-            tuple(classes.step(rank, step, per_npu, capacity) for step in steps),
+            self.rule.prepared(tuple(classes.step(rank, s, per_npu, capacity, self.unit) for s in steps)),
             tuple(classes.recvs(r) for r in recvs),
             tuple(classes.consumers(base + (c + k) % p * stride for k, _ in ks) for ks in peers),
         )
 
     def _message(self, rank: int, run: MessageRun) -> None:
-        """A message side: its transfer starts once both sides are issued (the later issue is now)."""
-        if self.classes is not None:
-            raise UsageError("point-to-point messages run on every NPU's links, not by classes")
+        """A message side: its transfer starts once both sides are issued (the later issue is now).
+
+        With classes the sides are the representatives' (`classes` module doc): they match by
+        the classes of sender and receiver, the tag, the offset and the order.
+        """
         if self.astra2:
             raise UsageError("point-to-point messages are not part of --compat astra-sim-2")
         src, dst = (rank, run.peer) if run.send else (run.peer, rank)
-        side = (src, dst, run.tag, run.send)
+        classes = self.classes
+        if classes is None:
+            side: tuple = (src, dst, run.tag, run.send)
+        else:
+            pattern = (int(classes.kinds[src]), dst - src)
+            if pattern not in classes.messages:
+                raise Unproven(message=pattern)
+            side = (int(classes.of[src]), int(classes.of[dst]), run.tag, dst - src, run.send)
         k = self._counts[side]
         self._counts[side] = k + 1
-        other = self._posted.pop((src, dst, run.tag, not run.send, k), None)
+        other = self._posted.pop(side[:-1] + (not run.send, k), None)
         if other is None:
-            self._posted[side + (k,)] = run
+            self._posted[side + (k,)] = (rank, run)
             return
-        send, recv = (run, other) if run.send else (other, run)
-        assert isinstance(send, MessageRun)
+        (sender, send), (receiver, recv) = ((rank, run), other) if run.send else (other, (rank, run))
         cost = self.cost(1)
         dims = self.topology.dims
         delay_ns = 0.0
         for d, hops in send.path:
             delay_ns = delay_ns + (hops * dims[d].latency_ns + cost.endpoint_delay_ns)
-        step = self.routes.message(src, dst, send.nbytes, delay_ns)
-        self.rule.start(Flow(_Message(((src, send), (dst, recv))), (step,)))
+        step = self.routes.message(sender, send.peer, send.nbytes, delay_ns)
+        if classes is not None:
+            per_npu = self.routes.per_npu
+            if any(link // per_npu not in (sender, send.peer) for link in step.links):
+                raise Inexact("a message crosses a third NPU's links")
+            step = classes.step(sender, step, per_npu, self.routes.capacity, self.unit)
+        self.rule.start(Flow(_Message(((sender, send), (receiver, recv))), (step,)))
 
     # --- ASTRA-sim 2.x's system layer ----------------------------------------------------------------
 
@@ -548,24 +561,29 @@ class WorldTransport(GreenletControl):
 
 
 def by_classes(
-    topology: Topology, config: RunConfig, kinds: Mapping[int, Any], body: Callable[[Any], T], rounds: int = 8
+    topology: Topology,
+    config: RunConfig,
+    kinds: Mapping[int, Any],
+    body: Callable[[Any], T],
+    rounds: int = 16,
 ) -> list[T] | None:
     """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
 
-    The classes are refined by every stage pattern the run meets, starting from an all-reduce's
-    (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from none); one it
-    had not met stops the run, which starts again refined by it (at most `rounds` times). None
-    where classes do not apply (a rule that is not fluid, a compat) or do not reduce: every NPU
-    runs.
+    The classes are refined by every stage and message pattern the run meets, starting from an
+    all-reduce's (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from
+    none); one it had not met stops the run, which starts again refined by it (at most `rounds`
+    times). None where classes do not apply (a rule they do not admit, a compat), do not reduce,
+    or meet a step they cannot weigh exactly (`classes.Inexact`): every NPU runs.
 
     Args:
         topology: the network.
         config: the run settings (its rule and stragglers).
-        kinds: what sets an NPU's program apart (e.g. its compute factor), by rank.
+        kinds: what sets an NPU's program apart (e.g. its compute factor), by rank; ranks of one
+            kind run one program, its messages' peers at the same rank offsets.
         body: the per-NPU run, on the transport it is given.
         rounds: runs to try before giving up on classes.
     """
-    if config.compat or not fluid(config.network):
+    if config.compat or not admitted(config.network):
         return None
     cost = config.costs(topology)(4)  # (an all-reduce's stages, primed: most runs then go once)
     planner = step_planner(topology, cost)
@@ -574,16 +592,23 @@ def by_classes(
         for d in range(len(topology.dims))
         for op in (RS, AG)
     }
+    messages: set = set()
     primed = True
-    for _ in range(rounds):
-        classes = npu_classes(topology, config, kinds, patterns)
-        if classes.count == topology.npus:
-            if not primed:
-                return None
-            patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
-            continue
-        try:
-            return World(topology, config, replayable=False, classes=classes).run(body)
-        except Unproven as exc:
-            patterns.add(exc.pattern)
+    try:
+        for _ in range(rounds):
+            classes = npu_classes(topology, config, kinds, patterns, messages)
+            if classes.count == topology.npus:
+                if not primed:
+                    return None
+                patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
+                continue
+            try:
+                return World(topology, config, replayable=False, classes=classes).run(body)
+            except Unproven as exc:
+                if exc.pattern is not None:
+                    patterns.add(exc.pattern)
+                if exc.message is not None:  # (and its likes: one more run learns them all at once)
+                    messages |= message_family(classes.kinds, exc.message)
+    except Inexact:
+        return None
     return None
