@@ -7,10 +7,13 @@ import random
 import pytest
 from test_classes import TEXT, every_npu, same_fields
 
+from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
+from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import model_training, run_graph
-from themis_mpi.timing.world import World
+from themis_mpi.timing import planner
+from themis_mpi.timing.world import World, expected_npus
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph
 from themis_mpi.workloads.llm import LazyTraces, LlmConfig, fit_groups
@@ -136,3 +139,20 @@ def test_packet_by_classes_where_every_weight_is_one(monkeypatch, simulated, con
     fast = run()
     assert (simulated[-1] < topo.npus) == by_classes
     same_fields(fast, every_npu(monkeypatch, run))
+
+
+def test_the_estimate_counts_the_classes_that_will_run(simulated):
+    """`planner.estimate` prices the NPUs the classes run where they apply: the classes a run starts with."""
+    topo = parse_topology("SW(8,100,500,direct)_SW(16,50,1000,direct)_SW(8,50,1000,direct)")
+    late = dict(npu_delay_ns=((5, 1e3),))
+    by_rule = {
+        rule: planner.plan(planner.Run(topo, RunConfig(network=rule, **late), planner.TRAINING))
+        for rule in ("fair", "packet")
+    }
+    (fair_s, fair_why), (packet_s, packet_why) = (planner.estimate(p, 4480) for p in by_rule.values())
+    assert "1024 NPUs as 8 classes x 4,480 chunk steps" in fair_why and "1024 NPUs x 4,480" in packet_why
+    assert fair_s < packet_s / 100  # (8 NPUs against 1024, each dearer the more share the links)
+    small = parse_topology("SW(8,100,500,direct)_SW(2,50,1000,direct)")
+    config = RunConfig(network="fair", **late)
+    model_collective(small, Collective("all_reduce", 1 << 16, "float32", 2, (0, 1)), "baseline", config)
+    assert simulated == [expected_npus(small, config, {})] == [4]  # (NPU 5, its dim-0 others, the rest's 2)

@@ -49,7 +49,7 @@ from .routes import uneven_dims
 from .rules import IDEAL, rule_class
 from .symmetric import Symmetric, Timer, one_npu_exact
 from .vectors import NpuVectors
-from .world import World, by_classes
+from .world import World, by_classes, expected_npus
 
 T = TypeVar("T")
 COLLECTIVE, TRAINING, GRAPH, JOBS = "collective", "training", "graph", "jobs"
@@ -327,7 +327,9 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     From what the planner chose: one NPU's view (and the linked ranks, the slices of jobs) costs
     per chunk step of that NPU; every NPU costs per NPU and step (vectorised: mostly per step,
     the numpy calls serve every NPU at once; on every NPU's links a little more per step the more
-    NPUs share the links). The constants (`STEP_US`) are CPU seconds of this machine, measured
+    NPUs share the links, and only the NPUs its classes simulate where they apply,
+    `world.expected_npus`: a slow NPU each its own kind, graphs and messages every NPU). The
+    constants (`STEP_US`) are CPU seconds of this machine, measured
     by a benchmark; a faster every-NPU simulator only moves them. Stragglers add the agreed
     order's one-NPU run. The themis policy's oracle runs and the run's start are not counted.
 
@@ -343,10 +345,13 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     """
     run, npus = plan.run, plan.run.topology.npus
     one_us = steps_per_npu * STEP_US[ONE_NPU]
+    kinds = {r: r for r in slow_npus}  # (each its own: at least as many classes as the run's)
+    simulated = npus
     if plan.simulator == VECTORS:
         cost_us = steps_per_npu * (STEP_US[VECTORS] + npus * VECTORS_NPU_STEP_US)
     elif plan.simulator == WORLD:
-        cost_us = steps_per_npu * npus * STEP_US[WORLD] * (npus / WORLD_NPUS) ** WORLD_GROWTH
+        simulated = npus if run.per_rank or run.messages else expected_npus(run.topology, run.config, kinds)
+        cost_us = steps_per_npu * simulated * STEP_US[WORLD] * (simulated / WORLD_NPUS) ** WORLD_GROWTH
     elif plan.simulator == GREENLETS:
         cost_us = steps_per_npu * npus * STEP_US[GREENLETS]
     else:
@@ -361,4 +366,6 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     size = (
         f"{npus} NPUs x {steps_per_npu:,} chunk steps" if plan.every_npu else f"{steps_per_npu:,} chunk steps"
     )
+    if simulated < npus:
+        size = f"{npus} NPUs as {simulated} classes x {steps_per_npu:,} chunk steps"
     return cost_us / 1e6, f"{plan.simulator} under {plan.rule} ({', '.join([*causes, size])})"

@@ -573,7 +573,8 @@ def by_classes(
     all-reduce's (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from
     none); one it had not met stops the run, which starts again refined by it (at most `rounds`
     times). None where classes do not apply (a rule they do not admit, a compat), do not reduce,
-    or meet a step they cannot weigh exactly (`classes.Inexact`): every NPU runs.
+    or meet a step they cannot weigh exactly (`classes.Inexact`; under a rule admitted where every
+    weight is 1, classes of different sizes are refused before they run): every NPU runs.
 
     Args:
         topology: the network.
@@ -585,18 +586,14 @@ def by_classes(
     """
     if config.compat or not admitted(config.network):
         return None
-    cost = config.costs(topology)(4)  # (an all-reduce's stages, primed: most runs then go once)
-    planner = step_planner(topology, cost)
-    patterns = {
-        pattern_key(d, planner.stage_peers(d, op, PRIME_ELEMS))
-        for d in range(len(topology.dims))
-        for op in (RS, AG)
-    }
+    patterns = primed_patterns(topology, config)
     messages: set = set()
     primed = True
     try:
         for _ in range(rounds):
             classes = npu_classes(topology, config, kinds, patterns, messages)
+            if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
+                return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
             if classes.count == topology.npus:
                 if not primed:
                     return None
@@ -612,3 +609,32 @@ def by_classes(
     except Inexact:
         return None
     return None
+
+
+def primed_patterns(topology: Topology, config: RunConfig) -> set:
+    """The stage patterns classes start from: an all-reduce's of `PRIME_ELEMS` on every dim."""
+    planner = step_planner(topology, config.costs(topology)(4))
+    return {
+        pattern_key(d, planner.stage_peers(d, op, PRIME_ELEMS))
+        for d in range(len(topology.dims))
+        for op in (RS, AG)
+    }
+
+
+def expected_npus(topology: Topology, config: RunConfig, kinds: Mapping[int, Any]) -> int:
+    """The NPUs a run on every NPU's links is expected to simulate: its first classes', else every NPU.
+
+    For an estimate (`planner.estimate`): the classes `by_classes` starts from; every NPU
+    where they do not apply or do not reduce, and under a rule admitted where every weight is 1
+    (`classes.UNIT`) where the classes differ in size.
+    """
+    n = topology.npus
+    if config.compat or not admitted(config.network):
+        return n
+    try:
+        classes = npu_classes(topology, config, kinds, primed_patterns(topology, config))
+    except Inexact:
+        return n
+    if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
+        return n
+    return classes.count
