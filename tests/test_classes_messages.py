@@ -13,6 +13,8 @@ from themis_mpi.model import ModelTransport
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import model_training, run_graph
 from themis_mpi.timing import planner
+from themis_mpi.timing.classes import Inexact, npu_classes
+from themis_mpi.timing.routes import NpuRoutes
 from themis_mpi.timing.world import World, expected_npus
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph
@@ -98,11 +100,31 @@ def test_gpt_on_a_64_npu_cut_of_hgx_keeps_its_iteration(monkeypatch, simulated):
     same_fields(fast, plain)
 
 
-def test_a_message_across_a_third_npus_links_runs_every_npu(simulated):
-    """PP 4 over two dims of 2: a message from stage 1 to 2 crosses a third NPU's links, so every NPU runs."""
+def test_messages_across_a_third_npus_links_run_by_classes(monkeypatch, simulated):
+    """PP 4 over two dims of 2: stage 1 to 2 crosses a third NPU's links, which the classes refine by too."""
     graph, topo = llm_graph("SW(2,100,500)_SW(2,50,1000)_SW(2,50,1000)", tp=2, pp=4, dp=1, global_batch=4)
-    gpt(graph, topo, "packet")
-    assert simulated[-1] == topo.npus
+    fast = gpt(graph, topo, "packet")
+    assert simulated[-1] == 4
+    same_fields(fast, every_npu(monkeypatch, lambda: gpt(graph, topo, "packet")))
+
+
+def test_a_route_at_offsets_that_differ_is_refused():
+    """On Ring(3) x SW(2), rank 2's message 1 ahead wraps the ring and crosses NPU 0's switch; rank 0's does not.
+
+    NPUs of one kind whose routes cross NPUs at different offsets cannot be proven alike (`Inexact`).
+    """
+    topo = parse_topology("Ring(3,100,500)_SW(2,50,1000)")
+    routes = NpuRoutes(topo, ())
+
+    def vias(src: int, dst: int) -> set[int]:
+        return {link // routes.per_npu for hop in routes.route(src, dst) for link, _ in hop}
+
+    assert vias(0, 1) == {0} and vias(2, 3) == {2, 0, 3}
+    config, kinds = RunConfig(network="fair"), {r: r % 2 for r in range(6)}  # (kind 1: ranks 0, 2, 4)
+    with pytest.raises(Inexact):
+        npu_classes(topo, config, kinds, [], [(1, 1)], vias)
+    across = {r: r // 3 for r in range(6)}  # (kind 1: ranks 0, 1, 2, each to the one 3 ahead, on dim 1)
+    assert npu_classes(topo, config, across, [], [(1, 3)], vias).count == 2
 
 
 def test_graphs_from_files_run_every_npu(simulated):

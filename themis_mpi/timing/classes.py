@@ -29,7 +29,9 @@ class B (each member of A sends into B, each member of B receives from A), so ``
 the representatives' message (A's sends, B's receives, matched by the classes, tag, offset and
 order: `world.World._message`) stands for each member's, its share on B's links weighed
 ``|A| / |B| = 1``. A message whose route crosses a third NPU's links (a Ring's hops, a second
-dim) is not proven so: every NPU runs (`Inexact`).
+dim's switch) refines so by each such NPU too, at its offset from the sender (every sender's
+route must cross NPUs at the same offsets, else every NPU runs: `Inexact`): its class C is then
+A moved by that offset, ``|C| = |A|``, and the share there counts once as well.
 
 **The packet rule** (`packet`) is admitted where every weight is 1 (`Classes.step` checks each
 step it weighs, `Inexact` otherwise: every NPU runs; e.g. NPUs alike but for their pipeline
@@ -38,9 +40,10 @@ link carries, transfer for transfer, the transfers a member's link carries in th
 NPU: the same shares and messages (`PacketStep.messages`, kept through the weighing), so the
 per-message max-min rates are the same. What else packet decides is per sender link (its queue
 of whole-packet transfers, the round robin that starts a transfer a packet after the one before,
-the half packet of residual wait): those links are the sender's own (`PacketStep.sends`; a
-message's route is its sender's and receiver's links only), so they carry only that NPU's own
-transfers, which a representative starts in the order any member does. A receiver's down-link
+the half packet of residual wait): those links are an NPU's own (`PacketStep.sends`): they
+carry that NPU's own transfers, which a representative starts in the order any member does, and
+the messages it forwards, one per sender of a class moved one to one onto its own (a message's
+route, above), the same in the representatives' run. A receiver's down-link
 may merge two members' transfers into one of twice the share (two receivers of one class),
 which the max-min rates and the packet rule's "is anything on this link" tests treat alike.
 """
@@ -48,7 +51,7 @@ which the max-min rates and the packet rule's "is anything on this link" tests t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,6 +170,7 @@ def npu_classes(
     kinds: Mapping[int, Any],
     patterns: Iterable[Pattern],
     messages: Iterable[Message] = (),
+    vias: Callable[[int, int], set[int]] | None = None,
 ) -> Classes:
     """The coarsest classes of NPUs alike in their start and in their peers' classes (module doc).
 
@@ -176,6 +180,8 @@ def npu_classes(
         kinds: what else sets an NPU's program apart (e.g. its compute factor, its graph), by rank.
         patterns: the stage patterns to refine by.
         messages: the message patterns to refine by.
+        vias: the NPUs a message from one NPU to another crosses the links of (its ends too);
+            needed with `messages`.
     """
     n = topology.npus
     kind_ids: dict[str, int] = {}
@@ -195,7 +201,9 @@ def npu_classes(
         colour[r] = distinct.setdefault(tuple(sorted(key)), len(distinct) + 1)
     patterns, messages = frozenset(patterns), frozenset(messages)
     tables = [t for d, steps in sorted(patterns) for step in steps for t in _tables(topology, d, step)]
-    tables += [t for kind, offset in sorted(messages) for t in _message_tables(kind_of, kind, offset)]
+    for kind, offset in sorted(messages):
+        assert vias is not None, "message patterns need their routes"
+        tables += _message_tables(kind_of, kind, offset, vias)
     count = len(np.unique(colour))
     while True:
         padded = np.append(colour, -1)  # (index n: no such peer)
@@ -232,23 +240,34 @@ def message_family(kind_of: np.ndarray, message: Message) -> set[Message]:
     return out
 
 
-def _message_tables(kind_of: np.ndarray, kind: int, offset: int) -> list[np.ndarray]:
-    """A message pattern's tables: each NPU of the kind's receiver, and each NPU's sender of that kind.
+def _message_tables(
+    kind_of: np.ndarray, kind: int, offset: int, vias: Callable[[int, int], set[int]]
+) -> list[np.ndarray]:
+    """A message pattern's tables: per NPU its peer at each offset of the route, and who routes via it.
 
-    Index n where an NPU has none; an NPU of the kind whose receiver is out of range cannot be
-    proven alike (`Inexact`).
+    The offsets are the receiver's and those of the NPUs whose links the route crosses; each
+    table's twin holds, per NPU, the sender of that kind whose route puts it there (index n
+    where an NPU has none). The route must cross NPUs at the same offsets from every sender of
+    the kind, within range; else they cannot be proven alike (`Inexact`).
     """
     n = len(kind_of)
     ranks = np.arange(n)
     senders = kind_of == kind
-    to = ranks + offset
-    if np.any(senders & ((to < 0) | (to >= n))):
+    members = ranks[senders]
+    if members.min() + offset < 0 or members.max() + offset >= n:
         raise Inexact(f"NPUs of one kind send at offset {offset} past the last NPU")
-    frm = ranks - offset
-    inside = (frm >= 0) & (frm < n)
-    back = np.where(inside, frm, n)
-    back = np.where(inside & senders[np.clip(frm, 0, n - 1)], back, n)
-    return [np.where(senders, to, n)[:, None], back[:, None]]
+    ats = {tuple(sorted({v - int(r) for v in vias(int(r), int(r) + offset)} | {offset})) for r in members}
+    if len(ats) > 1:
+        raise Inexact(f"messages at offset {offset} cross NPUs at different offsets from their senders")
+    out = []
+    for at in ats.pop():
+        if at == 0:
+            continue
+        frm = ranks - at
+        inside = (frm >= 0) & (frm < n)
+        back = np.where(inside & senders[np.clip(frm, 0, n - 1)], frm, n)
+        out += [np.where(senders, ranks + at, n)[:, None], back[:, None]]
+    return out
 
 
 def _tables(topology: Topology, d: int, step: tuple[tuple[int, float], ...]) -> list[np.ndarray]:

@@ -12,9 +12,10 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
 - Stragglers, point-to-point messages or per-rank graphs under a sharing rule, and ASTRA-sim
   2.x's backend on an uneven dim (`routes.uneven_dims`, single collectives only): every NPU's
-  links (`world`, `WORLD`; on the model, stragglers in collectives and training under a fluid
-  rule run one NPU per class where classes are proven equal: `classes`, `world.by_classes`); on
-  the emulator each rank replays that run (`replay`).
+  links (`world`, `WORLD`; on the model, stragglers in collectives and training, and generated
+  per-rank graphs with their messages, run one NPU per class where classes are proven equal,
+  under ``fair`` and under ``packet`` where every weight is 1: `classes`, `world.by_classes`);
+  on the emulator each rank replays that run (`replay`).
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).

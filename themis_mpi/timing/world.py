@@ -341,10 +341,7 @@ class World(Greenlets):
             delay_ns = delay_ns + (hops * dims[d].latency_ns + cost.endpoint_delay_ns)
         step = self.routes.message(sender, send.peer, send.nbytes, delay_ns)
         if classes is not None:
-            per_npu = self.routes.per_npu
-            if any(link // per_npu not in (sender, send.peer) for link in step.links):
-                raise Inexact("a message crosses a third NPU's links")
-            step = classes.step(sender, step, per_npu, self.routes.capacity, self.unit)
+            step = classes.step(sender, step, self.routes.per_npu, self.routes.capacity, self.unit)
         self.rule.start(Flow(_Message(((sender, send), (receiver, recv))), (step,)))
 
     # --- ASTRA-sim 2.x's system layer ----------------------------------------------------------------
@@ -588,10 +585,15 @@ def by_classes(
         return None
     patterns = primed_patterns(topology, config)
     messages: set = set()
+    routes = NpuRoutes(topology, config.link_scale)
+
+    def vias(src: int, dst: int) -> set[int]:
+        return {link // routes.per_npu for hop in routes.route(src, dst) for link, _ in hop}
+
     primed = True
     try:
         for _ in range(rounds):
-            classes = npu_classes(topology, config, kinds, patterns, messages)
+            classes = npu_classes(topology, config, kinds, patterns, messages, vias)
             if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
                 return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
             if classes.count == topology.npus:
