@@ -226,6 +226,20 @@ def gpt_iteration(topo_spec: str, pp: int, dp: int, batch: int, policy: str) -> 
 
 
 HGX_CUT_64 = "SW(8,419.1,700,hd)_SW(2,46.57,1700,hd)_SW(4,46.57,1700,hd)_NIC(1+2,46.57)"  # (2 x 4 nodes)
+
+
+def in_process(case: str, timeout_s: float) -> dict:
+    """One case (`one_case`'s arguments as JSON) in a process of its own: its row."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--one", case],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=timeout_s,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 LLM_CASES = [  # (label, topology, PP, DP, global batch, every NPU too)
     ("TP8 x PP8 x DP16", "HGX-H100-SW_SW_SW", 8, 16, 1536, False),
     ("TP8 x PP4 x DP32", "HGX-H100-SW_SW_SW", 4, 32, 1536, False),
@@ -246,14 +260,7 @@ def llm_rows(out_json: str, timeout_s: float) -> list[dict]:
                 case = json.dumps([topo_spec, f"gpt3-175b:{pp}:{dp}:{batch}", policy, path == "every NPU"])
                 r = {"pp": pp, "dp": dp, "policy": policy, "path": path, "case": label}
                 try:
-                    done = subprocess.run(
-                        [sys.executable, __file__, "--one", case],
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                        timeout=timeout_s,
-                    )
-                    r |= json.loads(done.stdout.strip().splitlines()[-1])
+                    r |= in_process(case, timeout_s)
                 except subprocess.TimeoutExpired:
                     r |= {"time_us": None, "note": f"over {timeout_s:g} s"}
                 rows.append(r)
@@ -298,14 +305,7 @@ def class_rows(out_json: str, timeout_s: float, only: str = "") -> list[dict]:
             else:
                 case = json.dumps([topo_spec, what, network, path == "every NPU"])
                 try:
-                    done = subprocess.run(
-                        [sys.executable, __file__, "--one", case],
-                        capture_output=True,
-                        text=True,
-                        timeout=timeout_s,
-                        check=True,
-                    )
-                    r = json.loads(done.stdout.strip().splitlines()[-1])
+                    r = in_process(case, timeout_s)
                 except subprocess.TimeoutExpired:
                     r = missing | {"note": "timeout"}
                 except subprocess.CalledProcessError as exc:  # (e.g. every NPU's links refuse 8192 NPUs)
