@@ -84,10 +84,10 @@ class Inexact(Exception):
 
 
 def fluid(rule: str) -> bool:
-    """Whether a rule's transfers may stand for several (`FLUID`): classes run on its links.
+    """Whether a rule's transfers may stand for several (`FLUID`): classes run on its links, any weights.
 
     The rule's own class, not a subclass: `packet` builds on `fair`'s machinery, but its
-    per-sender order of packets is no fluid share.
+    per-sender order of packets is no fluid share (it is admitted where every weight is 1: `UNIT`).
     """
     return rule_class(rule) in FLUID
 
@@ -171,6 +171,7 @@ def npu_classes(
     patterns: Iterable[Pattern],
     messages: Iterable[Message] = (),
     vias: Callable[[int, int], set[int]] | None = None,
+    likely: Iterable[Message] = (),
 ) -> Classes:
     """The coarsest classes of NPUs alike in their start and in their peers' classes (module doc).
 
@@ -182,6 +183,8 @@ def npu_classes(
         messages: the message patterns to refine by.
         vias: the NPUs a message from one NPU to another crosses the links of (its ends too);
             needed with `messages`.
+        likely: message patterns the run may meet (`message_family`), refined by where they
+            can be proven, left out where not.
     """
     n = topology.npus
     kind_ids: dict[str, int] = {}
@@ -199,11 +202,17 @@ def npu_classes(
     distinct: dict[tuple, int] = {}
     for r, key in sorted(keys.items()):
         colour[r] = distinct.setdefault(tuple(sorted(key)), len(distinct) + 1)
-    patterns, messages = frozenset(patterns), frozenset(messages)
+    patterns, messages = frozenset(patterns), set(messages)
     tables = [t for d, steps in sorted(patterns) for step in steps for t in _tables(topology, d, step)]
-    for kind, offset in sorted(messages):
+    for kind, offset in sorted(messages | set(likely)):
         assert vias is not None, "message patterns need their routes"
-        tables += _message_tables(kind_of, kind, offset, vias)
+        try:
+            tables += _message_tables(kind_of, kind, offset, vias)
+        except Inexact:
+            if (kind, offset) in messages:
+                raise
+            continue
+        messages.add((kind, offset))
     count = len(np.unique(colour))
     while True:
         padded = np.append(colour, -1)  # (index n: no such peer)
@@ -220,24 +229,16 @@ def npu_classes(
     renumber[order] = np.arange(len(order))
     of = renumber[colour]
     reps = tuple(int(r) for r in first[order])
-    return Classes(of, reps, np.bincount(of), patterns, kind_of, messages)
+    return Classes(of, reps, np.bincount(of), patterns, kind_of, frozenset(messages))
 
 
 def message_family(kind_of: np.ndarray, message: Message) -> set[Message]:
-    """A message pattern met, and its likes: every kind's at that offset either way, where it stays in range.
+    """A message pattern met, and its likes: every kind's at that offset either way (`npu_classes`' `likely`).
 
     Refining by a pattern no NPU sends keeps the classes exact (only finer), and a pipeline's
     stages send at one offset forward and back: one run learns them all.
     """
-    n, offset = len(kind_of), message[1]
-    ranks = np.arange(n)
-    out = {message}
-    for kind in np.unique(kind_of):
-        members = ranks[kind_of == kind]
-        for o in (offset, -offset):
-            if 0 <= members.min() + o and members.max() + o < n:
-                out.add((int(kind), o))
-    return out
+    return {(int(kind), o) for kind in np.unique(kind_of) for o in (message[1], -message[1])} | {message}
 
 
 def _message_tables(

@@ -584,7 +584,8 @@ def by_classes(
     if config.compat or not admitted(config.network):
         return None
     patterns = primed_patterns(topology, config)
-    messages: set = set()
+    messages: set = set()  # (met: proven or refused; `likely`: their likes, where provable)
+    likely: set = set()
     routes = NpuRoutes(topology, config.link_scale)
 
     def vias(src: int, dst: int) -> set[int]:
@@ -593,7 +594,7 @@ def by_classes(
     primed = True
     try:
         for _ in range(rounds):
-            classes = npu_classes(topology, config, kinds, patterns, messages, vias)
+            classes = npu_classes(topology, config, kinds, patterns, messages, vias, likely)
             if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
                 return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
             if classes.count == topology.npus:
@@ -607,7 +608,8 @@ def by_classes(
                 if exc.pattern is not None:
                     patterns.add(exc.pattern)
                 if exc.message is not None:  # (and its likes: one more run learns them all at once)
-                    messages |= message_family(classes.kinds, exc.message)
+                    messages.add(exc.message)
+                    likely |= message_family(classes.kinds, exc.message)
     except Inexact:
         return None
     return None
