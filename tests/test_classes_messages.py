@@ -18,7 +18,8 @@ from themis_mpi.timing.routes import NpuRoutes
 from themis_mpi.timing.world import World, expected_npus
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.chakra import Graph
-from themis_mpi.workloads.llm import LazyTraces, LlmConfig, fit_groups
+from themis_mpi.workloads.llm import LazyTraces, LlmConfig, fit_groups, place_groups
+from themis_mpi.workloads.simai import SimaiTraces, parse_simai
 from themis_mpi.workloads.text import parse_workload
 from themis_mpi.workloads.training import TrainingSpec
 
@@ -178,3 +179,15 @@ def test_the_estimate_counts_the_classes_that_will_run(simulated):
     config = RunConfig(network="fair", **late)
     model_collective(small, Collective("all_reduce", 1 << 16, "float32", 2, (0, 1)), "baseline", config)
     assert simulated == [expected_npus(small, config, {})] == [4]  # (NPU 5, its dim-0 others, the rest's 2)
+
+
+def test_a_pipelined_simai_file_by_classes_equals_every_npu(monkeypatch, simulated, tmp_path):
+    """A SimAI file with PP 4 (`SimaiTraces.kind`: its stage) under packet: one rank per stage, field by field."""
+    from test_simai import write
+
+    wl = parse_simai(str(write(tmp_path, 4, 4)))
+    layout = place_groups(wl.tp, wl.ep, wl.dp, wl.pp, parse_topology("SW(8,360,500)_SW(2,48.5,1000)"))
+    graph = Graph(wl.path, SimaiTraces(wl, layout))  # type: ignore[arg-type]
+    fast = gpt(graph, layout.topology, "packet")
+    assert simulated[-1] == 4
+    same_fields(fast, every_npu(monkeypatch, lambda: gpt(graph, layout.topology, "packet")))
