@@ -31,11 +31,15 @@ classes had not met starts another): the 8,192-NPU all-reduce ``SW(16)_SW(32)_SW
 5 late by 50 us and NPU 300's dim-1 links at 0.5x under the default rule and under ``fair``, its
 512-NPU cut ``SW(4)_SW(8)_SW(16)``, each with the dims' default algorithm (halving-doubling) and
 with ``direct``, and a ResNet-152 iteration with NPU 5 at 1.5x compute on a 64-NPU cut (both
-algorithms) and, by classes only, on 1024 NPUs. ``--timelines`` counts, per stage of that 512-NPU
+algorithms) and, by classes only, on 1024 NPUs; the 512-NPU cut and the 64-NPU ResNet-152 with
+``direct`` also under the default ``packet`` rule (its classes only where they are all of one
+size: there every NPU runs both ways). ``--timelines`` counts, per stage of that 512-NPU
 halving-doubling all-reduce run on every NPU's links, the distinct (start, end) pairs over its
 NPUs, under ``fair`` and ``store-forward``. ``--llm`` times one GPT-3 175B iteration (TP 8, 1F1B,
 global batch 1536, 4 chunks) on ``HGX-H100-SW_SW_SW`` as TP8 x PP8 x DP16 and TP8 x PP4 x DP32
-under the default rule, per policy in a process of its own (the linked ranks: one per stage).
+under the default rule, per policy in a process of its own (one rank per class: per pipeline
+stage), and on a 64-NPU cut (TP8 x PP4 x DP2, 48 micro-batches a pipeline as at DP32) by classes
+and by every NPU.
 
 ``--world`` runs issue 43's every-NPU-links cases as ``themis-mpi train`` commands, each in a
 process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT on
@@ -156,6 +160,9 @@ CLASS_CASES = [
         "fair",
         False,
     ),
+    # (the default rule: classes where they are all of one size; a lone straggler's are not)
+    ("512-NPU cut, direct", CUT_512.format(a=",direct"), "all-reduce", "packet", True),
+    ("ResNet-152, 64, direct", CUT_64.format(a=",direct"), "resnet152", "packet", True),
 ]
 
 
@@ -175,7 +182,7 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
         planner.by_classes = lambda *args, **kwargs: None  # type: ignore[assignment]
     topo = parse_topology(topo_spec)
     t0, cpu0 = time.perf_counter(), time.process_time()
-    if what.startswith("gpt3-175b"):  # (gpt3-175b:PP:DP: one iteration under `network`'s policy)
+    if what.startswith("gpt3-175b"):  # (gpt3-175b:PP:DP:BATCH: one iteration under `network`'s policy)
         time_us = gpt_iteration(topo_spec, *(int(x) for x in what.split(":")[1:]), network)
     elif what == "all-reduce":
         config = RunConfig(network=network, npu_delay_ns=((5, DELAY_NS),), link_scale=((1, 300, 0.5),))
@@ -197,8 +204,8 @@ def one_case(topo_spec: str, what: str, network: str, every_npu: bool) -> dict:
     }
 
 
-def gpt_iteration(topo_spec: str, pp: int, dp: int, policy: str) -> float:
-    """One GPT-3 175B iteration (TP 8, 1F1B, global batch 1536, 4 chunks) on the model under ``ideal``."""
+def gpt_iteration(topo_spec: str, pp: int, dp: int, batch: int, policy: str) -> float:
+    """One GPT-3 175B iteration (TP 8, 1F1B, 4 chunks) on the model under the default rule."""
     from themis_mpi.cli.options import one_topology
     from themis_mpi.cli.parser import build_parser
     from themis_mpi.cli.workload import llm_config
@@ -207,7 +214,7 @@ def gpt_iteration(topo_spec: str, pp: int, dp: int, policy: str) -> float:
     from themis_mpi.workloads.chakra import Graph
     from themis_mpi.workloads.llm import LazyTraces, fit_groups
 
-    flags = f"--preset gpt3-175b --tp 8 --pp {pp} --dp {dp} --global-batch 1536 -t {topo_spec}"
+    flags = f"--preset gpt3-175b --tp 8 --pp {pp} --dp {dp} --global-batch {batch} -t {topo_spec}"
     args = build_parser().parse_args(["workload", "gpt", *flags.split()])
     c = llm_config(args)
     layout = fit_groups(c, one_topology(args))
@@ -218,32 +225,61 @@ def gpt_iteration(topo_spec: str, pp: int, dp: int, policy: str) -> float:
     ).iteration_us
 
 
-def llm_rows(out_json: str) -> list[dict]:
-    """GPT-3 175B on HGX (TP8 x PP8 x DP16, TP8 x PP4 x DP32): an iteration per policy, each in a process."""
+HGX_CUT_64 = "SW(8,419.1,700,hd)_SW(2,46.57,1700,hd)_SW(4,46.57,1700,hd)_NIC(1+2,46.57)"  # (2 x 4 nodes)
+
+
+def in_process(case: str, timeout_s: float) -> dict:
+    """One case (`one_case`'s arguments as JSON) in a process of its own: its row."""
+    done = subprocess.run(
+        [sys.executable, __file__, "--one", case],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=timeout_s,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+LLM_CASES = [  # (label, topology, PP, DP, global batch, every NPU too)
+    ("TP8 x PP8 x DP16", "HGX-H100-SW_SW_SW", 8, 16, 1536, False),
+    ("TP8 x PP4 x DP32", "HGX-H100-SW_SW_SW", 4, 32, 1536, False),
+    ("64-NPU cut: TP8 x PP4 x DP2", HGX_CUT_64, 4, 2, 96, True),  # (48 micro-batches a pipeline, as above)
+]
+
+
+def llm_rows(out_json: str, timeout_s: float) -> list[dict]:
+    """GPT-3 175B on HGX under the default rule: an iteration per policy (and path), each in a process."""
     rows: list[dict] = []
     print(
-        f"{'GPT-3 175B on HGX':>24} {'policy':>9} {'iteration_us':>14} "
+        f"{'GPT-3 175B on HGX':>28} {'policy':>9} {'path':>9} {'ran':>5} {'iteration_us':>14} "
         f"{'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}"
     )
-    for pp, dp in ((8, 16), (4, 32)):
+    for label, topo_spec, pp, dp, batch, every in LLM_CASES:
         for policy in ("baseline", "themis"):
-            case = json.dumps(["HGX-H100-SW_SW_SW", f"gpt3-175b:{pp}:{dp}", policy, False])
-            done = subprocess.run(
-                [sys.executable, __file__, "--one", case], capture_output=True, text=True, check=True
-            )
-            r = json.loads(done.stdout.strip().splitlines()[-1]) | {"pp": pp, "dp": dp, "policy": policy}
-            rows.append(r)
-            print(
-                f"{f'TP8 x PP{pp} x DP{dp}':>24} {policy:>9} {r['time_us']:>14.2f} {r['wall_s']:>8.2f} "
-                f"{r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}",
-                flush=True,
-            )
-            write_json(out_json, {"llm": rows})
+            for path in ("classes", "every NPU") if every else ("classes",):
+                case = json.dumps([topo_spec, f"gpt3-175b:{pp}:{dp}:{batch}", policy, path == "every NPU"])
+                r = {"pp": pp, "dp": dp, "policy": policy, "path": path, "case": label}
+                try:
+                    r |= in_process(case, timeout_s)
+                except subprocess.TimeoutExpired:
+                    r |= {"time_us": None, "note": f"over {timeout_s:g} s"}
+                rows.append(r)
+                cells = (
+                    f"{r['simulated'] or '-'!s:>5} {r['time_us']:>14.2f} {r['wall_s']:>8.2f} "
+                    f"{r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}"
+                    if r["time_us"] is not None
+                    else f"{'-':>5} {r['note']:>14}"
+                )
+                print(f"{label:>28} {policy:>9} {path:>9} {cells}", flush=True)
+                write_json(out_json, {"llm": rows})
     return rows
 
 
-def class_rows(out_json: str, timeout_s: float) -> list[dict]:
-    """Every class case by classes and by every NPU, side by side, each in a process of its own."""
+def class_rows(out_json: str, timeout_s: float, only: str = "") -> list[dict]:
+    """Every class case by classes and by every NPU, side by side, each in a process of its own.
+
+    `only`: the cases whose label contains it, or whose rule it is.
+    """
     rows: list[dict] = []
     print(
         f"{'case':>24} {'what':>10} {'rule':>6} {'npus':>5} {'path':>9} {'ran':>5} {'runs':>4} "
@@ -258,6 +294,8 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
         "rss_mib": None,
     }
     for label, topo_spec, what, network, every in CLASS_CASES:
+        if only not in label and only != network:
+            continue
         npus = parse_topology(topo_spec).npus
         for path in (
             ("vectors",) if network == "ideal" else ("classes", "every NPU") if every else ("classes",)
@@ -267,14 +305,7 @@ def class_rows(out_json: str, timeout_s: float) -> list[dict]:
             else:
                 case = json.dumps([topo_spec, what, network, path == "every NPU"])
                 try:
-                    done = subprocess.run(
-                        [sys.executable, __file__, "--one", case],
-                        capture_output=True,
-                        text=True,
-                        timeout=timeout_s,
-                        check=True,
-                    )
-                    r = json.loads(done.stdout.strip().splitlines()[-1])
+                    r = in_process(case, timeout_s)
                 except subprocess.TimeoutExpired:
                     r = missing | {"note": "timeout"}
                 except subprocess.CalledProcessError as exc:  # (e.g. every NPU's links refuse 8192 NPUs)
@@ -440,7 +471,7 @@ def main() -> None:
     ap.add_argument("--world", action="store_true", help="issue 43's every-NPU-links cases (module doc)")
     ap.add_argument("--before", help="--world: an older checkout of the package, run first side by side")
     ap.add_argument("--after", help="--world: the checkout measured as after (default: this one)")
-    ap.add_argument("--only", default="", help="--world: the cases whose label contains this")
+    ap.add_argument("--only", default="", help="--world, --classes: the cases whose label (or rule) has this")
     ap.add_argument("--cut", action="store_true", help="--world: the GNMT cases on a 256-NPU HGX cut")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
@@ -455,14 +486,14 @@ def main() -> None:
         return
     os.makedirs(args.out, exist_ok=True)
     if args.llm:
-        llm_rows(os.path.join(args.out, "bench_llm.json"))
+        llm_rows(os.path.join(args.out, "bench_llm.json"), args.timeout_s)
         return
     if args.world:
         path = os.path.join(args.out, "bench_world.json")
         world_rows(path, args.before, args.timeout_s, args.cut, args.after, args.only)
         return
     if args.classes:
-        class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s)
+        class_rows(os.path.join(args.out, "bench_classes.json"), args.timeout_s, args.only)
         return
     out_json = os.path.join(args.out, "bench_npus.json")
     rows: list[dict] = []

@@ -14,7 +14,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import model_collective, run_collective
 from themis_mpi.run.training import model_training, run_training
 from themis_mpi.timing import planner
-from themis_mpi.timing.classes import fluid, npu_classes, pattern_key
+from themis_mpi.timing.classes import admitted, npu_classes, pattern_key
 from themis_mpi.timing.greenlets import NpuWorld
 from themis_mpi.timing.routes import step_planner
 from themis_mpi.timing.rules import rule_names
@@ -70,11 +70,12 @@ def random_case(seed: int):
 def test_one_npu_per_class_gives_every_npus_collective(monkeypatch, seed, rule):
     """Random topologies, stragglers and collectives: the class-reduced run equals every NPU's, field by field.
 
-    Under a rule that is not fluid the classes refuse (every NPU runs, as before).
+    Under a rule classes do not admit they refuse (every NPU runs, as before); under ``packet``
+    they run where every weight is 1, else every NPU runs.
     """
     topo, config, coll, policy = random_case(seed)
     config = RunConfig(network=rule, npu_delay_ns=config.npu_delay_ns, link_scale=config.link_scale)
-    if not fluid(rule):
+    if not admitted(rule):
         assert by_classes(topo, config, {}, lambda npu: None) is None
         return
     fast, _ = model_collective(topo, coll, policy, config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -259,6 +260,9 @@ def run_graph(
         ranks = stages
     elif ranks is None or timing.simulator == WORLD:
         ranks = here
+    kinds = graph_kinds(graph, bool(mine.messages))
+    if kinds is not None and timing.simulator == WORLD:  # (a rank of each kind has every kind's collectives)
+        ranks = sorted({repr(kind): r for r, kind in sorted(kinds.items(), reverse=True)}.values()) or [0]
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     t0 = time.perf_counter()
@@ -267,12 +271,26 @@ def run_graph(
         transport,
         lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns),
         keep_starts=True,
+        kinds=kinds,
         on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress, stage_ns),
         deadlock="the graph deadlocks on every NPU's links",
     )
     if timing.simulator == WORLD:
         return replace(row, transport=transport.name, wall_s=time.perf_counter() - t0)
     return row
+
+
+def graph_kinds(graph: Graph, messages: bool) -> dict[int, Any] | None:
+    """What sets ranks' graphs apart, by rank, for classes (`timing.planner.run_on`), or None.
+
+    One graph for every rank without messages: nothing ({}); generated per-rank graphs say it
+    (``traces.kind``: ranks of one kind run one graph, their peers at the same rank offsets);
+    other per-rank graphs (files) and a shared graph with messages (absolute peers): None.
+    """
+    if graph.symmetric:
+        return None if messages else {}
+    kind = getattr(graph.traces, "kind", None)
+    return None if kind is None else {r: kind(r) for r in range(len(graph.traces))}
 
 
 def graph_on(

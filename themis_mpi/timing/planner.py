@@ -12,9 +12,10 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
 - Stragglers, point-to-point messages or per-rank graphs under a sharing rule, and ASTRA-sim
   2.x's backend on an uneven dim (`routes.uneven_dims`, single collectives only): every NPU's
-  links (`world`, `WORLD`; on the model, stragglers in collectives and training under a fluid
-  rule run one NPU per class where classes are proven equal: `classes`, `world.by_classes`); on
-  the emulator each rank replays that run (`replay`).
+  links (`world`, `WORLD`; on the model, stragglers in collectives and training, and generated
+  per-rank graphs with their messages, run one NPU per class where classes are proven equal,
+  under ``fair`` and under ``packet`` where every weight is 1: `classes`, `world.by_classes`);
+  on the emulator each rank replays that run (`replay`).
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
   (`run.linked`, `LINKED`); on the emulator each rank's messages.
 - Several jobs (`run.jobs`): one NPU per slice of NPUs the jobs share (`SLICES`).
@@ -53,7 +54,7 @@ from .routes import uneven_dims
 from .rules import IDEAL, rule_class
 from .symmetric import Symmetric, Timer, one_npu_exact
 from .vectors import NpuVectors
-from .world import World, by_classes
+from .world import World, by_classes, expected_npus
 
 T = TypeVar("T")
 COLLECTIVE, TRAINING, GRAPH, JOBS = "collective", "training", "graph", "jobs"
@@ -253,22 +254,27 @@ def run_on(
         transport: this process's (the model's, or an MPI rank's).
         body: the per-NPU run, on the transport it is given.
         keep_starts: on the model, keep every NPU's stage starts on its links (to say why they
-            deadlock; the emulator's replay keeps them anyway).
+            deadlock; the emulator's replay keeps them anyway); a run by classes that stalls
+            runs again so.
         on_model: the model's own run where its one process stands for NPUs that differ: the
             linked ranks (`LINKED`), the slices of several jobs (`SLICES`).
         deadlock: NPUs of every NPU's links that wait for each other are a user's mistake,
             said in one line that starts with this (else the world's `errors.Stalled`).
         kinds: on the model on every NPU's links, what sets NPUs' programs apart (e.g. their
-            compute factors), by rank: one NPU per class runs where classes apply
-            (`world.by_classes`); None: NPUs cannot be told apart so, every NPU runs.
+            compute factors, their graphs), by rank; ranks of one kind run one program, its
+            messages' peers at the same rank offsets: one NPU per class runs where classes
+            apply (`world.by_classes`); None: NPUs cannot be told apart so, every NPU runs.
     """
     model = isinstance(transport, ModelTransport)
     topology, config = transport.topology, transport.config
     if plan.simulator == WORLD:
         try:
             results = None
-            if model and not keep_starts and kinds is not None:  # (one NPU per class, where they apply)
-                results = by_classes(topology, config, kinds, body)
+            if model and kinds is not None:  # (one NPU per class, where they apply)
+                try:
+                    results = by_classes(topology, config, kinds, body)
+                except Stalled:  # (every NPU's run below says why, with its starts kept)
+                    results = None
             if results is None:
                 world = World(topology, config, replayable=keep_starts or not model)
                 results = world.run(body)
@@ -329,7 +335,9 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     From what the planner chose: one NPU's view (and the linked ranks, the slices of jobs) costs
     per chunk step of that NPU; every NPU costs per NPU and step (vectorised: mostly per step,
     the numpy calls serve every NPU at once; on every NPU's links a little more per step the more
-    NPUs share the links). The constants (`STEP_US`) are CPU seconds of this machine, measured
+    NPUs share the links, and only the NPUs its classes simulate where they apply,
+    `world.expected_npus`: a slow NPU each its own kind, graphs and messages every NPU). The
+    constants (`STEP_US`) are CPU seconds of this machine, measured
     by a benchmark; a faster every-NPU simulator only moves them. Stragglers add the agreed
     order's one-NPU run. The themis policy's oracle runs and the run's start are not counted.
 
@@ -345,10 +353,13 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     """
     run, npus = plan.run, plan.run.topology.npus
     one_us = steps_per_npu * STEP_US[ONE_NPU]
+    kinds = {r: r for r in slow_npus}  # (each its own: at least as many classes as the run's)
+    simulated = npus
     if plan.simulator == VECTORS:
         cost_us = steps_per_npu * (STEP_US[VECTORS] + npus * VECTORS_NPU_STEP_US)
     elif plan.simulator == WORLD:
-        cost_us = steps_per_npu * npus * STEP_US[WORLD] * (npus / WORLD_NPUS) ** WORLD_GROWTH
+        simulated = npus if run.per_rank or run.messages else expected_npus(run.topology, run.config, kinds)
+        cost_us = steps_per_npu * simulated * STEP_US[WORLD] * (simulated / WORLD_NPUS) ** WORLD_GROWTH
     elif plan.simulator == GREENLETS:
         cost_us = steps_per_npu * npus * STEP_US[GREENLETS]
     else:
@@ -363,4 +374,6 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     size = (
         f"{npus} NPUs x {steps_per_npu:,} chunk steps" if plan.every_npu else f"{steps_per_npu:,} chunk steps"
     )
+    if simulated < npus:
+        size = f"{npus} NPUs as {simulated} classes x {steps_per_npu:,} chunk steps"
     return cost_us / 1e6, f"{plan.simulator} under {plan.rule} ({', '.join([*causes, size])})"

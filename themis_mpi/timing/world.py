@@ -46,7 +46,7 @@ from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from ..errors import UsageError
 from ..topology import Topology
-from .classes import Classes, Unproven, fluid, npu_classes, pattern_key
+from .classes import Classes, Inexact, Unproven, admitted, fluid, message_family, npu_classes, pattern_key
 from .events import EventLoop
 from .greenlets import MAX_NPUS, GreenletControl, Greenlets
 from .links import Flow, Step
@@ -153,8 +153,7 @@ class World(Greenlets):
         replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
             need them; the model does not, and they are most of the memory of a long run).
         classes: run one NPU per class, on its class's links weighed (`classes.Classes`; a
-            fluid rule, collectives and training without messages; not replayable); None:
-            every NPU.
+            rule classes admit, `classes.admitted`; not replayable); None: every NPU.
     """
 
     def __init__(
@@ -168,12 +167,13 @@ class World(Greenlets):
         simulated = topology.npus if classes is None else classes.count
         if simulated > MAX_NPUS:
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
-        assert classes is None or (not replayable and fluid(config.network) and config.compat != ASTRA_SIM_2)
+        assert classes is None or not (replayable or config.compat or not admitted(config.network))
         if classes is None:
             super().__init__(topology.npus)
         else:
             super().__init__(topology.npus, classes.reps, classes.sizes)
         self.classes = classes
+        self.unit = not fluid(config.network)  # (with classes: every weight must be 1, `Classes.step`)
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
         self.routes = NpuRoutes(topology, config.link_scale)
@@ -193,7 +193,7 @@ class World(Greenlets):
         self._sent: dict[tuple, int] = {}  # (key, step, sender) -> receivers yet to take it
         self._waiting: dict[tuple, list[Flow]] = {}  # (key, step, sender) -> receivers waiting
         self._counts: dict[tuple, int] = defaultdict(int)
-        self._posted: dict[tuple, StageRun] = {}  # a message's first side, until the other comes
+        self._posted: dict[tuple, tuple[int, MessageRun]] = {}  # a message's first side, until the other
         # 2.x: messages in before their receive, receives before their message
         self._arrived: dict[tuple, int] = defaultdict(int)
         self._receives: dict[tuple, deque[_Astra2Stage]] = defaultdict(deque)
@@ -313,34 +313,44 @@ class World(Greenlets):
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
         per_npu, capacity = self.routes.per_npu, self.routes.capacity
         return (
-            tuple(classes.step(rank, step, per_npu, capacity) for step in steps),
+            self.rule.prepared(tuple(classes.step(rank, s, per_npu, capacity, self.unit) for s in steps)),
             tuple(classes.recvs(r) for r in recvs),
             tuple(classes.consumers(base + (c + k) % p * stride for k, _ in ks) for ks in peers),
         )
 
     def _message(self, rank: int, run: MessageRun) -> None:
-        """A message side: its transfer starts once both sides are issued (the later issue is now)."""
-        if self.classes is not None:
-            raise UsageError("point-to-point messages run on every NPU's links, not by classes")
+        """A message side: its transfer starts once both sides are issued (the later issue is now).
+
+        With classes the sides are the representatives' (`classes` module doc): they match by
+        the classes of sender and receiver, the tag, the offset and the order.
+        """
         if self.astra2:
             raise UsageError("point-to-point messages are not part of --compat astra-sim-2")
         src, dst = (rank, run.peer) if run.send else (run.peer, rank)
-        side = (src, dst, run.tag, run.send)
+        classes = self.classes
+        if classes is None:
+            side: tuple = (src, dst, run.tag, run.send)
+        else:
+            pattern = (int(classes.kinds[src]), dst - src)
+            if pattern not in classes.messages:
+                raise Unproven(message=pattern)
+            side = (int(classes.of[src]), int(classes.of[dst]), run.tag, dst - src, run.send)
         k = self._counts[side]
         self._counts[side] = k + 1
-        other = self._posted.pop((src, dst, run.tag, not run.send, k), None)
+        other = self._posted.pop(side[:-1] + (not run.send, k), None)
         if other is None:
-            self._posted[side + (k,)] = run
+            self._posted[side + (k,)] = (rank, run)
             return
-        send, recv = (run, other) if run.send else (other, run)
-        assert isinstance(send, MessageRun)
+        (sender, send), (receiver, recv) = ((rank, run), other) if run.send else (other, (rank, run))
         cost = self.cost(1)
         dims = self.topology.dims
         delay_ns = 0.0
         for d, hops in send.path:
             delay_ns = delay_ns + (hops * dims[d].latency_ns + cost.endpoint_delay_ns)
-        step = self.routes.message(src, dst, send.nbytes, delay_ns)
-        self.rule.start(Flow(_Message(((src, send), (dst, recv))), (step,)))
+        step = self.routes.message(sender, send.peer, send.nbytes, delay_ns)
+        if classes is not None:
+            step = classes.step(sender, step, self.routes.per_npu, self.routes.capacity, self.unit)
+        self.rule.start(Flow(_Message(((sender, send), (receiver, recv))), (step,)))
 
     # --- ASTRA-sim 2.x's system layer ----------------------------------------------------------------
 
@@ -556,42 +566,87 @@ class WorldTransport(GreenletControl):
 
 
 def by_classes(
-    topology: Topology, config: RunConfig, kinds: Mapping[int, Any], body: Callable[[Any], T], rounds: int = 8
+    topology: Topology,
+    config: RunConfig,
+    kinds: Mapping[int, Any],
+    body: Callable[[Any], T],
+    rounds: int = 16,
 ) -> list[T] | None:
     """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
 
-    The classes are refined by every stage pattern the run meets, starting from an all-reduce's
-    (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from none); one it
-    had not met stops the run, which starts again refined by it (at most `rounds` times). None
-    where classes do not apply (a rule that is not fluid, a compat) or do not reduce: every NPU
-    runs.
+    The classes are refined by every stage and message pattern the run meets, starting from an
+    all-reduce's (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from
+    none); one it had not met stops the run, which starts again refined by it (at most `rounds`
+    times). None where classes do not apply (a rule they do not admit, a compat), do not reduce,
+    or meet a step they cannot weigh exactly (`classes.Inexact`; under a rule admitted where every
+    weight is 1, classes of different sizes are refused before they run): every NPU runs.
 
     Args:
         topology: the network.
         config: the run settings (its rule and stragglers).
-        kinds: what sets an NPU's program apart (e.g. its compute factor), by rank.
+        kinds: what sets an NPU's program apart (e.g. its compute factor), by rank; ranks of one
+            kind run one program, its messages' peers at the same rank offsets.
         body: the per-NPU run, on the transport it is given.
         rounds: runs to try before giving up on classes.
     """
-    if config.compat or not fluid(config.network):
+    if config.compat or not admitted(config.network):
         return None
-    cost = config.costs(topology)(4)  # (an all-reduce's stages, primed: most runs then go once)
-    planner = step_planner(topology, cost)
-    patterns = {
+    patterns = primed_patterns(topology, config)
+    messages: set = set()  # (met: proven or refused; `likely`: their likes, where provable)
+    likely: set = set()
+    routes = NpuRoutes(topology, config.link_scale)
+
+    def vias(src: int, dst: int) -> set[int]:
+        return {link // routes.per_npu for hop in routes.route(src, dst) for link, _ in hop}
+
+    primed = True
+    try:
+        for _ in range(rounds):
+            classes = npu_classes(topology, config, kinds, patterns, messages, vias, likely)
+            if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
+                return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
+            if classes.count == topology.npus:
+                if not primed:
+                    return None
+                patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
+                continue
+            try:
+                return World(topology, config, replayable=False, classes=classes).run(body)
+            except Unproven as exc:
+                if exc.pattern is not None:
+                    patterns.add(exc.pattern)
+                if exc.message is not None:  # (and its likes: one more run learns them all at once)
+                    messages.add(exc.message)
+                    likely |= message_family(classes.kinds, exc.message)
+    except Inexact:
+        return None
+    return None
+
+
+def primed_patterns(topology: Topology, config: RunConfig) -> set:
+    """The stage patterns classes start from: an all-reduce's of `PRIME_ELEMS` on every dim."""
+    planner = step_planner(topology, config.costs(topology)(4))
+    return {
         pattern_key(d, planner.stage_peers(d, op, PRIME_ELEMS))
         for d in range(len(topology.dims))
         for op in (RS, AG)
     }
-    primed = True
-    for _ in range(rounds):
-        classes = npu_classes(topology, config, kinds, patterns)
-        if classes.count == topology.npus:
-            if not primed:
-                return None
-            patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
-            continue
-        try:
-            return World(topology, config, replayable=False, classes=classes).run(body)
-        except Unproven as exc:
-            patterns.add(exc.pattern)
-    return None
+
+
+def expected_npus(topology: Topology, config: RunConfig, kinds: Mapping[int, Any]) -> int:
+    """The NPUs a run on every NPU's links is expected to simulate: its first classes', else every NPU.
+
+    For an estimate (`planner.estimate`): the classes `by_classes` starts from; every NPU
+    where they do not apply or do not reduce, and under a rule admitted where every weight is 1
+    (`classes.UNIT`) where the classes differ in size.
+    """
+    n = topology.npus
+    if config.compat or not admitted(config.network):
+        return n
+    try:
+        classes = npu_classes(topology, config, kinds, primed_patterns(topology, config))
+    except Inexact:
+        return n
+    if not fluid(config.network) and len(set(classes.sizes.tolist())) > 1:
+        return n
+    return classes.count

@@ -728,6 +728,14 @@ class LazyTraces(Sequence):
     def __len__(self) -> int:
         return self.c.npus
 
+    def kind(self, rank: int) -> int:
+        """What sets a rank's graph apart: its pipeline stage.
+
+        The rest of its graph, its peers at the same rank offsets, is every rank's of that stage
+        (`rank_graph`).
+        """
+        return rank_coords(self.c, rank)[2]
+
     def __getitem__(self, rank):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]

@@ -337,7 +337,7 @@ def stage_graph(
     stage s being virtual stage c * PP + s, as `llm.rank_graph` runs the generated GPT's.
     """
     stride = wl.tp * wl.dp  # Megatron's order: TP fastest, then DP, then PP
-    s, p, m = rank // stride, wl.pp, len(pipe.micro_batches)
+    s, p, m = stage_of(wl, rank), wl.pp, len(pipe.micro_batches)
     name, v_chunks = schedule
     chunked = [chunk_lines(block, v_chunks) for block in pipe.micro_batches]
     last = v_chunks * p - 1
@@ -404,6 +404,11 @@ def stage_graph(
     return b.nodes
 
 
+def stage_of(wl: SimaiWorkload, rank: int) -> int:
+    """A rank's pipeline stage: Megatron's order, TP fastest, then DP, then PP."""
+    return rank // (wl.tp * wl.dp)
+
+
 class SimaiTraces(Sequence):
     """Every rank's trace of a pipelined SimAI file, built when first read (the model reads one per stage)."""
 
@@ -421,6 +426,10 @@ class SimaiTraces(Sequence):
 
     def __len__(self) -> int:
         return self.wl.all_gpus
+
+    def kind(self, rank: int) -> int:
+        """What sets a rank's graph apart: its pipeline stage (its peers at the same rank offsets)."""
+        return stage_of(self.wl, rank)
 
     def __getitem__(self, rank):
         if isinstance(rank, slice):
