@@ -293,7 +293,7 @@ class World(Greenlets):
         A dim's custom files whose NPUs' rounds differ (`algorithms.CustomStage.every_npu`) are
         the NPU's own steps (`routes.NpuRoutes.custom_stage`). With classes, on its class's links
         weighed (`classes.Classes.step`); a pattern they were not refined by stops the run
-        (`classes.Unproven`), and so do such files (no pattern refines by them: every NPU runs).
+        (`classes.Unproven`); such files stop it for good (`classes.Inexact`: every NPU runs).
         """
         cost = self.cost(itemsize)
         classes = self.classes
@@ -307,7 +307,9 @@ class World(Greenlets):
             return self.rule.prepared(steps), recvs, consumers
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
-        if pattern not in classes.patterns or (custom is not None and custom.every_npu):
+        if custom is not None and custom.every_npu:
+            raise Inexact  # (no pattern refines by such files: every NPU runs, at once)
+        if pattern not in classes.patterns:
             raise Unproven(pattern)
         c, base = self.routes.coord(rank, d)
         p, stride = self.topology.dims[d].npus, self.routes.strides[d]
