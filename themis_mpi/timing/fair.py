@@ -306,13 +306,9 @@ class Fair(LinkModel):
     def _join(self, flow: Flow, step: Step) -> None:
         """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
         users, usage = self._users, step.usage
-        for link, _ in usage:
-            if users[link]:
-                break
-        else:
-            link = -1
-        overlap_ns = -math.inf  # (no solo stage to interleave with)
-        if link >= 0 and self._had_solo:  # a link in use: solo stages on mine share from now, or interleave
+        if self._had_solo and any(users[link] for link, _ in usage):
+            # a link in use: solo stages on mine share from now, or interleave
+            overlap_ns = -math.inf  # (no solo stage to interleave with)
             mine, solos, plain = step.links, [], False
             for other in self._moving:
                 if other is not flow and not mine.isdisjoint(other.steps[other.k].links):
