@@ -87,31 +87,44 @@ def _every_instant(self, t_ns: float) -> None:
                 f.left -= f.rate * dt
 
 
+def _each_way(monkeypatch, rule: str, seed: int, fast, plain) -> None:
+    """A random case on every NPU's links (a late NPU, a slow link), by classes and on one NPU's view.
+
+    Each run with `fast(m)` and with `plain(m)` patched in (`m`: a monkeypatch context), field by field.
+    """
+    topo, config, coll, policy = random_case(seed)
+    straggled = RunConfig(network=rule, npu_delay_ns=config.npu_delay_ns, link_scale=config.link_scale)
+    for config, every in ((straggled, True), (straggled, False), (RunConfig(network=rule), False)):
+        results = []
+        for patch in (fast, plain):
+            with monkeypatch.context() as m:
+                if every:
+                    m.setattr(planner, "by_classes", lambda *args, **kwargs: None)
+                patch(m)
+                results.append(model_collective(topo, coll, policy, config)[0])
+        same_fields(*results)
+
+
 @pytest.mark.parametrize("rule", ["fair", "packet"])
 def test_transfers_that_catch_up_on_their_moves_run_as_those_moved_at_every_instant(monkeypatch, rule):
-    """Random topologies: the lazy moves (`Fair._caught_up`) give every field of moving them all, to the bit.
+    """Random cases: the lazy moves (`Fair._caught_up`) give every field of moving them all, to the bit.
 
-    On every NPU's links (a late NPU, a slow link), by classes, and on one NPU's view (its solo
-    stages), the bound on moves kept small too (every transfer catches up at once, then the
-    moves start again).
+    The bound on moves kept small too (every transfer catches up at once, then the moves start again).
     """
     caught = []
     catch_up = fair.Fair._caught_up
+
+    def lazy(m, seed):
+        m.setattr(fair, "OWED_MOVES", 1 + seed % 4)
+        owed = lambda self, f: caught.append(len(self._moves) - f.since) or catch_up(self, f)  # noqa: E731
+        m.setattr(fair.Fair, "_caught_up", owed)
+
     for seed in range(8):
-        topo, config, coll, policy = random_case(seed)
-        straggled = RunConfig(network=rule, npu_delay_ns=config.npu_delay_ns, link_scale=config.link_scale)
-        for config, every in ((straggled, True), (straggled, False), (RunConfig(network=rule), False)):
-            with monkeypatch.context() as m:
-                if every:
-                    m.setattr(planner, "by_classes", lambda *args, **kwargs: None)
-                m.setattr(fair, "OWED_MOVES", 1 + seed % 4)
-                owed = lambda self, f: caught.append(len(self._moves) - f.since) or catch_up(self, f)  # noqa: E731
-                m.setattr(fair.Fair, "_caught_up", owed)
-                lazy, _ = model_collective(topo, coll, policy, config)
-            with monkeypatch.context() as m:
-                if every:
-                    m.setattr(planner, "by_classes", lambda *args, **kwargs: None)
-                m.setattr(fair.Fair, "advance", _every_instant)
-                eager, _ = model_collective(topo, coll, policy, config)
-            same_fields(lazy, eager)
+        _each_way(
+            monkeypatch,
+            rule,
+            seed,
+            lambda m, seed=seed: lazy(m, seed),
+            lambda m: m.setattr(fair.Fair, "advance", _every_instant),
+        )
     assert max(caught) > 0  # (rates changed: transfers caught up on moves they owed)
