@@ -35,7 +35,6 @@ import numpy as np
 from .links import Flow, Host, Link, LinkModel, Step, Usage
 
 SATURATED = 1e-12  # relative slack within which a link counts as full when rates are filled
-OWED_MOVES = 1 << 18  # moves `Fair.advance` keeps for transfers to catch up on (then it moves them all)
 VECTOR_FLOWS = 48  # shared transfers from which `max_min_rates` fills over numpy arrays
 
 
@@ -218,7 +217,6 @@ class Fair(LinkModel):
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
         self._had_solo = False  # a stage went solo here (never on every NPU's links: no scan for them)
-        self._moves: list[float] = []  # every move of time (`advance`): a transfer owes those from `since`
 
     # --- flows in and out --------------------------------------------------------------------------
 
@@ -252,34 +250,12 @@ class Fair(LinkModel):
         return t
 
     def advance(self, t_ns: float) -> None:
-        """Move the transfers on to t_ns (their ends stay as their rates set them).
-
-        Each transfer's bytes left move when they are next read (`_caught_up`), by the same
-        subtractions in the same order as moving every transfer at every instant: most are never
-        read (their rate does not change before they are through), and thousands move at once.
-        """
+        """Move the transfers on to t_ns (their ends stay as their rates set them)."""
         dt = t_ns - self.loop.now_ns
         if dt > 0:
-            moves = self._moves
-            moves.append(dt)
-            if len(moves) >= OWED_MOVES:  # (the memory stays bounded: every transfer catches up)
-                for f in self._moving:
-                    if f.solo_ns < 0:
-                        self._caught_up(f)
-                moves.clear()
-                for f in self._moving:
-                    f.since = 0
-
-    def _caught_up(self, flow: Flow) -> None:
-        """The flow's bytes left moved on to now at its rate (the moves it owes), before they are read."""
-        moves = self._moves
-        n = len(moves)
-        if flow.since < n:
-            left, rate = flow.left, flow.rate
-            for i in range(flow.since, n):
-                left -= rate * moves[i]
-            flow.left = left
-        flow.since = n
+            for f in self._moving:
+                if f.solo_ns < 0:
+                    f.left -= f.rate * dt
 
     def fire(self, t_ns: float) -> None:
         """The transfers that are through at t_ns, and the solo stages that end then."""
@@ -318,7 +294,6 @@ class Fair(LinkModel):
     def _enter(self, flow: Flow, step: Step) -> None:
         """The step's transfer takes its share of its links from now."""
         flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf  # (set by `_join`)
-        flow.since = len(self._moves)
         self._moving.append(flow)
         self._join(flow, step)
 
@@ -492,7 +467,6 @@ class Fair(LinkModel):
                 if i + 1 < len(windows) and windows[i + 1][2] == k:  # (a meeting's part: its end is
                     end = now + left / rate  # where the other's transfer ends, not where this one does)
                 flow.k, flow.left, flow.rate, flow.end_ns = k, left, rate, end
-                flow.since = len(self._moves)
                 self._passed(flow, k)
                 self._rates_stale = True
                 break
@@ -534,10 +508,8 @@ class Fair(LinkModel):
                     if users[link] != 1:
                         break
                 else:
-                    self._caught_up(f)
                     self._go_solo(f, r, math.inf, None)
                     continue
             if r != f.rate:
-                self._caught_up(f)
                 f.rate = r
                 f.end_ns = self.loop.now_ns + f.left / r

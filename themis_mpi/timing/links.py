@@ -198,7 +198,6 @@ class Flow:
     overlap_ns: float = math.inf  # when its transfers first meet another solo stage's
     windows: list | None = None  # its transfers from step `solo_k` on, once asked for
     parts: int = 0  # transfers of step k (or parts of a hop) not through yet
-    since: int = 0  # `left` is as of this many of the rule's moves of time (`fair.Fair.advance`)
 
 
 class Host(Protocol):

@@ -199,7 +199,6 @@ class Packet(Fair):
         self._place(step.links)
         if step.atom and step.sends:
             flow.left, flow.rate, flow.end_ns = step.bytes, 0.0, math.inf
-            flow.since = len(self._moves)
             for link in step.sends:
                 self._atoms[link].append(flow)
             self._send_atoms(step.sends)
@@ -310,7 +309,6 @@ class Packet(Fair):
                 continue
             step = f.steps[f.k]
             if held and f not in self._held and not held.isdisjoint(step.sends):  # type: ignore[attr-defined]
-                self._caught_up(f)
                 f.rate, f.end_ns = 0.0, math.inf
                 continue
             shared.append(f)
@@ -330,10 +328,8 @@ class Packet(Fair):
                 and all(users[link] == 1 for link in step.links)
                 and all(joined[link] <= now for link in step.sends)  # type: ignore[attr-defined]
             ):
-                self._caught_up(f)
                 self._go_solo(f, r, math.inf, None)
                 continue
             if r != f.rate:
-                self._caught_up(f)
                 f.rate = r
                 f.end_ns = now + f.left / r
