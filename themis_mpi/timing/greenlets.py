@@ -73,7 +73,6 @@ class Greenlets:
         self._reduction: tuple[list[Any], str, np.ndarray] | None = None  # (`reduced`: its last)
         self.slots: list[Any] = [None] * n
         self.hub: greenlet.greenlet | None = None
-        self._greenlets: dict[int, greenlet.greenlet] = {}  # the members' greenlets while they run
 
     def transport(self, rank: int) -> Any:
         """NPU `rank`'s transport, which its driver runs on."""
@@ -114,18 +113,6 @@ class Greenlets:
         return self._reduction[2].copy()
 
     def _yield(self) -> None:
-        """The running NPU waits: the next ready NPU, if started, runs straight (else the hub goes on).
-
-        The hub would run the same NPU next (`run`); switching to it at once halves the switches.
-        """
-        ready = self.ready
-        if ready:
-            rank = ready.popleft()
-            g = self._greenlets[rank]
-            if g:
-                g.switch()
-                return
-            ready.appendleft(rank)  # (one started here would stack on this one's depth: the hub starts it)
         assert self.hub is not None
         self.hub.switch()
 
@@ -147,7 +134,6 @@ class Greenlets:
 
         self.hub = greenlet.getcurrent()
         npus = {r: greenlet.greenlet(lambda r=r: npu(r), parent=self.hub) for r in self.members}
-        self._greenlets = npus
         self.ready.extend(self.members)
         try:
             while not failures:
@@ -159,7 +145,6 @@ class Greenlets:
             for g in npus.values():  # unwind the NPUs left waiting (a failure or a deadlock)
                 if g and not g.dead:
                     g.throw(greenlet.GreenletExit)
-            self._greenlets = {}
         if failures:
             raise failures[0]
         why = self._stalled()

@@ -334,10 +334,7 @@ class LinkModel(ABC):
             self.host.ended(flow.owner)
             return None
         step = flow.steps[flow.k]
-        if self.count_bytes:  # (`_count` inline: once per step of every flow)
-            carried = self.carried
-            for link, nbytes in step.loads:
-                carried[link] += nbytes
+        self._count(step)
         self.host.begin(flow)
         return step
 
