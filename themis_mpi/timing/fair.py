@@ -28,6 +28,7 @@ turns `solo` off and compares, on random topologies and on the HGX preset).
 from __future__ import annotations
 
 import math
+from itertools import chain
 
 import numpy as np
 
@@ -118,7 +119,8 @@ def _rates_vectorised(
     """
     n, n_links = len(usages), len(capacity)
     lengths = [len(usage) for usage in usages]
-    entries = np.array([entry for usage in usages for entry in usage])
+    flat = chain.from_iterable  # (the entries' numbers in one pass: half the time of an array of tuples)
+    entries = np.fromiter(flat(flat(usages)), float, 2 * sum(lengths)).reshape(-1, 2)
     links, shares = entries[:, 0].astype(np.intp), entries[:, 1]
     owners = np.repeat(np.arange(n), lengths)
     firsts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
@@ -306,13 +308,9 @@ class Fair(LinkModel):
     def _join(self, flow: Flow, step: Step) -> None:
         """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
         users, usage = self._users, step.usage
-        for link, _ in usage:
-            if users[link]:
-                break
-        else:
-            link = -1
-        overlap_ns = -math.inf  # (no solo stage to interleave with)
-        if link >= 0 and self._had_solo:  # a link in use: solo stages on mine share from now, or interleave
+        if self._had_solo and any(users[link] for link, _ in usage):
+            # a link in use: solo stages on mine share from now, or interleave
+            overlap_ns = -math.inf  # (no solo stage to interleave with)
             mine, solos, plain = step.links, [], False
             for other in self._moving:
                 if other is not flow and not mine.isdisjoint(other.steps[other.k].links):
