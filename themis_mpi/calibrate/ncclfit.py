@@ -164,6 +164,17 @@ def _check_fittable(log: NcclLog) -> None:
         )
 
 
+def _trusted(params: NcclParams, **changes) -> NcclParams:
+    """`dataclasses.replace` without `NcclParams`' checks, for the fit's own candidates.
+
+    A fit builds one per evaluation of its residuals, each value inside its `PARAMS` bounds,
+    which lie inside the ranges `NcclParams` checks; its result is checked (`_Model.params`).
+    """
+    out = object.__new__(NcclParams)
+    out.__dict__.update(params.__dict__, **changes)
+    return out
+
+
 class _Model:
     """The parameter vector of a fit, the machine and the runs: times, choices, costs."""
 
@@ -174,7 +185,7 @@ class _Model:
         """The library's parameters, dim 0's rate (GB/s of 1e9) and the network step (ns)."""
         v = {**self.base, **values}
         f = self.fixed
-        params = replace(
+        params = _trusted(
             f,
             base_ns=(v.get("base_LL", f.base_ns[0]), v.get("base_LL128", f.base_ns[1]), v["base_Simple"]),
             efficiency=(
@@ -188,8 +199,10 @@ class _Model:
             tree_efficiency=v.get("tree_eff", f.tree_efficiency),
             net_efficiency=v.get("net_eff", f.net_efficiency),
             channels=v.get("channels", f.channels),
-            uses=tuple(uses),
+            uses=(),
         )
+        if uses:  # the fit's result: checked as a user's would be
+            params = replace(params, uses=tuple(uses))
         return params, v.get("link_gbps", self.machine.link_gbps), v.get("net_step", NET_STEP_NS)
 
     def topology(self, values: dict[str, float], npus: int, uses=()) -> Topology:
