@@ -142,10 +142,16 @@ def _sized(key: tuple, sizes: np.ndarray, make) -> np.ndarray:
     return found
 
 
-def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.ndarray:
-    """``ch / nc(S)``: how much slower than its full rate a ring or tree runs at these sizes."""
-    shares = _sized(("shares", share_bytes), sizes, lambda: np.maximum(sizes / share_bytes, 1.0))
-    return params.channels / np.minimum(shares, params.channels)  # np.clip's result, cheaper
+def _size_rows(protocols: tuple[str, ...], n: int, sizes: np.ndarray) -> np.ndarray:
+    """Per protocol, rows of: a ring's channel shares ``S / share`` (at least 1), a tree's, its correction.
+
+    A ring or tree runs ``ch / min(shares, ch)`` slower than its full rate (``ch / nc(S)``, module
+    doc); Ring LL's share grows with the N NPUs.
+    """
+    rows = [np.maximum(sizes / (CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1)), 1.0) for p in protocols]
+    rows += [np.maximum(sizes / CHANNEL_SHARE_BYTES[p], 1.0) for p in protocols]
+    rows += [tree_correction(p, sizes) for p in protocols]
+    return np.array(rows)
 
 
 @dataclass(frozen=True)
@@ -292,24 +298,36 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
     if on_tree:
         tree_rate = min(lv[0].bytes_per_ns / 2, inter)
-    for k, p in enumerate(PROTOCOLS):
-        if p not in protocols:
-            continue
-        eff, base = params.efficiency[k], params.base_ns[k]
-        if on_ring:
+    ks = [PROTOCOLS.index(p) for p in protocols]
+    m = len(ks)
+    rows = _sized(("pairs", tuple(protocols), n), sizes, partial(_size_rows, tuple(protocols), n, sizes))
+    ch = params.channels
+    # every protocol's times in one array each (row k a protocol's): the same arithmetic per element
+    if on_ring:
+        ring_latency, algbw = [], []
+        for k in ks:
+            eff, base = params.efficiency[k], params.base_ns[k]
             # the step latencies of `ring_steps`: dim 0's times the protocol's factor, the others' as they are
             step_factors = [factors["Ring"][k]] + [1.0] * (len(lv) - 1)
-            latency = base + sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, step_factors))
-            slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
+            stepping = sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, step_factors))
+            ring_latency.append(base + stepping)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
-            algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))
-            add("Ring", p, latency, algbw, slower)
+            algbw.append(eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1)))
+        slower = ch / np.minimum(rows[:m], ch)
+        ring_times = np.array(ring_latency)[:, None] + sizes * slower / np.array(algbw)[:, None]
+    if on_tree:
+        chain = (lv[0].npus - 1) * lv[0].latency_ns
+        tree_latency = [params.base_ns[k] + 2 * (chain * factors["Tree"][k] + across) for k in ks]
+        tree_bw = np.array([params.efficiency[k] * params.tree_efficiency * tree_rate for k in ks])[:, None]
+        if not params.rccl:
+            tree_bw = tree_bw * rows[2 * m :]
+        slower = ch / np.minimum(rows[m : 2 * m], ch)
+        tree_times = np.array(tree_latency)[:, None] + sizes * slower / tree_bw
+    for i, p in enumerate(protocols):
+        if on_ring:
+            out.append(Pair("Ring", p, ring_latency[i], ring_times[i]))
         if on_tree:
-            tree_bw: float | np.ndarray = eff * params.tree_efficiency * tree_rate
-            if not params.rccl:
-                tree_bw = tree_bw * _sized(("tree", p), sizes, partial(tree_correction, p, sizes))
-            latency = base + 2 * ((lv[0].npus - 1) * lv[0].latency_ns * factors["Tree"][k] + across)
-            add("Tree", p, latency, tree_bw, _channels(params, CHANNEL_SHARE_BYTES[p], sizes))
+            out.append(Pair("Tree", p, tree_latency[i], tree_times[i]))
     if op == ALL_REDUCE and params.rccl and len(lv) == 1 and not lv[0].switch and "MSCCL" in params.algos:
         # RCCL's MSCCL one-shot all-reduce on a full mesh (LL): each GPU writes its buffer to every
         # peer over that peer's link, then reduces locally: one step, (N-1) S through its links
