@@ -250,23 +250,21 @@ def _segments(loss: np.ndarray, penalty: float, pairs_of: list[tuple[str, int]])
     A dynamic programme over the last pair and the pairs used so far.
     """
     n, m = loss.shape
-
-    def may(used: int, q: int) -> bool:
-        algo, rank = pairs_of[q]
-        return not any(used >> u & 1 and pairs_of[u][0] == algo and pairs_of[u][1] > rank for u in range(m))
-
-    layer = {(p, 1 << p): float(loss[0, p]) + penalty for p in range(m) if np.isfinite(loss[0, p])}
+    # per pair, the pairs (bits) that bar it once used: its algorithm's later protocols
+    barred = [sum(1 << u for u, (a, r) in enumerate(pairs_of) if a == algo and r > k) for algo, k in pairs_of]
+    finite = np.isfinite(loss).tolist()
+    layer = {(p, 1 << p): float(loss[0, p]) + penalty for p in range(m) if finite[0][p]}
     back: list[dict] = [{}]
     for i in range(1, n):
         new: dict = {}
         prev: dict = {}
-        row = loss[i]
+        row, ok = loss[i].tolist(), finite[i]
         for (p, used), cost in layer.items():
-            moves = [(p, used, cost + row[p])] if np.isfinite(row[p]) else []
+            moves = [(p, used, cost + row[p])] if ok[p] else []
             moves += [
                 (q, used | 1 << q, cost + penalty + row[q])
                 for q in range(m)
-                if not used >> q & 1 and np.isfinite(row[q]) and may(used, q)
+                if not used >> q & 1 and ok[q] and not used & barred[q]
             ]
             for q, u, c in moves:
                 if c < new.get((q, u), math.inf):
