@@ -180,6 +180,7 @@ class _Model:
 
     def __init__(self, machine: Machine, runs: list[_Run], base: dict[str, float], fixed: NcclParams):
         self.machine, self.runs, self.base, self.fixed = machine, runs, base, fixed
+        self._levels: dict[tuple[int, float, float], list] = {}  # most candidates keep the rates and steps
 
     def params(self, values: dict[str, float], uses=()) -> tuple[NcclParams, float, float]:
         """The library's parameters, dim 0's rate (GB/s of 1e9) and the network step (ns)."""
@@ -213,7 +214,12 @@ class _Model:
     def pairs(self, values: dict[str, float], run: _Run, sizes=None) -> list[Pair]:
         """Every pair's time on a run's fitted sizes (or `sizes`)."""
         params, link, step = self.params(values)
-        lv = self.machine.levels(run.log.npus, link, step)
+        key = (run.log.npus, link, step)
+        lv = self._levels.get(key)
+        if lv is None:
+            if len(self._levels) > 64:
+                self._levels.clear()
+            lv = self._levels[key] = self.machine.levels(*key)
         return pairs(params, lv, run.log.op, run.sizes if sizes is None else sizes)
 
 
