@@ -307,8 +307,7 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
         ring_latency, algbw = [], []
         for k in ks:
             eff, base = params.efficiency[k], params.base_ns[k]
-            # the step latencies of `ring_steps`: dim 0's times the protocol's factor, the others' as they are
-            step_factors = [factors["Ring"][k]] + [1.0] * (len(lv) - 1)
+            step_factors = ring_steps(params, len(lv), PROTOCOLS[k]).latency_factors
             stepping = sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, step_factors))
             ring_latency.append(base + stepping)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
