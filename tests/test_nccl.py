@@ -547,3 +547,63 @@ def test_the_fit_solves_its_normal_equations_without_lapack():
     assert np.allclose(_solve(a, b), np.linalg.solve(a, b), rtol=1e-12, atol=1e-12)
     assert _solve(np.ones((3, 3)), np.ones(3)) is None
     assert math.isfinite(PROTOCOL_CAPS[1])
+
+
+# --- the fit's fast paths ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "npus", "switch", "op"),
+    [
+        (NcclParams(channels=5.5, net_efficiency=0.7, tree_efficiency=0.6), (8, 4), True, "all_reduce"),
+        (NcclParams(), (8,), True, "all_reduce"),
+        (
+            NcclParams(rccl=True, protocols=("LL", "Simple"), algos=("Ring", "Tree", "MSCCL")),
+            (8, 2),
+            False,
+            "all_reduce",
+        ),
+        (
+            NcclParams(rccl=True, protocols=("LL", "Simple"), algos=("Ring", "MSCCL")),
+            (8,),
+            False,
+            "all_reduce",
+        ),
+        (NcclParams(channels=3.0, net_efficiency=0.9), (4, 2, 2), True, "reduce_scatter"),
+        (NcclParams(algos=("Tree",)), (8, 2), True, "broadcast"),
+    ],
+)
+def test_pairs_of_many_sizes_at_once_are_each_size_alone_bit_for_bit(params, npus, switch, op):
+    """`nccl.pairs` times all sizes in one array per algorithm (a fit's hot path, its size-only rows cached).
+
+    Each size's time must be the one the size alone gets, to the last bit, whether the cached rows
+    are fresh or reused (another call's sizes in the cache must not leak into this one's).
+    """
+    lv = [
+        nccl.Level(n, (300.0 if j == 0 else 50.0) * GB, 500.0 * (j + 1), switch) for j, n in enumerate(npus)
+    ]
+    sizes = np.array([8.0 * 4**k for k in range(17)] + [3e9])
+    nccl._BY_SIZES.clear()
+    cold = nccl.pairs(params, lv, op, sizes)
+    warm = nccl.pairs(params, lv, op, sizes)
+    assert [(p.algorithm, p.protocol) for p in cold] == [(p.algorithm, p.protocol) for p in warm]
+    for i, size in enumerate(sizes):
+        alone = nccl.pairs(params, lv, op, [size])
+        for a, b, c in zip(cold, warm, alone):
+            assert a.times_ns[i] == b.times_ns[i] == c.times_ns[0], (a.algorithm, a.protocol, size)
+
+
+def test_the_fit_s_unchecked_params_are_the_checked_ones():
+    """The fit's candidates skip `NcclParams`' checks (`ncclfit._trusted`): they must equal `replace`'s."""
+    from themis_mpi.calibrate.ncclfit import _trusted
+
+    base = NcclParams(algos=("Ring", "NVLS"), nvls_channels=32, uses=(("Ring", "LL", 8, 64),))
+    changes = {
+        "base_ns": (700.0, 9000.0, 12000.0),
+        "efficiency": (0.4, 0.9, 0.95),
+        "channels": 7.25,
+        "uses": (),
+    }
+    fast, checked = _trusted(base, **changes), replace(base, **changes)
+    assert fast == checked and hash(fast) == hash(checked) and fast.spec() == checked.spec()
+    assert fast is not base and base.channels == 16.0  # the original untouched

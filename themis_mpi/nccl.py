@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache, partial
 
 import numpy as np
 
@@ -126,9 +127,31 @@ def tree_correction(protocol: str, sizes) -> np.ndarray:
     return table[np.minimum(index, len(table) - 1)]
 
 
-def _channels(params: NcclParams, share_bytes: float, sizes: np.ndarray) -> np.ndarray:
-    """``ch / nc(S)``: how much slower than its full rate a ring or tree runs at these sizes."""
-    return params.channels / np.clip(sizes / share_bytes, 1.0, params.channels)
+_BY_SIZES: dict[tuple, np.ndarray] = {}  # `_sized`'s arrays (a fit asks for the same sizes many times)
+
+
+def _sized(key: tuple, sizes: np.ndarray, make) -> np.ndarray:
+    """``make()``, an array that depends only on `key` and `sizes`, computed once per both (read-only)."""
+    full = (*key, sizes.tobytes())
+    found = _BY_SIZES.get(full)
+    if found is None:
+        if len(_BY_SIZES) > 4096:
+            _BY_SIZES.clear()
+        found = _BY_SIZES[full] = make()
+        found.flags.writeable = False
+    return found
+
+
+def _size_rows(protocols: tuple[str, ...], n: int, sizes: np.ndarray) -> np.ndarray:
+    """Per protocol, rows of: a ring's channel shares ``S / share`` (at least 1), a tree's, its correction.
+
+    A ring or tree runs ``ch / min(shares, ch)`` slower than its full rate (``ch / nc(S)``, module
+    doc); Ring LL's share grows with the N NPUs.
+    """
+    rows = [np.maximum(sizes / (CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1)), 1.0) for p in protocols]
+    rows += [np.maximum(sizes / CHANNEL_SHARE_BYTES[p], 1.0) for p in protocols]
+    rows += [tree_correction(p, sizes) for p in protocols]
+    return np.array(rows)
 
 
 @dataclass(frozen=True)
@@ -211,16 +234,42 @@ class Pair:
     times_ns: np.ndarray
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """The integers of a ring over levels of these NPU counts (`pairs`; module doc's names).
+
+    Attributes:
+        n: NPUs in all.
+        below: per level, ``G_j``: the NPUs below it.
+        above: per level, ``H_j``, and 1 past the last.
+        hops: per level, the ring's hops that cross it.
+    """
+
+    n: int
+    below: tuple[int, ...]
+    above: tuple[int, ...]
+    hops: tuple[int, ...]
+
+
+@lru_cache(maxsize=256)
+def _shape(npus: tuple[int, ...]) -> _Shape:
+    """`_Shape` of levels of `npus` NPUs, computed once per machine (a fit times it many times)."""
+    n = math.prod(npus)
+    below = [math.prod(npus[:j]) for j in range(len(npus))]
+    above = [math.prod(npus[j:]) for j in range(len(npus))] + [1]
+    crossing = [n // g if n // g > 1 else 0 for g in below] + [0]
+    hops = [crossing[j] - crossing[j + 1] for j in range(len(npus))]
+    return _Shape(n, tuple(below), tuple(above), tuple(hops))
+
+
 def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
     """Every algorithm and protocol the library has here, timed at each size (module doc)."""
     sizes = np.asarray(sizes, dtype=float)
     if not lv:
         return [Pair("none", "none", 0.0, np.zeros_like(sizes))]
-    n = math.prod(level.npus for level in lv)
-    below = [math.prod(x.npus for x in lv[:j]) for j in range(len(lv))]
-    above = [math.prod(x.npus for x in lv[j:]) for j in range(len(lv))] + [1]
+    shape = _shape(tuple(level.npus for level in lv))
+    n, below, above = shape.n, shape.below, shape.above
     share = level_shares(params, len(lv))
-    crossing = [n // g if n // g > 1 else 0 for g in below] + [0]
     factors = STEP_FACTORS[params.rccl]
     protocols = [p for p in PROTOCOLS if p in params.protocols]
     out: list[Pair] = []
@@ -230,7 +279,7 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
 
     if op == ALL_TO_ALL:  # S / N to every peer at once; a peer whose lowest differing level is j uses level j
         k = PROTOCOLS.index(protocols[-1])
-        upper = below[1:] + [n]
+        upper = below[1:] + (n,)
         per_byte = max((upper[j] - below[j]) / n / (share[j] * lv[j].bytes_per_ns) for j in range(len(lv)))
         add(
             "Direct",
@@ -242,26 +291,42 @@ def pairs(params: NcclParams, lv: list[Level], op: str, sizes) -> list[Pair]:
     twice = 2 if op == ALL_REDUCE else 1
     across = sum(math.ceil(math.log2(level.npus)) * level.latency_ns for level in lv[1:])
     inter = min((share[j] * lv[j].bytes_per_ns * below[j] for j in range(1, len(lv))), default=0.0)
-    for k, p in enumerate(PROTOCOLS):
-        if p not in protocols:
-            continue
-        eff, base = params.efficiency[k], params.base_ns[k]
-        if "Ring" in params.algos or op == BROADCAST:  # NCCL broadcasts on rings only
-            hops = [crossing[j] - crossing[j + 1] for j in range(len(lv))]
-            ring = ring_steps(params, len(lv), p)
-            cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, hops) if h)
-            steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
-            latency = base + sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, ring.latency_factors))
-            slower = _channels(params, CHANNEL_SHARE_BYTES[p] * (n if p == "LL" else 1), sizes)
+    on_ring = "Ring" in params.algos or op == BROADCAST  # NCCL broadcasts on rings only
+    on_tree = op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos
+    if on_ring:
+        cap = min(s * level.bytes_per_ns * n / h for s, level, h in zip(share, lv, shape.hops) if h)
+        steps = [twice * (above[j] - above[j + 1]) for j in range(len(lv))]
+    if on_tree:
+        tree_rate = min(lv[0].bytes_per_ns / 2, inter)
+    ks = [PROTOCOLS.index(p) for p in protocols]
+    m = len(ks)
+    rows = _sized(("pairs", tuple(protocols), n), sizes, partial(_size_rows, tuple(protocols), n, sizes))
+    ch = params.channels
+    # every protocol's times in one array each (row k a protocol's): the same arithmetic per element
+    if on_ring:
+        ring_latency, algbw = [], []
+        for k in ks:
+            eff, base = params.efficiency[k], params.base_ns[k]
+            step_factors = ring_steps(params, len(lv), PROTOCOLS[k]).latency_factors
+            stepping = sum(st * x.latency_ns * f for st, x, f in zip(steps, lv, step_factors))
+            ring_latency.append(base + stepping)
             # a broadcast pipelines S from the root along the ring: each NPU's port moves S once
-            algbw = eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1))
-            add("Ring", p, latency, algbw, slower)
-        if op == ALL_REDUCE and len(lv) > 1 and "Tree" in params.algos:
-            algbw = eff * params.tree_efficiency * min(lv[0].bytes_per_ns / 2, inter) * np.ones_like(sizes)
-            if not params.rccl:
-                algbw = algbw * tree_correction(p, sizes)
-            latency = base + 2 * ((lv[0].npus - 1) * lv[0].latency_ns * factors["Tree"][k] + across)
-            add("Tree", p, latency, algbw, _channels(params, CHANNEL_SHARE_BYTES[p], sizes))
+            algbw.append(eff * cap if op == BROADCAST else eff * cap * n / (twice * (n - 1)))
+        slower = ch / np.minimum(rows[:m], ch)
+        ring_times = np.array(ring_latency)[:, None] + sizes * slower / np.array(algbw)[:, None]
+    if on_tree:
+        chain = (lv[0].npus - 1) * lv[0].latency_ns
+        tree_latency = [params.base_ns[k] + 2 * (chain * factors["Tree"][k] + across) for k in ks]
+        tree_bw = np.array([params.efficiency[k] * params.tree_efficiency * tree_rate for k in ks])[:, None]
+        if not params.rccl:
+            tree_bw = tree_bw * rows[2 * m :]
+        slower = ch / np.minimum(rows[m : 2 * m], ch)
+        tree_times = np.array(tree_latency)[:, None] + sizes * slower / tree_bw
+    for i, p in enumerate(protocols):
+        if on_ring:
+            out.append(Pair("Ring", p, ring_latency[i], ring_times[i]))
+        if on_tree:
+            out.append(Pair("Tree", p, tree_latency[i], tree_times[i]))
     if op == ALL_REDUCE and params.rccl and len(lv) == 1 and not lv[0].switch and "MSCCL" in params.algos:
         # RCCL's MSCCL one-shot all-reduce on a full mesh (LL): each GPU writes its buffer to every
         # peer over that peer's link, then reduces locally: one step, (N-1) S through its links
@@ -315,10 +380,16 @@ def nvls_transfer_ns(params: NcclParams, level: Level, nodes: int, algbw: float,
     sizes = np.asarray(sizes, dtype=float)
     heads = min(level.npus, NVLS_MAX_ARITY)
     channels = params.nvls_channels
-    chunk = nvls_chunk_bytes(nodes, heads, channels, sizes)
-    wave = channels * heads * chunk
-    fill = NVLS_FILL_WAVES[nodes > 1] * np.minimum(sizes, wave)
-    return (sizes + fill) * (1.0 / algbw + params.nvls_chunk_ns / (channels * chunk))
+
+    def moved_and_per_chunk() -> np.ndarray:
+        """Bytes moved with the fill waves, and the chunks' bytes per channel: rows of one array."""
+        chunk = nvls_chunk_bytes(nodes, heads, channels, sizes)
+        wave = channels * heads * chunk
+        fill = NVLS_FILL_WAVES[nodes > 1] * np.minimum(sizes, wave)
+        return np.array([sizes + fill, channels * chunk])
+
+    moved, per_chunk = _sized(("nvls", nodes, heads, channels), sizes, moved_and_per_chunk)
+    return moved * (1.0 / algbw + params.nvls_chunk_ns / per_chunk)
 
 
 def choose(params: NcclParams, lv: list[Level], op: str, sizes) -> tuple[list[Pair], np.ndarray]:

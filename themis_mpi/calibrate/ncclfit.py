@@ -164,17 +164,29 @@ def _check_fittable(log: NcclLog) -> None:
         )
 
 
+def _trusted(params: NcclParams, **changes) -> NcclParams:
+    """`dataclasses.replace` without `NcclParams`' checks, for the fit's own candidates.
+
+    A fit builds one per evaluation of its residuals, each value inside its `PARAMS` bounds,
+    which lie inside the ranges `NcclParams` checks; its result is checked (`_Model.params`).
+    """
+    out = object.__new__(NcclParams)
+    out.__dict__.update(params.__dict__, **changes)
+    return out
+
+
 class _Model:
     """The parameter vector of a fit, the machine and the runs: times, choices, costs."""
 
     def __init__(self, machine: Machine, runs: list[_Run], base: dict[str, float], fixed: NcclParams):
         self.machine, self.runs, self.base, self.fixed = machine, runs, base, fixed
+        self._levels: dict[tuple[int, float, float], list] = {}  # most candidates keep the rates and steps
 
     def params(self, values: dict[str, float], uses=()) -> tuple[NcclParams, float, float]:
         """The library's parameters, dim 0's rate (GB/s of 1e9) and the network step (ns)."""
         v = {**self.base, **values}
         f = self.fixed
-        params = replace(
+        params = _trusted(
             f,
             base_ns=(v.get("base_LL", f.base_ns[0]), v.get("base_LL128", f.base_ns[1]), v["base_Simple"]),
             efficiency=(
@@ -188,8 +200,10 @@ class _Model:
             tree_efficiency=v.get("tree_eff", f.tree_efficiency),
             net_efficiency=v.get("net_eff", f.net_efficiency),
             channels=v.get("channels", f.channels),
-            uses=tuple(uses),
+            uses=(),
         )
+        if uses:  # the fit's result: checked as a user's would be
+            params = replace(params, uses=tuple(uses))
         return params, v.get("link_gbps", self.machine.link_gbps), v.get("net_step", NET_STEP_NS)
 
     def topology(self, values: dict[str, float], npus: int, uses=()) -> Topology:
@@ -200,7 +214,12 @@ class _Model:
     def pairs(self, values: dict[str, float], run: _Run, sizes=None) -> list[Pair]:
         """Every pair's time on a run's fitted sizes (or `sizes`)."""
         params, link, step = self.params(values)
-        lv = self.machine.levels(run.log.npus, link, step)
+        key = (run.log.npus, link, step)
+        lv = self._levels.get(key)
+        if lv is None:
+            if len(self._levels) > 64:
+                self._levels.clear()
+            lv = self._levels[key] = self.machine.levels(*key)
         return pairs(params, lv, run.log.op, run.sizes if sizes is None else sizes)
 
 
@@ -237,22 +256,21 @@ def _segments(loss: np.ndarray, penalty: float, pairs_of: list[tuple[str, int]])
     A dynamic programme over the last pair and the pairs used so far.
     """
     n, m = loss.shape
-    # q may follow the pairs `used` unless one of its algorithm's later protocols is among them
-    after = [sum(1 << u for u, (b, r) in enumerate(pairs_of) if b == a and r > rank) for a, rank in pairs_of]
-    rows = loss.tolist()  # (Python floats: the same sums as on numpy's, without a scalar per step)
-    layer = {(p, 1 << p): rows[0][p] + penalty for p in range(m) if math.isfinite(rows[0][p])}
+    # per pair, the pairs (bits) that bar it once used: its algorithm's later protocols
+    barred = [sum(1 << u for u, (a, r) in enumerate(pairs_of) if a == algo and r > k) for algo, k in pairs_of]
+    finite = np.isfinite(loss).tolist()
+    layer = {(p, 1 << p): float(loss[0, p]) + penalty for p in range(m) if finite[0][p]}
     back: list[dict] = [{}]
     for i in range(1, n):
         new: dict = {}
         prev: dict = {}
-        row = rows[i]
-        open_ = [q for q in range(m) if math.isfinite(row[q])]
+        row, ok = loss[i].tolist(), finite[i]
         for (p, used), cost in layer.items():
-            moves = [(p, used, cost + row[p])] if math.isfinite(row[p]) else []
+            moves = [(p, used, cost + row[p])] if ok[p] else []
             moves += [
                 (q, used | 1 << q, cost + penalty + row[q])
-                for q in open_
-                if not used >> q & 1 and not used & after[q]
+                for q in range(m)
+                if not used >> q & 1 and ok[q] and not used & barred[q]
             ]
             for q, u, c in moves:
                 if c < new.get((q, u), math.inf):

@@ -19,7 +19,8 @@ def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     depends on the BLAS kernel the machine picks).
     """
     n = len(b)
-    m = [row + [bi] for row, bi in zip(a.tolist(), b.tolist())]  # (Python floats, as float() gives)
+    rows, right = np.asarray(a, dtype=float).tolist(), np.asarray(b, dtype=float).tolist()
+    m = [row + [last] for row, last in zip(rows, right)]  # the same floats as float(a[i, j]), faster
     for col in range(n):
         pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
         if m[pivot][col] == 0.0 or not math.isfinite(m[pivot][col]):
@@ -27,7 +28,8 @@ def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
         m[col], m[pivot] = m[pivot], m[col]
         for i in range(col + 1, n):
             f = m[i][col] / m[col][col]
-            m[i] = [x - f * y for x, y in zip(m[i], m[col])]
+            # columns up to `col` of the rows below are never read again: left as they are
+            m[i][col + 1 :] = [x - f * y for x, y in zip(m[i][col + 1 :], m[col][col + 1 :])]
     x = [0.0] * n
     for i in reversed(range(n)):
         x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
