@@ -43,7 +43,7 @@ from ..timing.programs import ProgramTimes, time_programs
 from ..timing.routes import NpuRoutes, StepPlanner, step_planner
 from ..timing.rules import IDEAL, STORE_FORWARD, rule_class
 from ..timing.symmetric import Symmetric
-from ..timing.world import World, _Stage
+from ..timing.world import World
 from ..topology import Topology
 
 LinkFlow = tuple[tuple[LinkStep, ...], bool]  # a stage's steps on one NPU's links, and whether uniform
@@ -255,13 +255,10 @@ class DimStages:
             )
         cost = self.cost(itemsize)
         routes, world = NpuRoutes(self.alone), World(self.alone, self.config, replayable=False)
-        for c, levels in enumerate(every):
-            steps, recvs, consumers = routes.custom_stage(c, cost, 0, levels)
-            owner = _Stage(c, None, (op, full_elems), recvs, consumers)  # type: ignore[arg-type]
-            world.rule.start(Flow(owner, world.rule.prepared(steps)))
-        while world.loop.step(math.inf, world.rule):  # (the rule's own events too: `fair` moves)
-            pass
-        self._same_time(op, "every NPU's levels", world.now_ns, self.time_ns(op, full_elems, itemsize))
+        end_ns = world.stages_alone(
+            {c: routes.custom_stage(c, cost, 0, levels) for c, levels in enumerate(every)}
+        )
+        self._same_time(op, "every NPU's levels", end_ns, self.time_ns(op, full_elems, itemsize))
 
     def _same_time(self, op: str, whose: str, steps_ns: float, alone_ns: float, why: str = "") -> None:
         """Refuse in one line a stage whose steps alone do not end when its programs alone do."""

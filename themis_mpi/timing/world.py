@@ -436,6 +436,19 @@ class World(Greenlets):
         """Run every queued event in time order: the links alone, with no NPU's engine (tools, tests)."""
         self.loop.drain()
 
+    def stages_alone(self, plans: Mapping[int, tuple]) -> float:
+        """One stage per NPU, given as its steps, senders and receivers' counts, alone on the links: its end.
+
+        No engine runs: a check of a stage's steps against another timing of it (a dim's custom
+        files against their programs, `run.custom`). The stages match their receipts as one stage.
+        """
+        for rank, (steps, recvs, consumers) in plans.items():
+            owner = _Stage(rank, None, ("alone",), recvs, consumers)  # type: ignore[arg-type]
+            self.rule.start(Flow(owner, self.rule.prepared(steps)))
+        while self.loop.step(math.inf, self.rule):  # (the rule's own events too: `fair` moves)
+            pass
+        return self.now_ns
+
     # --- the NPUs ---------------------------------------------------------------------------------
 
     def replay(self, rank: int) -> Replay:
