@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -191,3 +192,14 @@ def test_a_pipelined_simai_file_by_classes_equals_every_npu(monkeypatch, simulat
     fast = gpt(graph, layout.topology, "packet")
     assert simulated[-1] == 4
     same_fields(fast, every_npu(monkeypatch, lambda: gpt(graph, layout.topology, "packet")))
+
+
+def test_a_lazy_trace_list_ends_at_its_ranks():
+    """`list()` and iteration of a generated model's traces stop at its NPUs (they never ended: no IndexError)."""
+    graph, topology = llm_graph("SW(2,100,500)_SW(2,50,1000)_SW(2,50,1000)", tp=2, pp=2, dp=2, global_batch=4)
+    traces = graph.traces
+    built = list(itertools.islice(iter(traces), len(traces) + 1))  # (one past the end: it stops before)
+    assert len(built) == len(traces) == topology.npus == 8
+    assert [t.path for t in built] == [traces[r].path for r in range(8)]
+    with pytest.raises(IndexError):
+        traces[8]

@@ -739,6 +739,8 @@ class LazyTraces(Sequence):
     def __getitem__(self, rank):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]
+        if not 0 <= rank < len(self):  # (iteration, `list()`, stops here: `Sequence`'s protocol)
+            raise IndexError(f"rank {rank} of {len(self)}")
         if rank not in self._made:
             key = (self.c, self.layout, self.drop, rank)
             if key not in _BUILT:

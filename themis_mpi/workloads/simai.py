@@ -434,6 +434,8 @@ class SimaiTraces(Sequence):
     def __getitem__(self, rank):
         if isinstance(rank, slice):
             return [self[r] for r in range(*rank.indices(len(self)))]
+        if not 0 <= rank < len(self):  # (iteration, `list()`, stops here: `Sequence`'s protocol)
+            raise IndexError(f"rank {rank} of {len(self)}")
         if rank not in self._made:
             nodes = stage_graph(self.wl, self.pipe, self.layout, rank, self.drop, self.schedule)
             attrs = [Attr("themis_generator", "string", "simai")]
