@@ -137,16 +137,16 @@ def test_every_npus_levels_are_one_npus_view_where_the_file_is_symmetric(
 def test_exported_files_on_a_fully_connected_dim_take_the_builtins_time(
     exported, network, topology, active, algorithm
 ):
-    """Their NPUs' rounds differ, so every NPU's links run them; each message has its own link.
+    """Each message has its own link; halving-doubling on every NPU's links, direct by one NPU's view.
 
-    Halving-doubling's XOR partners lie at different distances NPU by NPU; the direct file's
-    rounds take its messages one at a time where its programs send them at once, and its levels
-    (`msccl.custom.stage_levels`) at once. The built-in algorithms send each step to the same
+    Halving-doubling's XOR partners lie at different distances NPU by NPU, so its NPUs' levels
+    (`msccl.custom.stage_levels`) differ; the direct file's levels send every message at once,
+    the same on every NPU. The built-in algorithms send each step to the same
     peers' links, so the times and every link's bytes are the same to the ns, with 2 active
     chunks a dim and with a NIC shared by both dims.
     """
     spec = exported[algorithm]
-    assert simulator(topology, spec, network, active) == WORLD
+    assert simulator(topology, spec, network, active) == (ONE_NPU if algorithm == "direct" else WORLD)
     mine = row(topology, "all_reduce", network, active, "baseline", spec)
     builtin = row(topology, "all_reduce", network, active, "baseline", algorithm)
     assert mine.time_us == pytest.approx(builtin.time_us, rel=1e-12)
@@ -167,7 +167,7 @@ def test_exported_files_on_a_ring_dim_run_within_its_links(exported, algorithm, 
     from one stage at a time.
     """
     spec = exported[algorithm]
-    assert simulator(RING, spec, network, 2) == WORLD
+    assert simulator(RING, spec, network, 2) == (ONE_NPU if algorithm == "direct" else WORLD)
     shared = row(RING, "all_reduce", network, 2, "baseline", spec)
     alone = row(RING, "all_reduce", network, 1, "baseline", spec)
     assert shared.links and all(link.busy_pct <= 100 + 1e-9 for link in shared.links)
@@ -208,23 +208,26 @@ def test_synthesized_files_share_a_ring_dim_within_its_links(synthesized, networ
 def test_files_whose_steps_are_not_their_programs_are_refused_where_stages_share(exported, synthesized):
     """A dim's files whose steps alone do not take their programs' time: one line where stages share links.
 
-    One NPU's view runs a symmetric file's rounds, and a round takes a message only with the
-    receive it pairs with: the exported direct on a Switch reduces its receives into one chunk
-    in turn, so its rounds take one message at a time where its threadblocks send at once (two
-    more latencies of the Switch, 2 x 2 hops x 500 ns). Every NPU's levels of the direct file
-    on a Ring under packet take another time than its programs (a level's messages are one
-    step's packets). A level where an NPU sends nothing is a step of no transfers, which
-    store-forward does not take. Each runs alone (one active chunk, no shared port).
+    A level's messages leave as one step where the programs send each on its own: under `fair`
+    the same time (the exported direct on a Switch then gives the built-in direct's row), under
+    `packet` one step's packets, so the direct file on a Switch or a Ring there takes another
+    time than its programs and is refused. A level where an NPU sends nothing is a step of no
+    transfers, which store-forward does not take. Each runs alone (one active chunk, no shared
+    port).
     """
-    with pytest.raises(UsageError, match="its rounds alone take") as refused:
-        row(SHARED_PORT, "all_reduce", "fair", 1, "baseline", exported["direct"])
-    rounds_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", str(refused.value)))
-    assert rounds_us - programs_us == pytest.approx(2 * 2 * 0.5)
+    mine = row(SHARED_PORT, "all_reduce", "fair", 2, "baseline", exported["direct"])
+    assert mine.time_us == pytest.approx(
+        row(SHARED_PORT, "all_reduce", "fair", 2, "baseline", "direct").time_us
+    )
+    with pytest.raises(UsageError, match="its levels alone take") as refused:
+        row(SHARED_PORT, "all_reduce", "packet", 1, "baseline", exported["direct"])
+    levels_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", str(refused.value)))
+    assert levels_us != pytest.approx(programs_us, rel=1e-9)
     assert len(str(refused.value).splitlines()) == 1
-    assert row(SWITCH, "all_reduce", "fair", 1, "baseline", exported["direct"]).time_us > 0
+    assert row(SWITCH, "all_reduce", "packet", 1, "baseline", exported["direct"]).time_us > 0
     base = ["model", "-t", RING, "-b", "64M", "-c", "8", "--algorithm", f"{exported['direct']},direct"]
     proc = in_process([*base, "--network", "packet", "--active-chunks-per-dim", "2"])
-    assert proc.returncode == 2 and "every NPU's levels alone take" in proc.stderr
+    assert proc.returncode == 2 and "its levels alone take" in proc.stderr
     levels_us, programs_us = (float(x) for x in re.findall(r"([0-9.]+) us", proc.stderr))
     assert levels_us != pytest.approx(programs_us, rel=1e-9)
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -241,12 +244,12 @@ def test_emulator_replays_every_npus_levels(exported, synthesized, tmp_path):
     """Under mpiexec -n 8 (one job), 2 active chunks a dim: #wrong 0 and the model's time.
 
     On a Ring dim the exported halving-doubling and the synthesized files, under fair and
-    packet; on a FullyConnected dim the exported direct.
+    packet; on a FullyConnected dim the exported halving-doubling.
     """
     files = (
         ("hd", RING, exported["halving_doubling"]),
         ("syn", RING, synthesized),
-        ("direct", FC, exported["direct"]),
+        ("hd-fc", FC, exported["halving_doubling"]),
     )
     cases = {
         (name, network): (topology, spec) for name, topology, spec in files for network in ("fair", "packet")

@@ -12,9 +12,9 @@ A dim's custom stages (`DimStages`, held for a run by `dim_stages`) run inside t
 schedules instead: their steps move the data through the MPI transport's stage path, and their
 time is the file's programs on the dim alone, which one NPU's view takes as the stage's end;
 where stages may share the dim's links (several at once, a shared port) under a sharing rule,
-one NPU's view runs each stage's rounds as steps over NPU 0's links instead (`DimStages.flow`),
-or, for files whose NPUs' rounds differ, every NPU's links run each NPU's messages level by
-level as its programs send them (`DimStages.npu_steps`, `timing.routes.NpuRoutes.custom_stage`).
+one NPU's view runs NPU 0's messages, level by level as its programs send them, as steps over
+its links instead (`DimStages.flow`), or, for files whose NPUs' levels differ, every NPU's links
+run each NPU's levels (`DimStages.npu_steps`, `timing.routes.NpuRoutes.custom_stage`).
 """
 
 from __future__ import annotations
@@ -189,23 +189,25 @@ def custom_collective(
 class DimStages:
     """A custom algorithm as one dim's stages (`algorithms.CustomStage`).
 
-    Its steps are its files' ops in rounds (`msccl.custom.stage_steps`); a stage's time is its
-    file's programs, every NPU of the dim, on the dim's links alone under the run's rule
-    (`timing.programs`), which one NPU's view (`timing.symmetric`) takes as the stage's time on
-    the model and on every emulator rank. The same run gives the row's figures of the dim
-    (`load`: the bytes NPU 0 sends, what its links carry; `results.dim_results`). An all-reduce
-    stage without an allreduce file runs the reduce-scatter file and then the all-gather file.
+    Its steps (the data's, on the emulator) are its files' ops in rounds
+    (`msccl.custom.stage_steps`); a stage's time is its file's programs, every NPU of the dim,
+    on the dim's links alone under the run's rule (`timing.programs`), which one NPU's view
+    (`timing.symmetric`) takes as the stage's time on the model and on every emulator rank. The
+    same run gives the row's figures of the dim (`load`: the bytes NPU 0 sends, what its links
+    carry; `results.dim_results`). An all-reduce stage without an allreduce file runs the
+    reduce-scatter file and then the all-gather file.
 
     Under a sharing rule where the dim's stages may meet other stages on its links (`shared`:
     several active stages per dim, or a port the dim shares), a stage is not timed alone: one
-    NPU's view runs it as a flow of its rounds over NPU 0's links (`flow`), among every other
+    NPU's view runs it as a flow of NPU 0's levels (its messages level by level as its programs
+    send them, `msccl.custom.stage_levels`) over NPU 0's links (`flow`), among every other
     stage's, as a built-in stage's steps. That view stands for every NPU where the files are
-    rotation-symmetric (every NPU's rounds send the same bytes to the peers the same distance
-    ahead, as the ring's do; on a Switch the same bytes out and in each round, as
-    halving-doubling's too), and their rounds alone must take their programs' time (`flow`):
-    one line otherwise. Files whose NPUs' rounds differ (`asymmetric`) run on every NPU's links
-    instead (`every_npu`: the planner chooses them), each NPU by its own messages, level by
-    level as its programs send them (`npu_steps`).
+    rotation-symmetric (every NPU's levels send the same bytes to the peers the same distance
+    ahead, as the ring's do; on a Switch the same bytes out and in each level, as
+    halving-doubling's and direct's too), and their levels alone must take their programs' time
+    (`flow`): one line otherwise. Files whose NPUs' levels differ (`asymmetric`) run on every
+    NPU's links instead (`every_npu`: the planner chooses them), each NPU by its own levels
+    (`npu_steps`).
     """
 
     def __init__(self, topology: Topology, d: int, files: dict[str, Custom], config: RunConfig):
@@ -235,7 +237,7 @@ class DimStages:
 
         Level k is the same level of the same file on every rank, so what a rank sends in its
         step k its peer receives in its own. Every rank's levels alone on the dim's links must
-        end when the files' programs alone do (as `flow` checks one NPU's rounds), or the stage
+        end when the files' programs alone do (as `flow` checks one NPU's levels), or the stage
         is refused in one line.
         """
         if (op, full_elems, itemsize) not in self._checked:
@@ -315,14 +317,15 @@ class DimStages:
     def flow(self, op: str, full_elems: int, planner: StepPlanner) -> LinkFlow | None:
         """One stage as NPU 0's steps over its links, and whether they use the same links; None: timed alone.
 
-        Each round of NPU 0 (`stage_steps`) is a step: a transfer per message, over the links
-        one NPU's view gives a message to the peer k ahead (`routes.StepPlanner.message_hops`),
-        then the hops' latency and the endpoint delay, as a built-in stage's step (the planner's
-        links, rates and cost model of the stage's element size).
+        Each level of NPU 0 (`msccl.custom.stage_levels`) is a step: a transfer per message,
+        over the links one NPU's view gives a message to the peer k ahead
+        (`routes.StepPlanner.message_hops`), then the hops' latency and the endpoint delay, as a
+        built-in stage's step (the planner's links, rates and cost model of the stage's element
+        size).
 
-        The rounds are the data's order, which may be stricter than the file's (a file whose
-        threadblocks send at once, reducing into one chunk in turn, moves its data one message
-        a round): the flow, alone on the links, must end when the file's programs alone do
+        A level's messages leave as one step where the programs send each on its own (under
+        ``packet``, one step's packets; under ``store-forward``, a step's transfers hop by hop
+        together): the flow, alone on the links, must end when the file's programs alone do
         (`time_ns`), or the stage is refused in one line. None also for a file that runs on every
         NPU's links (`every_npu`; one NPU's view of it is an estimate: its time alone).
         """
@@ -332,27 +335,23 @@ class DimStages:
         key = (op, full_elems, cost.itemsize, cost.endpoint_delay_ns)
         if key not in self._flows:
             self._flows[key] = self._steps(op, full_elems, planner, self.d)
-            # the same rounds alone on the dim's own links, against its programs there
+            # the same levels alone on the dim's own links, against its programs there
             flow = self._steps(op, full_elems, step_planner(self.alone, cost), 0)
             solo = Symmetric(self.alone, self.config, self.cost)
             solo.rule.start(Flow(None, *flow))
             alone_ns = self.time_ns(op, full_elems, cost.itemsize)
-            why = " (its threadblocks run at once where its data goes a round at a time)"
-            self._same_time(op, "its rounds", solo.next(math.inf)[0], alone_ns, why)
+            self._same_time(op, "its levels", solo.next(math.inf)[0], alone_ns)
         return self._flows[key]
 
     def _steps(self, op: str, full_elems: int, planner: StepPlanner, d: int) -> LinkFlow:
-        """NPU 0's rounds of a stage as steps on dim d of the planner's topology (`flow`)."""
+        """NPU 0's levels of a stage as steps on dim d of the planner's topology (`flow`)."""
         steps = tuple(
-            self._round(step.sends, planner, d)
-            for custom in self._parts(op)
-            for step in stage_steps(custom, 0, 0, full_elems)
-            if step.sends
+            self._round(step.sends, planner, d) for step in self._levels(op, full_elems)[0] if step.sends
         )
         return steps, all(step.usage == steps[0].usage for step in steps)
 
     def _round(self, sends: tuple[tuple[int, int, int], ...], planner: StepPlanner, d: int) -> LinkStep:
-        """A round's messages from coordinate 0 as one step on NPU 0's links of dim d (`flow`)."""
+        """A level's messages from coordinate 0 as one step on NPU 0's links of dim d (`flow`)."""
         dim = planner.topology.dims[d]
         transfers, latency_ns = [], 0.0
         for peer, start, stop in sends:
@@ -363,7 +362,7 @@ class DimStages:
         return rated(step, planner.capacity)
 
     def asymmetric(self) -> int | None:
-        """An NPU whose rounds differ from NPU 0's (one NPU's view cannot stand for the file), or None."""
+        """An NPU whose levels differ from NPU 0's (one NPU's view cannot stand for the file), or None."""
         dim = self.topology.dims[self.d]
         p, switch = dim.npus, dim.kind == "Switch"  # (on a Switch every peer is up, then down)
 
@@ -372,11 +371,9 @@ class DimStages:
 
         for custom in self.files.values():
             n = custom.algo.nchunksperloop
+            levels = stage_levels(custom, 0, n)
             shapes = [
-                [
-                    (ahead(c, s.sends), ahead(c, s.recvs) if switch else [])
-                    for s in stage_steps(custom, c, 0, n)
-                ]
+                [(ahead(c, s.sends), ahead(c, s.recvs) if switch else []) for s in levels[c]]
                 for c in range(p)
             ]
             bad = next((c for c in range(1, p) if shapes[c] != shapes[0]), None)
