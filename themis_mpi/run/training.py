@@ -242,11 +242,16 @@ def run_graph(
     is told the graph nodes each NPU has finished.
     """
     topo, config = transport.topology, transport.config
-    if config.asymmetric or spec.heterogeneous:
-        plan(Run(topo, config, GRAPH, slow_compute=spec.heterogeneous))  # (refused: one line)
+    slow = spec.heterogeneous
+    if config.asymmetric or slow:
+        plan(Run(topo, config, GRAPH, slow_compute=slow))  # (refused in one line where no rule shares)
+        check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
     mine = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
     plans = {transport.rank: mine}
-    timing = plan(Run(topo, config, GRAPH, messages=bool(mine.messages), per_rank=not graph.symmetric))
+    run = Run(
+        topo, config, GRAPH, messages=bool(mine.messages), per_rank=not graph.symmetric, slow_compute=slow
+    )
+    timing = plan(run)
     here = graph_ranks(timing, transport)
     stages = [transport.rank]  # rank 0 and the ranks it exchanges messages with: the pipeline's stages
     if mine.messages and not graph.symmetric:
@@ -260,7 +265,7 @@ def run_graph(
         ranks = stages
     elif ranks is None or timing.simulator == WORLD:
         ranks = here
-    kinds = graph_kinds(graph, bool(mine.messages))
+    kinds = graph_kinds(graph, bool(mine.messages), spec)
     if kinds is not None and timing.simulator == WORLD:  # (a rank of each kind has every kind's collectives)
         ranks = sorted({repr(kind): r for r, kind in sorted(kinds.items(), reverse=True)}.values()) or [0]
     collectives = graph_collectives(graph, topo, spec, ranks)
@@ -269,7 +274,7 @@ def run_graph(
     row = run_on(
         timing,
         transport,
-        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns),
+        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns, run.stragglers),
         keep_starts=True,
         kinds=kinds,
         on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress, stage_ns),
@@ -280,17 +285,26 @@ def run_graph(
     return row
 
 
-def graph_kinds(graph: Graph, messages: bool) -> dict[int, Any] | None:
+def graph_kinds(graph: Graph, messages: bool, spec: TrainingSpec | None = None) -> dict[int, Any] | None:
     """What sets ranks' graphs apart, by rank, for classes (`timing.planner.run_on`), or None.
 
     One graph for every rank without messages: nothing ({}); generated per-rank graphs say it
     (``traces.kind``: ranks of one kind run one graph, their peers at the same rank offsets);
     other per-rank graphs (files) and a shared graph with messages (absolute peers): None.
+    A slow NPU (`spec`'s ``npu_compute_scale``) runs its graph at its own pace: its kind is
+    its graph's and its factor, a kind of its own beside its graph's other ranks; jitter gives
+    every NPU its own pace (None: every NPU runs), as it does for text workloads.
     """
+    if spec is not None and spec.compute_jitter:
+        return None
     if graph.symmetric:
-        return None if messages else {}
-    kind = getattr(graph.traces, "kind", None)
-    return None if kind is None else {r: kind(r) for r in range(len(graph.traces))}
+        kinds: dict[int, Any] | None = None if messages else {}
+    else:
+        kind = getattr(graph.traces, "kind", None)
+        kinds = None if kind is None else {r: kind(r) for r in range(len(graph.traces))}
+    if kinds is None or spec is None:
+        return kinds
+    return kinds | {r: (kinds.get(r), f) for r, f in spec.npu_compute_scale if f != 1}
 
 
 def graph_on(
@@ -301,18 +315,26 @@ def graph_on(
     schedules: dict[Collective, Schedule],
     progress: Progress | None = None,
     stage_compute_ns: Sequence[float] = (),
+    stragglers: bool = False,
 ) -> TrainingResult:
     """The graph of NPU `npu.rank` on its engine: its row (the iteration ends with the last rank).
 
-    `stage_compute_ns`: each pipeline stage's compute (`run_graph`).
+    `stage_compute_ns`: each pipeline stage's compute (`run_graph`). With `stragglers` (NPUs at
+    different paces) a late NPU starts its graph late, and a shared graph too ends with the last
+    rank.
     """
     topo = npu.topology
     mine = plan_graph(graph.trace(npu.rank), topo, npu.rank, spec, graph.groups)
     engine = Engine(topo, npu, npu.config)
     replay = GraphReplay(mine, schedules, spec, topo, progress)
-    _, wall_s = execute(npu, engine, "the graph replay", lambda: engine.process(replay.process(engine)))
+
+    def begin():
+        engine.now_ns = npu.issue_ns  # a late NPU starts then
+        return engine.process(replay.process(engine))
+
+    _, wall_s = execute(npu, engine, "the graph replay", begin)
     total_ns, slowest_ns = engine.now_ns, mine.compute_ns
-    if not graph.symmetric:  # the iteration ends with the last rank
+    if stragglers or not graph.symmetric:  # the iteration ends with the last rank
         total_ns, slowest_ns = map(float, npu.reduce([engine.now_ns, mine.compute_ns], "max"))
     return _graph_row(
         npu, engine, policy, spec, wall_s, graph, mine, replay, total_ns, stage_compute_ns, slowest_ns

@@ -10,10 +10,11 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
 - Stragglers (late NPUs, scaled links, slow compute) on ``ideal``: every NPU vectorised
   (`vectors`, `VECTORS`), or as greenlets where the order of events matters (a gated scheduler,
   the endpoint model: `greenlets`, `GREENLETS`); on the emulator each rank's messages.
-- Stragglers, point-to-point messages or per-rank graphs under a sharing rule, and ASTRA-sim
-  2.x's backend on an uneven dim (`routes.uneven_dims`, single collectives only): every NPU's
-  links (`world`, `WORLD`; on the model, stragglers in collectives and training, and generated
-  per-rank graphs with their messages, run one NPU per class where classes are proven equal,
+- Stragglers (in collectives, training and graphs), point-to-point messages or per-rank graphs
+  under a sharing rule, and ASTRA-sim 2.x's backend on an uneven dim (`routes.uneven_dims`, single
+  collectives only): every NPU's links (`world`, `WORLD`; on the model, stragglers in collectives,
+  training and graphs, and generated per-rank graphs with their messages (a slow NPU's kind its
+  own: `run.training.graph_kinds`), run one NPU per class where classes are proven equal,
   under ``fair`` and under ``packet`` where every weight is 1: `classes`, `world.by_classes`);
   on the emulator each rank replays that run (`replay`).
 - Per-rank graphs with messages on ``ideal``: the linked ranks' engines in lock step
@@ -26,12 +27,14 @@ The run layer, the coordinator's oracle, jobs, the ASTRA-sim runner and the CLI 
   every NPU's links of its group, under any rule (`programs`, `CUSTOM`); the model and every
   emulator rank compute that one deterministic run (`run.custom`).
 
-Runs that none of these times are refused here in one line (stragglers in graphs or jobs,
-messages under a compat, training on an uneven 2.x dim). Under stragglers every NPU starts a
-dim's stages in one agreed order, the order of the same run with NPUs alike (`Plan.agreed`):
-that symmetric run costs one NPU's view, a small part of the run of every NPU it orders (1.6 of
-26.8 ms for a 1024-NPU all-reduce in 64 chunks with one late NPU, docs/performance.md), and it
-is what defines the order (the decisions of a run without stragglers), so it is kept.
+Runs that none of these times are refused here in one line (stragglers in jobs, or in graphs
+under ``ideal`` or a compat; messages under a compat, training on an uneven 2.x dim). Under
+stragglers every NPU starts a dim's stages in one agreed order, the order of the same run with
+NPUs alike (`Plan.agreed`; a graph's NPUs start theirs as their graphs issue them, matched by
+key on every NPU's links, as per-rank graphs do): that symmetric run costs one NPU's view, a
+small part of the run of every NPU it orders (1.6 of 26.8 ms for a 1024-NPU all-reduce in 64
+chunks with one late NPU, docs/performance.md), and it is what defines the order (the decisions
+of a run without stragglers), so it is kept.
 """
 
 from __future__ import annotations
@@ -131,8 +134,8 @@ class Plan:
 
     @property
     def agreed(self) -> bool:
-        """Whether each dim starts its stages in one agreed order (NPUs at different paces)."""
-        return self.run.stragglers
+        """Whether each dim starts its stages in one agreed order (NPUs at different paces; not graphs)."""
+        return self.run.stragglers and self.run.kind != GRAPH
 
     @property
     def programmed(self) -> bool:
@@ -186,11 +189,12 @@ def plan(run: Run) -> Plan:
     stages = [custom_stage(dim) for dim in run.topology.dims]  # (a dim's custom files, while held)
     if any(stage is not None and stage.every_npu for stage in stages):
         return Plan(run, WORLD, rule)
-    if run.kind in (GRAPH, JOBS) and run.stragglers:
+    if run.kind == JOBS and run.stragglers:
+        raise UsageError("stragglers do not run with several jobs (--job) yet")
+    if run.kind == GRAPH and run.stragglers and not (shares and not config.compat):
         raise UsageError(
-            "stragglers run text workloads in train; Chakra graphs do not take them yet"
-            if run.kind == GRAPH
-            else "stragglers do not run with several jobs (--job) yet"
+            "stragglers in graphs run under a sharing rule (packet, fair, store-forward): "
+            + (f"drop --compat {config.compat}" if config.compat else f"drop --network {rule}")
         )
     if run.kind == GRAPH and config.compat:
         if run.messages:

@@ -42,7 +42,7 @@ import json
 import math
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -353,10 +353,11 @@ def _plan_graph(trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpe
     deps = [ctrl[i] | data[i] for i in range(len(trace.nodes))]
     position = {i: k for k, i in enumerate(order)}
     ops = []
+    pace = (spec.npu_factor(rank), spec.jitter(rank))  # (a compute phase's draws in this order)
     for k, i in enumerate(order):
         node = trace.nodes[i]
         where = f"{trace.path}: node {i} (id {node.id}, {node.type_name} {node.name!r})"
-        op = _op(node, topology, rank, spec, groups, where)
+        op = _op(node, topology, rank, spec, groups, where, pace)
         ops.append(
             Op(
                 k,
@@ -376,12 +377,27 @@ def _plan_graph(trace: EtTrace, topology: Topology, rank: int, spec: TrainingSpe
     return Plan(trace.path, rank, ops, missing, dropped)
 
 
-def _op(node: Node, topology: Topology, rank: int, spec: TrainingSpec, groups: dict, where: str) -> Op:
-    delay = duration_ns(node, where) * spec.compute_scale
+def _op(
+    node: Node,
+    topology: Topology,
+    rank: int,
+    spec: TrainingSpec,
+    groups: dict,
+    where: str,
+    pace: tuple[float, Iterator],
+) -> Op:
+    """A node's op on NPU `rank`; its time scaled as a text workload's (`TrainingSpec.scaled_ns`).
+
+    `pace`: the NPU's factor (a straggler's), which every delay takes with the compute scale,
+    and its jitter stream, whose next draw a GPU compute node (a compute phase) takes too.
+    """
+    overlap = node.attr("themis_overlap", False) is True
+    cpu = node.attr("is_cpu_op", False) is True
+    phase = node.type == COMP_NODE and not (overlap or cpu)
+    delay = spec.scaled_ns(duration_ns(node, where), pace[0], pace[1] if phase else None)
     if node.type == COMP_NODE:
-        if node.attr("themis_overlap", False) is True:
+        if overlap:
             return Op(0, node.id, DELAY, delay_ns=delay)
-        cpu = node.attr("is_cpu_op", False) is True
         return Op(0, node.id, DELAY, delay_ns=delay, compute=not cpu, resource="cpu" if cpu else "gpu")
     if node.type == COMM_COLL_NODE:
         if not node.has_attr("comm_type"):  # a CPU-side launch op

@@ -54,6 +54,7 @@ average memory bytes per ns (`cost.CostModel.memory_rate`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -155,6 +156,19 @@ class TrainingSpec:
                 factors[r] = f
             return factors
         return dict(self.npu_compute_scale).get(rank, 1.0)
+
+    def scaled_ns(self, ns: float, factor: Any, jitter: Iterator | None = None) -> Any:
+        """One NPU's time of a compute phase or an update given as `ns`: the one scaling of both.
+
+        Times the compute scale, then (where there is a time) the NPU's factor (`npu_factor`)
+        and, for a compute phase, its stream's next jitter draw (`jitter`; None: an update, not
+        jittered). A text workload's loop and a graph's compute nodes (`chakra.plan_graph`) both
+        scale so, so one slow NPU means the same for either.
+        """
+        delay_ns = ns * self.compute_scale
+        if delay_ns > 0:
+            delay_ns *= factor if jitter is None else factor * next(jitter)
+        return delay_ns
 
     def jitter(self, rank: int | np.ndarray):
         """One NPU's jitter factors, one per compute phase in its program order (always 1 without).
@@ -410,9 +424,8 @@ class TrainingLoop:
     # --- steps ---------------------------------------------------------------------------------
 
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
-        delay_ns = compute_ns * self.spec.compute_scale
-        if delay_ns > 0:
-            delay_ns *= self.npu_factor * next(self.jitter)
+        delay_ns = self.spec.scaled_ns(compute_ns, self.npu_factor, self.jitter)
+        if np.any(delay_ns > 0):  # (per NPU where every NPU runs at once: all or none)
             shared = shares_memory(engine)
             if shared:
                 delay_ns /= compute_rate(engine)
@@ -473,9 +486,8 @@ class TrainingLoop:
 
     def _finished(self, engine: Engine, layer: Layer, runs: list[CollectiveRun]) -> ProcessGenerator:
         yield from runs
-        update_ns = layer.update_ns * self.spec.compute_scale
-        if update_ns > 0:
-            update_ns *= self.npu_factor
+        update_ns = self.spec.scaled_ns(layer.update_ns, self.npu_factor)
+        if np.any(update_ns > 0):
             if self.listener is not None:
                 self.listener.updating(layer)
             yield engine.timeout(update_ns)
