@@ -169,3 +169,37 @@ def test_a_slow_npu_in_a_generated_llm_on_8_ranks_replays_the_models_run(tmp_pat
     assert all(r[4] == "0" for r in got)
     healthy = rows(in_process(args[:-2]).stdout)
     assert all(float(s[1]) > float(h[1]) for s, h in zip(want, healthy))  # (the straggler is felt)
+
+
+def test_a_shared_pytorch_graph_with_a_slow_or_late_npu_ends_with_it(simulated):  # noqa: F811
+    """PyTorch's trace, one graph for every NPU (2x2x2, packet): a slow NPU's compute, a late NPU's start, end the iteration.
+
+    Alike every NPU at 1.5x is the ``--compute-scale 1.5`` run (one NPU's view); a lone NPU at
+    1.5x computes 1.5x its compute and the iteration waits for it. Its dim groups' NPUs fill their
+    queues in different orders (graphs agree on no order; their stages match by key), so with one
+    active chunk a dim they hold each other's slot: the one line that says so, and with four the
+    run. NPU 3 starting 1 ms late ends it at least 1 ms after the healthy run's compute.
+    """
+    graph, topo = load_graph(str(DATA / "chakra-pytorch" / "chakra.0.et.gz")), parse_topology("2x2x2")
+    healthy, scaled = run(graph, topo, "packet"), run(graph, topo, "packet", compute_scale=1.5)
+    alike = run(graph, topo, "packet", npu_compute_scale=tuple((r, 1.5) for r in range(8)))
+    assert simulated == [1] and alike.iteration_us == scaled.iteration_us  # (every NPU alike: one class of 8)
+    with pytest.raises(
+        UsageError, match="the graph deadlocks on every NPU's links: .* started its stages in"
+    ):
+        run(graph, topo, "packet", npu_compute_scale=((3, 1.5),))
+    slow = run(graph, topo, "packet", config=dict(active_per_dim=4), npu_compute_scale=((3, 1.5),))
+    assert slow.max_compute_us == pytest.approx(1.5 * healthy.compute_us)
+    assert slow.iteration_us >= 1.5 * healthy.compute_us > healthy.iteration_us
+    late = run(graph, topo, "packet", config=dict(npu_delay_ns=((3, 1e6),)))
+    assert late.iteration_us >= healthy.compute_us + 1e3
+
+
+def test_jitter_in_a_graph_runs_every_npu_seeded(simulated):  # noqa: F811
+    """``--compute-jitter`` gives each NPU its own pace (every NPU runs); one seed, one row; another seed, another."""
+    graph, topo = llm_graph("SW(2,100,500)_SW(2,50,1000)", tp=2, pp=2, dp=1, global_batch=4, peak_tflops=5.0)
+    one, again = (run(graph, topo, "fair", compute_jitter=0.3, seed=1) for _ in range(2))
+    other = run(graph, topo, "fair", compute_jitter=0.3, seed=2)
+    assert simulated == [topo.npus] * 3
+    same_fields(one, again)
+    assert one.iteration_us != other.iteration_us != run(graph, topo, "fair").iteration_us
