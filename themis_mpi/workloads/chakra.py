@@ -391,11 +391,12 @@ def _op(
     `pace`: the NPU's factor (a straggler's), which every delay takes with the compute scale,
     and its jitter stream, whose next draw a GPU compute node (a compute phase) takes too.
     """
-    overlap = node.attr("themis_overlap", False) is True
-    cpu = node.attr("is_cpu_op", False) is True
-    phase = node.type == COMP_NODE and not (overlap or cpu)
+    comp = node.type == COMP_NODE
+    overlap = comp and node.attr("themis_overlap", False) is True
+    cpu = comp and node.attr("is_cpu_op", False) is True
+    phase = comp and not (overlap or cpu)
     delay = spec.scaled_ns(duration_ns(node, where), pace[0], pace[1] if phase else None)
-    if node.type == COMP_NODE:
+    if comp:
         if overlap:
             return Op(0, node.id, DELAY, delay_ns=delay)
         return Op(0, node.id, DELAY, delay_ns=delay, compute=not cpu, resource="cpu" if cpu else "gpu")

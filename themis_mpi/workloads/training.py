@@ -187,6 +187,11 @@ class TrainingSpec:
             yield float(rng.lognormal(-sigma * sigma / 2, sigma)) if sigma else 1.0
 
 
+def timed(delay_ns: Any) -> bool:
+    """Whether a `TrainingSpec.scaled_ns` takes time: a positive one (every NPU's, an array, only then)."""
+    return isinstance(delay_ns, np.ndarray) or delay_ns > 0
+
+
 def shares_memory(engine: Engine) -> bool:
     """Whether compute and collectives share the memory: an engine whose run has the endpoint model.
 
@@ -425,7 +430,7 @@ class TrainingLoop:
 
     def _compute(self, engine: Engine, compute_ns: float) -> ProcessGenerator:
         delay_ns = self.spec.scaled_ns(compute_ns, self.npu_factor, self.jitter)
-        if np.any(delay_ns > 0):  # (per NPU where every NPU runs at once: all or none)
+        if timed(delay_ns):
             shared = shares_memory(engine)
             if shared:
                 delay_ns /= compute_rate(engine)
@@ -487,7 +492,7 @@ class TrainingLoop:
     def _finished(self, engine: Engine, layer: Layer, runs: list[CollectiveRun]) -> ProcessGenerator:
         yield from runs
         update_ns = self.spec.scaled_ns(layer.update_ns, self.npu_factor)
-        if np.any(update_ns > 0):
+        if timed(update_ns):
             if self.listener is not None:
                 self.listener.updating(layer)
             yield engine.timeout(update_ns)
