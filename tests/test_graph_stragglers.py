@@ -116,7 +116,7 @@ def test_a_slow_last_stage_delays_the_iteration_by_its_extra_compute(simulated, 
     assert slow.max_compute_us == pytest.approx(factor * compute_ns / 1e3)
 
 
-@pytest.mark.parametrize("rule", ["packet", "fair"])
+@pytest.mark.parametrize("rule", ["packet", "fair", "store-forward"])
 def test_per_rank_et_files_with_a_straggler_run_every_npu(simulated, rule):  # noqa: F811
     """ASTRA-sim's per-rank all-reduce files (8 NPUs) with a late NPU and a slow link: every NPU, and never faster."""
     graph = load_graph(str(ET_DIR / "8npus_1MB" / "all_reduce"))
@@ -156,18 +156,23 @@ def test_a_straggler_in_a_graph_under_ideal_is_one_line_exit_2(tmp_path):
                   files, "baseline", TrainingSpec(2, npu_compute_scale=((3, 2.0),)))  # fmt: skip
 
 
-def test_a_slow_npu_in_a_generated_llm_on_8_ranks_replays_the_models_run(tmp_path):
-    """TP2 x PP2 x DP2 with NPU 5 at 1.5x under packet, mpiexec -n 8: #wrong 0 and the model's times."""
+@pytest.mark.parametrize(
+    "stragglers",
+    ["--npu-compute-scale 5=1.5", "--npu-delay-us 5=20 --link-scale 1:2=0.5 --network store-forward"],
+)
+def test_a_straggler_in_a_generated_llm_on_8_ranks_replays_the_models_run(tmp_path, stragglers):
+    """TP2 x PP2 x DP2 with NPU 5 at 1.5x (packet), or late with a slow link (store-forward), mpiexec -n 8: the model's."""
     prefix = str(tmp_path / "gpt")
     write_llm(LlmConfig(layers=8, hidden=64, heads=4, seq=32, vocab=100, micro_batch=2, global_batch=16, tp=2, pp=2,
                         dp=2, peak_tflops=1.0), parse_topology("2x2x2"), prefix)  # fmt: skip
-    args = ["train", prefix, "-t", "2x2x2", "-c", "4", "--npu-compute-scale", "5=1.5"]
+    args = ["train", prefix, "-t", "2x2x2", "-c", "4", *stragglers.split()]
     emu, model = cli(8, args), in_process(args)
     assert emu.returncode == 0 and model.returncode == 0, emu.stderr + model.stderr
     got, want = rows(emu.stdout), rows(model.stdout)
     assert [r[:4] for r in got] == [r[:4] for r in want] and len(got) == 2
     assert all(r[4] == "0" for r in got)
-    healthy = rows(in_process(args[:-2]).stdout)
+    network = args[args.index("--network") :] if "--network" in args else []
+    healthy = rows(in_process([*args[:6], *network]).stdout)
     assert all(float(s[1]) > float(h[1]) for s, h in zip(want, healthy))  # (the straggler is felt)
 
 
