@@ -176,14 +176,14 @@ def test_a_straggler_in_a_generated_llm_on_8_ranks_replays_the_models_run(tmp_pa
     assert all(float(s[1]) > float(h[1]) for s, h in zip(want, healthy))  # (the straggler is felt)
 
 
-def test_a_shared_pytorch_graph_with_a_slow_or_late_npu_ends_with_it(simulated):  # noqa: F811
-    """PyTorch's trace, one graph for every NPU (2x2x2, packet): a slow NPU's compute, a late NPU's start, end the iteration.
+def test_a_shared_pytorch_graph_with_a_slow_npu_ends_with_it(simulated):  # noqa: F811
+    """PyTorch's trace, one graph for every NPU (2x2x2, packet): a slow NPU's compute ends the iteration.
 
     Alike every NPU at 1.5x is the ``--compute-scale 1.5`` run (one NPU's view); a lone NPU at
     1.5x computes 1.5x its compute and the iteration waits for it. Its dim groups' NPUs fill their
     queues in different orders (graphs agree on no order; their stages match by key), so with one
     active chunk a dim they hold each other's slot: the one line that says so, and with four the
-    run. NPU 3 starting 1 ms late ends it at least 1 ms after the healthy run's compute.
+    run (NPU 0's row, the iteration the slow NPU's end).
     """
     graph, topo = load_graph(str(DATA / "chakra-pytorch" / "chakra.0.et.gz")), parse_topology("2x2x2")
     healthy, scaled = run(graph, topo, "packet"), run(graph, topo, "packet", compute_scale=1.5)
@@ -196,8 +196,6 @@ def test_a_shared_pytorch_graph_with_a_slow_or_late_npu_ends_with_it(simulated):
     slow = run(graph, topo, "packet", config=dict(active_per_dim=4), npu_compute_scale=((3, 1.5),))
     assert slow.max_compute_us == pytest.approx(1.5 * healthy.compute_us)
     assert slow.iteration_us >= 1.5 * healthy.compute_us > healthy.iteration_us
-    late = run(graph, topo, "packet", config=dict(npu_delay_ns=((3, 1e6),)))
-    assert late.iteration_us >= healthy.compute_us + 1e3
 
 
 def test_jitter_in_a_graph_runs_every_npu_seeded(simulated):  # noqa: F811
