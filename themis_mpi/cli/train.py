@@ -26,7 +26,8 @@ from ..run.coordinator import policy_name
 from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, solo_times_us
 from ..run.pool import MPI, parse_workers, train_graph, train_text
 from ..run.sweep import TrainingCell, training_cells
-from ..timing.planner import GRAPH, JOBS, TRAINING, WORLD, Run, chunk_steps, estimate
+from ..run.training import graph_run
+from ..timing.planner import JOBS, TRAINING, WORLD, Run, chunk_steps, estimate
 from ..timing.planner import Plan as TimingPlan
 from ..timing.planner import plan as plan_of
 from ..topology import Topology
@@ -309,7 +310,7 @@ def _train_graph(args: argparse.Namespace) -> int:
                 f"# model-parallel group {graph.model_parallel_group} splits a dim: "
                 f"{cell.given.spec()} runs as {topo.spec()}"
             )
-        timing = plan_of(Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric))
+        timing = plan_of(graph_run(topo, config, graph, plan, cell_spec))
         steps = []
         for c in group:
             issued = plan_graph(graph.trace(0), topo, 0, c.spec, graph.groups).ops
@@ -341,7 +342,7 @@ def _graph_lines(
     chunks: str = "",
 ) -> str:
     """What a Chakra trace holds and how it runs (on every NPU's links, where `config` says so)."""
-    run = None if config is None else Run(topo, config, GRAPH, bool(plan.messages), not graph.symmetric)
+    run = None if config is None else graph_run(topo, config, graph, plan, spec)
     timing = None if run is None else plan_of(run)
     trace = graph.trace(0)
     kinds = ", ".join(f"{n} {kind}" for kind, n in trace.counts().items())

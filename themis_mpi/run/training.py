@@ -248,10 +248,7 @@ def run_graph(
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
     mine = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
     plans = {transport.rank: mine}
-    run = Run(
-        topo, config, GRAPH, messages=bool(mine.messages), per_rank=not graph.symmetric, slow_compute=slow
-    )
-    timing = plan(run)
+    timing = plan(graph_run(topo, config, graph, mine, spec))
     here = graph_ranks(timing, transport)
     stages = [transport.rank]  # rank 0 and the ranks it exchanges messages with: the pipeline's stages
     if mine.messages and not graph.symmetric:
@@ -274,7 +271,7 @@ def run_graph(
     row = run_on(
         timing,
         transport,
-        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns, run.stragglers),
+        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns, timing.run.stragglers),
         keep_starts=True,
         kinds=kinds,
         on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress, stage_ns),
@@ -283,6 +280,20 @@ def run_graph(
     if timing.simulator == WORLD:
         return replace(row, transport=transport.name, wall_s=time.perf_counter() - t0)
     return row
+
+
+def graph_run(
+    topology: Topology, config: RunConfig, graph: Graph, mine: GraphPlan, spec: TrainingSpec
+) -> Run:
+    """A graph's run as the planner sees it: its messages, per-rank files and stragglers."""
+    return Run(
+        topology,
+        config,
+        GRAPH,
+        messages=bool(mine.messages),
+        per_rank=not graph.symmetric,
+        slow_compute=spec.heterogeneous,
+    )
 
 
 def graph_kinds(graph: Graph, messages: bool, spec: TrainingSpec | None = None) -> dict[int, Any] | None:
