@@ -82,6 +82,15 @@ def _stragglers(npu_delay_us, link_scale) -> dict:
     return {"npu_delay_ns": delays, "link_scale": links}
 
 
+def _slow_compute(npu_compute_scale, compute_jitter, seed) -> dict:
+    """The `TrainingSpec` fields of ``{rank: factor}``, a lognormal sigma and its seed."""
+    return {
+        "npu_compute_scale": tuple(sorted((npu_compute_scale or {}).items())),
+        "compute_jitter": _one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
+        "seed": _one(seed, "seed", (int,), "a whole number (int)"),
+    }
+
+
 def sweep(
     topology: str | Sequence[str] = "2x2x2",
     size: int | str | Sequence[int | str] = DEFAULT_SIZE,
@@ -267,9 +276,7 @@ def train(
         comm_scale,
         bucket_mib,
         first_bucket_mib,
-        npu_compute_scale=tuple(sorted((npu_compute_scale or {}).items())),
-        compute_jitter=_one(compute_jitter, "compute_jitter", (int, float), "a lognormal sigma"),
-        seed=_one(seed, "seed", (int,), "a whole number (int)"),
+        **_slow_compute(npu_compute_scale, compute_jitter, seed),
     )
     given = [parse_topology(t) for t in names]
     if is_et_source(workload):
@@ -402,6 +409,11 @@ def price_gpt(
     *,
     network: str | Sequence[str] | None = None,
     mtu_bytes: int | None = None,
+    npu_delay_us: Mapping[int, float] | None = None,
+    link_scale: Mapping[tuple[int, int], float] | None = None,
+    npu_compute_scale: Mapping[int, float] | None = None,
+    compute_jitter: float = 0.0,
+    seed: int = 0,
     workers: int | str = 1,
     **model: Any,
 ) -> list[PricedResult]:
@@ -421,6 +433,12 @@ def price_gpt(
             the topologies).
         network: link rules, as ``--network`` (None: the default).
         mtu_bytes: the packet rule's packet, as ``--mtu``.
+        npu_delay_us: late NPUs ``{rank: us}``, as `train`'s (the stragglers run in every run
+            of the split, `run.priced.price_all`; under ideal they are refused).
+        link_scale: degraded links ``{(dim, rank): factor}``, as `train`'s.
+        npu_compute_scale: slow NPUs ``{rank: factor}``, as `train`'s.
+        compute_jitter: a lognormal sigma on every compute phase, as `train`'s.
+        seed: the jitter's seed.
         workers: local processes to run the cells on (1: this process), or "mpi", as `sweep`'s.
         **model: `gpt`'s keyword parameters (preset, the shape, tp, pp, dp, ep, zero, schedule,
             order, recompute, overlap_dp, peak_tflops, efficiency, bytes_per_element).
@@ -432,8 +450,13 @@ def price_gpt(
     names = _names(topology, "topology")
     counts = _items(_chunks(chunks, names, DEFAULT_GPT_CHUNKS), "chunks", (int,), "a whole number (int)")
     c, _ = gpt(names[0], None, **model)
-    bases = [RunConfig(network=rule, mtu_bytes=mtu_bytes) for rule in _names(network or "", "network")]
-    spec = TrainingSpec(4, DEFAULT_DTYPE, 1)  # (as `workload gpt --run`'s)
+    bases = [
+        RunConfig(network=rule, mtu_bytes=mtu_bytes, **_stragglers(npu_delay_us, link_scale))
+        for rule in _names(network or "", "network")
+    ]
+    spec = TrainingSpec(
+        4, DEFAULT_DTYPE, 1, **_slow_compute(npu_compute_scale, compute_jitter, seed)
+    )  # (as --run's)
     cells, layouts = gpt_cells(c, [parse_topology(t) for t in names], counts, _policies(policy), bases, spec)
     return _rows(partial(price_cell, c, layouts), cells, workers)
 

@@ -30,9 +30,10 @@ from ..run.backend import open_backend
 from ..run.coordinator import policy_name
 from ..run.pool import chain_tasks, run_training_cells, training_fingerprint
 from ..run.sweep import PolicyConfig, TrainingCell, baseline_cells, check_row, policy_configs
-from ..timing.planner import SAY_ABOVE_S
+from ..timing.planner import SAY_ABOVE_S, Plan, estimate
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
+from ..workloads.training import TrainingSpec
 from .parser import DefaultInt, DefaultList
 
 
@@ -153,8 +154,7 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         mtu_bytes=args.mtu,
         compat_concurrent=args.compat_concurrent,
         compat_fifo=args.compat_scheduling == "FIFO",
-        npu_delay_ns=npu_delays_ns(getattr(args, "npu_delay_us", None)),
-        link_scale=link_scales(getattr(args, "link_scale", None)),
+        **late_links(args),
         comm_scheduler=getattr(args, "comm_scheduler", ""),
         credit_bytes=credit_bytes(args),
     )
@@ -186,6 +186,23 @@ def credit_bytes(args: argparse.Namespace) -> int:
 def partition_mib(args: argparse.Namespace) -> float:
     """``--partition-mib``, or the scheduler's default (`policies.default_partition_mib`)."""
     return default_partition_mib(getattr(args, "comm_scheduler", ""), args.partition_mib)
+
+
+def late_links(args: argparse.Namespace) -> dict:
+    """``--npu-delay-us`` and ``--link-scale`` as the `RunConfig` fields they set (none: no stragglers)."""
+    return {
+        "npu_delay_ns": npu_delays_ns(getattr(args, "npu_delay_us", None)),
+        "link_scale": link_scales(getattr(args, "link_scale", None)),
+    }
+
+
+def slow_compute(args: argparse.Namespace) -> dict:
+    """``--npu-compute-scale``, ``--compute-jitter`` and ``--seed`` as the `TrainingSpec` fields they set."""
+    return {
+        "npu_compute_scale": rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
+        "compute_jitter": compute_jitter(args.compute_jitter),
+        "seed": args.seed,
+    }
 
 
 def npu_delays_ns(text: str | None) -> tuple[tuple[int, float], ...]:
@@ -396,6 +413,17 @@ def expect_line(seconds: float, reason: str) -> str | None:
         (seconds, "s") if seconds < 90 else (seconds / 60, "min") if seconds < 5400 else (seconds / 3600, "h")
     )
     return f"# expect ~{n:.2g} {unit}: {reason}" if n < 10 else f"# expect ~{n:.0f} {unit}: {reason}"
+
+
+def expect_lines(timing: Plan, steps: list[int], spec: TrainingSpec) -> list[str]:
+    """The one line a topology's runs print first when `estimate` expects them to be long.
+
+    `steps`: each run's chunk steps on one NPU; `spec` names the slow NPUs.
+    """
+    slow = [r for r, f in spec.npu_compute_scale if f != 1]
+    seconds = sum(estimate(timing, n, slow)[0] for n in steps)
+    line = expect_line(seconds, estimate(timing, max(steps, default=0), slow)[1])
+    return [line] if line else []
 
 
 class Meter:

@@ -2,8 +2,9 @@
 
 Sizes follow nccl-tests: ``-b`` first size, ``-e`` last size, ``-f`` factor between sizes, with
 binary suffixes K, M, G (64M = 64 * 2^20 bytes). Bandwidths are GB/s with 1 GB = 2^30 bytes.
-The option groups (`_add_topology`, `_add_schedule`, `_add_mpi`, `_add_collective`) are shared,
-so a flag is spelled and documented once for every command that takes it.
+The option groups (`_add_topology`, `_add_schedule`, `_add_late_links`, `_add_slow_compute`,
+`_add_mpi`, `_add_collective`) are shared, so a flag is spelled and documented once for every
+command that takes it.
 """
 
 from __future__ import annotations
@@ -171,22 +172,7 @@ def _add_schedule(p: argparse.ArgumentParser, sweeps_rules: bool = False) -> Non
         "store-forward with --compat astra-sim-2",
         sweeps=sweeps_rules,
     )
-    p.add_argument(
-        "--npu-delay-us",
-        metavar="RANK=US[,RANK=US...]",
-        action=_Joined,
-        default=None,
-        help="late NPUs: each starts its work this many us late (a straggler); the model then runs "
-        "every NPU, and each dim starts its stages in the order a run without them agrees on",
-    )
-    p.add_argument(
-        "--link-scale",
-        metavar="DIM:RANK=F[,DIM:RANK=F...]",
-        action=_Joined,
-        default=None,
-        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
-        "link); a message runs at the smaller factor of its two ends",
-    )
+    _add_late_links(p)
     p.add_argument(
         "-d", "--dtype", default=DEFAULT_DTYPE, choices=DTYPES, help=f"element type (default {DEFAULT_DTYPE})"
     )
@@ -210,6 +196,44 @@ def _add_schedule(p: argparse.ArgumentParser, sweeps_rules: bool = False) -> Non
         help="endpoint model: an Accelerator Collectives Engine reduces and copies; a chunk costs the NPU's "
         "memory one read and one write",
     )
+
+
+def _add_late_links(p: argparse.ArgumentParser) -> None:
+    """Stragglers on the network: late NPUs and degraded links (every command that schedules)."""
+    p.add_argument(
+        "--npu-delay-us",
+        metavar="RANK=US[,RANK=US...]",
+        action=_Joined,
+        default=None,
+        help="late NPUs: each starts its work this many us late (a straggler); the model then runs "
+        "every NPU, and each dim starts its stages in the order a run without them agrees on",
+    )
+    p.add_argument(
+        "--link-scale",
+        metavar="DIM:RANK=F[,DIM:RANK=F...]",
+        action=_Joined,
+        default=None,
+        help="that NPU's links in that dim run at F times the dim's bandwidth, both ways (a degraded "
+        "link); a message runs at the smaller factor of its two ends",
+    )
+
+
+def _add_slow_compute(p: argparse.ArgumentParser) -> None:
+    """Stragglers in compute: slow NPUs and jitter (`train` and `workload ... --run`)."""
+    p.add_argument(
+        "--npu-compute-scale",
+        metavar="RANK=F[,RANK=F...]",
+        action=_Joined,
+        default=None,
+        help="stragglers: that NPU's compute and update times times F (1.5 = half as fast again)",
+    )
+    p.add_argument(
+        "--compute-jitter",
+        metavar="lognormal:SIGMA",
+        default=None,
+        help="every compute phase of every NPU times a lognormal factor of mean 1 (seeded by --seed)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of --compute-jitter (default 0)")
 
 
 def _add_mpi(p: argparse.ArgumentParser, clock: bool = True) -> None:
@@ -369,20 +393,7 @@ def _train_parser(sub: Any) -> None:
         help="what-if accelerator speed: factor on compute and update times (ns in the file); "
         "0.25 = an accelerator 4x faster (default 1)",
     )
-    p.add_argument(
-        "--npu-compute-scale",
-        metavar="RANK=F[,RANK=F...]",
-        action=_Joined,
-        default=None,
-        help="stragglers: that NPU's compute and update times times F (1.5 = half as fast again)",
-    )
-    p.add_argument(
-        "--compute-jitter",
-        metavar="lognormal:SIGMA",
-        default=None,
-        help="every compute phase of every NPU times a lognormal factor of mean 1 (seeded by --seed)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of --compute-jitter (default 0)")
+    _add_slow_compute(p)
     p.add_argument(
         "--comm-scale",
         type=float,
@@ -755,6 +766,8 @@ def _workload_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="PREFIX", type=_path, help="write PREFIX.<rank>.et, one file per rank")
     p.add_argument("--run", action="store_true", help="price one iteration on the model, per parallelism")
     _add_network(p, "packet; ideal on nccl dims", sweeps=True)
+    _add_late_links(p)
+    _add_slow_compute(p)
     p.add_argument(
         "-c",
         "--chunks",

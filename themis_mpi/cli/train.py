@@ -27,8 +27,7 @@ from ..run.jobs import Job, check_jobs, jobs_table, parse_placement, run_jobs, s
 from ..run.pool import MPI, parse_workers, train_graph, train_text
 from ..run.sweep import TrainingCell, training_cells
 from ..run.training import graph_run
-from ..timing.planner import JOBS, TRAINING, WORLD, Run, chunk_steps, estimate
-from ..timing.planner import Plan as TimingPlan
+from ..timing.planner import JOBS, TRAINING, WORLD, Run, chunk_steps
 from ..timing.planner import plan as plan_of
 from ..topology import Topology
 from ..workloads.chakra import Graph, Plan, graph_collectives, is_et_source, load_graph, plan_graph
@@ -39,15 +38,14 @@ from .options import (
     all_topologies,
     check_outputs,
     chunk_counts,
-    compute_jitter,
-    expect_line,
+    expect_lines,
     input_files,
     one_chunk_count,
     one_topology,
     partition_mib,
     policy_settings,
-    rank_values,
     rule_bases,
+    slow_compute,
     split_list,
     table_to_stderr,
     training_sweep,
@@ -114,7 +112,7 @@ def _train(args: argparse.Namespace) -> int:
             lines.append(stragglers_line(config, spec))
         timing = plan_of(Run(topo, config, TRAINING, slow_compute=spec.heterogeneous))
         steps = [c.spec.iterations * chunk_steps(topo, listed_collectives(wl, topo, c.spec)) for c in group]
-        return lines + _expect(timing, steps, spec)
+        return lines + expect_lines(timing, steps, spec)
 
     inputs = input_files(args.workload, *split_list(args.topology), args.comm_group)
     return training_sweep(
@@ -144,14 +142,6 @@ def _chunks(group: list[TrainingCell]) -> str:
     return ",".join(str(c) for c in dict.fromkeys(cell.spec.chunks for cell in group)) or "no"
 
 
-def _expect(timing: TimingPlan, steps: list[int], spec: TrainingSpec) -> list[str]:
-    """The one line a topology's runs print first when `estimate` expects them to be long."""
-    slow = [r for r, f in spec.npu_compute_scale if f != 1]
-    seconds = sum(estimate(timing, n, slow)[0] for n in steps)
-    line = expect_line(seconds, estimate(timing, max(steps, default=0), slow)[1])
-    return [line] if line else []
-
-
 def _text_spec(args: argparse.Namespace, chunks: int, parts_mib: float) -> TrainingSpec:
     """How a text workload (or every job) runs, from the flags (the sweep sets chunks and partitions)."""
     return TrainingSpec(
@@ -163,9 +153,7 @@ def _text_spec(args: argparse.Namespace, chunks: int, parts_mib: float) -> Train
         args.bucket_mib,
         args.first_bucket_mib,
         parts_mib,
-        rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
-        compute_jitter(args.compute_jitter),
-        args.seed,
+        **slow_compute(args),
     )
 
 
@@ -278,9 +266,7 @@ def _train_graph(args: argparse.Namespace) -> int:
         1,
         args.compute_scale,
         args.comm_scale,
-        npu_compute_scale=rank_values(args.npu_compute_scale, "--npu-compute-scale", "F"),
-        compute_jitter=compute_jitter(args.compute_jitter),
-        seed=args.seed,
+        **slow_compute(args),
     )
     cells = _cells(args, Workload("", "HYBRID_TRANSFORMER", [], graph.model_parallel_group), spec)
     use_mpi, workers = _where(args)
@@ -315,7 +301,7 @@ def _train_graph(args: argparse.Namespace) -> int:
         for c in group:
             issued = plan_graph(graph.trace(0), topo, 0, c.spec, graph.groups).ops
             steps.append(chunk_steps(topo, [op.collective for op in issued if op.collective is not None]))
-        return lines + _expect(timing, steps, cell_spec)
+        return lines + expect_lines(timing, steps, cell_spec)
 
     inputs = [t.path for t in graph.traces] + input_files(*split_list(args.topology), args.comm_group)
     return training_sweep(

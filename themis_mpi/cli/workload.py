@@ -21,14 +21,17 @@ from ..errors import UsageError
 from ..limits import MAX_BANDWIDTH_GBPS, MIN_BANDWIDTH_GBPS, in_range
 from ..model import ModelTransport
 from ..progress import Runs
+from ..report import stragglers_line
 from ..results import TrainingResult
 from ..run.pool import parse_workers
-from ..run.priced import PricedResult, price_cell, stage_flight
+from ..run.priced import PricedResult, price_cell, price_runs, stage_flight
 from ..run.priced import gpt_cells as priced_cells
 from ..run.sweep import TrainingCell
-from ..run.training import run_graph
+from ..run.training import graph_run, run_graph
+from ..timing.planner import GRAPH, Run, chunk_steps
+from ..timing.planner import plan as plan_of
 from ..topology import Topology, parse_topology
-from ..workloads.chakra import Graph
+from ..workloads.chakra import Graph, plan_graph
 from ..workloads.llm import (
     PARALLELISMS,
     Layout,
@@ -56,10 +59,13 @@ from .options import (
     Meter,
     all_topologies,
     chunk_counts,
+    expect_lines,
     input_files,
+    late_links,
     names,
     one_chunk_count,
     one_topology,
+    slow_compute,
     split_list,
     table_to_stderr,
     training_sweep,
@@ -152,8 +158,8 @@ def priced_table(rows: Sequence[TrainingResult], n_dims: int = 0) -> str:
 def gpt_cells(args: argparse.Namespace, c: LlmConfig) -> tuple[list[TrainingCell], dict[Topology, Layout]]:
     """`workload gpt --run`'s cells (`run.priced.gpt_cells`): -t x -c x -p x --network."""
     policies = args.policy if args.policy in ("all", "both") else split_list(args.policy)
-    bases = [RunConfig(network=rule, mtu_bytes=args.mtu) for rule in names(args.network)]
-    spec = TrainingSpec(4, DEFAULT_DTYPE, 1)
+    bases = [RunConfig(network=rule, mtu_bytes=args.mtu, **late_links(args)) for rule in names(args.network)]
+    spec = TrainingSpec(4, DEFAULT_DTYPE, 1, **slow_compute(args))
     return priced_cells(c, all_topologies(args), chunk_counts(args), policies, bases, spec)
 
 
@@ -165,7 +171,7 @@ def run_gpt(args: argparse.Namespace, c: LlmConfig) -> int:
     def head(group: list[TrainingCell]) -> list[str]:
         cell = group[0] if group else cells[0]
         chunks = ",".join(str(n) for n in dict.fromkeys(g.spec.chunks for g in group)) or "no"
-        return [
+        lines = [
             *([] if args.out else summary(c, layouts[cell.topology])),  # (--out said it)
             f"# model: one rank per pipeline stage, {chunks} chunks per collective; X = time saved were "
             "X's collectives free (PP: the messages, collectives left out); bubble = idle time with free "
@@ -173,15 +179,33 @@ def run_gpt(args: argparse.Namespace, c: LlmConfig) -> int:
             f"exposed = iteration - compute - bubble; activations in flight = micro-batches in flight x "
             f"L/(p*V) layers x {formula}",
         ]
+        return lines + _straggling(c, layouts[cell.topology], group or [cell])
 
     inputs = input_files(*split_list(args.topology))
     run, workers = partial(price_cell, c, layouts), parse_workers(args.workers)
     return training_sweep(args, cells, run, head, False, workers, inputs, ("workload", repr(c)), priced_table)
 
 
+def _straggling(c: LlmConfig, layout: Layout, group: list[TrainingCell]) -> list[str]:
+    """The stragglers' header line, and the planner's estimate where it expects a long run, as `train`'s.
+
+    Planning the run refuses in one line what no sharing rule takes (stragglers under ideal).
+    """
+    topo, config, spec = layout.topology, group[0].config, group[0].spec
+    straggling = config.asymmetric or spec.heterogeneous
+    lines = [stragglers_line(config, spec) + "; every part runs with them"] if straggling else []
+    graph = Graph("<gpt>", LazyTraces(c, layout))  # type: ignore[arg-type]
+    plans = [plan_graph(graph.trace(0), topo, 0, cell.spec, graph.groups) for cell in group]
+    runs = price_runs(c, layout, 1)  # (each cell prices one policy)
+    steps = [runs * chunk_steps(topo, [op.collective for op in p.ops if op.collective]) for p in plans]
+    return lines + expect_lines(plan_of(graph_run(topo, config, graph, plans[0], spec)), steps, spec)
+
+
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
-    """--run's settings of one intra policy: --network and --mtu, `RunConfig.on` the topology."""
-    return RunConfig(intra=intra, network=args.network or "", mtu_bytes=args.mtu).on(topology)
+    """--run's settings of one intra policy (--network, --mtu, late NPUs, links), on the topology."""
+    return RunConfig(intra=intra, network=args.network or "", mtu_bytes=args.mtu, **late_links(args)).on(
+        topology
+    )
 
 
 def simai_network(npus: int, args: argparse.Namespace) -> Topology:
@@ -207,7 +231,8 @@ def cmd_simai(args: argparse.Namespace) -> int:
     )
     print_census(wl)
     if args.run:
-        spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1)
+        spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1, **slow_compute(args))
+        say_stragglers(args, spec, layout.topology)
         print("# model: one stage, symmetric, no pipeline messages or bubble; exposed G = time saved, G free")
         print(
             "#   policy  iteration_us    compute_us    exposed_us"
@@ -261,7 +286,8 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     print_census(wl)
     if not args.run:
         return 0
-    spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1)
+    spec = TrainingSpec(one_chunk_count(args, "workload simai"), DEFAULT_DTYPE, 1, **slow_compute(args))
+    say_stragglers(args, spec, layout.topology)
     print(
         f"# model: {name}, every stage the file, one rank per stage; exposed G = time saved, G free "
         "(PP: the messages, collectives left out); bubble = idle time with free communication"
@@ -292,8 +318,24 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
     return 0
 
 
+def say_stragglers(args: argparse.Namespace, spec: TrainingSpec, topology: Topology) -> None:
+    """`workload simai --run`'s stragglers line, where there are any (as `train` prints it)."""
+    config = run_config(args, "fifo", topology)
+    if config.asymmetric or spec.heterogeneous:
+        plan_of(Run(topology, config, GRAPH, slow_compute=spec.heterogeneous))  # (under ideal: one line)
+        print(stragglers_line(config, spec))
+
+
+STRAGGLER_FLAGS = ("npu_compute_scale", "compute_jitter", "npu_delay_us", "link_scale")
+
+
 def cmd_workload(args: argparse.Namespace) -> int:
     """`themis-mpi workload gpt`: the figures, the files (--out), the priced iteration (--run)."""
+    if not args.run and any(getattr(args, name) for name in STRAGGLER_FLAGS):
+        raise UsageError(
+            "--npu-compute-scale, --compute-jitter, --npu-delay-us and --link-scale slow the priced "
+            "iteration: give --run"
+        )
     if args.kind == "simai":
         if not args.file:
             raise UsageError("workload simai needs a SimAI workload FILE")

@@ -80,8 +80,27 @@ def price_all(
     bubble) + exposed communication (the iteration - the free one). Each row also lists the compute
     per pipeline stage (`stage_compute_us`) and the activations in flight per stage
     (`stage_activation_bytes`).
+
+    Stragglers (`spec`'s slow NPUs and jitter, each config's late NPUs and scaled links) run in
+    every one of these runs, the free one too: each part is then what it costs this straggling
+    iteration (compute is rank 0's; a slower stage's extra time falls in the imbalance). Under
+    ``--network ideal`` they are refused in one line (`timing.planner.plan`).
     """
     return _priced(c, layout, policies, spec, progress)[0]
+
+
+def present_collectives(c: LlmConfig, layout: Layout) -> dict[str, bool]:
+    """Which of TP, DP and EP have collectives in this layout (each such is left out in a run)."""
+    return {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
+
+
+def price_runs(c: LlmConfig, layout: Layout, policies: int) -> int:
+    """How many iterations `price_all` runs for that many policies.
+
+    Two shared (collectives left out, on the topology and on a free network), then per policy
+    the full iteration and one per parallelism with collectives.
+    """
+    return 2 + policies * (1 + sum(present_collectives(c, layout).values()))
 
 
 def _priced(
@@ -92,8 +111,8 @@ def _priced(
     progress: Progress | None,
 ) -> tuple[dict[str, dict], dict[str, TrainingResult]]:
     """`price_all`'s rows, and each policy's full iteration as a training row."""
-    present = {"TP": bool(layout.tp), "DP": bool(layout.dp or layout.edp), "EP": c.moe and bool(layout.ep)}
-    runs = Runs(progress, 2 + len(policies) * (1 + sum(present.values())))
+    present = present_collectives(c, layout)
+    runs = Runs(progress, price_runs(c, layout, len(policies)))
 
     def run(policy: str, config: RunConfig, drop: frozenset[str], topo: Topology) -> TrainingResult:
         graph = Graph(f"<gpt {policy}>", LazyTraces(c, layout, drop))  # type: ignore[arg-type]
