@@ -189,7 +189,8 @@ def run_gpt(args: argparse.Namespace, c: LlmConfig) -> int:
 def _straggling(c: LlmConfig, layout: Layout, group: list[TrainingCell]) -> list[str]:
     """The stragglers' header line, and the planner's estimate where it expects a long run, as `train`'s.
 
-    Planning the run refuses in one line what no sharing rule takes (stragglers under ideal).
+    Planning each cell's run refuses in one line what no sharing rule takes (stragglers under ideal,
+    one rule of a sweep too).
     """
     topo, config, spec = layout.topology, group[0].config, group[0].spec
     straggling = config.asymmetric or spec.heterogeneous
@@ -198,7 +199,8 @@ def _straggling(c: LlmConfig, layout: Layout, group: list[TrainingCell]) -> list
     plans = [plan_graph(graph.trace(0), topo, 0, cell.spec, graph.groups) for cell in group]
     runs = price_runs(c, layout, 1)  # (each cell prices one policy)
     steps = [runs * chunk_steps(topo, [op.collective for op in p.ops if op.collective]) for p in plans]
-    return lines + expect_lines(plan_of(graph_run(topo, config, graph, plans[0], spec)), steps, spec)
+    timings = [plan_of(graph_run(topo, cell.config, graph, p, cell.spec)) for cell, p in zip(group, plans)]
+    return lines + expect_lines(timings[0], steps, spec)
 
 
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
