@@ -138,3 +138,16 @@ def test_a_straggler_under_ideal_or_without_run_is_one_line_exit_2(flags, says):
     said = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(said) == 1, proc.stderr
     assert said[0].endswith(says) and proc.stdout == ""
+
+
+def test_the_header_gives_the_planners_estimate_before_the_table(monkeypatch):
+    """Above the threshold (lowered here) the header names the planner's choice and the slow NPU, as `train`'s does."""
+    monkeypatch.setenv("THEMIS_MPI_EXPECT_S", "0")
+    proc = in_process([*GPT, "-t", TOPOLOGY, "--run", "-q", "-p", "baseline", "--network", "fair",
+                       "--npu-compute-scale", "5=1.5"])  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    expect = [i for i, line in enumerate(lines) if line.startswith("# expect ~")]
+    table = next(i for i, line in enumerate(lines) if line.startswith("#       policy"))
+    assert len(expect) == 1 and expect[0] < table, proc.stdout
+    assert "under fair (NPU 5 computes slower" in lines[expect[0]]
