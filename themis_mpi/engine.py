@@ -400,7 +400,8 @@ class Transport(Protocol):
 def reduced_span(reduce: Callable[..., np.ndarray], engine: Engine) -> tuple[float, float]:
     """This NPU's first issue and last event, reduced over every NPU (`Transport.span_ns`)."""
     first_ns = min((c.issued_ns for c in engine.collectives), default=0.0)
-    last_ns = max([engine.now_ns, engine.last_timer_ns] + [r.end_ns for r in engine.records])
+    ends = [r.end_ns for r in engine.records]
+    last_ns = max([engine.now_ns, engine.last_timer_ns, engine.last_end_ns] + ends)
     first = float(reduce([first_ns], "min", "the run's first issue")[0])
     return first, float(reduce([last_ns], "max", "the run's last end")[0])
 
@@ -454,6 +455,10 @@ class Engine:
         self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
+        # an NPU of a world whose result nobody reads keeps no records (`world.World`'s `keep`):
+        # a long run's memory; its latest stage end stands in for them (`reduced_span`)
+        self.keeps_records: bool = getattr(transport, "records_kept", True)
+        self.last_end_ns: Any = -math.inf  # (without records only)
         self.messages: list[MessageRun] = []
         self._timers: list[tuple[float, int, Event, Any]] = []  # (order key, seq, event, time)
         self._timer_seq = 0
@@ -737,9 +742,12 @@ class Engine:
         self.dim_free_ns[stage.dim] = run.end_ns
         self.views[stage.dim].running -= 1
         self._running -= 1
-        self.records.append(run)
         coll = self.collectives[stage.coll]
-        coll.runs.append(run)
+        if self.keeps_records:
+            self.records.append(run)
+            coll.runs.append(run)
+        elif run.end_ns > self.last_end_ns:
+            self.last_end_ns = run.end_ns
         chunk_list = coll.stages[stage.chunk]
         if stage.index + 1 < len(chunk_list):
             self._enqueue(chunk_list[stage.index + 1])
@@ -752,9 +760,12 @@ class Engine:
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
-        if self.agreed is not None and coll.runs:  # completions come as known: resume at the end
+        ran = coll.runs or (not self.keeps_records and coll.last_end_ns != -math.inf)  # (a stage ended)
+        if self.agreed is not None and ran:  # completions come as known: resume at the end
             self.now_ns = coll.last_end_ns
         coll.end_ns = self.now_ns
+        if not self.keeps_records:  # (nobody reads its stages now)
+            coll.stages = []
         self._in_flight -= 1
         self.transport.close(coll)
         coll.succeed(None, self.now_ns)
