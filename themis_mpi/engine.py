@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, element_bounds, plan_stages, priced_chunks
+from .collectives import Collective, Stage, chunk_plan, element_bounds, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -207,6 +207,34 @@ class Process(Event):
 # --- runs --------------------------------------------------------------------------------------
 
 
+class ChunkStages(Sequence[Stage]):
+    """One chunk's stages (`collectives.plan_stages`'s), each made when asked (as the engine queues it).
+
+    A collective queues all its chunks at once and most wait: made up front, their stages were
+    most of a long run's memory on every NPU's links (issue 43).
+
+    Args:
+        items: the chunk's stages as ``(dim, op, full_elems)``.
+        coll: the collective's id.
+        chunk: the chunk's index.
+        unit_bytes: bytes a unit of ``full_elems`` is priced at.
+        whole: the chunk's whole plan (`collectives.Stage.plan`).
+    """
+
+    __slots__ = ("items", "coll", "chunk", "unit_bytes", "whole")
+
+    def __init__(self, items: tuple, coll: int, chunk: int, unit_bytes: int, whole: tuple):
+        self.items, self.coll, self.chunk, self.unit_bytes, self.whole = items, coll, chunk, unit_bytes, whole
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        d, kind, full = self.items[i]
+        unit = self.unit_bytes
+        return Stage(self.coll, self.chunk, i, len(self.items), d, kind, full, full * unit, unit, self.whole)
+
+
 @dataclass(slots=True, eq=False)
 class StageRun:
     """One stage's life on this NPU: queued, started, ended (virtual ns; wall s); equal only to itself."""
@@ -260,7 +288,7 @@ class CollectiveRun(Event):
         bounds: element bounds of the chunks, shape (chunks + 1,) (what the data moves).
         intra: the intra-dim policy its stages queue by.
         fuse_last: an all-reduce's last dim runs as one AR stage.
-        stages: every chunk's stage list.
+        stages: every chunk's stage list (the engine's: `ChunkStages`).
         issued_ns: virtual issue time.
         chunks_left: chunks not finished yet.
         check: whether the transport checks the result against the closed form.
@@ -277,7 +305,7 @@ class CollectiveRun(Event):
     orders: np.ndarray
     bounds: np.ndarray
     intra: IntraPolicy
-    stages: list[list[Stage]]
+    stages: list[Sequence[Stage]]
     issued_ns: float
     chunks_left: int
     check: bool = True
@@ -450,7 +478,7 @@ class Engine:
         self._in_flight = 0
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self._fifo = self.intra_policy("fifo")
-        self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
+        self._plans: dict[tuple, tuple[tuple, tuple]] = {}  # chunk plans by shape and order: stages, calls
         self.started = [0] * n
         self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
         self.collectives: list[CollectiveRun] = []
@@ -494,14 +522,17 @@ class Engine:
         unit, sizes, whole = priced_chunks(collective, bounds)  # timing prices bytes, the data moves elements
         given, bounds = bounds, element_bounds(collective, bounds)  # (a sized stream's words, onto elements)
         rows = orders.tolist()
-        stages = []
+        stages: list[Sequence[Stage]] = []
         for k, size in enumerate(sizes):
             key = (collective.op, collective.dims, size, tuple(rows[k]), fuse_last)
             plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plans[key] = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
+            if plan is None:  # (its stages, and its own calls: `plan_stages`)
+                made = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
+                calls = tuple(item for item in made if item[0] == CALL)
+                plan = self._plans[key] = (tuple(item for item in made if item[0] != CALL), calls)
+            items, calls = plan
             call = ((CALL, whole, k == 0),) if self.topology.flat else ()  # one NCCL call
-            stages.append(plan_stages(plan, coll_id, k, unit, call))
+            stages.append(ChunkStages(items, coll_id, k, unit, items + call + calls))
         run = CollectiveRun(
             coll_id,
             collective,
@@ -532,8 +563,9 @@ class Engine:
         stages = run.stages
         for chunk_list in stages:
             if chunk_list:
-                self._enqueue(chunk_list[0])
-                self._claim_free((chunk_list[0].dim,))
+                first = chunk_list[0]
+                self._enqueue(first)
+                self._claim_free((first.dim,))
         if run.chunks_left == 0:
             self._collective_done(run)
 
@@ -750,8 +782,9 @@ class Engine:
             self.last_end_ns = run.end_ns
         chunk_list = coll.stages[stage.chunk]
         if stage.index + 1 < len(chunk_list):
-            self._enqueue(chunk_list[stage.index + 1])
-            return chunk_list[stage.index + 1].dim
+            following = chunk_list[stage.index + 1]
+            self._enqueue(following)
+            return following.dim
         coll.chunks_left -= 1
         if self.agreed is not None:  # (a chunk's last stage ends after its others, on every NPU)
             coll.last_end_ns = later(coll.last_end_ns, run.end_ns)
