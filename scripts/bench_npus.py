@@ -47,7 +47,8 @@ process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT
 ``fair``, and ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
 links at 0.5x, baseline and themis) under ``fair``; with ``--before DIR`` (an older checkout of
 the package) each case runs there first, side by side; ``--cut``: the GNMT cases on a 256-NPU
-cut of the HGX preset instead (its dims at 8 x 4 nodes).
+cut of the HGX preset instead (its dims at 8 x 4 nodes), and the ResNet-152 case on 64-, 128-
+and 256-NPU cuts of the 4D preset (its dims written out, NPU 30's dim-1 links at 0.5x).
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -344,8 +345,38 @@ WORLD_CASES = (  # (label, train's arguments)
 )
 
 
+FOUR_D_CUTS = {  # (NPUs: the 4D preset's dims, cut)
+    64: "Ring(4,375,20,ring)_FC(4,175,700,direct)_Ring(2,150,700,ring)_SW(2,100,1700,hd)",
+    128: "Ring(4,375,20,ring)_FC(8,175,700,direct)_Ring(2,150,700,ring)_SW(2,100,1700,hd)",
+    256: "Ring(4,375,20,ring)_FC(8,175,700,direct)_Ring(4,150,700,ring)_SW(2,100,1700,hd)",
+}
+
+
+def cut_cases() -> list[tuple[str, str]]:
+    """`--cut`: the GNMT cases on the 256-NPU HGX cut, the ResNet-152 case on the 4D cuts."""
+    cases = [
+        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if HGX in flags
+    ]
+    label, flags = WORLD_CASES[-1]
+    for npus, dims in FOUR_D_CUTS.items():
+        cut = flags.replace("4D-Ring_FC_Ring_SW", dims).replace("1:300=", "1:30=")
+        cases.append((label.replace("4D", f"4D/{npus}"), cut))
+    return cases
+
+
+def child_cpu_s(pid: int) -> float:
+    """A running child's CPU seconds so far (Linux: /proc/PID/stat's utime and stime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def train_run(root: str, flags: str, timeout_s: float) -> dict:
-    """`themis-mpi train FLAGS -q` with the package at `root`: its rows, wall and CPU seconds, peak RSS."""
+    """`themis-mpi train FLAGS -q` with the package at `root`: its rows, wall and CPU seconds, peak RSS.
+
+    Stopped after `timeout_s` CPU seconds of its own (the machine may be shared): then the rows
+    it finished, and its figures at the stop.
+    """
     with tempfile.TemporaryFile("w+") as out:
         start = time.perf_counter()
         child = subprocess.Popen(
@@ -355,20 +386,23 @@ def train_run(root: str, flags: str, timeout_s: float) -> dict:
             stdout=out,
             stderr=subprocess.DEVNULL,
         )
+        note = ""
         while True:  # (reaped here, not by Popen: `os.wait4` gives the child's own CPU and peak RSS)
             pid, _, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() - start > timeout_s:
+            if child_cpu_s(child.pid) > timeout_s:
                 child.kill()
-                os.wait4(child.pid, 0)
-                return {"iteration_us": None, "note": "timeout", "wall_s": None, "cpu_s": None}
-            time.sleep(0.1)
+                _, _, usage = os.wait4(child.pid, 0)
+                note = f"stopped after {timeout_s:g} CPU s"
+                break
+            time.sleep(0.5)
         wall_s = time.perf_counter() - start
         out.seek(0)
         rows = [line.split() for line in out if line.strip() and not line.startswith("#")]
     return {
         "iteration_us": {r[0]: float(r[2]) for r in rows if len(r) > 2},
+        "note": note,
         "wall_s": wall_s,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "rss_mib": usage.ru_maxrss / 1024,  # (Linux: KiB)
@@ -380,25 +414,21 @@ def world_rows(
 ) -> list[dict]:
     """Issue 43's every-NPU-links cases (module doc), each with the older checkout first if given.
 
-    `cut`: the GNMT cases only, on the 256-NPU HGX cut (`HGX_CUT_256`); `after`: the checkout
+    `cut`: the cut cases instead (`cut_cases`); `after`: the checkout
     measured as "after" (default: this one); `only`: the cases whose label contains it.
     """
     here = after or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    cases = [
-        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if HGX in flags
-    ]
     rows: list[dict] = []
-    print(f"{'case':>22} {'code':>7} {'iteration_us':>28} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}")
-    for label, flags in cases if cut else WORLD_CASES:
+    print(f"{'case':>26} {'code':>7} {'iteration_us':>28} {'wall_s':>8} {'cpu_s':>8} {'rss_MiB':>8}")
+    for label, flags in cut_cases() if cut else WORLD_CASES:
         if only not in label:
             continue
         for code, root in ([("before", before)] if before else []) + [("after", here)]:
             r = train_run(root, flags, timeout_s) | {"case": label, "code": code, "flags": flags}
             rows.append(r)
-            times = r["iteration_us"]
-            shown = " ".join(f"{t:.2f}" for t in times.values()) if times else r["note"]
-            figures = f"{r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}" if times else ""
-            print(f"{label:>22} {code:>7} {shown:>28} {figures}", flush=True)
+            shown = " ".join(f"{t:.2f}" for t in r["iteration_us"].values())
+            figures = f"{r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}"
+            print(f"{label:>26} {code:>7} {shown:>28} {figures} {r['note']}", flush=True)
             write_json(out_json, {"world": rows})
     return rows
 
@@ -463,7 +493,9 @@ def main() -> None:
     )
     ap.add_argument("--out", default="results", help="output folder (default results)")
     ap.add_argument("--classes", action="store_true", help="the class-reduced cases instead (module doc)")
-    ap.add_argument("--timeout-s", type=float, default=900.0, help="--classes, --world: per run (900)")
+    ap.add_argument(
+        "--timeout-s", type=float, default=900.0, help="--classes, --world: per run (900; --world: CPU s)"
+    )
     ap.add_argument("--timelines", action="store_true", help="distinct timelines per stage (module doc)")
     ap.add_argument(
         "--llm", action="store_true", help="GPT-3 175B on HGX, one iteration per policy (module doc)"
@@ -472,7 +504,7 @@ def main() -> None:
     ap.add_argument("--before", help="--world: an older checkout of the package, run first side by side")
     ap.add_argument("--after", help="--world: the checkout measured as after (default: this one)")
     ap.add_argument("--only", default="", help="--world, --classes: the cases whose label (or rule) has this")
-    ap.add_argument("--cut", action="store_true", help="--world: the GNMT cases on a 256-NPU HGX cut")
+    ap.add_argument("--cut", action="store_true", help="--world: the cut cases (module doc)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # (one class case, in a process of its own)
     args = ap.parse_args()
     if args.one:

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, element_bounds, plan_stages, priced_chunks
+from .collectives import Collective, Stage, chunk_plan, element_bounds, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -207,6 +207,34 @@ class Process(Event):
 # --- runs --------------------------------------------------------------------------------------
 
 
+class ChunkStages(Sequence[Stage]):
+    """One chunk's stages (`collectives.plan_stages`'s), each made when asked (as the engine queues it).
+
+    A collective queues all its chunks at once and most wait: made up front, their stages were
+    most of a long run's memory on every NPU's links (issue 43).
+
+    Args:
+        items: the chunk's stages as ``(dim, op, full_elems)``.
+        coll: the collective's id.
+        chunk: the chunk's index.
+        unit_bytes: bytes a unit of ``full_elems`` is priced at.
+        whole: the chunk's whole plan (`collectives.Stage.plan`).
+    """
+
+    __slots__ = ("items", "coll", "chunk", "unit_bytes", "whole")
+
+    def __init__(self, items: tuple, coll: int, chunk: int, unit_bytes: int, whole: tuple):
+        self.items, self.coll, self.chunk, self.unit_bytes, self.whole = items, coll, chunk, unit_bytes, whole
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        d, kind, full = self.items[i]
+        unit = self.unit_bytes
+        return Stage(self.coll, self.chunk, i, len(self.items), d, kind, full, full * unit, unit, self.whole)
+
+
 @dataclass(slots=True, eq=False)
 class StageRun:
     """One stage's life on this NPU: queued, started, ended (virtual ns; wall s); equal only to itself."""
@@ -260,7 +288,7 @@ class CollectiveRun(Event):
         bounds: element bounds of the chunks, shape (chunks + 1,) (what the data moves).
         intra: the intra-dim policy its stages queue by.
         fuse_last: an all-reduce's last dim runs as one AR stage.
-        stages: every chunk's stage list.
+        stages: every chunk's stage list (the engine's: `ChunkStages`).
         issued_ns: virtual issue time.
         chunks_left: chunks not finished yet.
         check: whether the transport checks the result against the closed form.
@@ -277,7 +305,7 @@ class CollectiveRun(Event):
     orders: np.ndarray
     bounds: np.ndarray
     intra: IntraPolicy
-    stages: list[list[Stage]]
+    stages: list[Sequence[Stage]]
     issued_ns: float
     chunks_left: int
     check: bool = True
@@ -400,7 +428,8 @@ class Transport(Protocol):
 def reduced_span(reduce: Callable[..., np.ndarray], engine: Engine) -> tuple[float, float]:
     """This NPU's first issue and last event, reduced over every NPU (`Transport.span_ns`)."""
     first_ns = min((c.issued_ns for c in engine.collectives), default=0.0)
-    last_ns = max([engine.now_ns, engine.last_timer_ns] + [r.end_ns for r in engine.records])
+    ends = [r.end_ns for r in engine.records]
+    last_ns = max([engine.now_ns, engine.last_timer_ns, engine.last_end_ns] + ends)
     first = float(reduce([first_ns], "min", "the run's first issue")[0])
     return first, float(reduce([last_ns], "max", "the run's last end")[0])
 
@@ -449,11 +478,15 @@ class Engine:
         self._in_flight = 0
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self._fifo = self.intra_policy("fifo")
-        self._plans: dict[tuple, list[tuple[int, str, int]]] = {}  # chunk plans by shape and order
+        self._plans: dict[tuple, tuple[tuple, tuple]] = {}  # chunk plans by shape and order: stages, calls
         self.started = [0] * n
         self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
         self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
+        # an NPU of a world whose result nobody reads keeps no records (`world.World`'s `keep`):
+        # a long run's memory; its latest stage end stands in for them (`reduced_span`)
+        self.keeps_records: bool = getattr(transport, "records_kept", True)
+        self.last_end_ns: Any = -math.inf  # (without records only)
         self.messages: list[MessageRun] = []
         self._timers: list[tuple[float, int, Event, Any]] = []  # (order key, seq, event, time)
         self._timer_seq = 0
@@ -489,14 +522,17 @@ class Engine:
         unit, sizes, whole = priced_chunks(collective, bounds)  # timing prices bytes, the data moves elements
         given, bounds = bounds, element_bounds(collective, bounds)  # (a sized stream's words, onto elements)
         rows = orders.tolist()
-        stages = []
+        stages: list[Sequence[Stage]] = []
         for k, size in enumerate(sizes):
             key = (collective.op, collective.dims, size, tuple(rows[k]), fuse_last)
             plan = self._plans.get(key)
-            if plan is None:
-                plan = self._plans[key] = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
+            if plan is None:  # (its stages, and its own calls: `plan_stages`)
+                made = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
+                calls = tuple(item for item in made if item[0] == CALL)
+                plan = self._plans[key] = (tuple(item for item in made if item[0] != CALL), calls)
+            items, calls = plan
             call = ((CALL, whole, k == 0),) if self.topology.flat else ()  # one NCCL call
-            stages.append(plan_stages(plan, coll_id, k, unit, call))
+            stages.append(ChunkStages(items, coll_id, k, unit, items + call + calls))
         run = CollectiveRun(
             coll_id,
             collective,
@@ -527,8 +563,9 @@ class Engine:
         stages = run.stages
         for chunk_list in stages:
             if chunk_list:
-                self._enqueue(chunk_list[0])
-                self._claim_free((chunk_list[0].dim,))
+                first = chunk_list[0]
+                self._enqueue(first)
+                self._claim_free((first.dim,))
         if run.chunks_left == 0:
             self._collective_done(run)
 
@@ -737,13 +774,17 @@ class Engine:
         self.dim_free_ns[stage.dim] = run.end_ns
         self.views[stage.dim].running -= 1
         self._running -= 1
-        self.records.append(run)
         coll = self.collectives[stage.coll]
-        coll.runs.append(run)
+        if self.keeps_records:
+            self.records.append(run)
+            coll.runs.append(run)
+        elif run.end_ns > self.last_end_ns:
+            self.last_end_ns = run.end_ns
         chunk_list = coll.stages[stage.chunk]
         if stage.index + 1 < len(chunk_list):
-            self._enqueue(chunk_list[stage.index + 1])
-            return chunk_list[stage.index + 1].dim
+            following = chunk_list[stage.index + 1]
+            self._enqueue(following)
+            return following.dim
         coll.chunks_left -= 1
         if self.agreed is not None:  # (a chunk's last stage ends after its others, on every NPU)
             coll.last_end_ns = later(coll.last_end_ns, run.end_ns)
@@ -752,9 +793,12 @@ class Engine:
         return None
 
     def _collective_done(self, coll: CollectiveRun) -> None:
-        if self.agreed is not None and coll.runs:  # completions come as known: resume at the end
+        ran = coll.runs or (not self.keeps_records and coll.last_end_ns != -math.inf)  # (a stage ended)
+        if self.agreed is not None and ran:  # completions come as known: resume at the end
             self.now_ns = coll.last_end_ns
         coll.end_ns = self.now_ns
+        if not self.keeps_records:  # (nobody reads its stages now)
+            coll.stages = []
         self._in_flight -= 1
         self.transport.close(coll)
         coll.succeed(None, self.now_ns)

@@ -276,11 +276,11 @@ def run_on(
             results = None
             if model and kinds is not None:  # (one NPU per class, where they apply)
                 try:
-                    results = by_classes(topology, config, kinds, body)
+                    results = by_classes(topology, config, kinds, body, keep=[transport.rank])
                 except Stalled:  # (every NPU's run below says why, with its starts kept)
                     results = None
             if results is None:
-                world = World(topology, config, replayable=keep_starts or not model)
+                world = World(topology, config, replayable=keep_starts or not model, keep=[transport.rank])
                 results = world.run(body)
         except Stalled as exc:  # (a receive nobody sends, or a group whose NPUs issue different stages)
             if not deadlock:

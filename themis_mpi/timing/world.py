@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from ..algorithms import custom_stage
 from ..config import RunConfig
 from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
-from ..errors import UsageError
+from ..errors import Stalled, UsageError
 from ..topology import Topology
 from .classes import Classes, Inexact, Unproven, admitted, fluid, message_family, npu_classes, pattern_key
 from .events import EventLoop
@@ -150,14 +150,22 @@ class World(Greenlets):
         topology: the network.
         config: the run settings: a rule that routes (not ``ideal``: `greenlets.NpuWorld` and
             `vectors.NpuVectors` time every NPU there), no compat but 2.x's store-forward.
-        replayable: keep every NPU's stage starts and ends for `replay` (the emulator's ranks
-            need them; the model does not, and they are most of the memory of a long run).
+        replayable: keep the kept NPUs' stage starts and ends for `replay` (the emulator's
+            rank needs its own), and say why a stall stalls (every NPU's: `run` runs again).
         classes: run one NPU per class, on its class's links weighed (`classes.Classes`; a
             rule classes admit, `classes.admitted`; not replayable); None: every NPU.
+        keep: the NPUs whose result (their engines' records) and history are read (NPU 0 on
+            the model, the rank itself under MPI); the others keep none, so a long run's memory
+            does not grow with NPUs x stages. None: every NPU's.
     """
 
     def __init__(
-        self, topology: Topology, config: RunConfig, replayable: bool = True, classes: Classes | None = None
+        self,
+        topology: Topology,
+        config: RunConfig,
+        replayable: bool = True,
+        classes: Classes | None = None,
+        keep: Collection[int] | None = None,
     ):
         if config.network == IDEAL or (config.compat and config.compat != ASTRA_SIM_2):
             raise UsageError(
@@ -182,9 +190,11 @@ class World(Greenlets):
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
         self.replayable = replayable
+        self.keep = None if keep is None else frozenset(keep)
+        self.history = [replayable and self.kept(r) for r in range(self.n)]  # (starts and ends kept)
         self.npus = [_Npu() for _ in range(self.n)]
         self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
-        # per NPU: every stage's start (by its key) and the stage ends in the order it took them
+        # per kept NPU (`kept`): every stage's start (by its key) and its stage ends in the order it took them
         self.starts: list[dict[StageKey, float]] = [{} for _ in range(self.n)]
         self.order: list[list[list[StageKey]]] = [[[] for _ in topology.dims] for _ in range(self.n)]
         self.ends: list[list[tuple[float, tuple[StageKey, ...]]]] = [[] for _ in range(self.n)]
@@ -263,7 +273,7 @@ class World(Greenlets):
 
     def start(self, rank: int, run: StageRun) -> None:
         """A stage or a message side starts on NPU `rank` now."""
-        if self.replayable:
+        if self.history[rank]:
             key = stage_key(run)
             self.starts[rank][key] = run.start_ns
             if not isinstance(run, MessageRun):
@@ -457,7 +467,7 @@ class World(Greenlets):
         With them go the stages' numbers on their dim, the same on every NPU (`Replay.number`),
         and the bytes its links carried.
         """
-        assert self.replayable, "a world run without its starts and ends cannot be replayed"
+        assert self.history[rank], f"a world run without NPU {rank}'s starts and ends cannot replay it"
         numbers = {key: i for keys in self.order[rank] for i, key in enumerate(sorted(keys))}
         return Replay(rank, self.starts[rank], self.ends[rank], numbers, self.link_bytes(rank))
 
@@ -469,6 +479,20 @@ class World(Greenlets):
             rank = self.classes.rep(rank)
         n = self.routes.per_npu
         return self.rule.carried[rank * n : (rank + 1) * n]
+
+    def kept(self, rank: int) -> bool:
+        """Whether NPU `rank`'s result and history are kept (`keep`)."""
+        return self.keep is None or rank in self.keep
+
+    def run(self, body: Callable[[Any], T]) -> list[T]:
+        """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why)."""
+        try:
+            return super().run(body)
+        except Stalled:
+            if not self.replayable or self.keep is None:
+                raise
+            World(self.topology, self.config).run(body)  # (the same run: it stalls, and says why)
+            raise
 
     def wait(self, rank: int, horizon_ns: float) -> None:
         """NPU `rank` waits until a stage of its ends or the loop reaches the horizon."""
@@ -511,7 +535,7 @@ class World(Greenlets):
 
     def _why(self) -> str:
         """A stage waiting for a peer that started the dim's stages in another order, or a lone message."""
-        if not self.replayable:  # (no starts kept: the stall says who waits, not why)
+        if not self.replayable or self.keep is not None:  # (not every NPU's starts: who waits, not why)
             return ""
         for (key, _, sender), flows in self._waiting.items():
             if key not in self.starts[sender]:
@@ -546,6 +570,7 @@ class WorldTransport(GreenletControl):
         self.clock = VirtualClock()
         self.cost = world.cost
         self._npu = world.npus[rank]
+        self.records_kept = world.kept(rank)  # (its engine's records: `engine.Engine.keeps_records`)
 
     @property
     def link_bytes(self) -> list[float] | None:
@@ -574,7 +599,7 @@ class WorldTransport(GreenletControl):
             self.world.wait(self.rank, horizon_ns)
         if npu.ended:
             ended, npu.ended = npu.ended, []
-            if self.world.replayable:
+            if self.world.history[self.rank]:
                 self.world.ends[self.rank].append((self.world.now_ns, tuple(stage_key(r) for r in ended)))
             return self.world.now_ns, ended
         return horizon_ns, []
@@ -586,6 +611,7 @@ def by_classes(
     kinds: Mapping[int, Any],
     body: Callable[[Any], T],
     rounds: int = 16,
+    keep: Collection[int] | None = None,
 ) -> list[T] | None:
     """`body` on one NPU per class on every NPU's links: its returns by rank (its representatives').
 
@@ -603,6 +629,7 @@ def by_classes(
             kind run one program, its messages' peers at the same rank offsets.
         body: the per-NPU run, on the transport it is given.
         rounds: runs to try before giving up on classes.
+        keep: the NPUs whose returns are read (`World`'s `keep`); None: every representative's.
     """
     if config.compat or not admitted(config.network):
         return None
@@ -626,7 +653,7 @@ def by_classes(
                 patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
                 continue
             try:
-                return World(topology, config, replayable=False, classes=classes).run(body)
+                return World(topology, config, replayable=False, classes=classes, keep=keep).run(body)
             except Unproven as exc:
                 if exc.pattern is not None:
                     patterns.add(exc.pattern)
