@@ -12,7 +12,7 @@ from harness import DATA, compare_row_2, run_specs
 
 from themis_mpi.api import sweep
 from themis_mpi.astra import RUNS_2_MULTIDIM, reference_rows_2, topology_of_2
-from themis_mpi.collectives import AR_EVERY_DIM, Collective, chunk_plan, plan_stages
+from themis_mpi.collectives import AR_EVERY_DIM, ChunkStages, Collective, chunk_plan
 from themis_mpi.config import RunConfig
 from themis_mpi.cost import AG, AR, ASTRA_SIM_2, RS, link_bytes_per_ns
 from themis_mpi.engine import Engine
@@ -87,7 +87,7 @@ def test_only_an_all_reduces_all_gather_stages_run_anticlockwise():
     def directions(op: str, fuse_last: int) -> list[tuple[int, str, bool]]:
         coll = Collective(op, 4096, "float32", 1, (0, 1, 2))
         plan = chunk_plan(topo, coll, 4096, baseline_order(op, 3), fuse_last)
-        return [(s.dim, s.op, astra2_anticlockwise(s)) for s in plan_stages(plan, 0, 0, 4)]
+        return [(s.dim, s.op, astra2_anticlockwise(s)) for s in ChunkStages.of(plan, 0, 0, 4)]
 
     assert directions("all_reduce", True) == [
         (0, RS, False),

@@ -15,7 +15,9 @@ element type (and a float32 run keeps the times it always had).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -257,21 +259,46 @@ def chunk_plan(
     return plan
 
 
-def plan_stages(
-    plan: list[tuple[int, str, int]], coll_id: int, chunk: int, unit_bytes: int, call: tuple = ()
-) -> list[Stage]:
-    """The `Stage` objects of one chunk's plan (`chunk_plan` on priced units of `unit_bytes`).
+class ChunkStages(Sequence[Stage]):
+    """One chunk's stages, each made when asked (as the engine queues it), from the chunk's plan.
 
-    `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call units, first
-    chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call; a plan's own
-    `CALL` items (a broadcast's) go there too.
+    A collective queues all its chunks at once and most wait: made up front, their stages were
+    most of a long run's memory on every NPU's links (issue 43).
+
+    Args:
+        items: the chunk's stages as ``(dim, op, full_elems)``.
+        coll: the collective's id.
+        chunk: the chunk's index.
+        unit_bytes: bytes a unit of ``full_elems`` is priced at.
+        whole: the chunk's whole plan (`Stage.plan`).
     """
-    stages = [item for item in plan if item[0] != CALL]
-    n, whole = len(stages), tuple(stages) + tuple(call) + tuple(item for item in plan if item[0] == CALL)
-    return [
-        Stage(coll_id, chunk, i, n, d, kind, full, full * unit_bytes, unit_bytes, whole)
-        for i, (d, kind, full) in enumerate(stages)
-    ]
+
+    __slots__ = ("items", "coll", "chunk", "unit_bytes", "whole")
+
+    def __init__(self, items: tuple, coll: int, chunk: int, unit_bytes: int, whole: tuple):
+        self.items, self.coll, self.chunk, self.unit_bytes, self.whole = items, coll, chunk, unit_bytes, whole
+
+    @classmethod
+    def of(
+        cls, plan: list[tuple], coll_id: int, chunk: int, unit_bytes: int, call: tuple = ()
+    ) -> ChunkStages:
+        """The stages of one chunk's plan (`chunk_plan` on priced units of `unit_bytes`).
+
+        `call` ends the stages' plan on a flat (NCCL-like) topology: ``(("call", call units, first
+        chunk),)``, so that `nccl.chunk_ns` gives the chunk its share of the whole call; a plan's own
+        `CALL` items (a broadcast's) go there too.
+        """
+        items = tuple(item for item in plan if item[0] != CALL)
+        whole = items + tuple(call) + tuple(item for item in plan if item[0] == CALL)
+        return cls(items, coll_id, chunk, unit_bytes, whole)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        d, kind, full = self.items[i]
+        unit = self.unit_bytes
+        return Stage(self.coll, self.chunk, i, len(self.items), d, kind, full, full * unit, unit, self.whole)
 
 
 def chunk_stages(
@@ -286,4 +313,4 @@ def chunk_stages(
 ) -> list[Stage]:
     """The stages of one chunk of `chunk_units` priced units (`priced_chunks`), in execution order."""
     plan = chunk_plan(topology, collective, chunk_units, order, fuse_last)
-    return plan_stages(plan, coll_id, chunk, unit_bytes)
+    return list(ChunkStages.of(plan, coll_id, chunk, unit_bytes))

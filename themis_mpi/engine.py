@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .collectives import Collective, Stage, chunk_plan, element_bounds, priced_chunks
+from .collectives import ChunkStages, Collective, Stage, chunk_plan, element_bounds, priced_chunks
 from .config import RunConfig
 from .cost import AR, ASTRA_SIM_2, P2P, CostModel, is_astra
 from .errors import UsageError, shown
@@ -205,34 +205,6 @@ class Process(Event):
 
 
 # --- runs --------------------------------------------------------------------------------------
-
-
-class ChunkStages(Sequence[Stage]):
-    """One chunk's stages (`collectives.plan_stages`'s), each made when asked (as the engine queues it).
-
-    A collective queues all its chunks at once and most wait: made up front, their stages were
-    most of a long run's memory on every NPU's links (issue 43).
-
-    Args:
-        items: the chunk's stages as ``(dim, op, full_elems)``.
-        coll: the collective's id.
-        chunk: the chunk's index.
-        unit_bytes: bytes a unit of ``full_elems`` is priced at.
-        whole: the chunk's whole plan (`collectives.Stage.plan`).
-    """
-
-    __slots__ = ("items", "coll", "chunk", "unit_bytes", "whole")
-
-    def __init__(self, items: tuple, coll: int, chunk: int, unit_bytes: int, whole: tuple):
-        self.items, self.coll, self.chunk, self.unit_bytes, self.whole = items, coll, chunk, unit_bytes, whole
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: Any) -> Any:
-        d, kind, full = self.items[i]
-        unit = self.unit_bytes
-        return Stage(self.coll, self.chunk, i, len(self.items), d, kind, full, full * unit, unit, self.whole)
 
 
 @dataclass(slots=True, eq=False)
@@ -478,7 +450,7 @@ class Engine:
         self._in_flight = 0
         self.slots: list[list[StageRun | None]] = [[None] * active_per_dim for _ in range(n)]
         self._fifo = self.intra_policy("fifo")
-        self._plans: dict[tuple, tuple[tuple, tuple]] = {}  # chunk plans by shape and order: stages, calls
+        self._plans: dict[tuple, list[tuple]] = {}  # chunk plans by shape and order
         self.started = [0] * n
         self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
         self.collectives: list[CollectiveRun] = []
@@ -526,13 +498,10 @@ class Engine:
         for k, size in enumerate(sizes):
             key = (collective.op, collective.dims, size, tuple(rows[k]), fuse_last)
             plan = self._plans.get(key)
-            if plan is None:  # (its stages, and its own calls: `plan_stages`)
-                made = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
-                calls = tuple(item for item in made if item[0] == CALL)
-                plan = self._plans[key] = (tuple(item for item in made if item[0] != CALL), calls)
-            items, calls = plan
+            if plan is None:
+                plan = self._plans[key] = chunk_plan(self.topology, collective, size, rows[k], fuse_last)
             call = ((CALL, whole, k == 0),) if self.topology.flat else ()  # one NCCL call
-            stages.append(ChunkStages(items, coll_id, k, unit, items + call + calls))
+            stages.append(ChunkStages.of(plan, coll_id, k, unit, call))
         run = CollectiveRun(
             coll_id,
             collective,
