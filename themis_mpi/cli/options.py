@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import DEFAULT_TIMEOUT_S, RunConfig
 from ..cost import ASTRA_SIM_2, Endpoint, default_endpoint_delay_ns
@@ -33,8 +33,10 @@ from ..run.sweep import PolicyConfig, TrainingCell, baseline_cells, check_row, p
 from ..timing.planner import SAY_ABOVE_S, Plan, estimate
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
-from ..workloads.training import TrainingSpec
 from .parser import DefaultInt, DefaultList
+
+if TYPE_CHECKING:  # (`run` loads no training code on its ranks: tests/test_imports.py)
+    from ..workloads.training import TrainingSpec
 
 
 def split_list(text: str) -> list[str]:
