@@ -367,8 +367,8 @@ def compare_rows_2_at_once(rows: list[dict], network_dir: str) -> None:
     """
     todo = {_row_2_key(row, network_dir): row for row in rows}
     todo = {key: row for key, row in todo.items() if key not in _COMPARED}
-    if not todo:
-        return
+    if len(todo) < 2:
+        return  # (`compare_row_2` computes it when asked)
     halves = [(list(todo.values())[i::2], network_dir) for i in range(2)]
     done = [got for half in on_two_cores(_compare_rows_2, halves) for got in half]
     keys = list(todo)
