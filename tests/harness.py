@@ -16,6 +16,7 @@ import atexit
 import contextlib
 import copy
 import csv
+import gc
 import io
 import json
 import os
@@ -301,8 +302,12 @@ def on_two_cores(function: Callable, items: list) -> list:
 
     if len(items) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [function(item) for item in items]
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(function, items))
+    gc.freeze()  # (the workers' collections then leave this process's objects, and their pages, alone)
+    try:
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(function, items))
+    finally:
+        gc.unfreeze()
 
 
 def fit_nccl_at_once(logs: list) -> None:
