@@ -354,37 +354,10 @@ def compare_row_2(row: dict, network_dir: str) -> dict:
     """`astra.compare_row_2`, once per row content and network folder content, as `compare_row`."""
     from themis_mpi import astra
 
-    key = _row_2_key(row, network_dir)
+    key = ("2", repr(sorted(row.items())), _folder_content(network_dir))
     if key not in _COMPARED:
         _COMPARED[key] = astra.compare_row_2(row, network_dir)
     return copy.deepcopy(_COMPARED[key])
-
-
-def _row_2_key(row: dict, network_dir: str) -> tuple:
-    return ("2", repr(sorted(row.items())), _folder_content(network_dir))
-
-
-def compare_rows_2_at_once(rows: list[dict], network_dir: str) -> None:
-    """`compare_row_2` of the rows not yet computed, half of them in each of two workers (`on_two_cores`).
-
-    The model is deterministic, so a worker's result is the same, bit for bit, as this process's
-    would be; later `compare_row_2` calls find them.
-    """
-    todo = {_row_2_key(row, network_dir): row for row in rows}
-    todo = {key: row for key, row in todo.items() if key not in _COMPARED}
-    if len(todo) < 2:
-        return  # (`compare_row_2` computes it when asked)
-    halves = [(list(todo.values())[i::2], network_dir) for i in range(2)]
-    done = [got for half in on_two_cores(_compare_rows_2, halves) for got in half]
-    keys = list(todo)
-    _COMPARED.update(zip(keys[0::2] + keys[1::2], done))
-
-
-def _compare_rows_2(job: tuple[list[dict], str]) -> list[dict]:
-    from themis_mpi import astra
-
-    rows, network_dir = job
-    return [astra.compare_row_2(row, network_dir) for row in rows]
 
 
 ROWS_ENV = "THEMIS_MPI_ROWS"
