@@ -3,9 +3,8 @@
 import json
 
 import pytest
-from harness import ROOT, on_two_cores, script
+from harness import ROOT, script
 
-from themis_mpi.run.priced import price_all
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.llm import compute_ns, fit_groups, rank_graph
 
@@ -33,26 +32,9 @@ def without_wall_clock(row, keys):
     return {k: v for k, v in row.items() if k not in keys}
 
 
-def price_half(job: tuple) -> dict[str, dict]:
-    """`price_all` of some of the policies (`price_on_two_cores`; module-level for the workers)."""
-    return price_all(*job)
-
-
-def price_on_two_cores(c, layout, policies, spec) -> dict[str, dict]:
-    """`price_all`, every other policy in each of two workers (`harness.on_two_cores`).
-
-    Each worker runs the two runs without collectives under its first policy (no policy schedules
-    anything there) and its policies' own runs: 14 and 10 of the 22 runs on one core.
-    """
-    halves = on_two_cores(price_half, [(c, layout, policies[i::2], spec) for i in range(2)])
-    rows = {**halves[0], **halves[1]}
-    return {policy: rows[policy] for policy, _ in policies}
-
-
-def test_the_quick_run_gives_the_shipped_rows_of_its_cells(tmp_path, shipped, monkeypatch):
-    """`study_llm.py --quick` prices its cells exactly as the documented full run did (its policies on both cores)."""
+def test_the_quick_run_gives_the_shipped_rows_of_its_cells(tmp_path, shipped):
+    """`study_llm.py --quick` prices its cells exactly as the documented full run did."""
     module = load_script()
-    monkeypatch.setattr(module, "price_all", price_on_two_cores)
     rows = module.main(["--quick", "--out", str(tmp_path)])
     assert len(rows) == len(module.QUICK) >= 1
     assert json.loads((tmp_path / "study.json").read_text()) == json.loads(json.dumps(rows))
