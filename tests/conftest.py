@@ -51,6 +51,7 @@ STARTERS = {
     *(getattr(os, n) for n in dir(os) if n.startswith(("system", "popen", "posix_spawn", "exec", "spawn"))),
 }  # not os.fork: a fork runs this process's own code (`trace.in_child`), nothing else
 ARGV_AT = {"subprocess.Popen": 1, "os.posix_spawn": 1, "os.exec": 1, "os.spawn": 2, "os.system": 0}
+ARGV_AT["harness.resident"] = 0  # a batch of the resident MPI job (`harness.resident`) starts mpiexec's runs
 
 
 class UnmarkedProcess(Exception):

@@ -1,7 +1,10 @@
-"""Launch MPI jobs from pytest: one `mpiexec -n K` per case, with a timeout, never pytest in MPI.
+"""Launch MPI jobs from pytest: `mpiexec -n K` with a timeout, never pytest in MPI.
 
 The environment set here lets the job run as root and with more ranks than cores under either
 MPICH (the PyPI wheel, default) or Open MPI, so nothing depends on how the machine was set up.
+Runs that end normally go to a resident job per rank count (`cli_jobs`, `run_specs`:
+tests/jobs/resident.py), whose ranks stay up for the session, so a module pays no start-up;
+runs whose process matters (exit code, standard error, a signal) get a job of their own (`cli`).
 Also: the command in one process of its own (`local`) or in the test's (`in_process`), and
 reference tables checked row by row with one report (`check_rows`). Which helper a test calls
 gives it its markers (tests/conftest.py).
@@ -9,15 +12,20 @@ gives it its markers (tests/conftest.py).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import csv
+import gc
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +33,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from themis_mpi.launch import job_env, mpiexec_path
+from themis_mpi.output import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -97,24 +106,118 @@ def cli(n: int, args: list[str], **kw) -> subprocess.CompletedProcess:
     return mpirun(n, ["-m", "themis_mpi", *args], **kw)
 
 
-def cli_jobs(commands: dict, tmp_path, **kw) -> dict:
-    """Several `themis-mpi ARGS` runs, one mpiexec per rank count (tests/jobs/commands.py).
+def cli_jobs(commands: dict, tmp_path, timeout_s: float = TIMEOUT_S) -> dict:
+    """Several `themis-mpi ARGS` runs, in the resident job of each rank count (`resident`).
 
     `commands` maps a key to ``(ranks, args)``. Each run gives what `cli` gives (exit code,
-    output), one after another in the job, without a start-up of its own (about 1.5 s for 8
+    output), one after another in the job, without a start-up of its own (about 1.6 s for 8
     ranks on 2 cores). For runs that end normally, each with its own output files: an abort ends
     the job and every run in it. The ranks' output is in rank order.
     """
     done: dict = {}
     for n in sorted({n for n, _ in commands.values()}):
         keys = [k for k, (ranks, _) in commands.items() if ranks == n]
-        spec, out = tmp_path / f"commands{n}.json", tmp_path / f"done{n}.json"
-        spec.write_text(json.dumps([[str(a) for a in commands[k][1]] for k in keys]))
-        proc = mpirun(n, [str(ROOT / "tests" / "jobs" / "commands.py"), str(spec), str(out)], **kw)
-        assert proc.returncode == 0 and out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
-        for k, d in zip(keys, json.loads(out.read_text())):
+        batch = [[str(a) for a in commands[k][1]] for k in keys]
+        for k, d in zip(keys, resident(n, "commands", batch, tmp_path / f"done{n}.json", timeout_s)):
             done[k] = subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
     return done
+
+
+_RESIDENT: dict[int, tuple[subprocess.Popen, Path, list[int]]] = {}  # rank count -> its job
+RESIDENT_RANKS = 16  # the most ranks kept up at once (about 0.2 GB each)
+_RESIDENT_LOCK = threading.Lock()
+
+
+def _job_env() -> tuple[dict, tuple]:
+    """`mpi_env`, and what of it a resident job must share (all but pytest's test name, set per test)."""
+    env = mpi_env()
+    return env, tuple(sorted((k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
+
+
+_SESSION_ENV = _job_env()[1]
+
+
+def resident(n: int, kind: str, items: list, out: Path, timeout_s: float = TIMEOUT_S) -> list:
+    """A batch run by the resident MPI job of `n` ranks (tests/jobs/resident.py); its rows.
+
+    `kind` is ``commands`` (tests/jobs/commands.py) or ``specs`` (tests/jobs/agreements.py). The
+    job is started at the first batch of `n` ranks and serves the later ones of the session (of
+    every module), so they pay no start-up; it is started anew when a batch ended it (an abort).
+    At most `RESIDENT_RANKS` ranks stay up: a new job ends the smallest others first.
+    A batch under another environment than the session's (a test's PYTHONPATH) gets a job of its
+    own, ended after it. A batch that ends its job or outlives `timeout_s` fails with the job's
+    output, as `mpirun` does.
+    """
+    env, shared = _job_env()
+    with _RESIDENT_LOCK:
+        if shared != _SESSION_ENV:
+            job = _start_resident(n, env)
+            try:
+                return _batch(n, job, kind, items, out, timeout_s)
+            finally:
+                _end_resident(job)
+        if n not in _RESIDENT or _RESIDENT[n][0].poll() is not None:
+            _end_resident(_RESIDENT.pop(n, None))
+            while _RESIDENT and sum(_RESIDENT) + n > RESIDENT_RANKS:  # the smallest first: quick to start
+                _end_resident(_RESIDENT.pop(min(_RESIDENT)))
+            _RESIDENT[n] = _start_resident(n, env)
+        try:
+            return _batch(n, _RESIDENT[n], kind, items, out, timeout_s)
+        except AssertionError:
+            _end_resident(_RESIDENT.pop(n), ask=False)
+            raise
+
+
+def _start_resident(n: int, env: dict) -> tuple[subprocess.Popen, Path, list[int]]:
+    """A resident job of `n` ranks: the launcher, its folder, the requests sent so far."""
+    folder = Path(tempfile.mkdtemp(prefix=f"themis-mpi-resident{n}-"))
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-m", "mpi4py",
+           str(ROOT / "tests" / "jobs" / "resident.py"), str(folder), str(os.getpid())]  # fmt: skip
+    with open(folder / "log.txt", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    return proc, folder, [0]
+
+
+def _batch(n: int, job: tuple, kind: str, items: list, out: Path, timeout_s: float) -> list:
+    """One request to a resident job and its rows; an AssertionError when it ends the job or times out."""
+    proc, folder, sent = job
+    sys.audit("harness.resident", proc.args)  # a test served by the job runs MPI (tests/conftest.py)
+    sent[0] += 1
+    out.unlink(missing_ok=True)
+    write_json(str(folder / f"request{sent[0]}.json"), {"kind": kind, "items": items, "out": str(out)})
+    deadline = time.monotonic() + timeout_s
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if out.exists():
+        return json.loads(out.read_text())
+    why = f"timed out after {timeout_s} s" if proc.returncode is None else f"ended with {proc.returncode}"
+    log = (folder / "log.txt").read_text()
+    raise AssertionError(f"the resident MPI job of {n} ranks {why} in a batch of {kind}:\n{log[-5000:]}")
+
+
+def _end_resident(job: tuple | None, ask: bool = True) -> None:
+    """End a resident job: asked to stop when idle (`ask`), else (or after 10 s) terminated."""
+    if job is None:
+        return
+    proc, folder, sent = job
+    if ask and proc.poll() is None:
+        write_json(str(folder / f"request{sent[0] + 1}.json"), {"kind": "stop"})
+    try:
+        proc.wait(timeout=10 if ask else 0.1)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@atexit.register
+def _end_residents() -> None:
+    while _RESIDENT:
+        _end_resident(_RESIDENT.popitem()[1])
 
 
 def at_once(request, scenarios: dict[str, Callable[[], object]]) -> dict[str, Future]:
@@ -199,8 +302,12 @@ def on_two_cores(function: Callable, items: list) -> list:
 
     if len(items) < 2 or (os.cpu_count() or 1) < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [function(item) for item in items]
-    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
-        return list(pool.map(function, items))
+    gc.freeze()  # (the workers' collections then leave this process's objects, and their pages, alone)
+    try:
+        with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork")) as pool:
+            return list(pool.map(function, items))
+    finally:
+        gc.unfreeze()
 
 
 def fit_nccl_at_once(logs: list) -> None:
@@ -282,47 +389,26 @@ def check_rows(
 
 
 def run_cases(n: int, spec: dict, tmp_path) -> list[dict]:
-    """Run scripts/agreement.py on n ranks with a JSON spec; return its comparison rows.
+    """scripts/agreement.py's comparison rows of a spec (topology and cases) on n ranks (`run_specs`).
 
-    The script exits 1 when a case disagrees; the rows are returned anyway so that the tests
-    say which rule broke.
+    The rows come back whether or not a case disagrees, so that the tests say which rule broke.
     """
-    spec_path, out_path = tmp_path / "spec.json", tmp_path / "out.json"
-    spec_path.write_text(json.dumps(spec))
-    proc = mpirun(
-        n,
-        [
-            "-m",
-            "mpi4py",
-            str(ROOT / "scripts" / "agreement.py"),
-            "--spec",
-            str(spec_path),
-            "--json",
-            str(out_path),
-            "--quiet",
-        ],
-    )
-    assert proc.returncode in (0, 1) and out_path.exists(), proc.stderr[-3000:]
-    return json.loads(out_path.read_text())
+    return run_specs({0: (n, spec["topology"], spec["cases"])}, tmp_path)[0]
 
 
-def run_specs(specs: dict, tmp_path) -> dict:
-    """Agreement specs (`run_cases`) of several tests in one job per rank count; rows per spec.
+def run_specs(specs: dict, tmp_path, timeout_s: float = TIMEOUT_S) -> dict:
+    """Agreement specs (`run_cases`) of several tests in the resident job of each rank count; rows per spec.
 
     `specs` maps a key to ``(ranks, topology, cases)``. The specs of one rank count run in one
-    ``mpiexec`` (tests/jobs/agreements.py): one start-up of the ranks for them all, where each
-    would pay its own (about 1.5 s for 8 ranks on 2 cores). Returns each key's rows, as
-    `run_cases` gives them.
+    batch of the resident job (`resident`, tests/jobs/agreements.py): no start-up of the ranks
+    for them, where each would pay its own (about 1.6 s for 8 ranks on 2 cores). Returns each
+    key's rows, as `run_cases` gives them.
     """
     out: dict = {}
     for n in sorted({n for n, _, _ in specs.values()}):
         keys = [k for k, (ranks, _, _) in specs.items() if ranks == n]
-        spec_path, out_path = tmp_path / f"specs{n}.json", tmp_path / f"rows{n}.json"
-        spec_path.write_text(json.dumps([{"topology": specs[k][1], "cases": specs[k][2]} for k in keys]))
-        job = ["-m", "mpi4py", str(ROOT / "tests" / "jobs" / "agreements.py"), str(spec_path), str(out_path)]
-        proc = mpirun(n, job)
-        assert proc.returncode == 0 and out_path.exists(), proc.stderr[-3000:]
-        out.update(zip(keys, json.loads(out_path.read_text())))
+        batch = [{"topology": specs[k][1], "cases": specs[k][2]} for k in keys]
+        out.update(zip(keys, resident(n, "specs", batch, tmp_path / f"rows{n}.json", timeout_s)))
     return out
 
 

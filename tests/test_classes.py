@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import DATA
+from harness import DATA, on_two_cores
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -169,33 +169,74 @@ def straggling(network: str) -> RunConfig:
     return RunConfig(network=network, npu_delay_ns=((5, 50_000.0),), link_scale=((1, 300, 0.5),))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["", ",direct"])
-def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(monkeypatch, algorithm):
-    """The all-reduce with a late NPU and a slow link on the 512-NPU cut, field by field.
+def cut_pairs(algorithm: str) -> list[tuple]:
+    """The all-reduce with a late NPU and a slow link on the 512-NPU cut: (fast path, every NPU, fields aside).
 
-    Under ``ideal`` (every NPU vectorised) against every NPU's engine
-    (`greenlets.NpuWorld`); under ``fair`` by classes against every NPU's links.
+    Under ``ideal`` (every NPU vectorised) against every NPU's engine (`greenlets.NpuWorld`);
+    with `algorithm` also under ``fair`` by classes against every NPU's links (halving-doubling
+    sets every position apart: classes fall back, nothing to compare).
     """
     topo = parse_topology(CUT.format(a=algorithm))
     coll = Collective("all_reduce", 1 << 24, "float32", 16, (0, 1, 2))
     config = straggling("ideal")
     fast, _ = model_collective(topo, coll, "themis", config)
     plain = NpuWorld(topo, config).run(lambda npu: run_collective(npu, coll, "themis"))[0][0]
-    same_fields(fast, plain, "clock")  # (the model's, and the greenlets' virtual one)
-    if algorithm:  # (halving-doubling sets every position apart: classes fall back, nothing to compare)
+    pairs = [(fast, plain, ("clock",))]  # (the model's, and the greenlets' virtual one)
+    if algorithm:
         config = straggling("fair")
         fast, _ = model_collective(topo, coll, "themis", config)
-        plain, _ = every_npu(monkeypatch, lambda: model_collective(topo, coll, "themis", config))
-        same_fields(fast, plain)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            plain, _ = every_npu(monkeypatch, lambda: model_collective(topo, coll, "themis", config))
+        pairs.append((fast, plain, ()))
+    return pairs
 
 
-@pytest.mark.slow
-def test_gnmt_on_a_64_npu_cut_of_hgx_with_a_slow_npu_equals_every_npu():
-    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: ideal's fast path equals every NPU's engine."""
+def gnmt_pairs() -> list[tuple]:
+    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: ideal's fast path and every NPU's engine."""
     topo = parse_topology("SW(8,419.1,700,hd)_SW(4,46.57,1700,hd)_SW(2,46.57,1700,hd)_NIC(1+2,46.57)")
     wl = parse_workload(str(Path(__file__).parents[1] / "traces" / "gnmt.txt"))
     spec, config = TrainingSpec(chunks=16, npu_compute_scale=((5, 1.5),)), RunConfig(network="ideal")
     fast = model_training(wl, topo, "baseline", spec, config)
     plain = NpuWorld(topo, config).run(lambda npu: run_training(npu, wl, "baseline", spec))[0]
-    same_fields(fast, plain, "transport")
+    return [(fast, plain, ("transport",))]
+
+
+CUT_TESTS = {  # test name -> its runs (the longest first: both workers end together)
+    "test_the_512_npu_cut_by_its_fast_path_equals_every_npu[,direct]": (cut_pairs, ",direct"),
+    "test_the_512_npu_cut_by_its_fast_path_equals_every_npu[]": (cut_pairs, ""),
+    "test_gnmt_on_a_64_npu_cut_of_hgx_with_a_slow_npu_equals_every_npu": (gnmt_pairs,),
+}
+
+
+def run_pairs(job: tuple) -> list[tuple]:
+    """One `CUT_TESTS` entry's pairs (module-level, for `harness.on_two_cores`)."""
+    return job[0](*job[1:])
+
+
+@pytest.fixture(scope="module")
+def cuts(request) -> dict[str, list[tuple]]:
+    """The selected tests' runs of `CUT_TESTS`, two at a time (`harness.on_two_cores`): test name -> pairs."""
+    names = {item.name for item in request.session.items if item.module is request.module}
+    chosen = [name for name in CUT_TESTS if name in names]
+    return dict(zip(chosen, on_two_cores(run_pairs, [CUT_TESTS[name] for name in chosen])))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["", ",direct"])
+def test_the_512_npu_cut_by_its_fast_path_equals_every_npu(request, cuts, algorithm):
+    """The all-reduce with a late NPU and a slow link on the 512-NPU cut, field by field (`cut_pairs`).
+
+    Under ``ideal`` (every NPU vectorised) against every NPU's engine
+    (`greenlets.NpuWorld`); under ``fair`` by classes against every NPU's links.
+    """
+    pairs = cuts[request.node.name]
+    assert len(pairs) == (2 if algorithm else 1)
+    for fast, plain, besides in pairs:
+        same_fields(fast, plain, *besides)
+
+
+@pytest.mark.slow
+def test_gnmt_on_a_64_npu_cut_of_hgx_with_a_slow_npu_equals_every_npu(request, cuts):
+    """GNMT, NPU 5 at 1.5x compute, 16 chunks, on HGX's 64-NPU cut: ideal's fast path equals every NPU's engine."""
+    ((fast, plain, besides),) = cuts[request.node.name]
+    same_fields(fast, plain, *besides)

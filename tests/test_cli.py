@@ -38,28 +38,26 @@ def test_themis_beats_baseline_on_2x2x2_with_exact_results(runs8):
 def test_json_rows_hold_the_documented_fields(tmp_path):
     """Every JSON row has policy, size, chunks, times, utilization, wrong, wall_s, iters, dims."""
     out = tmp_path / "rows.json"
-    proc = cli(
-        4,
-        [
-            "run",
-            "-t",
-            "Ring(4,100,20)",
-            "-b",
-            "1K",
-            "-e",
-            "8K",
-            "-f",
-            "2",
-            "-c",
-            "4",
-            "--policy",
-            "themis",
-            "-n",
-            "2",
-            "--json",
-            str(out),
-        ],
-    )
+    args = [
+        "run",
+        "-t",
+        "Ring(4,100,20)",
+        "-b",
+        "1K",
+        "-e",
+        "8K",
+        "-f",
+        "2",
+        "-c",
+        "4",
+        "--policy",
+        "themis",
+        "-n",
+        "2",
+        "--json",
+        str(out),
+    ]
+    proc = cli_jobs({0: (4, args)}, tmp_path)[0]  # (a run of the resident job)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())
     assert [r["size_bytes"] for r in rows] == [1024, 2048, 4096, 8192]

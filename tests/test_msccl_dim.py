@@ -8,7 +8,7 @@ The row's per-dim figures are the file's: an exported algorithm gives the built-
 """
 
 import pytest
-from harness import DATA, cli, local
+from harness import DATA, cli, cli_jobs, local
 from test_msccl_run import rows_of, run_args
 
 from themis_mpi.api import sweep
@@ -67,13 +67,19 @@ def test_exported_ring_as_dim0_takes_the_builtin_time(files, network, policy, op
 
 
 def test_emulator_moves_the_data_right_in_the_models_time(files, tmp_path):
-    """Under mpiexec -n 8: #wrong 0 and the model's time, both schedules, ideal and fair."""
+    """Under mpiexec -n 8: #wrong 0 and the model's time, both schedules, ideal and fair (one job, `cli_jobs`)."""
+    runs = {}
     for network in ("ideal", "fair"):
         for policy in ("baseline", "themis"):
             out = tmp_path / f"{network}_{policy}.json"
             args = run_args(TOPOLOGY, "all_reduce", "1M", f"{files['spec']},direct", network, out, chunks=4)
             args[args.index("baseline")] = policy
-            proc = cli(8, args)
+            runs[network, policy] = (8, args)
+    done = cli_jobs(runs, tmp_path)
+    for network in ("ideal", "fair"):
+        for policy in ("baseline", "themis"):
+            out = tmp_path / f"{network}_{policy}.json"
+            proc = done[network, policy]
             assert proc.returncode == 0, proc.stderr
             (row,) = rows_of(out)
             assert row["wrong"] == 0
@@ -132,7 +138,9 @@ def test_other_stages_run_right_in_the_models_time(files, tmp_path, topology, al
     """The emulator's time is the model's and every element is right, whatever the file's shape."""
     algorithm = [a.format(rs=files["reduce_scatter"], **files) for a in algorithms]
     out = tmp_path / "row.json"
-    proc = cli(8, run_args(topology, "all_reduce", "1M", ",".join(algorithm), "fair", out, chunks=4))
+    proc = cli_jobs(
+        {0: (8, run_args(topology, "all_reduce", "1M", ",".join(algorithm), "fair", out, chunks=4))}, tmp_path
+    )[0]
     assert proc.returncode == 0, proc.stderr
     (row,) = rows_of(out)
     assert row["wrong"] == 0

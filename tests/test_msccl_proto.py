@@ -13,7 +13,7 @@ import dataclasses
 import json
 
 import pytest
-from harness import DATA, cli, in_process
+from harness import DATA, cli_jobs, in_process
 
 from themis_mpi import nccl
 from themis_mpi.cost import COPY_MEM, REDUCE_MEM
@@ -111,7 +111,7 @@ def test_the_emulator_takes_the_models_time_under_the_endpoint_model(dims, tmp_p
         )
     out = tmp_path / "run.json"
     args = ["run", "-t", topo, "-b", "96K", "-c", "2", "-p", "baseline", "--network", "ideal"]
-    proc = cli(8, [*args, "--algorithm", algo, *extra, "--json", str(out)])
+    proc = cli_jobs({0: (8, [*args, "--algorithm", algo, *extra, "--json", str(out)])}, tmp_path)[0]
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads(out.read_text())
     model = in_process(["model", *args[1:], "--algorithm", algo, *extra, "--json", str(tmp_path / "m.json")])

@@ -59,10 +59,15 @@ def rows_of(out) -> list[dict]:
     return json.loads(out.read_text()) if out.exists() else []
 
 
-def emulated(n, topology, op, size, algorithm, network, tmp_path, chunks=2):
-    """`themis-mpi run` under mpiexec: its process and its one JSON row."""
+def emulated(n, topology, op, size, algorithm, network, tmp_path, chunks=2, process=False):
+    """`themis-mpi run` under mpiexec: its exit code and output, and its one JSON row.
+
+    A run of the resident job (`harness.cli_jobs`, no start-up of its own); with `process`, a job
+    of its own (`harness.cli`), whose exit code and standard error are a process's.
+    """
     out = tmp_path / "rows.json"
-    proc = cli(n, run_args(topology, op, size, algorithm, network, out, chunks))
+    args = run_args(topology, op, size, algorithm, network, out, chunks)
+    proc = cli(n, args) if process else cli_jobs({0: (n, args)}, tmp_path)[0]
     return proc, rows_of(out)
 
 
@@ -132,7 +137,9 @@ def reduce_made_copy(tmp_path):
 def test_a_reduce_made_a_copy_runs_and_is_wrong_on_the_emulator(tmp_path):
     """Under run the wrong file runs, reports #wrong > 0 and exits 1; the model refuses it (its proof)."""
     path = reduce_made_copy(tmp_path)
-    proc, rows = emulated(8, "SW(8,100,500)", "all_reduce", "64K", f"msccl:{path}", "ideal", tmp_path)
+    proc, rows = emulated(
+        8, "SW(8,100,500)", "all_reduce", "64K", f"msccl:{path}", "ideal", tmp_path, process=True
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert rows[0]["wrong"] > 0
     model = in_process(["model", "-t", "SW(8,100,500)", "-b", "64K", "--algorithm", f"msccl:{path}"])
@@ -150,7 +157,9 @@ def test_a_damaged_file_is_refused_by_model_and_run_with_the_checkers_line(tmp_p
     line = f"{bad}: GPU 4 threadblock 0 step 7: dstoff 9 + cnt 1 is outside the input buffer of 8 chunks"
     model = in_process(["model", "-t", "SW(8,100,500)", "-b", "64K", "--algorithm", f"msccl:{bad}"])
     assert model.returncode == 2 and line in model.stderr and model.stderr.count("\n") == 1
-    proc, rows = emulated(8, "SW(8,100,500)", "all_reduce", "64K", f"msccl:{bad}", "ideal", tmp_path)
+    proc, rows = emulated(
+        8, "SW(8,100,500)", "all_reduce", "64K", f"msccl:{bad}", "ideal", tmp_path, process=True
+    )
     assert proc.returncode == 2 and line in proc.stderr and proc.stderr.count("\n") == 1 and not rows
 
 

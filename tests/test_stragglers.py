@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli_jobs, in_process
+from harness import DATA, cli_jobs, in_process, on_two_cores
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -496,23 +496,36 @@ ORDER_SETTINGS = dict(npu_compute_scale=((3, 1.5),), compute_jitter=0.2, seed=4,
 ORDER_CONFIG = RunConfig(network="ideal", npu_delay_ns=((6, 20_000.0),), link_scale=((1, 2, 0.5),))
 
 
+def ordered_run(seed: int | None):
+    """The training with stragglers, its NPUs run in the world's own order (None) or in a random one (`_AnyOrder`)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if seed is not None:
+            init = NpuWorld.__init__
+
+            def any_order(self, *args, **kwargs):
+                init(self, *args, **kwargs)
+                self.ready = _AnyOrder(seed)
+
+            monkeypatch.setattr(NpuWorld, "__init__", any_order)
+        return train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=ORDER_CONFIG, **ORDER_SETTINGS)
+
+
+ORDER_SEEDS = [1, 2, 3]
+
+
 @pytest.fixture(scope="module")
-def in_order():
-    """The training with stragglers, the NPUs run in the world's own order (once for every seed)."""
-    return train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=ORDER_CONFIG, **ORDER_SETTINGS)
+def orders(request) -> dict:
+    """The world's own order (key None, once for every seed) and the selected seeds' runs, two at a time (`harness.on_two_cores`)."""
+    test = "test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in[{}]"
+    names = {item.name for item in request.session.items if item.module is request.module}
+    seeds = [None, *(seed for seed in ORDER_SEEDS if test.format(seed) in names)]
+    return dict(zip(seeds, on_two_cores(ordered_run, seeds)))
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(monkeypatch, in_order, seed):
+@pytest.mark.parametrize("seed", ORDER_SEEDS)
+def test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in(orders, seed):
     """Times follow from the data alone: running the NPUs in a random order gives the same iteration."""
-    init = NpuWorld.__init__
-
-    def any_order(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.ready = _AnyOrder(seed)
-
-    monkeypatch.setattr(NpuWorld, "__init__", any_order)
-    shuffled = train_every_npu("Resnet50_DataParallel.txt", "2x2x2", config=ORDER_CONFIG, **ORDER_SETTINGS)
+    shuffled, in_order = orders[seed], orders[None]
     assert shuffled.iteration_us == in_order.iteration_us
     assert [d.busy_us for d in shuffled.dims] == [d.busy_us for d in in_order.dims]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harness import cli, in_process, killed_sweep, local, sweep_rows
+from harness import cli_jobs, in_process, killed_sweep, local, sweep_rows
 
 import themis_mpi
 from themis_mpi.policies import make_inter
@@ -173,7 +173,10 @@ def test_api_gpt_writes_the_files_of_workload_gpt(tmp_path):
 def test_the_emulator_runs_the_sweep_serially_to_the_models_rows(tmp_path):
     """Under mpiexec a `-c 4,16` sweep runs cell by cell on real data: every row checked, the model's times."""
     out = tmp_path / "mpi.jsonl"
-    proc = cli(8, ["train", WORKLOAD, "-t", "2x2x2", "-c", "4,16", "-n", "1", "--jsonl", str(out), "-q"])
+    proc = cli_jobs(
+        {0: (8, ["train", WORKLOAD, "-t", "2x2x2", "-c", "4,16", "-n", "1", "--jsonl", str(out), "-q"])},
+        tmp_path,
+    )[0]
     assert proc.returncode == 0, proc.stderr
     model = in_process(["train", WORKLOAD, "-t", "2x2x2", "-c", "4,16", "-n", "1", "--json", "-", "-q"])
     emulated, modelled = rows_of(out), json.loads(model.stdout)
