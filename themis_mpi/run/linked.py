@@ -4,16 +4,18 @@ The model replays one NPU and takes every collective as symmetric. Point-to-poin
 not: a pipeline stage's receive ends when its peer, another stage, has sent. `run_linked` runs
 rank 0 and every rank it exchanges messages with, transitively (one per pipeline stage for a
 generated LLM, whose stages' ranks are symmetric), each on its own engine and model transport,
-in threads that decide as the emulator's ranks do: a message ends at ``max(send issue, receive
-issue) + cost`` once both issues are known, and a rank waits for its peer's issue whenever the
-message could end before its next event (`mpi.transport.MpiTransport.wait_next`'s rule). So the
-same virtual times come out as on the emulator. A schedule in which every rank waits is refused.
+as greenlets in this one thread (`timing.greenlets.Greenlets`) that decide as the emulator's ranks
+do: a message ends at ``max(send issue, receive issue) + cost`` once both issues are known, and a
+rank waits for its peer's issue whenever the message could end before its next event
+(`mpi.transport.MpiTransport.wait_next`'s rule). So the same virtual times come out as on the
+emulator, whatever order the ranks take turns in. A waiting rank yields to the next ready one and
+is woken when its peer posts an issue it waits for (no threads: they handed off at the GIL's
+switch interval). A schedule in which every rank waits is refused.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 
 from ..collectives import Collective
@@ -23,39 +25,51 @@ from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule
 from ..progress import Progress
+from ..timing.greenlets import Greenlets
 from ..timing.symmetric import Symmetric
 from ..topology import Topology
 from ..workloads.chakra import GraphReplay, Plan
 
 
-class _Exchange:
-    """Issue times of every message side, shared by the ranks' threads."""
+class _Exchange(Greenlets):
+    """The linked ranks as greenlets in this one thread, and the issue times of every message side.
 
-    def __init__(self, ranks: int):
-        self.cond = threading.Condition()
+    Args:
+        topology: the network.
+        config: the run settings.
+        ranks: the linked ranks (rank 0 and its peers, transitively).
+    """
+
+    def __init__(self, topology: Topology, config: RunConfig, ranks: Sequence[int]):
+        super().__init__(max(ranks) + 1, sorted(ranks))
+        self.topology, self.config = topology, config
         self.issued: dict[tuple, float] = {}
-        self.version = 0
-        self.alive = ranks
-        self.blocked: dict[int, int] = {}  # rank -> version it saw when it started waiting
-        self.error: BaseException | None = None
+        self.waiting: set[int] = set()  # ranks waiting for a peer's issue
+
+    def transport(self, rank: int) -> LinkedTransport:
+        """Rank `rank`'s model transport."""
+        return LinkedTransport(self.topology, self.config, rank, self)
 
     def post(self, key: tuple, t_ns: float) -> None:
-        with self.cond:
-            self.issued[key] = t_ns
-            self.version += 1
-            self.cond.notify_all()
+        """Post one message side's issue, ``((src, dst, tag), k, send)``; wake its peer if it waits."""
+        self.issued[key] = t_ns
+        (src, dst, _), _, send = key
+        peer = dst if send else src
+        if peer in self.waiting:
+            self.waiting.discard(peer)
+            self.ready.append(peer)
 
-    def leave(self) -> None:
-        with self.cond:
-            self.alive -= 1
-            self.version += 1
-            self.cond.notify_all()
+    def block(self, rank: int) -> None:
+        """Wait until a peer of `rank` posts an issue it waits for."""
+        self.waiting.add(rank)
+        self._yield()
 
-    def fail(self, exc: BaseException) -> None:
-        with self.cond:
-            if self.error is None:
-                self.error = exc
-            self.cond.notify_all()
+    def _stalled(self) -> str:
+        """Nothing left to run: every rank finished (empty), or those left wait for each other (refused)."""
+        if self.waiting:
+            ranks = ", ".join(map(str, sorted(self.waiting)))
+            raise UsageError(f"the graph deadlocks: ranks {ranks} each wait for a message nobody sends yet")
+        return ""
 
 
 class LinkedTransport(ModelTransport):
@@ -107,30 +121,17 @@ class LinkedTransport(ModelTransport):
 
     def wait_next(self, horizon_ns: float, certain: bool = True) -> tuple[float, list[StageRun]]:
         """The earliest certain batch of ends (stages and messages, in start order), or the horizon."""
-        if not self._pending:  # nothing waits for a peer: the answer is this rank's own (no lock)
+        if not self._pending:  # nothing waits for a peer: the answer is this rank's own
             first = self.view.loop.next_ns(self.view.rule)
             return self.view.next(first) if first <= horizon_ns else (horizon_ns, [])
-        ex = self.exchange
-        with ex.cond:
-            while True:
-                if ex.error is not None:
-                    raise ex.error
-                bound = self._resolve()
-                first = self.view.loop.next_ns(self.view.rule)
-                if first <= horizon_ns and first < bound:
-                    return self.view.next(first)
-                if horizon_ns < first and horizon_ns < bound:
-                    return horizon_ns, []
-                ex.blocked[self.rank] = ex.version
-                if len(ex.blocked) == ex.alive and all(v == ex.version for v in ex.blocked.values()):
-                    ranks = ", ".join(map(str, sorted(ex.blocked)))
-                    ex.error = UsageError(
-                        f"the graph deadlocks: ranks {ranks} each wait for a message nobody sends yet"
-                    )
-                    ex.cond.notify_all()
-                    raise ex.error
-                ex.cond.wait(timeout=1.0)
-                ex.blocked.pop(self.rank, None)
+        while True:
+            bound = self._resolve()
+            first = self.view.loop.next_ns(self.view.rule)
+            if first <= horizon_ns and first < bound:
+                return self.view.next(first)
+            if horizon_ns < first and horizon_ns < bound:
+                return horizon_ns, []
+            self.exchange.block(self.rank)
 
 
 def linked_ranks(plans: dict[int, Plan], plan_of) -> list[int]:
@@ -157,31 +158,19 @@ def run_linked(
 ) -> dict[int, Engine]:
     """Every plan on its own engine, the ranks in lock step; returns each rank's finished engine.
 
-    `progress` is told the nodes each rank has finished (from each rank's thread).
+    `progress` is told the nodes each rank has finished (all from this one thread).
     """
-    exchange = _Exchange(len(plans))
-    engines: dict[int, Engine] = {}
+    world = _Exchange(topology, config, list(plans))
 
-    def work(rank: int) -> None:
-        try:
-            engine = Engine(topology, LinkedTransport(topology, config, rank, exchange), config)
-            engines[rank] = engine
-            replay = GraphReplay(plans[rank], schedules, progress=progress)
-            engine.process(replay.process(engine))
-            engine.run()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            exchange.fail(exc)
-        finally:
-            exchange.leave()
+    def work(transport: LinkedTransport) -> Engine:
+        engine = Engine(topology, transport, config)
+        replay = GraphReplay(plans[transport.rank], schedules, progress=progress)
+        engine.process(replay.process(engine))
+        engine.run()
+        return engine
 
-    threads = [threading.Thread(target=work, args=(rank,), daemon=True) for rank in sorted(plans)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if exchange.error is not None:
-        raise exchange.error
-    return engines
+    results = world.run(work)
+    return {rank: results[rank] for rank in sorted(plans)}
 
 
 def slowest(engines: Sequence[Engine]) -> float:
