@@ -115,7 +115,7 @@ def test_every_npu_tells_its_own_steps_and_each_reaches_the_end():
 
 
 def test_a_graph_replay_tells_its_nodes_and_the_linked_ranks_theirs():
-    """A generated LLM's pipeline (the linked ranks, threads): every rank's nodes, each to its last."""
+    """A generated LLM's pipeline (the linked ranks, greenlets): every rank's nodes, each to its last."""
     c = LlmConfig(
         layers=2, hidden=256, heads=4, seq=128, vocab=100, micro_batch=1, global_batch=4, tp=2, pp=2, dp=2
     )
