@@ -37,9 +37,10 @@ baseline: 40% done in 12 s, ETA 18 s` every 5 s (`THEMIS_MPI_PROGRESS_S` sets th
 and `run`: a line a minute); nothing with `-q`. It counts real work where it happens: layer steps
 for a text workload (a layer's forward, its backward once its gradient is applied), graph nodes
 finished for a Chakra trace and for every run `workload --run` prices, collectives for `replay`,
-whole staged fits for `calibrate`, cells for `model` and `run`. Before it starts, `train` (and `workload ... --run`) asks the
-planner what the run will cost (`timing.planner.estimate`: the simulator it chose, the NPUs and the
-chunk steps, at costs per step measured on the development machine,
+whole staged fits for `calibrate`, cells for `model` and `run`. Before it starts, `train` (and
+`workload ... --run`) asks the planner what the run will cost (`timing.planner.estimate`: the
+simulator it chose, the NPUs and the chunk steps, at costs per step measured on the development
+machine,
 [performance](performance.md#what-a-run-will-cost-issue-43)); above 30 s (`THEMIS_MPI_EXPECT_S`
 moves that threshold) it adds one line to the header; GNMT on `HGX-H100-SW_SW_SW` with `-c 16
 --network fair --npu-compute-scale 5=1.5` prints `# expect ~2 min: every NPU's links under fair
