@@ -162,7 +162,8 @@ def pytest_collection_modifyitems(config, items):
         ):
             item.add_marker(kind)
         marks = {m.name for m in item.iter_markers()}
-        if marks & {"mpi", "subprocess", "docs"} or durations.get(item.nodeid, 0.0) > SLOW_S:
+        shares_costly = any(getattr(f, "costly", False) for f in fixtures)  # (`harness.costly`)
+        if marks & {"mpi", "subprocess", "docs"} or shares_costly or durations.get(item.nodeid, 0.0) > SLOW_S:
             item.add_marker("slow")
         else:
             _quick.add(item.nodeid)

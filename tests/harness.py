@@ -290,6 +290,16 @@ def _default_fit(log):
     return fit(log)
 
 
+def costly(fixture_function: Callable) -> Callable:
+    """Mark a module fixture whose one computation every test using it shares (put under ``@pytest.fixture``).
+
+    The first of its tests pays it in a full run, so the others are recorded as quick; alone, as
+    in the quick subset, each would pay it. `tests/conftest.py` makes every test using it slow.
+    """
+    fixture_function.costly = True  # type: ignore[attr-defined]
+    return fixture_function
+
+
 def on_two_cores(function: Callable, items: list) -> list:
     """`function` of each item, in order, two at a time in forked workers (in this process without fork).
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import DATA, on_two_cores
+from harness import DATA, costly, on_two_cores
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -214,6 +214,7 @@ def run_pairs(job: tuple) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
+@costly
 def cuts(request) -> dict[str, list[tuple]]:
     """The selected tests' runs of `CUT_TESTS`, two at a time (`harness.on_two_cores`): test name -> pairs."""
     names = {item.name for item in request.session.items if item.module is request.module}

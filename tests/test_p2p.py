@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from harness import DATA, cli_jobs, in_process, on_two_cores
+from harness import DATA, cli_jobs, costly, in_process, on_two_cores
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -107,6 +107,7 @@ HGX_RULES = ["fair", "packet", "store-forward"]  # (the longest first: both work
 
 
 @pytest.fixture(scope="module")
+@costly
 def hgx(request) -> dict:
     """The selected rules' `hgx_times`, two at a time (`harness.on_two_cores`): rule -> (one, every)."""
     test = "test_every_npu_equals_one_npu_on_the_hgx_preset_with_its_shared_nic[{}]"

@@ -7,7 +7,7 @@ import random
 from collections import deque
 
 import pytest
-from harness import DATA, cli_jobs, in_process, on_two_cores
+from harness import DATA, cli_jobs, costly, in_process, on_two_cores
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -514,6 +514,7 @@ ORDER_SEEDS = [1, 2, 3]
 
 
 @pytest.fixture(scope="module")
+@costly
 def orders(request) -> dict:
     """The world's own order (key None, once for every seed) and the selected seeds' runs, two at a time (`harness.on_two_cores`)."""
     test = "test_training_with_stragglers_does_not_depend_on_the_order_npus_run_in[{}]"

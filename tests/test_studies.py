@@ -10,7 +10,7 @@ import json
 
 import harness
 import pytest
-from harness import ROOT
+from harness import ROOT, costly
 
 import themis_mpi.calibrate
 
@@ -48,6 +48,7 @@ def run_study(job: tuple):
 
 
 @pytest.fixture(scope="module")
+@costly
 def studies(request, tmp_path_factory) -> dict:
     """The selected tests' studies (`STUDIES`) run two at a time (`harness.on_two_cores`): per test, its folder.
 

@@ -4,7 +4,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from harness import ROOT, script
+from harness import ROOT, costly, script
 
 from themis_mpi.collectives import Collective
 from themis_mpi.config import RunConfig
@@ -38,6 +38,7 @@ def shipped() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
+@costly
 def quick(tmp_path_factory) -> list[dict]:
     """The rows of a --quick run, through the script's main path (JSON round trip included)."""
     out = tmp_path_factory.mktemp("stragglers")
