@@ -27,8 +27,8 @@ from ..run.pool import parse_workers
 from ..run.priced import PricedResult, price_cell, price_runs, stage_flight
 from ..run.priced import gpt_cells as priced_cells
 from ..run.sweep import TrainingCell
-from ..run.training import graph_run, run_graph
-from ..timing.planner import GRAPH, Run, chunk_steps
+from ..run.training import graph_run, graph_stragglers, run_graph
+from ..timing.planner import chunk_steps
 from ..timing.planner import plan as plan_of
 from ..topology import Topology, parse_topology
 from ..workloads.chakra import Graph, plan_graph
@@ -323,8 +323,7 @@ def cmd_simai_pipeline(wl: SimaiWorkload, args: argparse.Namespace) -> int:
 def say_stragglers(args: argparse.Namespace, spec: TrainingSpec, topology: Topology) -> None:
     """`workload simai --run`'s stragglers line, where there are any (as `train` prints it)."""
     config = run_config(args, "fifo", topology)
-    if config.asymmetric or spec.heterogeneous:
-        plan_of(Run(topology, config, GRAPH, slow_compute=spec.heterogeneous))  # (under ideal: one line)
+    if graph_stragglers(topology, config, spec):
         print(stragglers_line(config, spec))
 
 

@@ -242,9 +242,7 @@ def run_graph(
     is told the graph nodes each NPU has finished.
     """
     topo, config = transport.topology, transport.config
-    slow = spec.heterogeneous
-    if config.asymmetric or slow:
-        plan(Run(topo, config, GRAPH, slow_compute=slow))  # (refused in one line where no rule shares)
+    if graph_stragglers(topo, config, spec):
         check_ranks(topo, config, [r for r, _ in spec.npu_compute_scale])
     mine = plan_graph(graph.trace(transport.rank), topo, transport.rank, spec, graph.groups)
     plans = {transport.rank: mine}
@@ -280,6 +278,17 @@ def run_graph(
     if timing.simulator == WORLD:
         return replace(row, transport=transport.name, wall_s=time.perf_counter() - t0)
     return row
+
+
+def graph_stragglers(topology: Topology, config: RunConfig, spec: TrainingSpec) -> bool:
+    """Whether a graph runs with stragglers (refused in one line, before any graph is planned).
+
+    No rule but the sharing ones takes them (`timing.planner.plan`: ``ideal``, the compat modes).
+    """
+    if not (config.asymmetric or spec.heterogeneous):
+        return False
+    plan(Run(topology, config, GRAPH, slow_compute=spec.heterogeneous))
+    return True
 
 
 def graph_run(
