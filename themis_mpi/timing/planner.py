@@ -310,11 +310,14 @@ def each_npu(plan: Plan, config: RunConfig, body: Callable[[Transport], T]) -> l
 def graph_ranks(plan: Plan, transport: Transport) -> Sequence[int] | None:
     """The ranks whose graphs a run's schedules must cover: every rank where each runs its own, else rank 0.
 
+    Every NPU in event order (`GREENLETS`) runs each rank's graph where a caller forces it (a
+    test comparing the linked ranks with every NPU: the planner picks it for training only).
+
     None for the linked ranks on the model (`LINKED`): rank 0 and every rank it exchanges
     messages with, which the caller follows (`run.linked.linked_ranks`).
     """
     model = isinstance(transport, ModelTransport)
-    if plan.simulator == WORLD or not model:
+    if plan.simulator in (WORLD, GREENLETS) or not model:
         return range(plan.run.topology.npus)
     return None if plan.simulator == LINKED else [0]
 
