@@ -12,7 +12,11 @@ link adds: `ideal.LinkScales`). Messages match as MPI matches them: by dim, rece
 tag (the stage's start number on its dim), first sent first received. NPUs that differ start
 each dim's stages in one agreed order (`engine.Engine.agree`). The planner runs it where order
 matters (a gated communication scheduler, compute that shares the memory); elsewhere the same
-rule runs vectorised (`vectors`).
+rule runs vectorised (`vectors`). A point-to-point message posts its issue time to its peer
+through the same mailbox and ends on both NPUs at ``max(send issue, receive issue) + cost``, as
+on the emulator and the linked ranks (`run.linked`): so per-rank graphs with messages run here
+by every NPU, each collective's steps waiting for its peers (the planner times them by the
+linked ranks; tests compare the two).
 
 Shortcuts: none; a waiting NPU yields until a message to it comes (`NpuWorld.block`).
 """
@@ -40,6 +44,7 @@ from .rules import IDEAL
 
 T = TypeVar("T")
 MAX_NPUS = 4096  # NPUs one process runs at once (the per-NPU models are for what breaks symmetry)
+P2P_DIM = -1  # the mailbox's dim of a point-to-point message's issue (stages post under their dim)
 
 
 def refuse_messages(run: StageRun) -> None:
@@ -225,6 +230,20 @@ class _Stage:
         return t
 
 
+class _Message:
+    """One side of a point-to-point message on one NPU: the mailbox key of its peer's issue, its cost."""
+
+    __slots__ = ("run", "key", "cost_ns", "end_ns")
+
+    def __init__(self, run: MessageRun, key: tuple, cost_ns: float):
+        self.run, self.key, self.cost_ns = run, key, cost_ns
+        self.end_ns: float | None = None
+
+    def bound_ns(self) -> float:
+        """The earliest end it can still have: its peer issued no later than this side."""
+        return self.run.start_ns + self.cost_ns
+
+
 class NpuWorld(Greenlets):
     """What the NPUs share: the mailbox and the meeting point (`Greenlets` runs them in turn).
 
@@ -309,7 +328,8 @@ class NpuTransport(GreenletControl):
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
-        self._active: list[_Stage] = []
+        self._active: list[_Stage | _Message] = []
+        self._messages: dict[tuple, int] = {}  # per (src, dst, tag, send): the messages issued
 
     # --- engine interface ------------------------------------------------------------------------
 
@@ -331,8 +351,10 @@ class NpuTransport(GreenletControl):
         del self._regions[run.coll_id], self._collectives[run.coll_id]
 
     def start(self, run: StageRun) -> None:
-        """Plan the stage's steps at this NPU's coordinate and send step 0's times."""
-        refuse_messages(run)
+        """Plan the stage's steps at this NPU's coordinate and send step 0's times (a message: its issue)."""
+        if isinstance(run, MessageRun):
+            self._message(run)
+            return
         s = run.stage
         topo, coll = self.topology, self._collectives[s.coll].collective
         dim, c = topo.dims[s.dim], self.coords[s.dim]
@@ -367,6 +389,21 @@ class NpuTransport(GreenletControl):
         else:
             stage.end_ns = stage.bound_ns()
 
+    def _message(self, run: MessageRun) -> None:
+        """Post this side's issue to the peer; it ends once the peer's issue is in (`_progress`).
+
+        The k-th message of a pair and tag matches the peer's k-th, as MPI matches them.
+        """
+        if self.links:
+            raise UsageError("point-to-point messages do not run over scaled links (--link-scale) here")
+        src, dst = (self.rank, run.peer) if run.send else (run.peer, self.rank)
+        pair = (src, dst, run.tag, run.send)
+        k = self._messages.get(pair, 0)
+        self._messages[pair] = k + 1
+        self.world.post((run.peer, P2P_DIM, (src, dst, run.tag, k), self.rank), run.start_ns)
+        cost_ns = self.cost(1).p2p_ns(run.path, run.nbytes)
+        self._active.append(_Message(run, (self.rank, P2P_DIM, (src, dst, run.tag, k), run.peer), cost_ns))
+
     def _peer(self, dim: int, coord: int) -> int:
         return self.rank + (coord - self.coords[dim]) * self.world.strides[dim]
 
@@ -381,6 +418,12 @@ class NpuTransport(GreenletControl):
         moved = False
         world = self.world
         for stage in self._active:
+            if isinstance(stage, _Message):
+                peer_ns = world.take(stage.key) if stage.end_ns is None else None
+                if peer_ns is not None:
+                    stage.end_ns = max(stage.run.start_ns, peer_ns) + stage.cost_ns
+                    moved = True
+                continue
             while stage.end_ns is None:
                 keys = stage.keys[stage.k]
                 mail = world.mail
@@ -408,6 +451,9 @@ class NpuTransport(GreenletControl):
         waiting = [st for st in self._active if st.end_ns is None]
         if not waiting:
             return f"NPU {self.rank} waits for nothing"
+        if isinstance(waiting[0], _Message):
+            run = waiting[0].run
+            return f"NPU {self.rank} waits for NPU {run.peer}'s side of a message (tag {run.tag})"
         s = waiting[0].run.stage
         return f"NPU {self.rank} waits in collective {s.coll}, chunk {s.chunk}, {s.op} on dim {s.dim}"
 
