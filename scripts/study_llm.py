@@ -36,7 +36,7 @@ from themis_mpi.report import measured_on
 from themis_mpi.run.pool import WORKERS_HELP, ordered_map, parse_workers
 from themis_mpi.run.priced import price_all
 from themis_mpi.topology import parse_topology
-from themis_mpi.workloads.llm import PRESETS, LlmConfig, fit_groups
+from themis_mpi.workloads.llm import PRESETS, Layout, LlmConfig, fit_groups
 from themis_mpi.workloads.training import TrainingSpec
 
 MODELS = {
@@ -90,6 +90,16 @@ def dims_of(topology, dims: tuple[int, ...]) -> list[list]:
     return [[topology.dims[d].npus, topology.dims[d].bandwidth_gbps] for d in dims]
 
 
+def priced_rows(c: LlmConfig, layout: Layout, chunks: int) -> dict[str, dict]:
+    """Every policy's study row of one fitted cell, priced under the study's rule (`NETWORK`).
+
+    (tests/test_study_llm_every.py prices cut cells so, and by every NPU under the same rule.)
+    """
+    spec = TrainingSpec(chunks, "float32", 1)
+    priced = price_all(c, layout, [(p, RunConfig(intra=i, network=NETWORK)) for p, i in POLICIES], spec)
+    return {p: _study_row(r) for p, r in priced.items()}
+
+
 def run_cell(cell: tuple) -> dict:
     """One cell: its layout and every policy's priced iteration (or why its groups do not fit)."""
     model, topology, order, chunks = cell
@@ -106,9 +116,7 @@ def run_cell(cell: tuple) -> dict:
     groups = {"TP": layout.tp, "DP": layout.dp, "EP": layout.ep, "EDP": layout.edp, "PP": layout.pp}
     row["dims"] = {g: list(d) for g, d in groups.items()}
     row["group_dims"] = {g: dims_of(topo, d) for g, d in groups.items()}
-    spec = TrainingSpec(chunks, "float32", 1)
-    priced = price_all(c, layout, [(p, RunConfig(intra=i, network=NETWORK)) for p, i in POLICIES], spec)
-    row["policies"] = {p: _study_row(r) for p, r in priced.items()}
+    row["policies"] = priced_rows(c, layout, chunks)
     base = row["policies"]["baseline"]["iteration_us"]
     times = {p: r["iteration_us"] for p, r in row["policies"].items()}
     best = min(times, key=lambda p: times[p])  # the first of equal times
