@@ -25,7 +25,7 @@ from ..errors import UsageError
 from ..model import ModelTransport
 from ..policies import Schedule
 from ..progress import Progress
-from ..timing.greenlets import Greenlets
+from ..timing.greenlets import Greenlets, matched
 from ..timing.symmetric import Symmetric
 from ..topology import Topology
 from ..workloads.chakra import GraphReplay, Plan
@@ -94,10 +94,7 @@ class LinkedTransport(ModelTransport):
         if not isinstance(run, MessageRun):
             self.view.start(run)
             return
-        src, dst = (self.rank, run.peer) if run.send else (run.peer, self.rank)
-        side = (src, dst, run.tag)
-        k = self._counts.get((side, run.send), 0)
-        self._counts[(side, run.send)] = k + 1
+        side, k = matched(self.rank, run, self._counts)
         self.exchange.post((side, k, run.send), run.start_ns)
         cost = self.cost(1).p2p_ns(run.path, run.nbytes)
         self._pending.append([run, (side, k, not run.send), cost, self.view.loop.reserve()])

@@ -53,6 +53,18 @@ def refuse_messages(run: StageRun) -> None:
         raise UsageError("point-to-point messages do not run on the per-NPU model yet; use mpiexec")
 
 
+def matched(rank: int, run: MessageRun, counts: dict[tuple, int]) -> tuple[tuple, int]:
+    """A message side's ``(src, dst, tag)`` and its number among that side's (`counts` counts them).
+
+    The k-th send of a pair and tag matches the k-th receive, as MPI matches them.
+    """
+    src, dst = (rank, run.peer) if run.send else (run.peer, rank)
+    side = (src, dst, run.tag)
+    k = counts.get((side, run.send), 0)
+    counts[(side, run.send)] = k + 1
+    return side, k
+
+
 class Greenlets:
     """NPUs as greenlets in one process, one running at a time until it waits, and their meetings.
 
@@ -276,7 +288,10 @@ class NpuWorld(Greenlets):
         self.strides = [int(np.prod(topology.shape[:d], dtype=np.int64)) for d in range(len(topology.dims))]
 
     def post(self, key: tuple, t_ns: float) -> None:
-        """Post a send time under its matching key, ``(receiver, dim, tag, sender)``."""
+        """Post a send time under its matching key, ``(receiver, dim, tag, sender)``.
+
+        A message side's issue: under ``(receiver, P2P_DIM, (src, dst, tag), k, sender)``.
+        """
         self.mail[key].append(t_ns)
         dst = key[0]
         self.version[dst] += 1
@@ -329,7 +344,7 @@ class NpuTransport(GreenletControl):
         self._regions: dict[int, list[list[tuple[int, int]]]] = {}
         self._collectives: dict[int, CollectiveRun] = {}
         self._active: list[_Stage | _Message] = []
-        self._messages: dict[tuple, int] = {}  # per (src, dst, tag, send): the messages issued
+        self._messages: dict[tuple, int] = {}  # per message side: the messages issued (`matched`)
 
     # --- engine interface ------------------------------------------------------------------------
 
@@ -390,19 +405,13 @@ class NpuTransport(GreenletControl):
             stage.end_ns = stage.bound_ns()
 
     def _message(self, run: MessageRun) -> None:
-        """Post this side's issue to the peer; it ends once the peer's issue is in (`_progress`).
-
-        The k-th message of a pair and tag matches the peer's k-th, as MPI matches them.
-        """
+        """Post this side's issue to the peer; it ends once the peer's issue is in (`_progress`)."""
         if self.links:
             raise UsageError("point-to-point messages do not run over scaled links (--link-scale) here")
-        src, dst = (self.rank, run.peer) if run.send else (run.peer, self.rank)
-        pair = (src, dst, run.tag, run.send)
-        k = self._messages.get(pair, 0)
-        self._messages[pair] = k + 1
-        self.world.post((run.peer, P2P_DIM, (src, dst, run.tag, k), self.rank), run.start_ns)
+        side, k = matched(self.rank, run, self._messages)
+        self.world.post((run.peer, P2P_DIM, side, k, self.rank), run.start_ns)
         cost_ns = self.cost(1).p2p_ns(run.path, run.nbytes)
-        self._active.append(_Message(run, (self.rank, P2P_DIM, (src, dst, run.tag, k), run.peer), cost_ns))
+        self._active.append(_Message(run, (self.rank, P2P_DIM, side, k, run.peer), cost_ns))
 
     def _peer(self, dim: int, coord: int) -> int:
         return self.rank + (coord - self.coords[dim]) * self.world.strides[dim]
