@@ -69,8 +69,8 @@ NETWORK = (
 CHECKED = (
     "\nEach cell runs under ideal by the linked ranks (rank 0 and its pipeline peers, each collective timed "
     "by one NPU's symmetric view), which assumes that a stage's TP, DP and EP peers start their collectives "
-    "together. tests/test_study_llm_every.py checks it on two cells cut to 32 NPUs (GPT-3 175B on HGX's "
-    "dims, tp-dp-pp; the MoE on 4D-Ring_SW_SW_SW's, tp-pp-dp; TP4 x PP4 x DP2, EP2, 4 micro-batches): "
+    "together. tests/test_study_llm_every.py checks it on two cells cut to 16 NPUs (GPT-3 175B on HGX's "
+    "dims, tp-dp-pp; the MoE on 4D-Ring_SW_SW_SW's, tp-pp-dp; TP2 x PP4 x DP2, EP2, 4 micro-batches): "
     "every policy's row equals, to the ns, the row of every NPU's engine in event order "
     "(timing.greenlets.NpuWorld: each collective step waits for its peers' sends, each message for its "
     "peer's issue). A whole 1024-NPU cell by every NPU does not fit the development machine: the quick "
