@@ -346,40 +346,67 @@ def _folder_content(folder) -> str:
     return _FOLDERS[key]
 
 
+def _compared_key(row: dict, network_dir: str | None) -> tuple:
+    """The cache key of a reference row: 1.0's (no `network_dir`) or 2.x's (with its folder's content)."""
+    if network_dir is None:
+        return ("1.0", repr(sorted(row.items())))
+    return ("2", repr(sorted(row.items())), _folder_content(network_dir))
+
+
+def _compare(job: tuple) -> dict:
+    """`astra.compare_row` of a row, or `astra.compare_row_2` with its network folder (not None)."""
+    from themis_mpi import astra
+
+    row, network_dir = job
+    return astra.compare_row(row) if network_dir is None else astra.compare_row_2(row, network_dir)
+
+
 def compare_row(row: dict) -> dict:
     """`astra.compare_row`, each ASTRA-sim 1.0 reference row modelled once per test session (a copy each call).
 
     The model is deterministic, so the reference tests and the agreement script's documented run
     (test_docs runs it in this process with this patched in) share one result per row content.
     """
-    from themis_mpi import astra
-
-    key = ("1.0", repr(sorted(row.items())))
+    key = _compared_key(row, None)
     if key not in _COMPARED:
-        _COMPARED[key] = astra.compare_row(row)
+        _COMPARED[key] = _compare((row, None))
     return copy.deepcopy(_COMPARED[key])
 
 
 def compare_row_2(row: dict, network_dir: str) -> dict:
     """`astra.compare_row_2`, once per row content and network folder content, as `compare_row`."""
-    from themis_mpi import astra
-
-    key = ("2", repr(sorted(row.items())), _folder_content(network_dir))
+    key = _compared_key(row, network_dir)
     if key not in _COMPARED:
-        _COMPARED[key] = astra.compare_row_2(row, network_dir)
+        _COMPARED[key] = _compare((row, network_dir))
     return copy.deepcopy(_COMPARED[key])
+
+
+def compare_rows_at_once(rows: Iterable[dict], network_dir: str | None = None) -> None:
+    """The rows not yet modelled (`compare_row`; `compare_row_2` with `network_dir`), two at a time.
+
+    In forked workers (`on_two_cores`), one row each at a time, so that the costly rows (every
+    NPU's engines) spread over both; the model is deterministic, so a worker's result is the
+    same, bit for bit, as this process's would be. `compare_row` and `compare_row_2` then find them.
+    """
+    todo = {_compared_key(row, network_dir): (row, network_dir) for row in rows}
+    todo = {key: job for key, job in todo.items() if key not in _COMPARED}
+    _COMPARED.update(zip(todo, on_two_cores(_compare, list(todo.values()))))
 
 
 ROWS_ENV = "THEMIS_MPI_ROWS"
 
 
 def check_rows(
-    rows: Iterable[dict], row_id: Callable[[dict], str], check: Callable[[dict], str | None]
+    rows: Iterable[dict],
+    row_id: Callable[[dict], str],
+    check: Callable[[dict], str | None],
+    before: Callable[[list[dict]], None] | None = None,
 ) -> None:
     """Check every row of a reference table; one failure lists each failing row: its id and values.
 
     `check` returns why a row fails, or None. ``THEMIS_MPI_ROWS=PATTERN[,PATTERN...]`` (shell
-    patterns on the ids) checks only the matching rows, to debug one.
+    patterns on the ids) checks only the matching rows, to debug one. `before` is given the rows
+    to check first (to model them at once: `compare_rows_at_once`).
     """
     import pytest
 
@@ -387,6 +414,8 @@ def check_rows(
     chosen = [r for r in rows if not patterns or any(fnmatch(row_id(r), p) for p in patterns)]
     if not chosen:
         pytest.skip(f"no row matches {ROWS_ENV}={','.join(patterns)}")
+    if before is not None:
+        before(chosen)
     failed = []
     for row in chosen:
         try:
