@@ -223,6 +223,7 @@ def _audit(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config):
+    harness.byte_compile()  # (the processes the suite starts then compile nothing)
     if _audit not in _hooked:  # an audit hook stays for the process's life
         sys.addaudithook(_audit)
         _hooked.append(_audit)
