@@ -119,13 +119,27 @@ def process_kinds(roots: list[object], cls: type | None = None) -> set[str]:
         if fn in seen:
             continue
         seen.add(fn)
-        named = list(_references(fn.__code__, fn.__globals__, cls))
-        if any(obj is harness.mpiexec_path for obj in named):
-            kinds.add("mpi")
-        elif any(_hashable(obj) and obj in STARTERS for obj in named):
-            kinds.add("subprocess")
-        todo += [f for obj in named for f in _functions(obj)]
+        kind, called = _read(fn, cls)
+        kinds.update(kind)
+        todo += called
     return kinds
+
+
+@cache
+def _read(fn: types.FunctionType, cls: type | None) -> tuple[tuple[str, ...], list[types.FunctionType]]:
+    """What `fn`'s own code starts (``mpi``, ``subprocess`` or nothing) and the helpers it names.
+
+    Read once per function (the items of a parametrized test, and the tests calling one helper,
+    share it): collecting the suite read the same code 2,529 times.
+    """
+    named = list(_references(fn.__code__, fn.__globals__, cls))
+    if any(obj is harness.mpiexec_path for obj in named):
+        kind: tuple[str, ...] = ("mpi",)
+    elif any(_hashable(obj) and obj in STARTERS for obj in named):
+        kind = ("subprocess",)
+    else:
+        kind = ()
+    return kind, [f for obj in named for f in _functions(obj)]
 
 
 def _hashable(obj: object) -> bool:
@@ -223,6 +237,7 @@ def _audit(event: str, args: tuple) -> None:
 
 
 def pytest_configure(config):
+    harness.byte_compile()  # (the processes the suite starts then compile nothing)
     if _audit not in _hooked:  # an audit hook stays for the process's life
         sys.addaudithook(_audit)
         _hooked.append(_audit)

@@ -69,6 +69,19 @@ def shared(relative: str) -> Path:
     return path
 
 
+def byte_compile() -> None:
+    """Write the bytecode of the package, the jobs and the scripts (once a session; a no-op when current).
+
+    The processes the suite starts (hundreds, 8 ranks a job) import themis_mpi. Where nothing may
+    write bytecode (``PYTHONDONTWRITEBYTECODE``, a fresh clone has none) each of them compiled
+    every module again: about 80 ms of CPU a process, 1 s of an 8-rank job on 2 cores.
+    """
+    import compileall
+
+    for folder, levels in ((ROOT / "themis_mpi", 10), (ROOT / "tests" / "jobs", 0), (ROOT / "scripts", 0)):
+        compileall.compile_dir(folder, maxlevels=levels, quiet=2)
+
+
 def mpi_env(site=None) -> dict:
     """Environment for oversubscribed runs as root, with this checkout first on the path.
 
@@ -114,18 +127,41 @@ def cli_jobs(commands: dict, tmp_path, timeout_s: float = TIMEOUT_S) -> dict:
     ranks on 2 cores). For runs that end normally, each with its own output files: an abort ends
     the job and every run in it. The ranks' output is in rank order.
     """
-    done: dict = {}
-    for n in sorted({n for n, _ in commands.values()}):
+
+    def batch(n: int) -> list:
         keys = [k for k, (ranks, _) in commands.items() if ranks == n]
-        batch = [[str(a) for a in commands[k][1]] for k in keys]
-        for k, d in zip(keys, resident(n, "commands", batch, tmp_path / f"done{n}.json", timeout_s)):
-            done[k] = subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
+        args = [[str(a) for a in commands[k][1]] for k in keys]
+        return list(zip(keys, resident(n, "commands", args, tmp_path / f"done{n}.json", timeout_s)))
+
+    return {
+        k: subprocess.CompletedProcess(commands[k][1], d["returncode"], d["stdout"], d["stderr"])
+        for rows in each_rank_count({n for n, _ in commands.values()}, batch).values()
+        for k, d in rows
+    }
+
+
+def each_rank_count(counts: set[int], batch: Callable[[int], list]) -> dict[int, list]:
+    """`batch(n)` for each rank count: the largest in a thread, beside the others in turn.
+
+    A job's ranks sleep while they wait for each other, so one job of 8 on 2 cores leaves them
+    partly idle: test_emulator's jobs of 4, 5 and 6 ranks beside its 8 took 25 s, in turn 33 s
+    (loaded machine). At most two jobs run at once, the largest and one other (within
+    `RESIDENT_RANKS`). A batch that fails raises once both have ended.
+    """
+    order = sorted(counts)
+    if len(order) < 2:
+        return {n: batch(n) for n in order}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        largest = pool.submit(batch, order[-1])
+        done = {n: batch(n) for n in order[:-1]}
+        done[order[-1]] = largest.result()
     return done
 
 
 _RESIDENT: dict[int, tuple[subprocess.Popen, Path, list[int]]] = {}  # rank count -> its job
 RESIDENT_RANKS = 16  # the most ranks kept up at once (about 0.2 GB each)
 _RESIDENT_LOCK = threading.Lock()
+_BUSY: set[int] = set()  # the rank counts whose job runs a batch now
 
 
 def _job_env() -> tuple[dict, tuple]:
@@ -158,14 +194,21 @@ def resident(n: int, kind: str, items: list, out: Path, timeout_s: float = TIMEO
                 _end_resident(job)
         if n not in _RESIDENT or _RESIDENT[n][0].poll() is not None:
             _end_resident(_RESIDENT.pop(n, None))
-            while _RESIDENT and sum(_RESIDENT) + n > RESIDENT_RANKS:  # the smallest first: quick to start
-                _end_resident(_RESIDENT.pop(min(_RESIDENT)))
+            idle = sorted(set(_RESIDENT) - _BUSY)  # the smallest first: quick to start
+            while idle and sum(_RESIDENT) + n > RESIDENT_RANKS:
+                _end_resident(_RESIDENT.pop(idle.pop(0)))
             _RESIDENT[n] = _start_resident(n, env)
-        try:
-            return _batch(n, _RESIDENT[n], kind, items, out, timeout_s)
-        except AssertionError:
-            _end_resident(_RESIDENT.pop(n), ask=False)
-            raise
+        job = _RESIDENT[n]
+        _BUSY.add(n)  # (a batch of another rank count may run beside it: `each_rank_count`)
+    try:
+        return _batch(n, job, kind, items, out, timeout_s)
+    except AssertionError:
+        with _RESIDENT_LOCK:
+            if _RESIDENT.get(n) is job:
+                _end_resident(_RESIDENT.pop(n), ask=False)
+        raise
+    finally:
+        _BUSY.discard(n)
 
 
 def _start_resident(n: int, env: dict) -> tuple[subprocess.Popen, Path, list[int]]:
@@ -346,40 +389,67 @@ def _folder_content(folder) -> str:
     return _FOLDERS[key]
 
 
+def _compared_key(row: dict, network_dir: str | None) -> tuple:
+    """The cache key of a reference row: 1.0's (no `network_dir`) or 2.x's (with its folder's content)."""
+    if network_dir is None:
+        return ("1.0", repr(sorted(row.items())))
+    return ("2", repr(sorted(row.items())), _folder_content(network_dir))
+
+
+def _compare(job: tuple) -> dict:
+    """`astra.compare_row` of a row, or `astra.compare_row_2` with its network folder (not None)."""
+    from themis_mpi import astra
+
+    row, network_dir = job
+    return astra.compare_row(row) if network_dir is None else astra.compare_row_2(row, network_dir)
+
+
 def compare_row(row: dict) -> dict:
     """`astra.compare_row`, each ASTRA-sim 1.0 reference row modelled once per test session (a copy each call).
 
     The model is deterministic, so the reference tests and the agreement script's documented run
     (test_docs runs it in this process with this patched in) share one result per row content.
     """
-    from themis_mpi import astra
-
-    key = ("1.0", repr(sorted(row.items())))
+    key = _compared_key(row, None)
     if key not in _COMPARED:
-        _COMPARED[key] = astra.compare_row(row)
+        _COMPARED[key] = _compare((row, None))
     return copy.deepcopy(_COMPARED[key])
 
 
 def compare_row_2(row: dict, network_dir: str) -> dict:
     """`astra.compare_row_2`, once per row content and network folder content, as `compare_row`."""
-    from themis_mpi import astra
-
-    key = ("2", repr(sorted(row.items())), _folder_content(network_dir))
+    key = _compared_key(row, network_dir)
     if key not in _COMPARED:
-        _COMPARED[key] = astra.compare_row_2(row, network_dir)
+        _COMPARED[key] = _compare((row, network_dir))
     return copy.deepcopy(_COMPARED[key])
+
+
+def compare_rows_at_once(rows: Iterable[dict], network_dir: str | None = None) -> None:
+    """The rows not yet modelled (`compare_row`; `compare_row_2` with `network_dir`), two at a time.
+
+    In forked workers (`on_two_cores`), one row each at a time, so that the costly rows (every
+    NPU's engines) spread over both; the model is deterministic, so a worker's result is the
+    same, bit for bit, as this process's would be. `compare_row` and `compare_row_2` then find them.
+    """
+    todo = {_compared_key(row, network_dir): (row, network_dir) for row in rows}
+    todo = {key: job for key, job in todo.items() if key not in _COMPARED}
+    _COMPARED.update(zip(todo, on_two_cores(_compare, list(todo.values()))))
 
 
 ROWS_ENV = "THEMIS_MPI_ROWS"
 
 
 def check_rows(
-    rows: Iterable[dict], row_id: Callable[[dict], str], check: Callable[[dict], str | None]
+    rows: Iterable[dict],
+    row_id: Callable[[dict], str],
+    check: Callable[[dict], str | None],
+    before: Callable[[list[dict]], None] | None = None,
 ) -> None:
     """Check every row of a reference table; one failure lists each failing row: its id and values.
 
     `check` returns why a row fails, or None. ``THEMIS_MPI_ROWS=PATTERN[,PATTERN...]`` (shell
-    patterns on the ids) checks only the matching rows, to debug one.
+    patterns on the ids) checks only the matching rows, to debug one. `before` is given the rows
+    to check first (to model them at once: `compare_rows_at_once`).
     """
     import pytest
 
@@ -387,6 +457,8 @@ def check_rows(
     chosen = [r for r in rows if not patterns or any(fnmatch(row_id(r), p) for p in patterns)]
     if not chosen:
         pytest.skip(f"no row matches {ROWS_ENV}={','.join(patterns)}")
+    if before is not None:
+        before(chosen)
     failed = []
     for row in chosen:
         try:
@@ -414,12 +486,17 @@ def run_specs(specs: dict, tmp_path, timeout_s: float = TIMEOUT_S) -> dict:
     for them, where each would pay its own (about 1.6 s for 8 ranks on 2 cores). Returns each
     key's rows, as `run_cases` gives them.
     """
-    out: dict = {}
-    for n in sorted({n for n, _, _ in specs.values()}):
+
+    def batch(n: int) -> list:
         keys = [k for k, (ranks, _, _) in specs.items() if ranks == n]
-        batch = [{"topology": specs[k][1], "cases": specs[k][2]} for k in keys]
-        out.update(zip(keys, resident(n, "specs", batch, tmp_path / f"rows{n}.json", timeout_s)))
-    return out
+        items = [{"topology": specs[k][1], "cases": specs[k][2]} for k in keys]
+        return list(zip(keys, resident(n, "specs", items, tmp_path / f"rows{n}.json", timeout_s)))
+
+    return {
+        k: rows
+        for done in each_rank_count({n for n, _, _ in specs.values()}, batch).values()
+        for k, rows in done
+    }
 
 
 def sweep_rows(path, leave_out: Iterable[str] = ()) -> list[dict]:

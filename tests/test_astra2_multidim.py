@@ -8,7 +8,7 @@ why an all-reduce's all-gather stages run anticlockwise (`timing.routes.astra2_a
 import math
 
 import pytest
-from harness import DATA, compare_row_2, run_specs
+from harness import DATA, compare_row_2, compare_rows_at_once, run_specs
 
 from themis_mpi.api import sweep
 from themis_mpi.astra import RUNS_2_MULTIDIM, reference_rows_2, topology_of_2
@@ -40,6 +40,7 @@ QUICK = [r for r in ROWS if not every_npu_row(r) or int(r["splits"]) <= 4]
 
 def rows_off(rows: list[dict]) -> list[str]:
     """Every row whose finish or collective end differs from the branch's, one line each, by run id."""
+    compare_rows_at_once(rows, NETWORKS)  # (two at a time: the every-NPU rows are costly)
     off = []
     for row in rows:
         got = compare_row_2(row, NETWORKS)
