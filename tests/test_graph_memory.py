@@ -8,13 +8,19 @@ kind (a slow NPU's is a kind of its own) and every NPU runs its kind's plan shif
 
 from __future__ import annotations
 
+import re
+
+import harness
 import pytest
 from test_classes import every_npu
 from test_classes_messages import llm_graph
 
+from themis_mpi.cli.options import expect_lines
 from themis_mpi.config import RunConfig
 from themis_mpi.model import ModelTransport
-from themis_mpi.run import training
+from themis_mpi.run import priced, training
+from themis_mpi.timing import planner
+from themis_mpi.topology import parse_topology
 from themis_mpi.workloads import chakra, llm
 from themis_mpi.workloads.training import TrainingSpec
 
@@ -91,3 +97,71 @@ def test_a_shifted_plan_is_the_ranks_own_plan_but_for_its_ops_identity(rank):
         (op.kind, op.peer, op.path, op.tag) for op in own.ops if op.kind in (chakra.SEND, chakra.RECV)
     ]
     assert moved  # (a pipeline: messages)
+
+
+# --- the planner's memory estimate ---------------------------------------------------------------
+
+
+def expected_gb(topo_spec: str, nodes: int) -> float:
+    """The GB figure of the line a generated pipeline with a slow NPU under packet prints first."""
+    topo = parse_topology(topo_spec)
+    timing = planner.plan(
+        planner.Run(
+            topo, RunConfig(network="packet"), planner.GRAPH, messages=True, per_rank=True, slow_compute=True
+        )
+    )
+    assert timing.simulator == planner.WORLD
+    (line,) = expect_lines(
+        timing, [100_000], TrainingSpec(2, npu_compute_scale=((SLOW, 1.5),)), nodes, 5 * nodes
+    )
+    figure = re.fullmatch(r"# expect ~[\d.]+ \w+, ~([\d.]+) GB: .*", line)
+    assert figure, line
+    return float(figure[1])
+
+
+def test_the_expect_line_gives_the_peak_memory_and_it_grows_with_npus_and_nodes(monkeypatch):
+    """Every NPU runs its graph: more NPUs, or more nodes per NPU, more memory in the line."""
+    monkeypatch.setenv("THEMIS_MPI_EXPECT_S", "0")
+    small, big = expected_gb("4x4x4", 10_000), expected_gb("16x8x8", 10_000)
+    assert small < big and expected_gb("16x8x8", 1_000) < big
+    per_npu = (big - small) * 1e9 / (1024 - 64)
+    assert per_npu == pytest.approx(
+        planner.NPU_BYTES + 10_000 * planner.NODE_NPU_BYTES, rel=0.02
+    )  # (printed: 2 digits)
+
+
+def test_a_run_expected_beyond_the_machines_memory_is_refused_before_it_starts(monkeypatch):
+    """On a machine the test pretends has 100 MB, a straggler run of a generated LLM: one line, exit 2."""
+    started: list = []
+    run_graph = priced.run_graph
+
+    def counted(*args, **kwargs):
+        started.append(args)
+        return run_graph(*args, **kwargs)
+
+    monkeypatch.setattr(priced, "run_graph", counted)
+    gpt = [
+        "workload",
+        "gpt",
+        "--layers",
+        "4",
+        "--hidden",
+        "1024",
+        "--heads",
+        "8",
+        "--seq",
+        "512",
+        "--vocab",
+        "1000",
+    ]
+    gpt += ["--tp", "2", "--pp", "2", "--dp", "2", "-t", "2x2x2", "--run", "--npu-compute-scale", "5=1.5"]
+    assert harness.in_process(gpt + ["-q", "-p", "baseline"]).returncode == 0 and started  # (it fits here)
+    started.clear()
+    monkeypatch.setattr(planner, "machine_bytes", lambda: 100 * 10**6)
+    out = harness.in_process(gpt + ["-q", "-p", "baseline"])
+    assert out.returncode == 2 and not started and out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert (
+        "this machine has 0.1 GB" in line
+        and "a smaller shape, fewer chunks, no straggler, or --network ideal" in line
+    )

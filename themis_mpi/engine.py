@@ -141,13 +141,18 @@ def make_clock(name: str, scale: float = 1.0) -> Clock:
 # --- events and processes ----------------------------------------------------------------------
 
 
+NEVER_NS = -math.inf  # (one float for every event not yet triggered)
+
+
 class Event:
     """Something a process can wait for; it triggers once, with an optional value."""
+
+    __slots__ = ("triggered", "value", "time_ns", "_callbacks")  # (a graph replay holds one per node)
 
     def __init__(self) -> None:
         self.triggered = False
         self.value: Any = None
-        self.time_ns = -math.inf  # when it triggered, where the engine says (`Engine.agree`)
+        self.time_ns = NEVER_NS  # when it triggered, where the engine says (`Engine.agree`)
         self._callbacks: list[Callable[[Event], None]] = []
 
     def succeed(self, value: Any = None, time_ns: float = -math.inf) -> None:
