@@ -14,6 +14,7 @@ import harness
 import pytest
 from test_classes import every_npu
 from test_classes_messages import llm_graph
+from test_progress import GPT
 
 from themis_mpi.cli.options import expect_lines
 from themis_mpi.config import RunConfig
@@ -140,21 +141,7 @@ def test_a_run_expected_beyond_the_machines_memory_is_refused_before_it_starts(m
         return run_graph(*args, **kwargs)
 
     monkeypatch.setattr(priced, "run_graph", counted)
-    gpt = [
-        "workload",
-        "gpt",
-        "--layers",
-        "4",
-        "--hidden",
-        "1024",
-        "--heads",
-        "8",
-        "--seq",
-        "512",
-        "--vocab",
-        "1000",
-    ]
-    gpt += ["--tp", "2", "--pp", "2", "--dp", "2", "-t", "2x2x2", "--run", "--npu-compute-scale", "5=1.5"]
+    gpt = [*GPT, "--npu-compute-scale", "5=1.5"]  # (a small pipeline on 8 NPUs)
     assert harness.in_process(gpt + ["-q", "-p", "baseline"]).returncode == 0 and started  # (it fits here)
     started.clear()
     monkeypatch.setattr(planner, "machine_bytes", lambda: 100 * 10**6)
