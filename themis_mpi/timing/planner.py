@@ -80,14 +80,16 @@ SAY_ABOVE_S = 30.0  # a command whose run `estimate`s more than this says so bef
 STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 10.0}
 VECTORS_NPU_STEP_US = 0.002
 WORLD_NPUS, WORLD_GROWTH = 64, 0.35  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.35
-# Peak memory (`expected_bytes`), measured with tracemalloc and peak RSS on GPT-3 175B's 64-NPU HGX
-# cut with a slow NPU under packet (docs/performance.md, "Every NPU's links, faster"): the process
-# itself; each simulated NPU's engine, greenlet and links; each graph node an NPU replays (its
-# event and waiter, `chakra.GraphReplay`); each node of a graph built and planned (one per kind of
-# rank, `run.training.kind_firsts`: its nodes, attributes and op).
+# Peak memory (`expected_bytes`), from GPT-3 175B with NPU 5 at 1.5x under packet on every NPU's links
+# (scripts/bench_npus.py --world, docs/performance.md "Every NPU's links, faster"): peak RSS 365 MiB
+# on the 64-NPU HGX cut (9,556 nodes a rank), 2.4 GiB on the 1024-NPU preset (9,820) once every
+# NPU has started; tracemalloc: about 240 B per node an NPU replays (its event, callback list and
+# waiter, `chakra.GraphReplay`) and 1 kB per node of a graph built and planned (one per kind of
+# rank, `run.training.kind_firsts`: its nodes, attributes and ops). The process itself, each
+# simulated NPU's engine, greenlet and links, each node it replays, each node of a built graph:
 BASE_BYTES = 150 * 2**20
 NPU_BYTES = 200 * 2**10
-NODE_NPU_BYTES = 300
+NODE_NPU_BYTES = 250
 GRAPH_NODE_BYTES = 1000
 
 
