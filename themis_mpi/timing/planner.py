@@ -83,7 +83,7 @@ WORLD_NPUS, WORLD_GROWTH = 64, 0.35  # WORLD's STEP_US is at this many NPUs; per
 # Peak memory (`expected_bytes`), from GPT-3 175B with NPU 5 at 1.5x under packet on every NPU's links
 # (scripts/bench_npus.py --world, docs/performance.md "Every NPU's links, faster"): peak RSS 365 MiB
 # on the 64-NPU HGX cut (9,556 nodes a rank), 2.4 GiB on the 1024-NPU preset (9,820) once every
-# NPU has started; tracemalloc: about 240 B per node an NPU replays (its event, callback list and
+# NPU has started; tracemalloc: about 220 B per node an NPU replays (its event, callback list and
 # waiter, `chakra.GraphReplay`) and 1 kB per node of a graph built and planned (one per kind of
 # rank, `run.training.kind_firsts`: its nodes, attributes and ops). The process itself, each
 # simulated NPU's engine, greenlet and links, each node it replays, each node of a built graph:
