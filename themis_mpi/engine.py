@@ -153,12 +153,12 @@ class Event:
         self.triggered = False
         self.value: Any = None
         self.time_ns = NEVER_NS  # when it triggered, where the engine says (`Engine.agree`)
-        self._callbacks: list[Callable[[Event], None]] = []
+        self._callbacks: list[Callable[[Event], None]] | tuple[()] = []
 
     def succeed(self, value: Any = None, time_ns: float = -math.inf) -> None:
         """Trigger now and run the waiters, in the order they came."""
         self.triggered, self.value, self.time_ns = True, value, time_ns
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks, ()  # (no list kept: a triggered event calls at once)
         for callback in callbacks:
             callback(self)
 
@@ -167,7 +167,7 @@ class Event:
         if self.triggered:
             callback(self)
         else:
-            self._callbacks.append(callback)
+            self._callbacks.append(callback)  # type: ignore[union-attr]  # (a list until triggered)
 
 
 ProcessGenerator = Generator[Event, Any, Any]
