@@ -44,11 +44,14 @@ and by every NPU.
 ``--world`` runs issue 43's every-NPU-links cases as ``themis-mpi train`` commands, each in a
 process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT on
 ``HGX-H100-SW_SW_SW`` (16 chunks, NPU 5 at 1.5x compute) under the default rule and under
-``fair``, and ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
-links at 0.5x, baseline and themis) under ``fair``; with ``--before DIR`` (an older checkout of
-the package) each case runs there first, side by side; ``--cut``: the GNMT cases on a 256-NPU
-cut of the HGX preset instead (its dims at 8 x 4 nodes), and the ResNet-152 case on 64-, 128-
-and 256-NPU cuts of the 4D preset (its dims written out, NPU 30's dim-1 links at 0.5x).
+``fair``, ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
+links at 0.5x, baseline and themis) under ``fair``, and one generated GPT-3 175B iteration on
+``HGX-H100-SW_SW_SW`` (TP8 x PP8 x DP16, 4 chunks, baseline, NPU 5 at 1.5x) under ``packet``
+(`GPT_RUN`); with ``--before DIR`` (an older checkout of the package) each case runs there
+first, side by side; ``--cut``: the GNMT cases on a 256-NPU cut of the HGX preset instead (its
+dims at 8 x 4 nodes), the ResNet-152 case on 64-, 128- and 256-NPU cuts of the 4D preset (its
+dims written out, NPU 30's dim-1 links at 0.5x), and the GPT-3 case on the 64-NPU cut (TP8 x PP4
+x DP2, global batch 96).
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -342,7 +345,33 @@ WORLD_CASES = (  # (label, train's arguments)
         "traces/per-layer/resnet152.txt -t 4D-Ring_FC_Ring_SW -c 16 --npu-compute-scale 5=1.5 "
         "--link-scale 1:300=0.5 -p baseline,themis --network fair",
     ),
+    ("GPT-3, HGX, packet", f"gpt {HGX} 8 16 1536"),  # (`GPT_RUN`'s arguments: topology, PP, DP, batch)
 )
+# One GPT-3 175B iteration (TP 8, 1F1B, 4 chunks, baseline) with NPU 5 at 1.5x under packet: every
+# NPU's links, every NPU (a class of 1 under packet). The functions it calls are the same before
+# issue 43's memory change and after, so it runs on either checkout.
+GPT_RUN = """
+import sys
+from themis_mpi.cli.options import one_topology
+from themis_mpi.cli.parser import build_parser
+from themis_mpi.cli.workload import llm_config
+from themis_mpi.config import RunConfig
+from themis_mpi.model import ModelTransport
+from themis_mpi.run.training import run_graph
+from themis_mpi.workloads.chakra import Graph
+from themis_mpi.workloads.llm import LazyTraces, fit_groups
+from themis_mpi.workloads.training import TrainingSpec
+
+topo, pp, dp, batch = sys.argv[1:]
+flags = f"--preset gpt3-175b --tp 8 --pp {pp} --dp {dp} --global-batch {batch} -t {topo}"
+args = build_parser().parse_args(["workload", "gpt", *flags.split()])
+c = llm_config(args)
+layout = fit_groups(c, one_topology(args))
+graph = Graph("<gpt>", LazyTraces(c, layout, frozenset()))
+spec = TrainingSpec(4, "float32", 1, npu_compute_scale=((5, 1.5),))
+transport = ModelTransport(layout.topology, RunConfig(intra="fifo", network="packet"))
+print("baseline -", run_graph(transport, graph, "baseline", spec).iteration_us)
+"""
 
 
 FOUR_D_CUTS = {  # (NPUs: the 4D preset's dims, cut)
@@ -355,9 +384,10 @@ FOUR_D_CUTS = {  # (NPUs: the 4D preset's dims, cut)
 def cut_cases() -> list[tuple[str, str]]:
     """`--cut`: the GNMT cases on the 256-NPU HGX cut, the ResNet-152 case on the 4D cuts."""
     cases = [
-        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if HGX in flags
+        (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if "GNMT" in label
     ]
-    label, flags = WORLD_CASES[-1]
+    cases.append(("GPT-3, HGX/64, packet", f"gpt {HGX_CUT_64} 4 2 96"))  # (TP8 x PP4 x DP2, 2 x 4 nodes)
+    label, flags = next(case for case in WORLD_CASES if case[0].startswith("ResNet-152"))
     for npus, dims in FOUR_D_CUTS.items():
         cut = flags.replace("4D-Ring_FC_Ring_SW", dims).replace("1:300=", "1:30=")
         cases.append((label.replace("4D", f"4D/{npus}"), cut))
@@ -374,24 +404,30 @@ def child_cpu_s(pid: int) -> float:
 def train_run(root: str, flags: str, timeout_s: float) -> dict:
     """`themis-mpi train FLAGS -q` with the package at `root`: its rows, wall and CPU seconds, peak RSS.
 
-    Stopped after `timeout_s` CPU seconds of its own (the machine may be shared): then the rows
-    it finished, and its figures at the stop.
+    Flags ``gpt ARGS``: `GPT_RUN` with those arguments instead. Stopped after `timeout_s` CPU
+    seconds of its own (the machine may be shared): then the rows it finished, and its figures
+    at the stop.
     """
+    words = flags.split()
+    argv = ["-c", GPT_RUN, *words[1:]] if words[0] == "gpt" else ["-m", "themis_mpi", "train", *words, "-q"]
     with tempfile.TemporaryFile("w+") as out:
         start = time.perf_counter()
         child = subprocess.Popen(
-            [sys.executable, "-m", "themis_mpi", "train", *flags.split(), "-q"],
+            [sys.executable, *argv],
             cwd=root,
             env=os.environ | {"PYTHONPATH": root},
             stdout=out,
             stderr=subprocess.DEVNULL,
         )
-        note = ""
+        note, samples = "", []  # (CPU s, RSS MiB) every `SAMPLE_CPU_S` of the child's CPU
         while True:  # (reaped here, not by Popen: `os.wait4` gives the child's own CPU and peak RSS)
             pid, _, usage = os.wait4(child.pid, os.WNOHANG)
             if pid:
                 break
-            if child_cpu_s(child.pid) > timeout_s:
+            cpu_s = child_cpu_s(child.pid)
+            if cpu_s >= SAMPLE_CPU_S * (len(samples) + 1):
+                samples.append((round(cpu_s, 1), child_rss_mib(child.pid)))
+            if cpu_s > timeout_s:
                 child.kill()
                 _, _, usage = os.wait4(child.pid, 0)
                 note = f"stopped after {timeout_s:g} CPU s"
@@ -406,7 +442,17 @@ def train_run(root: str, flags: str, timeout_s: float) -> dict:
         "wall_s": wall_s,
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "rss_mib": usage.ru_maxrss / 1024,  # (Linux: KiB)
+        "rss_by_cpu": samples,
     }
+
+
+SAMPLE_CPU_S = 30.0
+
+
+def child_rss_mib(pid: int) -> float:
+    """A running child's resident memory now (Linux: /proc/PID/status's VmRSS)."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
 
 
 def world_rows(
@@ -429,6 +475,11 @@ def world_rows(
             shown = " ".join(f"{t:.2f}" for t in r["iteration_us"].values())
             figures = f"{r['wall_s']:>8.2f} {r['cpu_s']:>8.2f} {r['rss_mib']:>8.0f}"
             print(f"{label:>26} {code:>7} {shown:>28} {figures} {r['note']}", flush=True)
+            if r["rss_by_cpu"]:
+                print(
+                    f"{'':>26} RSS MiB at CPU s: "
+                    + ", ".join(f"{m:.0f} at {c:g}" for c, m in r["rss_by_cpu"])
+                )
             write_json(out_json, {"world": rows})
     return rows
 

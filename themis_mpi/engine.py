@@ -37,7 +37,7 @@ import gc
 import heapq
 import math
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -141,19 +141,24 @@ def make_clock(name: str, scale: float = 1.0) -> Clock:
 # --- events and processes ----------------------------------------------------------------------
 
 
+NEVER_NS = -math.inf  # (one float for every event not yet triggered)
+
+
 class Event:
     """Something a process can wait for; it triggers once, with an optional value."""
+
+    __slots__ = ("triggered", "value", "time_ns", "_callbacks")  # (a graph replay holds one per node)
 
     def __init__(self) -> None:
         self.triggered = False
         self.value: Any = None
-        self.time_ns = -math.inf  # when it triggered, where the engine says (`Engine.agree`)
-        self._callbacks: list[Callable[[Event], None]] = []
+        self.time_ns = NEVER_NS  # when it triggered, where the engine says (`Engine.agree`)
+        self._callbacks: list[Callable[[Event], None]] | tuple[()] = []
 
     def succeed(self, value: Any = None, time_ns: float = -math.inf) -> None:
         """Trigger now and run the waiters, in the order they came."""
         self.triggered, self.value, self.time_ns = True, value, time_ns
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks, ()  # (no list kept: a triggered event calls at once)
         for callback in callbacks:
             callback(self)
 
@@ -162,7 +167,7 @@ class Event:
         if self.triggered:
             callback(self)
         else:
-            self._callbacks.append(callback)
+            self._callbacks.append(callback)  # type: ignore[union-attr]  # (a list until triggered)
 
 
 ProcessGenerator = Generator[Event, Any, Any]
@@ -400,10 +405,46 @@ class Transport(Protocol):
 def reduced_span(reduce: Callable[..., np.ndarray], engine: Engine) -> tuple[float, float]:
     """This NPU's first issue and last event, reduced over every NPU (`Transport.span_ns`)."""
     first_ns = min((c.issued_ns for c in engine.collectives), default=0.0)
+    if isinstance(engine.collectives, InFlight):  # (its finished collectives are not kept)
+        first_ns = engine.collectives.first_issued_ns
     ends = [r.end_ns for r in engine.records]
     last_ns = max([engine.now_ns, engine.last_timer_ns, engine.last_end_ns] + ends)
     first = float(reduce([first_ns], "min", "the run's first issue")[0])
     return first, float(reduce([last_ns], "max", "the run's last end")[0])
+
+
+class InFlight:
+    """An engine's collectives where nobody reads its records: those in flight, by issue order.
+
+    As the list it stands for: its length is how many were issued (the next one's id), an id
+    in flight indexes its run, iterating gives those in flight; the first issue is kept, for
+    `reduced_span`. A finished collective is dropped (`Engine._collective_done`), so a long run
+    of every NPU's engines holds no run per NPU and collective.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[int, CollectiveRun] = {}
+        self.issued = 0
+        self.first_issued_ns = 0.0
+
+    def append(self, run: CollectiveRun) -> None:
+        """A collective issued."""
+        self.first_issued_ns = run.issued_ns if not self.issued else min(self.first_issued_ns, run.issued_ns)
+        self.live[self.issued] = run
+        self.issued += 1
+
+    def drop(self, run: CollectiveRun) -> None:
+        """A collective finished."""
+        del self.live[run.coll_id]
+
+    def __len__(self) -> int:
+        return self.issued
+
+    def __getitem__(self, coll_id: int) -> CollectiveRun:
+        return self.live[coll_id]
+
+    def __iter__(self) -> Iterator[CollectiveRun]:
+        return iter(list(self.live.values()))
 
 
 # --- the engine --------------------------------------------------------------------------------
@@ -453,11 +494,12 @@ class Engine:
         self._plans: dict[tuple, list[tuple]] = {}  # chunk plans by shape and order
         self.started = [0] * n
         self.now_ns: Any = 0.0  # one time per NPU (a numpy vector) under `timing.vectors.NpuVectors`
-        self.collectives: list[CollectiveRun] = []
         self.records: list[StageRun] = []
         # an NPU of a world whose result nobody reads keeps no records (`world.World`'s `keep`):
-        # a long run's memory; its latest stage end stands in for them (`reduced_span`)
+        # a long run's memory; its latest stage end stands in for them (`reduced_span`), and its
+        # collectives in flight for the list of every one issued (`InFlight`)
         self.keeps_records: bool = getattr(transport, "records_kept", True)
+        self.collectives: list[CollectiveRun] | InFlight = [] if self.keeps_records else InFlight()
         self.last_end_ns: Any = -math.inf  # (without records only)
         self.messages: list[MessageRun] = []
         self._timers: list[tuple[float, int, Event, Any]] = []  # (order key, seq, event, time)
@@ -766,8 +808,9 @@ class Engine:
         if self.agreed is not None and ran:  # completions come as known: resume at the end
             self.now_ns = coll.last_end_ns
         coll.end_ns = self.now_ns
-        if not self.keeps_records:  # (nobody reads its stages now)
+        if isinstance(self.collectives, InFlight):  # (nobody reads it or its stages now)
             coll.stages = []
+            self.collectives.drop(coll)
         self._in_flight -= 1
         self.transport.close(coll)
         coll.succeed(None, self.now_ns)

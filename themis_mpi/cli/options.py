@@ -30,7 +30,7 @@ from ..run.backend import open_backend
 from ..run.coordinator import policy_name
 from ..run.pool import chain_tasks, run_training_cells, training_fingerprint
 from ..run.sweep import PolicyConfig, TrainingCell, baseline_cells, check_row, policy_configs
-from ..timing.planner import SAY_ABOVE_S, Plan, estimate
+from ..timing.planner import SAY_ABOVE_S, Plan, check_fits, estimate, expected_bytes
 from ..topology import FitFile, Topology, from_link_bandwidths, parse_topology, read_fit
 from ..units import parse_size, size_sweep
 from .parser import DefaultInt, DefaultList
@@ -404,9 +404,10 @@ def link_scales(text: str | None) -> tuple[tuple[int, int, float], ...]:
     return tuple(triples)
 
 
-def expect_line(seconds: float, reason: str) -> str | None:
+def expect_line(seconds: float, reason: str, memory_bytes: float = 0.0) -> str | None:
     """``# expect ~4 min: <reason>`` when a run is expected to take over `timing.planner.SAY_ABOVE_S`.
 
+    With `memory_bytes` the peak memory too: ``# expect ~4 min, ~2.5 GB: <reason>``.
     ``THEMIS_MPI_EXPECT_S`` in the environment moves that threshold (the tests lower it).
     """
     if seconds <= float(os.environ.get("THEMIS_MPI_EXPECT_S", SAY_ABOVE_S)):
@@ -414,17 +415,31 @@ def expect_line(seconds: float, reason: str) -> str | None:
     n, unit = (
         (seconds, "s") if seconds < 90 else (seconds / 60, "min") if seconds < 5400 else (seconds / 3600, "h")
     )
-    return f"# expect ~{n:.2g} {unit}: {reason}" if n < 10 else f"# expect ~{n:.0f} {unit}: {reason}"
+    gb = memory_bytes / 1e9
+    memory = "" if not memory_bytes else f", ~{gb:.2g} GB" if gb < 10 else f", ~{gb:.0f} GB"
+    return (
+        f"# expect ~{n:.2g} {unit}{memory}: {reason}"
+        if n < 10
+        else f"# expect ~{n:.0f} {unit}{memory}: {reason}"
+    )
 
 
-def expect_lines(timing: Plan, steps: list[int], spec: TrainingSpec) -> list[str]:
+def expect_lines(
+    timing: Plan, steps: list[int], spec: TrainingSpec, nodes_per_npu: int = 0, graph_nodes: int = 0
+) -> list[str]:
     """The one line a topology's runs print first when `estimate` expects them to be long.
 
-    `steps`: each run's chunk steps on one NPU; `spec` names the slow NPUs.
+    `steps`: each run's chunk steps on one NPU; `spec` names the slow NPUs; `nodes_per_npu` and
+    `graph_nodes`: a graph's (`timing.planner.expected_bytes`). Where every NPU runs the line
+    gives the expected peak memory too, and a run expected to need more memory than the machine
+    has is refused here, before it starts (`timing.planner.check_fits`).
     """
     slow = [r for r, f in spec.npu_compute_scale if f != 1]
     seconds = sum(estimate(timing, n, slow)[0] for n in steps)
-    line = expect_line(seconds, estimate(timing, max(steps, default=0), slow)[1])
+    reason = estimate(timing, max(steps, default=0), slow)[1]
+    memory = expected_bytes(timing, nodes_per_npu, graph_nodes, slow) if timing.every_npu else 0.0
+    check_fits(memory, reason)
+    line = expect_line(seconds, reason, memory)
     return [line] if line else []
 
 

@@ -301,7 +301,8 @@ def _train_graph(args: argparse.Namespace) -> int:
         for c in group:
             issued = plan_graph(graph.trace(0), topo, 0, c.spec, graph.groups).ops
             steps.append(chunk_steps(topo, [op.collective for op in issued if op.collective is not None]))
-        return lines + expect_lines(timing, steps, cell_spec)
+        held = sum(len(trace.nodes) for trace in graph.traces)  # (read from files: every rank's)
+        return lines + expect_lines(timing, steps, cell_spec, len(plan.ops), held)
 
     inputs = [t.path for t in graph.traces] + input_files(*split_list(args.topology), args.comm_group)
     return training_sweep(

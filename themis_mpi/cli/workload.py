@@ -200,7 +200,8 @@ def _straggling(c: LlmConfig, layout: Layout, group: list[TrainingCell]) -> list
     runs = price_runs(c, layout, 1)  # (each cell prices one policy)
     steps = [runs * chunk_steps(topo, [op.collective for op in p.ops if op.collective]) for p in plans]
     timings = [plan_of(graph_run(topo, cell.config, graph, p, cell.spec)) for cell, p in zip(group, plans)]
-    return lines + expect_lines(timings[0], steps, spec)
+    nodes, kinds = len(plans[0].ops), c.pp + sum(f != 1 for _, f in spec.npu_compute_scale)  # (`graph_kinds`)
+    return lines + expect_lines(timings[0], steps, spec, nodes, nodes * kinds)
 
 
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:

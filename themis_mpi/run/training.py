@@ -8,7 +8,7 @@ schedules at once (`coordinator.share_schedules`, with the model of the whole ru
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -261,15 +261,18 @@ def run_graph(
     elif ranks is None or timing.simulator == WORLD:
         ranks = here
     kinds = graph_kinds(graph, bool(mine.messages), spec)
+    firsts: dict[int, int] = {}  # (every NPU in this process: a kind's ranks run its first rank's plan)
     if kinds is not None and timing.simulator == WORLD:  # (a rank of each kind has every kind's collectives)
         ranks = sorted({repr(kind): r for r, kind in sorted(kinds.items(), reverse=True)}.values()) or [0]
+        firsts = {} if graph.groups else kind_firsts(kinds, topo.npus)  # (a group's dims: each rank's own)
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     t0 = time.perf_counter()
+    stragglers = timing.run.stragglers
     row = run_on(
         timing,
         transport,
-        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns, timing.run.stragglers),
+        lambda npu: graph_on(npu, graph, policy, spec, schedules, progress, stage_ns, stragglers, firsts),
         keep_starts=True,
         kinds=kinds,
         on_model=lambda: _linked(transport, graph, policy, spec, plans, schedules, progress, stage_ns),
@@ -327,6 +330,16 @@ def graph_kinds(graph: Graph, messages: bool, spec: TrainingSpec | None = None) 
     return kinds | {r: (kinds.get(r), f) for r, f in spec.npu_compute_scale if f != 1}
 
 
+def kind_firsts(kinds: Mapping[int, Any], npus: int) -> dict[int, int]:
+    """Each rank's kind's first rank (`graph_kinds`; a rank it does not name is of kind None).
+
+    A kind's ranks run its first rank's graph and plan, their peers moved (`chakra.Plan.shifted`):
+    every NPU's links then hold one graph and one plan per kind, not one per NPU.
+    """
+    firsts: dict[str, int] = {}
+    return {r: firsts.setdefault(repr(kinds.get(r)), r) for r in range(npus)}
+
+
 def graph_on(
     npu: Transport,
     graph: Graph,
@@ -336,15 +349,18 @@ def graph_on(
     progress: Progress | None = None,
     stage_compute_ns: Sequence[float] = (),
     stragglers: bool = False,
+    firsts: Mapping[int, int] | None = None,
 ) -> TrainingResult:
     """The graph of NPU `npu.rank` on its engine: its row (the iteration ends with the last rank).
 
     `stage_compute_ns`: each pipeline stage's compute (`run_graph`). With `stragglers` (NPUs at
     different paces) a late NPU starts its graph late, and a shared graph too ends with the last
-    rank.
+    rank. `firsts`: the rank whose plan each rank runs, shifted to it (`kind_firsts`); a rank
+    it does not name runs its own.
     """
     topo = npu.topology
-    mine = plan_graph(graph.trace(npu.rank), topo, npu.rank, spec, graph.groups)
+    first = (firsts or {}).get(npu.rank, npu.rank)
+    mine = plan_graph(graph.trace(first), topo, first, spec, graph.groups).shifted(npu.rank)
     engine = Engine(topo, npu, npu.config)
     replay = GraphReplay(mine, schedules, spec, topo, progress)
 

@@ -39,6 +39,7 @@ of a run without stragglers), so it is kept.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
@@ -79,6 +80,17 @@ SAY_ABOVE_S = 30.0  # a command whose run `estimate`s more than this says so bef
 STEP_US = {ONE_NPU: 4.0, SLICES: 4.0, LINKED: 4.0, VECTORS: 22.0, GREENLETS: 12.0, WORLD: 10.0}
 VECTORS_NPU_STEP_US = 0.002
 WORLD_NPUS, WORLD_GROWTH = 64, 0.35  # WORLD's STEP_US is at this many NPUs; per NPU-step x (N/64)^0.35
+# Peak memory (`expected_bytes`), from GPT-3 175B with NPU 5 at 1.5x under packet on every NPU's links
+# (scripts/bench_npus.py --world, docs/performance.md "Every NPU's links, faster"): peak RSS 365 MiB
+# on the 64-NPU HGX cut (9,556 nodes a rank), 2.4 GiB on the 1024-NPU preset (9,820) once every
+# NPU has started; tracemalloc: about 220 B per node an NPU replays (its event, callback list and
+# waiter, `chakra.GraphReplay`) and 1 kB per node of a graph built and planned (one per kind of
+# rank, `run.training.kind_firsts`: its nodes, attributes and ops). The process itself, each
+# simulated NPU's engine, greenlet and links, each node it replays, each node of a built graph:
+BASE_BYTES = 150 * 2**20
+NPU_BYTES = 200 * 2**10
+NODE_NPU_BYTES = 250
+GRAPH_NODE_BYTES = 1000
 
 
 @dataclass(frozen=True)
@@ -360,12 +372,10 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     """
     run, npus = plan.run, plan.run.topology.npus
     one_us = steps_per_npu * STEP_US[ONE_NPU]
-    kinds = {r: r for r in slow_npus}  # (each its own: at least as many classes as the run's)
-    simulated = npus
+    simulated = simulated_npus(plan, slow_npus) if plan.every_npu else npus
     if plan.simulator == VECTORS:
         cost_us = steps_per_npu * (STEP_US[VECTORS] + npus * VECTORS_NPU_STEP_US)
     elif plan.simulator == WORLD:
-        simulated = npus if run.per_rank or run.messages else expected_npus(run.topology, run.config, kinds)
         cost_us = steps_per_npu * simulated * STEP_US[WORLD] * (simulated / WORLD_NPUS) ** WORLD_GROWTH
     elif plan.simulator == GREENLETS:
         cost_us = steps_per_npu * npus * STEP_US[GREENLETS]
@@ -384,3 +394,46 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     if simulated < npus:
         size = f"{npus} NPUs as {simulated} classes x {steps_per_npu:,} chunk steps"
     return cost_us / 1e6, f"{plan.simulator} under {plan.rule} ({', '.join([*causes, size])})"
+
+
+def simulated_npus(plan: Plan, slow_npus: Sequence[int] = ()) -> int:
+    """The NPUs a run simulates: one NPU's view one; every NPU's links its expected classes.
+
+    Those of `world.expected_npus`, a slow NPU each its own kind; graphs with messages and
+    per-rank graphs, and the other simulators of every NPU, every NPU.
+    """
+    run, npus = plan.run, plan.run.topology.npus
+    if plan.simulator == WORLD and not (run.per_rank or run.messages):
+        return expected_npus(run.topology, run.config, {r: r for r in slow_npus})
+    return npus if plan.every_npu else 1
+
+
+def expected_bytes(
+    plan: Plan, nodes_per_npu: int = 0, graph_nodes: int = 0, slow_npus: Sequence[int] = ()
+) -> float:
+    """A cheap prediction of a run's peak memory in bytes (the constants by `BASE_BYTES`).
+
+    Args:
+        plan: the run's plan.
+        nodes_per_npu: the graph nodes one NPU replays (0: a text workload).
+        graph_nodes: the nodes of the graphs built and planned (one per kind of rank where kinds
+            share them, `run.training.kind_firsts`).
+        slow_npus: NPUs that compute slower (each its own class).
+    """
+    per_npu = NPU_BYTES + nodes_per_npu * NODE_NPU_BYTES
+    return BASE_BYTES + simulated_npus(plan, slow_npus) * per_npu + graph_nodes * GRAPH_NODE_BYTES
+
+
+def machine_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_fits(expected: float, reason: str) -> None:
+    """Refuse, before it starts, a run expected to need more memory than the machine has, in one line."""
+    have = machine_bytes()
+    if expected > have:
+        raise UsageError(
+            f"this run is expected to need ~{expected / 1e9:.2g} GB ({reason}) but this machine has "
+            f"{have / 1e9:.3g} GB: a smaller shape, fewer chunks, no straggler, or --network ideal"
+        )

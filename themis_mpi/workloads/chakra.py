@@ -93,13 +93,36 @@ class Op:
 
 @dataclass
 class Plan:
-    """One NPU's ops in a topological order, with what the replay reports."""
+    """One NPU's ops in a topological order, with what the replay reports.
+
+    `shift`: what its messages' peers move by, where it is another rank's plan shared (`shifted`).
+    """
 
     path: str
     rank: int
     ops: list[Op]
     missing_deps: int = 0
     dropped_ctrl_deps: int = 0
+    shift: int = 0
+    _needs: dict[int, Need] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def needs(self) -> dict[int, Need]:
+        """Each collective's `Need` (`graph_needs`), computed once per plan and shared with its shifts."""
+        if self._needs is None:
+            self._needs = graph_needs(self)
+        return self._needs
+
+    def shifted(self, rank: int) -> Plan:
+        """This plan as NPU `rank`'s: the same ops, its messages' peers moved by ``rank - self.rank``.
+
+        For ranks whose graphs differ from this one's by that move alone (`run.training.graph_kinds`:
+        ranks of one kind); the ops are shared, not copied, so ranks of a kind hold one plan.
+        """
+        if rank == self.rank:
+            return self
+        shift = self.shift + rank - self.rank
+        return Plan(self.path, rank, self.ops, self.missing_deps, self.dropped_ctrl_deps, shift, self.needs)
 
     @property
     def compute_ns(self) -> float:
@@ -300,13 +323,19 @@ def _message(node: Node, topology: Topology, rank: int, spec: TrainingSpec, wher
     tag = _int_attr(node, "comm_tag", where, 0)
     if peer == rank or nbytes == 0:
         return None
+    path = message_path(topology, rank, peer)
+    return Op(0, node.id, SEND if send else RECV, peer=peer, path=path, nbytes=nbytes, tag=tag)
+
+
+def message_path(topology: Topology, rank: int, peer: int) -> tuple[tuple[int, int], ...]:
+    """A message's route from `rank` to `peer`: (dim, hops) per dim where their coordinates differ."""
     a, b = coords(topology, rank), coords(topology, peer)
     path = []
     for d, dim in enumerate(topology.dims):
         if a[d] != b[d]:
             k = abs(a[d] - b[d])
             path.append((d, min(k, dim.npus - k) if dim.kind == "Ring" else dim.hops))
-    return Op(0, node.id, SEND if send else RECV, peer=peer, path=tuple(path), nbytes=nbytes, tag=tag)
+    return tuple(path)
 
 
 _PLANS: dict[int, dict[tuple, Plan]] = {}  # id of a live trace -> its plans, dropped with the trace
@@ -551,6 +580,18 @@ def graph_needs(plan: Plan) -> dict[int, Need]:
     }
 
 
+class _Waits:
+    """A node waiting on a dependency: when that ends, it waits for its next ones (`GraphReplay._wait`)."""
+
+    __slots__ = ("replay", "k", "j")
+
+    def __init__(self, replay: GraphReplay, k: int, j: int):
+        self.replay, self.k, self.j = replay, k, j
+
+    def __call__(self, _: Event) -> None:
+        self.replay._wait(self.k, self.j)
+
+
 class GraphReplay:
     """One NPU's graph as engine processes: one per node, started in topological order.
 
@@ -576,18 +617,35 @@ class GraphReplay:
         self.collectives_issued = 0
         self.messages: list = []
         self.resources = {"cpu": Resource(), "gpu": Resource()}
-        self.needs = graph_needs(plan)
+        self.needs = plan.needs
 
     def process(self, engine: Engine) -> ProcessGenerator:
-        """Start every node's process; end when the last node has finished."""
-        done: list[Event] = []
-        for op in self.plan.ops:
-            done.append(engine.process(self._node(engine, op, done)))
-        yield from done
+        """Start every node once the nodes it depends on have finished; end when the last has.
 
-    def _node(self, engine: Engine, op: Op, done: list[Event]) -> ProcessGenerator:
-        for d in op.deps:
-            yield done[d]
+        A node waits on its first unfinished dependency, then on the next, as a process that
+        yields each in turn does (at the same moments, in the same order), but its process is
+        made only when it runs: an NPU holds an event per node, not a process (every NPU's
+        links hold every NPU's graph at once, about 10,000 nodes each for GPT-3 on HGX).
+        """
+        self._done = [Event() for _ in self.plan.ops]
+        self._engine = engine
+        for op in self.plan.ops:
+            self._wait(op.index, 0)
+        yield from self._done
+
+    def _wait(self, k: int, j: int) -> None:
+        """Op `k` waits for its dependencies from its `j`-th on; then it runs, and its event marks its end."""
+        deps, done = self.plan.ops[k].deps, self._done
+        while j < len(deps):
+            event = done[deps[j]]
+            j += 1
+            if not event.triggered:
+                event.add_callback(_Waits(self, k, j))
+                return
+        run = self._engine.process(self._node(self._engine, self.plan.ops[k]))
+        run.add_callback(lambda end: done[k].succeed(end.value, end.time_ns))
+
+    def _node(self, engine: Engine, op: Op) -> ProcessGenerator:
         if op.kind == DELAY and op.delay_ns > 0:
             unit = self.resources.get(op.resource)
             if unit is not None:
@@ -603,7 +661,12 @@ class GraphReplay:
             self.collectives_issued += len(parts)
             yield from [engine.issue(part, self.schedules[part], need=need) for part in parts]
         elif op.kind in (SEND, RECV):
-            run = engine.message(op.peer, op.path, op.nbytes, op.tag, op.kind == SEND)
+            peer, path = op.peer, op.path
+            if self.plan.shift:  # (another rank's plan, shared: its peers move, and so may their routes)
+                assert self.topology is not None, "a shifted plan's replay needs its topology"
+                peer += self.plan.shift
+                path = message_path(self.topology, self.plan.rank, peer)
+            run = engine.message(peer, path, op.nbytes, op.tag, op.kind == SEND)
             self.messages.append(run)
             yield run.done
         self.nodes_done += 1

@@ -715,9 +715,11 @@ _BUILT_KEPT = 64  # `run.priced.price_all` reads each stage's rank under 5 drops
 class LazyTraces(Sequence):
     """Every rank's trace, built when first read (a model run reads one rank per stage).
 
-    The last traces built are shared by every `LazyTraces` of the same model, layout and
-    collectives left out (a trace is read, never changed), so the runs of one priced iteration
-    build and plan (`chakra.plan_graph` keeps a live trace's plans) each rank's graph once.
+    Every NPU's links read each kind's first rank too: the kind's ranks share its plan (`kind`,
+    `run.training.kind_firsts`). The last traces built are shared by every `LazyTraces` of the
+    same model, layout and collectives left out (a trace is read, never changed), so the runs of
+    one priced iteration build and plan (`chakra.plan_graph` keeps a live trace's plans) each
+    rank's graph once.
     """
 
     def __init__(self, c: LlmConfig, layout: Layout, drop: frozenset[str] = frozenset()):
