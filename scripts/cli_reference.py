@@ -43,8 +43,9 @@ simulator it chose, the NPUs and the chunk steps, at costs per step measured on 
 machine,
 [performance](performance.md#what-a-run-will-cost-issue-43)); above 30 s (`THEMIS_MPI_EXPECT_S`
 moves that threshold) it adds one line to the header; GNMT on `HGX-H100-SW_SW_SW` with `-c 16
---network fair --npu-compute-scale 5=1.5` prints `# expect ~2 min: every NPU's links under fair
-(NPU 5 computes slower, 1024 NPUs x 4,480 chunk steps)`.
+--network fair --npu-compute-scale 5=1.5` prints `# expect ~4 min, ~0.37 GB: every NPU's links under
+fair (NPU 5 computes slower, 1024 NPUs x 4,480 chunk steps)` (both policies; the memory where every
+NPU runs, and a run expected beyond the machine's memory is refused before it starts).
 """
 
 
