@@ -46,12 +46,14 @@ def test_ctrl_c_mid_run_is_one_line_and_exit_130(cmd):
 
     Under mpiexec every rank gets the signal; the launcher ends the job when the first rank
     leaves, and on 2 cores shared by 4 ranks rank 0 is sometimes not scheduled in time to say its
-    line (about 1 run in 5, as before this test was written down). The rule is kept in 3 tries.
+    line (about 1 run in 5, as before this test was written down), or, rarer, the launcher (which
+    gets the signal too) reports a rank it ended itself (exit 9 after rank 0's line, once in a CI
+    run of 2026-11-28). The rule is kept in 3 tries.
     """
     tries = 3 if cmd is EMULATOR else 1
     for _ in range(tries):
         code, err = interrupt_when(cmd, "# themis-mpi")
-        if err:
+        if err and code == 130:
             break
     assert code == 130, err
     assert err == "themis-mpi: interrupted\n", err
