@@ -404,9 +404,11 @@ class Transport(Protocol):
 
 def reduced_span(reduce: Callable[..., np.ndarray], engine: Engine) -> tuple[float, float]:
     """This NPU's first issue and last event, reduced over every NPU (`Transport.span_ns`)."""
-    first_ns = min((c.issued_ns for c in engine.collectives), default=0.0)
-    if isinstance(engine.collectives, InFlight):  # (its finished collectives are not kept)
-        first_ns = engine.collectives.first_issued_ns
+    collectives = engine.collectives
+    if isinstance(collectives, InFlight):  # (its finished collectives are not kept: their first issue is)
+        first_ns = collectives.first_issued_ns
+    else:
+        first_ns = min((c.issued_ns for c in collectives), default=0.0)
     ends = [r.end_ns for r in engine.records]
     last_ns = max([engine.now_ns, engine.last_timer_ns, engine.last_end_ns] + ends)
     first = float(reduce([first_ns], "min", "the run's first issue")[0])
