@@ -415,13 +415,13 @@ def expect_line(seconds: float, reason: str, memory_bytes: float = 0.0) -> str |
     n, unit = (
         (seconds, "s") if seconds < 90 else (seconds / 60, "min") if seconds < 5400 else (seconds / 3600, "h")
     )
-    gb = memory_bytes / 1e9
-    memory = "" if not memory_bytes else f", ~{gb:.2g} GB" if gb < 10 else f", ~{gb:.0f} GB"
-    return (
-        f"# expect ~{n:.2g} {unit}{memory}: {reason}"
-        if n < 10
-        else f"# expect ~{n:.0f} {unit}{memory}: {reason}"
-    )
+    memory = f", ~{_rounded(memory_bytes / 1e9)} GB" if memory_bytes else ""
+    return f"# expect ~{_rounded(n)} {unit}{memory}: {reason}"
+
+
+def _rounded(x: float) -> str:
+    """A figure as the estimate line says it: two significant digits below 10, whole above."""
+    return f"{x:.2g}" if x < 10 else f"{x:.0f}"
 
 
 def expect_lines(
