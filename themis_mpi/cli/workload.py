@@ -27,7 +27,7 @@ from ..run.pool import parse_workers
 from ..run.priced import PricedResult, price_cell, price_runs, stage_flight
 from ..run.priced import gpt_cells as priced_cells
 from ..run.sweep import TrainingCell
-from ..run.training import graph_run, graph_stragglers, run_graph
+from ..run.training import graph_kinds, graph_run, graph_stragglers, run_graph
 from ..timing.planner import chunk_steps
 from ..timing.planner import plan as plan_of
 from ..topology import Topology, parse_topology
@@ -200,8 +200,10 @@ def _straggling(c: LlmConfig, layout: Layout, group: list[TrainingCell]) -> list
     runs = price_runs(c, layout, 1)  # (each cell prices one policy)
     steps = [runs * chunk_steps(topo, [op.collective for op in p.ops if op.collective]) for p in plans]
     timings = [plan_of(graph_run(topo, cell.config, graph, p, cell.spec)) for cell, p in zip(group, plans)]
-    nodes, kinds = len(plans[0].ops), c.pp + sum(f != 1 for _, f in spec.npu_compute_scale)  # (`graph_kinds`)
-    return lines + expect_lines(timings[0], steps, spec, nodes, nodes * kinds)
+    kinds = graph_kinds(graph, True, spec)  # (every NPU's links build a graph per kind; none: every rank's)
+    built = topo.npus if kinds is None else len({repr(kind) for kind in kinds.values()})
+    nodes = len(plans[0].ops)
+    return lines + expect_lines(timings[0], steps, spec, nodes, nodes * built)
 
 
 def run_config(args: argparse.Namespace, intra: str, topology: Topology) -> RunConfig:
