@@ -60,7 +60,7 @@ import numpy as np
 from ..config import RunConfig
 from ..topology import Topology
 from .fair import Fair
-from .links import Step, one_transfer
+from .links import Step, Usage, one_transfer
 from .packet import Packet
 from .rules import rule_class
 
@@ -81,6 +81,19 @@ class Unproven(Exception):
 
 class Inexact(Exception):
     """A step classes cannot weigh exactly under the run's rule (module doc): every NPU runs."""
+
+
+class Split(Exception):
+    """Classes by state: members of one class seen apart in the run (module doc): it restarts split.
+
+    Attributes:
+        members: the class's ranks.
+        keys: per member, the part it goes to (members of one key stay together).
+    """
+
+    def __init__(self, members: np.ndarray, keys: np.ndarray, why: str):
+        super().__init__(f"a class of {len(members)} NPUs splits: {why}")
+        self.members, self.keys = members, keys
 
 
 def fluid(rule: str) -> bool:
@@ -116,6 +129,8 @@ class Classes:
     patterns: frozenset[Pattern]
     kinds: np.ndarray
     messages: frozenset[Message] = frozenset()
+    state: bool = False  # by state: not equitable, proven in the run (`state_classes`)
+    members: tuple[np.ndarray, ...] = ()  # (by state) each class's ranks, ascending
 
     @property
     def count(self) -> int:
@@ -186,22 +201,7 @@ def npu_classes(
         likely: message patterns the run may meet (`message_family`), refined by where they
             can be proven, left out where not.
     """
-    n = topology.npus
-    kind_ids: dict[str, int] = {}
-    kind_of = np.zeros(n, np.int64)
-    for r, kind in sorted(kinds.items()):
-        kind_of[r] = kind_ids.setdefault(repr(kind), len(kind_ids) + 1)
-    keys: dict[int, list] = defaultdict(list)
-    for r, delay_ns in config.npu_delay_ns:
-        keys[r].append(("late", float(delay_ns)))
-    for r in kinds:
-        keys[r].append(("kind", int(kind_of[r])))
-    for d, r, f in config.link_scale:
-        keys[r].append(("link", d, float(f)))
-    colour = np.zeros(n, np.int64)
-    distinct: dict[tuple, int] = {}
-    for r, key in sorted(keys.items()):
-        colour[r] = distinct.setdefault(tuple(sorted(key)), len(distinct) + 1)
+    colour, kind_of = start_colours(topology, config, kinds)
     patterns, messages = frozenset(patterns), set(messages)
     tables = [t for d, steps in sorted(patterns) for step in steps for t in _tables(topology, d, step)]
     for kind, offset in sorted(messages | set(likely)):
@@ -230,6 +230,216 @@ def npu_classes(
     of = renumber[colour]
     reps = tuple(int(r) for r in first[order])
     return Classes(of, reps, np.bincount(of), patterns, kind_of, frozenset(messages))
+
+
+def start_colours(
+    topology: Topology, config: RunConfig, kinds: Mapping[int, Any]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every NPU's colour by what sets it apart before the run (delay, kind, links' scales), and its kind."""
+    n = topology.npus
+    kind_ids: dict[str, int] = {}
+    kind_of = np.zeros(n, np.int64)
+    for r, kind in sorted(kinds.items()):
+        kind_of[r] = kind_ids.setdefault(repr(kind), len(kind_ids) + 1)
+    keys: dict[int, list] = defaultdict(list)
+    for r, delay_ns in config.npu_delay_ns:
+        keys[r].append(("late", float(delay_ns)))
+    for r in kinds:
+        keys[r].append(("kind", int(kind_of[r])))
+    for d, r, f in config.link_scale:
+        keys[r].append(("link", d, float(f)))
+    colour = np.zeros(n, np.int64)
+    distinct: dict[tuple, int] = {}
+    for r, key in sorted(keys.items()):
+        colour[r] = distinct.setdefault(tuple(sorted(key)), len(distinct) + 1)
+    return colour, kind_of
+
+
+def state_classes(colour: np.ndarray, kind_of: np.ndarray) -> Classes:
+    """Classes by state from any colouring (`Classes.state`: the run proves them, `Split` where not)."""
+    _, first, of = np.unique(colour, return_index=True, return_inverse=True)
+    order = np.argsort(first)  # classes by their lowest rank
+    renumber = np.empty_like(order)
+    renumber[order] = np.arange(len(order))
+    of = renumber[of.ravel()]
+    by = np.argsort(of, kind="stable")
+    sizes = np.bincount(of)
+    members = tuple(np.split(by, np.cumsum(sizes)[:-1]))
+    reps = tuple(int(m[0]) for m in members)
+    return Classes(of, reps, sizes, frozenset(), kind_of, frozenset(), True, members)
+
+
+def refined(colour: np.ndarray, split: Split) -> np.ndarray:
+    """The colouring with a class split as `split` says."""
+    key = np.zeros_like(colour)
+    key[split.members] = split.keys + 1
+    _, out = np.unique(np.stack([colour, key], axis=1), axis=0, return_inverse=True)
+    return out.ravel()
+
+
+@dataclass(frozen=True)
+class Lift:
+    """A representative's step entry on a class's link that not every member lifts alike (module doc).
+
+    Attributes:
+        link: the representatives' link (class B's representative's link x).
+        cls: class B.
+        weights: per member of B, the share its link x takes of the step's members' transfers
+            (None: the same for every member of B, the entry's weight).
+        cover: per member of the sender's class, whether its transfer crosses B's links
+            (None: every member's).
+    """
+
+    link: int
+    cls: int
+    weights: np.ndarray | None
+    cover: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class StatePlan:
+    """A representative's stage step by state (`state_step`): what the run checks of it.
+
+    Attributes:
+        lifts: its entries not every member lifts alike (`Lift`).
+        groups: the members by the representatives of the NPUs they receive from, where they
+            differ: (those representatives, the members' indices in their class); () where alike.
+    """
+
+    lifts: tuple[Lift, ...]
+    groups: tuple[tuple[tuple[int, ...], np.ndarray], ...]
+
+
+def state_step(
+    classes: Classes, rank: int, step: Step, peers, d_npus: int, stride: int, per_npu: int, capacity
+) -> tuple[Step, tuple[int, ...], int, StatePlan]:
+    """A representative's stage step under classes by state: its step, senders, consumers, checks.
+
+    Each member's transfer crosses its own links and those of its peers at the step's distances
+    (`peers`: (distance, share)s on a dim of `d_npus` NPUs, ranks `stride` apart). On class B's
+    representative's link the step's share counts the members' shares there summed over B's
+    members' links, over ``|B|`` (`Classes.step`'s ``|A| / |B|`` where every member sends into
+    B once). The senders are the representatives of every member's senders' classes; the
+    consumers, the classes of every member's receivers.
+    """
+    of, reps, sizes = classes.of, classes.reps, classes.sizes
+    a = int(of[rank])
+    members = classes.members[a]
+    c = (members // stride) % d_npus
+    base = members - c * stride
+    rep_c = (rank // stride) % d_npus
+    hops: list[Usage] = []
+    lifts: dict[int, tuple[Any, Any]] = {}
+    for hop in step.hops:
+        usage: dict[int, float] = {}
+        for link, share in hop:
+            j, x = divmod(link, per_npu)
+            if j == rank:  # its own link: every member's own, alike
+                usage[link] = usage.get(link, 0.0) + share
+                continue
+            k = ((j // stride) % d_npus - rep_c) % d_npus
+            to_cls = of[base + (c + k) % d_npus * stride]
+            for b, n in zip(*np.unique(to_cls, return_counts=True)):
+                b = int(b)
+                q = reps[b] * per_npu + x
+                usage[q] = usage.get(q, 0.0) + share * float(n / sizes[b])
+                theirs = classes.members[b]
+                cb = (theirs // stride) % d_npus
+                got = share * (of[theirs - cb * stride + (cb - k) % d_npus * stride] == a)
+                cover = to_cls == b
+                w, cv = lifts.get(q, (None, None))
+                lifts[q] = (got if w is None else w + got, cover if cv is None else cv | cover)
+        hops.append(tuple(usage.items()))
+    checks = []
+    for q, (w, cv) in lifts.items():
+        b = int(of[q // per_npu])
+        uniform = bool(np.ptp(w) <= 1e-12 * np.max(w))
+        covering = bool(cv.all())
+        if not (uniform and covering):
+            checks.append(Lift(q, b, None if uniform else w, None if covering else cv))
+    senders = np.stack([of[base + (c - k) % d_npus * stride] for k, _ in peers], axis=1)
+    receivers = {int(x) for k, _ in peers for x in np.unique(of[base + (c + k) % d_npus * stride])}
+    rep_of = np.asarray(reps)
+    keys = np.sort(rep_of[senders], axis=1)
+    distinct, which = np.unique(keys, axis=0, return_inverse=True)
+    groups: tuple = ()
+    if len(distinct) > 1:
+        which = which.ravel()
+        groups = tuple(
+            (tuple(sorted({int(r) for r in row})), np.flatnonzero(which == i))
+            for i, row in enumerate(distinct)
+        )
+    (made,) = step.transfers
+    out = one_transfer(step.bytes, tuple(hops), step.delay_ns, capacity, made.messages, made.message_bytes)
+    recvs = tuple(sorted({int(r) for r in np.unique(rep_of[senders])}))
+    return out, recvs, len(receivers), StatePlan(tuple(checks), groups)
+
+
+def check_end(
+    classes: Classes, rank: int, plan: StatePlan, own_ns: float, got: Mapping[int, float], t_ns: float
+) -> None:
+    """A step of a class by state ends at t_ns: every member must end then (else `Split`, module doc).
+
+    A member ends at the later of its own transfer's end and its senders' (their classes'
+    representatives'); the representative at the latest of all.
+    """
+    if own_ns == t_ns or not plan.groups:
+        return
+    late = [any(got[s] == t_ns for s in senders) for senders, _ in plan.groups]
+    if all(late):
+        return
+    a = int(classes.of[rank])
+    keys = np.zeros(int(classes.sizes[a]), np.int64)
+    for i, (_, idx) in enumerate(plan.groups):
+        keys[idx] = i
+    raise Split(classes.members[a], keys, "its members' senders end at different times")
+
+
+def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capacity, per_npu: int) -> None:
+    """The representatives' rates lift to every NPU's max-min rates, else `Split` (module doc).
+
+    `flows` are the moving transfers, each with its step's plan. On a link where some transfer
+    is not lifted alike (`Lift.weights`), those transfers must have one rate and their members'
+    weights one sum on every member's link; a transfer whose members do not all cross a link's
+    class (`Lift.cover`) must be held by its own links, or by links whose classes cover them all.
+    """
+    flows = list(flows)
+    load: dict[int, float] = defaultdict(float)
+    top: dict[int, float] = defaultdict(float)
+    odd: dict[int, list] = defaultdict(list)
+    for f, plan in flows:
+        r = f.rate
+        for link, share in f.steps[f.k].usage:
+            load[link] += share * r
+            if r > top[link]:
+                top[link] = r
+        for lift in plan.lifts:
+            if lift.weights is not None:
+                odd[lift.link].append((r, lift.weights))
+    for q, entries in odd.items():
+        total = np.sum([w for _, w in entries], axis=0)
+        if any(r != entries[0][0] for r, _ in entries) or np.ptp(total) > 1e-12 * np.max(total):
+            b = int(classes.of[q // per_npu])
+            _, keys = np.unique(np.stack([w for _, w in entries], axis=1), axis=0, return_inverse=True)
+            raise Split(classes.members[b], keys.ravel(), "its links carry different loads")
+    for f, plan in flows:
+        partial = [lift for lift in plan.lifts if lift.cover is not None]
+        if not partial:
+            continue
+        r = f.rate
+        rank = f.owner.rank
+        covered: dict[int, np.ndarray] = {lift.link: lift.cover for lift in partial if lift.cover is not None}
+        held = [q for q, _ in f.steps[f.k].usage if load[q] >= capacity[q] * (1 - 1e-10) and r >= top[q]]
+        if any(link not in covered for link in held):
+            continue  # (held by a link every member's transfer crosses)
+        a = int(classes.of[rank])
+        reach = np.zeros(int(classes.sizes[a]), bool)
+        for link in held:
+            reach |= covered[link]
+        if not reach.all():
+            covers: list[np.ndarray] = [covered[lift.link] for lift in partial]
+            _, keys = np.unique(np.stack(covers, axis=1), axis=0, return_inverse=True)
+            raise Split(classes.members[a], keys.ravel(), "its transfers are held by different links")
 
 
 def message_family(kind_of: np.ndarray, message: Message) -> set[Message]:

@@ -46,7 +46,23 @@ from ..cost import AG, ASTRA_SIM_2, RS
 from ..engine import CollectiveRun, MessageRun, StageRun, VirtualClock
 from ..errors import Stalled, UsageError
 from ..topology import Topology
-from .classes import Classes, Inexact, Unproven, admitted, fluid, message_family, npu_classes, pattern_key
+from .classes import (
+    Classes,
+    Inexact,
+    Split,
+    Unproven,
+    admitted,
+    check_end,
+    check_rates,
+    fluid,
+    message_family,
+    npu_classes,
+    pattern_key,
+    refined,
+    start_colours,
+    state_classes,
+    state_step,
+)
 from .events import EventLoop
 from .greenlets import MAX_NPUS, GreenletControl, Greenlets
 from .links import Flow, Step
@@ -55,6 +71,7 @@ from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, s
 from .rules import IDEAL, make_rule
 
 T = TypeVar("T")
+STATE_ROUNDS = 64  # (runs classes by state may restart split: `by_state`)
 PRIME_ELEMS = 1 << 20  # (the size whose all-reduce patterns classes start from: `by_classes`)
 
 
@@ -87,11 +104,14 @@ class _Owner:
 class _Stage(_Owner):
     """A stage step by step on NPU `rank`'s links: the NPUs it receives from, and what it still waits for."""
 
-    __slots__ = ("rank", "run", "key", "recvs", "consumers", "pending")
+    __slots__ = ("rank", "run", "key", "recvs", "consumers", "pending", "checks", "own_ns", "got")
 
-    def __init__(self, rank: int, run: StageRun, key: StageKey, recvs: tuple, consumers: tuple):
+    def __init__(self, rank: int, run: StageRun, key: StageKey, recvs: tuple, consumers: tuple, checks=None):
         self.rank, self.run, self.key, self.recvs, self.consumers = rank, run, key, recvs, consumers
         self.pending = 0  # its own transfer and the receipts of its step still to come
+        self.checks = checks  # (classes by state) per step its `classes.StatePlan`
+        self.own_ns = 0.0  # (classes by state) when its own transfer of the step was through
+        self.got: dict[int, float] = {}  # (classes by state) when each sender's was
 
     def begin(self, world: World, flow: Flow) -> None:
         world.expect(flow)
@@ -181,6 +201,8 @@ class World(Greenlets):
         else:
             super().__init__(topology.npus, classes.reps, classes.sizes)
         self.classes = classes
+        self.state = classes is not None and classes.state  # (checked as it runs: `classes.Split`)
+        self._rates_set = False  # (by state) rates set at this instant, not yet checked
         self.unit = not fluid(config.network)  # (with classes: every weight must be 1, `Classes.step`)
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
@@ -188,6 +210,8 @@ class World(Greenlets):
         self.loop = EventLoop()
         self.rule = make_rule(config.network, self.routes.links, self, topology, config)
         self.loop.per_event = self.rule.per_event
+        if self.state:
+            self._checked_rates()
         self.astra2 = config.compat == ASTRA_SIM_2
         self.replayable = replayable
         self.keep = None if keep is None else frozenset(keep)
@@ -201,6 +225,7 @@ class World(Greenlets):
         self._plans: dict[tuple, tuple] = {}
         # this project's rules: a step's receipts (`transfer_done`) and messages' first sides
         self._sent: dict[tuple, int] = {}  # (key, step, sender) -> receivers yet to take it
+        self._sent_ns: dict[tuple, float] = {}  # (classes by state) when those were through
         self._waiting: dict[tuple, list[Flow]] = {}  # (key, step, sender) -> receivers waiting
         self._counts: dict[tuple, int] = defaultdict(int)
         self._posted: dict[tuple, tuple[int, MessageRun]] = {}  # a message's first side, until the other
@@ -225,14 +250,22 @@ class World(Greenlets):
         """A stage's step starts: its receipts are the same step's transfers of the NPUs it receives from."""
         stage = flow.owner
         stage.pending = 1
+        state = self.state
+        if state:
+            stage.got = {}
         for src in stage.recvs[flow.k]:
             tag = (stage.key, flow.k, src)
             left = self._sent.get(tag)
             if left is None:
                 self._waiting.setdefault(tag, []).append(flow)
                 stage.pending += 1
-            elif left == 1:
+                continue
+            if state:
+                stage.got[src] = self._sent_ns[tag]
+            if left == 1:
                 del self._sent[tag]
+                if state:
+                    del self._sent_ns[tag]
             else:
                 self._sent[tag] = left - 1
 
@@ -252,13 +285,55 @@ class World(Greenlets):
         left = stage.consumers[flow.k] - len(waiters)
         if left > 0:
             self._sent[tag] = left
+            if self.state:
+                self._sent_ns[tag] = self.now_ns
         stage.pending -= 1
+        if self.state:
+            stage.own_ns = self.now_ns
+            for other in waiters:
+                other.owner.got[stage.rank] = self.now_ns
         if stage.pending == 0:
-            self.rule.resume(flow)
+            self._step_end(flow)
         for other in waiters:
             other.owner.pending -= 1
             if other.owner.pending == 0:
-                self.rule.resume(other)
+                self._step_end(other)
+
+    def _step_end(self, flow: Flow) -> None:
+        """A stage step's transfer and receipts are through: it goes on (by state: its class proven)."""
+        stage = flow.owner
+        if stage.checks is not None:
+            assert self.classes is not None
+            check_end(self.classes, stage.rank, stage.checks[flow.k], stage.own_ns, stage.got, self.now_ns)
+        self.rule.resume(flow)
+
+    def _check_rates(self) -> None:
+        """The rates set at this instant lift to every NPU's (`classes.check_rates`), or the run splits."""
+        assert self.classes is not None
+        self._rates_set = False
+        moving = self.rule._moving  # type: ignore[attr-defined]
+        per_npu, capacity = self.routes.per_npu, self.routes.capacity
+        check_rates(self.classes, ((f, f.owner.checks[f.k]) for f in moving), capacity, per_npu)
+
+    def _checked_rates(self) -> None:
+        """Classes by state: rates the rule set must lift to every NPU's before time moves (`check_rates`).
+
+        Only the rates an instant ends with hold for a while: those set between two events of
+        one instant (one class's transfer started, its like's not yet) hold for no time.
+        """
+        rule = self.rule
+        set_rates, join = rule._set_rates, rule._join  # type: ignore[attr-defined]
+
+        def checked_set() -> None:
+            set_rates()
+            self._rates_set = True
+
+        def checked_join(flow: Flow, step: Step) -> None:
+            join(flow, step)
+            self._rates_set = True
+
+        rule._set_rates = checked_set  # type: ignore[attr-defined]
+        rule._join = checked_join  # type: ignore[attr-defined]
 
     def npu_ended(self, rank: int, run: StageRun) -> None:
         """A stage (or a message side) of NPU `rank` is over: the NPU runs next, if it waits."""
@@ -291,11 +366,11 @@ class World(Greenlets):
         plan = self._plans.get(plan_key)
         if plan is None:
             plan = self._plans[plan_key] = self._plan(rank, s.itemsize, s.dim, s.op, s.full_elems)
-        steps, recvs, consumers = plan
+        steps, recvs, consumers, checks = plan
         if not steps:
             self.npu_ended(rank, run)
             return
-        self.rule.start(Flow(_Stage(rank, run, stage_key(run), recvs, consumers), steps))
+        self.rule.start(Flow(_Stage(rank, run, stage_key(run), recvs, consumers, checks), steps))
 
     def _plan(self, rank: int, itemsize: int, d: int, op: str, full_elems: int) -> tuple:
         """A stage's steps on NPU `rank`'s links, per step its senders and its receivers' count.
@@ -311,14 +386,26 @@ class World(Greenlets):
         if custom is not None and custom.every_npu and classes is None:
             levels = custom.npu_steps(op, self.routes.coord(rank, d)[0], full_elems, itemsize)
             steps, recvs, consumers = self.routes.custom_stage(rank, cost, d, levels)
-            return self.rule.prepared(steps), recvs, consumers
+            return self.rule.prepared(steps), recvs, consumers, None
         steps, recvs, consumers = self.routes.stage(rank, cost, d, op, full_elems)
         if classes is None:
-            return self.rule.prepared(steps), recvs, consumers
+            return self.rule.prepared(steps), recvs, consumers, None
         peers = step_planner(self.topology, cost).stage_peers(d, op, full_elems)
         pattern = pattern_key(d, peers)
         if custom is not None and custom.every_npu:
             raise Inexact  # (no pattern refines by such files: every NPU runs, at once)
+        if classes.state:
+            p, stride = self.topology.dims[d].npus, self.routes.strides[d]
+            made = [
+                state_step(classes, rank, s, ks, p, stride, self.routes.per_npu, self.routes.capacity)
+                for s, ks in zip(steps, peers)
+            ]
+            return (
+                self.rule.prepared(tuple(m[0] for m in made)),
+                tuple(m[1] for m in made),
+                tuple(m[2] for m in made),
+                tuple(m[3] for m in made),
+            )
         if pattern not in classes.patterns:
             raise Unproven(pattern)
         c, base = self.routes.coord(rank, d)
@@ -328,6 +415,7 @@ class World(Greenlets):
             self.rule.prepared(tuple(classes.step(rank, s, per_npu, capacity, self.unit) for s in steps)),
             tuple(classes.recvs(r) for r in recvs),
             tuple(classes.consumers(base + (c + k) % p * stride for k, _ in ks) for ks in peers),
+            None,
         )
 
     def _message(self, rank: int, run: MessageRun) -> None:
@@ -340,6 +428,8 @@ class World(Greenlets):
             raise UsageError("point-to-point messages are not part of --compat astra-sim-2")
         src, dst = (rank, run.peer) if run.send else (run.peer, rank)
         classes = self.classes
+        if classes is not None and classes.state:
+            raise Inexact("point-to-point messages under classes by state")
         if classes is None:
             side: tuple = (src, dst, run.tag, run.send)
         else:
@@ -452,7 +542,7 @@ class World(Greenlets):
         No engine runs: a check of a stage's steps against another timing of it (a dim's custom
         files against their programs, `run.custom`). The stages match their receipts as one stage.
         """
-        for rank, (steps, recvs, consumers) in plans.items():
+        for rank, (steps, recvs, consumers, *_) in plans.items():
             owner = _Stage(rank, None, ("alone",), recvs, consumers)  # type: ignore[arg-type]
             self.rule.start(Flow(owner, self.rule.prepared(steps)))
         while self.loop.step(math.inf, self.rule):  # (the rule's own events too: `fair` moves)
@@ -513,6 +603,8 @@ class World(Greenlets):
         """
         horizon = min(self._timed.values(), default=math.inf)
         t_ns = self.loop.next_ns(self.rule)
+        if self._rates_set and min(t_ns, horizon) > self.now_ns:  # (time moves: rates hold a while)
+            self._check_rates()
         if t_ns < math.inf and t_ns <= horizon:
             self.loop.fire(t_ns, self.rule)
         elif horizon < math.inf:
@@ -649,7 +741,9 @@ def by_classes(
                 return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
             if classes.count == topology.npus:
                 if not primed:
-                    return None
+                    if messages or not fluid(config.network):
+                        return None
+                    return by_state(topology, config, kinds, body, rounds=STATE_ROUNDS, keep=keep)
                 patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
                 continue
             try:
@@ -660,6 +754,38 @@ def by_classes(
                 if exc.message is not None:  # (and its likes: one more run learns them all at once)
                     messages.add(exc.message)
                     likely |= message_family(classes.kinds, exc.message)
+    except Inexact:
+        return None
+    return None
+
+
+def by_state(
+    topology: Topology,
+    config: RunConfig,
+    kinds: Mapping[int, Any],
+    body: Callable[[Any], T],
+    rounds: int = 64,
+    keep: Collection[int] | None = None,
+) -> list[T] | None:
+    """`body` on one NPU per class by state (`classes` module doc), under a fluid rule: as `by_classes`.
+
+    The classes start from what sets NPUs apart before the run; a class the run sees apart
+    (`classes.Split`) splits, and the run starts again (at most `rounds` times). None where
+    they reach every NPU, or the run takes what they cannot time (messages, a dim's custom
+    files for each NPU: `classes.Inexact`): every NPU runs.
+    """
+    if config.compat or not fluid(config.network):
+        return None
+    colour, kind_of = start_colours(topology, config, kinds)
+    try:
+        for _ in range(rounds):
+            classes = state_classes(colour, kind_of)
+            if classes.count == topology.npus:
+                return None
+            try:
+                return World(topology, config, replayable=False, classes=classes, keep=keep).run(body)
+            except Split as split:
+                colour = refined(colour, split)
     except Inexact:
         return None
     return None
