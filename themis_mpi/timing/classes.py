@@ -46,6 +46,57 @@ the messages it forwards, one per sender of a class moved one to one onto its ow
 route, above), the same in the representatives' run. A receiver's down-link
 may merge two members' transfers into one of twice the share (two receivers of one class),
 which the max-min rates and the packet rule's "is anything on this link" tests treat alike.
+
+**Classes by state** (`state_classes`, issue 43; under ``fair`` only, stage steps only). Where
+the refinement keeps every NPU apart (halving-doubling's or a one-way ring's partner differs at
+each step, so a straggler's class of 1 sets every NPU apart by structure), NPUs may still run
+alike in time: NPUs that receive, at one step, from different classes whose transfers start
+and run alike. Classes by state are any partition (first: the NPUs' start colours,
+`start_colours`), not equitable, *proven in the run*: the run stops (`Split`) at the first
+instant a class's members would see different events, splits that class and starts again
+(`world.by_state`; engines are greenlets, so from t = 0).
+
+A representative's step stands for its members' transfers, each over its own links and its
+peers' at the step's distances; the peers of the members fall in several classes. On class
+B's representative's link the step counts the members' shares on B's links summed, over
+``|B|`` (`state_step`): a guess at the rates, which the checks below decide. It receives from
+the representatives of every member's senders' classes, and is taken by those of every
+member's receivers' classes (`recvs`, `consumers` in `world.World._plan`).
+
+Induction over the run's instants: members of a class start a stage together (their engines,
+of one kind, took the same decisions from the same ends: they start alike, by the start
+colours, and every end is checked). Suppose at some instant every class's members have the
+same state as their representative, and every member's transfer runs at its representative's
+rate (the *lift*). Then:
+
+- *Rates* (`check_rates`). The lift is every NPU's allocation under ``fair`` iff it is max-min
+  fair on every NPU's links, i.e. (i) no link carries more than its capacity and (ii) every
+  transfer crosses a bottleneck: a link that is full and on which no transfer is faster. Both
+  are checked on every member's link, from the representatives' rates: member b's link x
+  carries the shares of the transfers whose members send through it (`Lift.weights`, where they
+  differ from member to member; else the representatives' link's own load), and member a's
+  transfer crosses the links `Lift.maps` say. Max-min allocations are unique, so then every
+  NPU's rates are the lift. Checked whenever time moves past an instant whose rates the rule
+  set (not between two events of one instant: those rates hold for no time). Where not:
+  the class of the overloaded link splits by its members' shares, or the sender's class by
+  whether its transfer has a bottleneck.
+- *Ends* (`check_end`). Member a's step ends at the later of its own transfer's end (its
+  representative's, by the rates) and the ends of its senders' transfers (their classes'
+  representatives'). The representative's step ends at the latest of all; every member must
+  end then: its own transfer ends then, or one of its senders' does. Where not, the class
+  splits into the members that do and those that do not.
+
+So every member's next events are its representative's. Each split makes a class finer (never
+trivially: each check splits off a proper part), so the runs end: at worst at every NPU, where
+every NPU runs as before (as also past `world.STATE_BUDGET`). What the checks do not decide
+is left out: point-to-point messages and a dim's custom files for each NPU refuse
+(`Inexact`: every NPU runs). Every float the run uses is the representatives' run's own; the
+checks compare with a relative slack of `FULL` (a link full, a rate the top one).
+
+``packet`` would need more: its per-sender queues and round robin see each message, not a
+fluid share, so a representative's link that stands for members of different senders' classes
+would need those senders' packets to interleave alike on every member's link; not done (every
+NPU runs, as before).
 """
 
 from __future__ import annotations
@@ -131,6 +182,7 @@ class Classes:
     messages: frozenset[Message] = frozenset()
     state: bool = False  # by state: not equitable, proven in the run (`state_classes`)
     members: tuple[np.ndarray, ...] = ()  # (by state) each class's ranks, ascending
+    pos: np.ndarray | None = None  # (by state) every rank's index in its class's `members`
 
     @property
     def count(self) -> int:
@@ -266,7 +318,10 @@ def state_classes(colour: np.ndarray, kind_of: np.ndarray) -> Classes:
     sizes = np.bincount(of)
     members = tuple(np.split(by, np.cumsum(sizes)[:-1]))
     reps = tuple(int(m[0]) for m in members)
-    return Classes(of, reps, sizes, frozenset(), kind_of, frozenset(), True, members)
+    pos = np.empty_like(of)
+    for m in members:
+        pos[m] = np.arange(len(m))
+    return Classes(of, reps, sizes, frozenset(), kind_of, frozenset(), True, members, pos)
 
 
 def refined(colour: np.ndarray, split: Split) -> np.ndarray:
@@ -279,21 +334,25 @@ def refined(colour: np.ndarray, split: Split) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Lift:
-    """A representative's step entry on a class's link that not every member lifts alike (module doc).
+    """A representative's step on one of the representatives' links, as its members' transfers take it.
 
     Attributes:
-        link: the representatives' link (class B's representative's link x).
+        link: the representatives' link q (class B's representative's link x).
         cls: class B.
         weights: per member of B, the share its link x takes of the step's members' transfers
-            (None: the same for every member of B, the entry's weight).
-        cover: per member of the sender's class, whether its transfer crosses B's links
-            (None: every member's).
+            (None: the same for every member of B, q's share).
+        maps: per distance of the step whose peers fall in B, per member of the sender's class
+            A, the index in B of the member whose link x its transfer crosses (-1: not in B); for
+            A's own links, each member's own.
+        plain: alike for every member: `weights` None and every member of A crosses one of
+            B's links.
     """
 
     link: int
     cls: int
     weights: np.ndarray | None
-    cover: np.ndarray | None
+    maps: tuple[np.ndarray, ...]
+    plain: bool
 
 
 @dataclass(frozen=True)
@@ -301,12 +360,14 @@ class StatePlan:
     """A representative's stage step by state (`state_step`): what the run checks of it.
 
     Attributes:
-        lifts: its entries not every member lifts alike (`Lift`).
+        lifts: its entries (`Lift`), one per representatives' link.
+        plain: every entry plain (`Lift.plain`).
         groups: the members by the representatives of the NPUs they receive from, where they
             differ: (those representatives, the members' indices in their class); () where alike.
     """
 
     lifts: tuple[Lift, ...]
+    plain: bool
     groups: tuple[tuple[tuple[int, ...], np.ndarray], ...]
 
 
@@ -322,23 +383,29 @@ def state_step(
     B once). The senders are the representatives of every member's senders' classes; the
     consumers, the classes of every member's receivers.
     """
-    of, reps, sizes = classes.of, classes.reps, classes.sizes
+    of, reps, sizes, pos = classes.of, classes.reps, classes.sizes, classes.pos
+    assert pos is not None
     a = int(of[rank])
     members = classes.members[a]
     c = (members // stride) % d_npus
     base = members - c * stride
     rep_c = (rank // stride) % d_npus
     hops: list[Usage] = []
-    lifts: dict[int, tuple[Any, Any]] = {}
+    lifts: dict[int, list] = {}  # q -> [class, weights over B, maps]
+    own = np.arange(len(members))
     for hop in step.hops:
         usage: dict[int, float] = {}
         for link, share in hop:
             j, x = divmod(link, per_npu)
             if j == rank:  # its own link: every member's own, alike
                 usage[link] = usage.get(link, 0.0) + share
+                entry = lifts.setdefault(link, [a, None, []])
+                entry[1] = share + (0.0 if entry[1] is None else entry[1])
+                entry[2].append(own)
                 continue
             k = ((j // stride) % d_npus - rep_c) % d_npus
-            to_cls = of[base + (c + k) % d_npus * stride]
+            to = base + (c + k) % d_npus * stride
+            to_cls = of[to]
             for b, n in zip(*np.unique(to_cls, return_counts=True)):
                 b = int(b)
                 q = reps[b] * per_npu + x
@@ -346,17 +413,16 @@ def state_step(
                 theirs = classes.members[b]
                 cb = (theirs // stride) % d_npus
                 got = share * (of[theirs - cb * stride + (cb - k) % d_npus * stride] == a)
-                cover = to_cls == b
-                w, cv = lifts.get(q, (None, None))
-                lifts[q] = (got if w is None else w + got, cover if cv is None else cv | cover)
+                entry = lifts.setdefault(q, [b, None, []])
+                entry[1] = got if entry[1] is None else entry[1] + got
+                entry[2].append(np.where(to_cls == b, pos[to], -1))
         hops.append(tuple(usage.items()))
-    checks = []
-    for q, (w, cv) in lifts.items():
-        b = int(of[q // per_npu])
-        uniform = bool(np.ptp(w) <= 1e-12 * np.max(w))
-        covering = bool(cv.all())
-        if not (uniform and covering):
-            checks.append(Lift(q, b, None if uniform else w, None if covering else cv))
+    made_lifts = []
+    for q, (b, w, maps) in lifts.items():
+        w = np.asarray(w, dtype=float)
+        uniform = w.ndim == 0 or bool(np.ptp(w) <= 1e-12 * np.max(w))
+        covering = bool(np.any(np.stack(maps) >= 0, axis=0).all())
+        made_lifts.append(Lift(q, b, None if uniform else w, tuple(maps), uniform and covering))
     senders = np.stack([of[base + (c - k) % d_npus * stride] for k, _ in peers], axis=1)
     receivers = {int(x) for k, _ in peers for x in np.unique(of[base + (c + k) % d_npus * stride])}
     rep_of = np.asarray(reps)
@@ -372,7 +438,8 @@ def state_step(
     (made,) = step.transfers
     out = one_transfer(step.bytes, tuple(hops), step.delay_ns, capacity, made.messages, made.message_bytes)
     recvs = tuple(sorted({int(r) for r in np.unique(rep_of[senders])}))
-    return out, recvs, len(receivers), StatePlan(tuple(checks), groups)
+    plan = StatePlan(tuple(made_lifts), all(lift.plain for lift in made_lifts), groups)
+    return out, recvs, len(receivers), plan
 
 
 def check_end(
@@ -390,56 +457,95 @@ def check_end(
         return
     a = int(classes.of[rank])
     keys = np.zeros(int(classes.sizes[a]), np.int64)
-    for i, (_, idx) in enumerate(plan.groups):
-        keys[idx] = i
-    raise Split(classes.members[a], keys, "its members' senders end at different times")
+    for (_, idx), on_time in zip(plan.groups, late):
+        keys[idx] = int(on_time)
+    raise Split(classes.members[a], keys, "its members end at different times")
+
+
+FULL = 1e-10  # relative slack within which a link counts as full, its rate as the top one (`check_rates`)
 
 
 def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capacity, per_npu: int) -> None:
     """The representatives' rates lift to every NPU's max-min rates, else `Split` (module doc).
 
-    `flows` are the moving transfers, each with its step's plan. On a link where some transfer
-    is not lifted alike (`Lift.weights`), those transfers must have one rate and their members'
-    weights one sum on every member's link; a transfer whose members do not all cross a link's
-    class (`Lift.cover`) must be held by its own links, or by links whose classes cover them all.
+    `flows` are the moving transfers, each with its step's plan. The lift (each member's
+    transfer at its representative's rate) is every NPU's max-min allocation iff no member's
+    link is over its capacity and every member's transfer crosses a link that is full and
+    where no transfer is faster (its bottleneck). Links every transfer takes alike for every
+    member (`Lift.plain`) carry on each member's link what the representatives' link carries.
     """
     flows = list(flows)
     load: dict[int, float] = defaultdict(float)
     top: dict[int, float] = defaultdict(float)
-    odd: dict[int, list] = defaultdict(list)
+    odd: set[int] = set()
     for f, plan in flows:
         r = f.rate
-        for link, share in f.steps[f.k].usage:
-            load[link] += share * r
-            if r > top[link]:
-                top[link] = r
         for lift in plan.lifts:
             if lift.weights is not None:
-                odd[lift.link].append((r, lift.weights))
-    for q, entries in odd.items():
-        total = np.sum([w for _, w in entries], axis=0)
-        if any(r != entries[0][0] for r, _ in entries) or np.ptp(total) > 1e-12 * np.max(total):
-            b = int(classes.of[q // per_npu])
-            _, keys = np.unique(np.stack([w for _, w in entries], axis=1), axis=0, return_inverse=True)
-            raise Split(classes.members[b], keys.ravel(), "its links carry different loads")
+                odd.add(lift.link)
+        for q, share in f.steps[f.k].usage:
+            load[q] += share * r
+            if r > top[q]:
+                top[q] = r
+    member_load: dict[int, np.ndarray] = {}
+    member_top: dict[int, np.ndarray] = {}
+    if odd:
+        for q in odd:
+            n = int(classes.sizes[int(classes.of[q // per_npu])])
+            member_load[q], member_top[q] = np.zeros(n), np.zeros(n)
+        for f, plan in flows:
+            r = f.rate
+            usage = dict(f.steps[f.k].usage)
+            for lift in plan.lifts:
+                q = lift.link
+                if q not in odd:
+                    continue
+                w = usage[q] if lift.weights is None else lift.weights
+                member_load[q] += w * r
+                member_top[q] = np.maximum(member_top[q], np.where(np.asarray(w) > 0, r, 0.0))
+        for q in odd:
+            if member_load[q].max() > capacity[q] * (1 + FULL):
+                raise Split(*_odd_split(classes, flows, q, per_npu), "its links carry different loads")
     for f, plan in flows:
-        partial = [lift for lift in plan.lifts if lift.cover is not None]
-        if not partial:
-            continue
         r = f.rate
-        rank = f.owner.rank
-        covered: dict[int, np.ndarray] = {lift.link: lift.cover for lift in partial if lift.cover is not None}
-        held = [q for q, _ in f.steps[f.k].usage if load[q] >= capacity[q] * (1 - 1e-10) and r >= top[q]]
-        if any(link not in covered for link in held):
-            continue  # (held by a link every member's transfer crosses)
-        a = int(classes.of[rank])
+        if plan.plain and not any(lift.link in odd for lift in plan.lifts):
+            continue  # (every member's links carry what the representatives' do: its bottleneck lifts)
+        a = int(classes.of[f.owner.rank])
         reach = np.zeros(int(classes.sizes[a]), bool)
-        for link in held:
-            reach |= covered[link]
-        if not reach.all():
-            covers: list[np.ndarray] = [covered[lift.link] for lift in partial]
-            _, keys = np.unique(np.stack(covers, axis=1), axis=0, return_inverse=True)
-            raise Split(classes.members[a], keys.ravel(), "its transfers are held by different links")
+        for lift in plan.lifts:
+            q = lift.link
+            if q in odd:
+                full = (member_load[q] >= capacity[q] * (1 - FULL)) & (r >= member_top[q] * (1 - FULL))
+            else:
+                full = np.full(1, load[q] >= capacity[q] * (1 - FULL) and r >= top[q] * (1 - FULL))
+            if full.size == 1 and not full[0]:
+                continue
+            for m in lift.maps:
+                at = m >= 0
+                reach[at] |= full[np.where(at, m, 0)][at] if full.size > 1 else full[0]
+        if reach.all():
+            continue
+        if reach.any():
+            raise Split(
+                classes.members[a], reach.astype(np.int64), "its transfers are held by different links"
+            )
+        odds = [lift.link for lift in plan.lifts if lift.link in odd]
+        if odds:
+            raise Split(*_odd_split(classes, flows, odds[0], per_npu), "its links carry different loads")
+        raise Inexact("a transfer held by no link of its members'")
+
+
+def _odd_split(classes: Classes, flows: list, q: int, per_npu: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class B of link q, its members by the shares of the transfers their links x carry."""
+    b = int(classes.of[q // per_npu])
+    rows = [
+        lift.weights
+        for _, plan in flows
+        for lift in plan.lifts
+        if lift.link == q and lift.weights is not None
+    ]
+    _, keys = np.unique(np.stack(rows, axis=1), axis=0, return_inverse=True)
+    return classes.members[b], keys.ravel()
 
 
 def message_family(kind_of: np.ndarray, message: Message) -> set[Message]:

@@ -72,6 +72,7 @@ from .rules import IDEAL, make_rule
 
 T = TypeVar("T")
 STATE_ROUNDS = 64  # (runs classes by state may restart split: `by_state`)
+STATE_BUDGET = 2  # (their NPUs summed over those runs, at most so many times every NPU: `by_state`)
 PRIME_ELEMS = 1 << 20  # (the size whose all-reduce patterns classes start from: `by_classes`)
 
 
@@ -770,17 +771,21 @@ def by_state(
     """`body` on one NPU per class by state (`classes` module doc), under a fluid rule: as `by_classes`.
 
     The classes start from what sets NPUs apart before the run; a class the run sees apart
-    (`classes.Split`) splits, and the run starts again (at most `rounds` times). None where
-    they reach every NPU, or the run takes what they cannot time (messages, a dim's custom
-    files for each NPU: `classes.Inexact`): every NPU runs.
+    (`classes.Split`) splits, and the run starts again (at most `rounds` times, and while the
+    NPUs of the runs so far sum to at most `STATE_BUDGET` times every NPU: a run that splits
+    stops there, so they cost no more than that many runs of every NPU). None where they reach
+    every NPU, or the run takes what they cannot time (messages, a dim's custom files for each
+    NPU: `classes.Inexact`): every NPU runs.
     """
     if config.compat or not fluid(config.network):
         return None
     colour, kind_of = start_colours(topology, config, kinds)
+    spent = 0  # NPUs the runs so far simulated (each, at most, to its end)
     try:
         for _ in range(rounds):
             classes = state_classes(colour, kind_of)
-            if classes.count == topology.npus:
+            spent += classes.count
+            if classes.count == topology.npus or spent > STATE_BUDGET * topology.npus:
                 return None
             try:
                 return World(topology, config, replayable=False, classes=classes, keep=keep).run(body)
