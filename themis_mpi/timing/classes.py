@@ -417,9 +417,10 @@ def state_step(
                 entry[1] = got if entry[1] is None else entry[1] + got
                 entry[2].append(np.where(to_cls == b, pos[to], -1))
         hops.append(tuple(usage.items()))
-    made_lifts = []
+    made_lifts, loads = [], []
     for q, (b, w, maps) in lifts.items():
         w = np.asarray(w, dtype=float)
+        loads.append((q, step.bytes * float(w.flat[0])))  # (what B's representative's own link x takes)
         uniform = w.ndim == 0 or bool(np.ptp(w) <= 1e-12 * np.max(w))
         covering = bool(np.any(np.stack(maps) >= 0, axis=0).all())
         made_lifts.append(Lift(q, b, None if uniform else w, tuple(maps), uniform and covering))
@@ -437,6 +438,7 @@ def state_step(
         )
     (made,) = step.transfers
     out = one_transfer(step.bytes, tuple(hops), step.delay_ns, capacity, made.messages, made.message_bytes)
+    object.__setattr__(out, "loads", tuple(loads))  # (the bytes counted: the representatives' own)
     recvs = tuple(sorted({int(r) for r in np.unique(rep_of[senders])}))
     plan = StatePlan(tuple(made_lifts), all(lift.plain for lift in made_lifts), groups)
     return out, recvs, len(receivers), plan
