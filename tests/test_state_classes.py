@@ -98,7 +98,7 @@ def hd_timelines(p: int, s: int) -> list[set[int]]:
     return out
 
 
-@pytest.mark.parametrize("p,s", [(16, 5), (8, 0), (32, 9)])
+@pytest.mark.parametrize("p,s", [(16, 5), (32, 0), (64, 9)])
 def test_hd_with_a_late_npu_runs_one_npu_per_timeline(monkeypatch, p, s):
     """A late NPU under hd: every NPU apart by structure, log2(p) + 1 timelines in the run; as many run.
 

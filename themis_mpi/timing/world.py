@@ -71,8 +71,8 @@ from .routes import NpuRoutes, NpuStep, astra2_anticlockwise, npu_stage_steps, s
 from .rules import IDEAL, make_rule
 
 T = TypeVar("T")
-STATE_ROUNDS = 64  # (runs classes by state may restart split: `by_state`)
-STATE_BUDGET = 2  # (their NPUs summed over those runs, at most so many times every NPU: `by_state`)
+STATE_ROUNDS = 16  # (runs classes by state may restart split: `by_state`)
+STATE_BUDGET = 1  # (their NPUs summed over those runs, at most so many times every NPU: `by_state`)
 PRIME_ELEMS = 1 << 20  # (the size whose all-reduce patterns classes start from: `by_classes`)
 
 
