@@ -711,9 +711,11 @@ def by_classes(
     The classes are refined by every stage and message pattern the run meets, starting from an
     all-reduce's (of `PRIME_ELEMS`: most runs then go once; where those set every NPU apart, from
     none); one it had not met stops the run, which starts again refined by it (at most `rounds`
-    times). None where classes do not apply (a rule they do not admit, a compat), do not reduce,
-    or meet a step they cannot weigh exactly (`classes.Inexact`; under a rule admitted where every
-    weight is 1, classes of different sizes are refused before they run): every NPU runs.
+    times). Where they keep every NPU apart under a fluid rule and the run sends no message,
+    classes by state try instead (`by_state`). None where classes do not apply (a rule they do
+    not admit, a compat), do not reduce, or meet a step they cannot weigh exactly
+    (`classes.Inexact`; under a rule admitted where every weight is 1, classes of different
+    sizes are refused before they run): every NPU runs.
 
     Args:
         topology: the network.
