@@ -361,7 +361,7 @@ class NpuTransport(GreenletControl):
         self.cost, self.links = world.cost, world.links
         self.records_kept = world.kept(rank)  # (its engine's records: `engine.Engine.keeps_records`)
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
-        self._regions: dict[int, list[list[tuple[int, int]]]] = {}
+        self._regions: dict[int, dict[int, list[tuple[int, int]]]] = {}  # per collective, per started chunk
         self._collectives: dict[int, CollectiveRun] = {}
         self._active: list[_Stage | _Message] = []
         self._messages: dict[tuple, int] = {}  # per message side: the messages issued (`matched`)
@@ -369,17 +369,27 @@ class NpuTransport(GreenletControl):
     # --- engine interface ------------------------------------------------------------------------
 
     def open(self, run: CollectiveRun) -> None:
-        """Each chunk's region stack, as the emulator keeps it (an AG starts from its owned block)."""
-        coll, bounds = run.collective, run.bounds.tolist()
-        regions = []
-        for k in range(len(bounds) - 1):
-            stack = [(bounds[k], bounds[k + 1])]
-            if coll.op == "all_gather":
-                for d in rs_dims(self.topology, coll, run.orders[k]):
-                    stack.append(owned_region(self.topology.dims[d].npus, self.coords[d], *stack[-1]))
-            regions.append(stack)
-        self._regions[run.coll_id] = regions
+        """The collective's chunks get their region stacks as they start (`_stack`)."""
+        self._regions[run.coll_id] = {}
         self._collectives[run.coll_id] = run
+
+    def _stack(self, coll_id: int, chunk: int) -> list[tuple[int, int]]:
+        """A chunk's region stack, as the emulator keeps it (an AG starts from its owned block).
+
+        Made at the chunk's first stage, not at the collective's issue: a collective waiting in
+        the queues holds none (memory, with every NPU's collectives in flight).
+        """
+        regions = self._regions[coll_id]
+        stack = regions.get(chunk)
+        if stack is None:
+            run = self._collectives[coll_id]
+            coll, (lo, hi) = run.collective, run.bounds[chunk : chunk + 2].tolist()
+            stack = [(lo, hi)]
+            if coll.op == "all_gather":
+                for d in rs_dims(self.topology, coll, run.orders[chunk]):
+                    stack.append(owned_region(self.topology.dims[d].npus, self.coords[d], *stack[-1]))
+            regions[chunk] = stack
+        return stack
 
     def close(self, run: CollectiveRun) -> None:
         """No data to check."""
@@ -393,7 +403,7 @@ class NpuTransport(GreenletControl):
         s = run.stage
         topo, coll = self.topology, self._collectives[s.coll].collective
         dim, c = topo.dims[s.dim], self.coords[s.dim]
-        stack = self._regions[s.coll][s.chunk]
+        stack = self._stack(s.coll, s.chunk)
         if s.op == AG:
             stack.pop()
         lo, hi = stack[-1]
