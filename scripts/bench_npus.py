@@ -47,11 +47,13 @@ process of its own (its wall and CPU seconds and peak RSS from `os.wait4`): GNMT
 ``fair``, ResNet-152 per layer on ``4D-Ring_FC_Ring_SW`` (NPU 5 at 1.5x, NPU 300's dim-1
 links at 0.5x, baseline and themis) under ``fair``, and one generated GPT-3 175B iteration on
 ``HGX-H100-SW_SW_SW`` (TP8 x PP8 x DP16, 4 chunks, baseline, NPU 5 at 1.5x) under ``packet``
-(`GPT_RUN`); with ``--before DIR`` (an older checkout of the package) each case runs there
-first, side by side; ``--cut``: the GNMT cases on a 256-NPU cut of the HGX preset instead (its
-dims at 8 x 4 nodes), the ResNet-152 case on 64-, 128- and 256-NPU cuts of the 4D preset (its
-dims written out, NPU 30's dim-1 links at 0.5x), and the GPT-3 case on the 64-NPU cut (TP8 x PP4
-x DP2, global batch 96).
+(`GPT_RUN`), and GNMT (16 chunks) and ResNet-152 per layer (16 chunks) with NPU 5 at 1.5x under
+``ideal`` with bytescheduler (every NPU in event order, `greenlets.NpuWorld`); with ``--before
+DIR`` (an older checkout of the package) each case runs there first, side by side; ``--cut``:
+the GNMT cases on a 256-NPU cut of the HGX preset instead (its dims at 8 x 4 nodes), the
+ResNet-152 cases on 64-, 128- and 256-NPU cuts of the 4D preset (its dims written out, NPU 30's
+dim-1 links at 0.5x where scaled), and the GPT-3 case on the 64-NPU cut (TP8 x PP4 x DP2,
+global batch 96).
 
 Both run every NPU at once (`themis_mpi.timing.vectors.NpuVectors`, equal to running every NPU's engine:
 tests/test_stragglers.py); under ``--network fair`` or ``store-forward`` on every NPU's links
@@ -346,6 +348,18 @@ WORLD_CASES = (  # (label, train's arguments)
         "--link-scale 1:300=0.5 -p baseline,themis --network fair",
     ),
     ("GPT-3, HGX, packet", f"gpt {HGX} 8 16 1536"),  # (`GPT_RUN`'s arguments: topology, PP, DP, batch)
+    # under ideal a gated scheduler (bytescheduler) needs event order: every NPU in event order
+    # (`greenlets.NpuWorld`), not vectorised
+    (
+        "GNMT, HGX, ideal",
+        "traces/gnmt.txt -t HGX-H100-SW_SW_SW -c 16 --npu-compute-scale 5=1.5 -p baseline "
+        "--network ideal --comm-scheduler bytescheduler",
+    ),
+    (
+        "ResNet-152, 4D, ideal",
+        "traces/per-layer/resnet152.txt -t 4D-Ring_FC_Ring_SW -c 16 --npu-compute-scale 5=1.5 -p baseline "
+        "--network ideal --comm-scheduler bytescheduler",
+    ),
 )
 # One GPT-3 175B iteration (TP 8, 1F1B, 4 chunks, baseline) with NPU 5 at 1.5x under packet: every
 # NPU's links, every NPU (a class of 1 under packet). The functions it calls are the same before
@@ -387,10 +401,10 @@ def cut_cases() -> list[tuple[str, str]]:
         (f"{label}, cut", flags.replace(HGX, HGX_CUT_256)) for label, flags in WORLD_CASES if "GNMT" in label
     ]
     cases.append(("GPT-3, HGX/64, packet", f"gpt {HGX_CUT_64} 4 2 96"))  # (TP8 x PP4 x DP2, 2 x 4 nodes)
-    label, flags = next(case for case in WORLD_CASES if case[0].startswith("ResNet-152"))
-    for npus, dims in FOUR_D_CUTS.items():
-        cut = flags.replace("4D-Ring_FC_Ring_SW", dims).replace("1:300=", "1:30=")
-        cases.append((label.replace("4D", f"4D/{npus}"), cut))
+    for label, flags in (case for case in WORLD_CASES if case[0].startswith("ResNet-152")):
+        for npus, dims in FOUR_D_CUTS.items():
+            cut = flags.replace("4D-Ring_FC_Ring_SW", dims).replace("1:300=", "1:30=")
+            cases.append((label.replace("4D", f"4D/{npus}"), cut))
     return cases
 
 

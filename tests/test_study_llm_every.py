@@ -62,9 +62,9 @@ def forced_every_npu(patch: pytest.MonkeyPatch) -> list[int]:
         return replace(chosen, simulator=planner.GREENLETS) if chosen.simulator == planner.LINKED else chosen
 
     class Counted(NpuWorld):
-        def __init__(self, topology, config):
+        def __init__(self, topology, config, **kwargs):
             ran.append(topology.npus)
-            super().__init__(topology, config)
+            super().__init__(topology, config, **kwargs)
 
     patch.setattr(training, "plan", every_npu)
     patch.setattr(planner, "NpuWorld", Counted)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
@@ -266,9 +266,12 @@ class NpuWorld(Greenlets):
     Args:
         topology: the network.
         config: the run settings (ideal network, virtual clock).
+        keep: the NPUs whose result (their engines' records) is read (NPU 0 on the model);
+            the others keep none (`engine.Engine.keeps_records`) and return None, so a long
+            run's memory does not grow with NPUs x stages. None: every NPU's.
     """
 
-    def __init__(self, topology: Topology, config: RunConfig):
+    def __init__(self, topology: Topology, config: RunConfig, keep: Collection[int] | None = None):
         if config.network != IDEAL:
             raise UsageError(f"NpuWorld times ideal links, not --network {config.network} (world.World does)")
         if topology.flat:
@@ -279,6 +282,7 @@ class NpuWorld(Greenlets):
             )
         super().__init__(topology.npus)
         self.topology, self.config = topology, config
+        self.keep = None if keep is None else frozenset(keep)
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
         self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
         self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
@@ -308,11 +312,26 @@ class NpuWorld(Greenlets):
             del self.mail[key]
         return t_ns
 
+    def run(self, body: Callable[[Any], T]) -> list[T]:
+        """`Greenlets.run`: the returns of the kept NPUs only (None for the others, once returned)."""
+        if self.keep is None:
+            return super().run(body)
+
+        def kept_only(npu: NpuTransport) -> Any:
+            result = body(npu)
+            return result if self.kept(npu.rank) else None
+
+        return super().run(kept_only)
+
     def block(self, rank: int, seen: int, what: Callable[[], str]) -> None:
         """Wait until some NPU sends to `rank` (its version is past `seen`)."""
         if self.version[rank] == seen:
             self.waiting[rank] = what
             self._yield()
+
+    def kept(self, rank: int) -> bool:
+        """Whether NPU `rank`'s result is kept (`keep`)."""
+        return self.keep is None or rank in self.keep
 
     def transport(self, rank: int) -> NpuTransport:
         """NPU `rank`'s transport."""
@@ -340,8 +359,9 @@ class NpuTransport(GreenletControl):
         self.topology, self.config = world.topology, world.config
         self.clock = VirtualClock()
         self.cost, self.links = world.cost, world.links
+        self.records_kept = world.kept(rank)  # (its engine's records: `engine.Engine.keeps_records`)
         self.coords = tuple((rank // s) % d.npus for s, d in zip(world.strides, self.topology.dims))
-        self._regions: dict[int, list[list[tuple[int, int]]]] = {}
+        self._regions: dict[int, dict[int, list[tuple[int, int]]]] = {}  # per collective, per started chunk
         self._collectives: dict[int, CollectiveRun] = {}
         self._active: list[_Stage | _Message] = []
         self._messages: dict[tuple, int] = {}  # per message side: the messages issued (`matched`)
@@ -349,17 +369,27 @@ class NpuTransport(GreenletControl):
     # --- engine interface ------------------------------------------------------------------------
 
     def open(self, run: CollectiveRun) -> None:
-        """Each chunk's region stack, as the emulator keeps it (an AG starts from its owned block)."""
-        coll, bounds = run.collective, run.bounds.tolist()
-        regions = []
-        for k in range(len(bounds) - 1):
-            stack = [(bounds[k], bounds[k + 1])]
-            if coll.op == "all_gather":
-                for d in rs_dims(self.topology, coll, run.orders[k]):
-                    stack.append(owned_region(self.topology.dims[d].npus, self.coords[d], *stack[-1]))
-            regions.append(stack)
-        self._regions[run.coll_id] = regions
+        """The collective's chunks get their region stacks as they start (`_stack`)."""
+        self._regions[run.coll_id] = {}
         self._collectives[run.coll_id] = run
+
+    def _stack(self, coll_id: int, chunk: int) -> list[tuple[int, int]]:
+        """A chunk's region stack, as the emulator keeps it (an AG starts from its owned block).
+
+        Made at the chunk's first stage, not at the collective's issue: a collective waiting in
+        the queues holds none (memory, with every NPU's collectives in flight).
+        """
+        regions = self._regions[coll_id]
+        stack = regions.get(chunk)
+        if stack is None:
+            run = self._collectives[coll_id]
+            coll, (lo, hi) = run.collective, run.bounds[chunk : chunk + 2].tolist()
+            stack = [(lo, hi)]
+            if coll.op == "all_gather":
+                for d in rs_dims(self.topology, coll, run.orders[chunk]):
+                    stack.append(owned_region(self.topology.dims[d].npus, self.coords[d], *stack[-1]))
+            regions[chunk] = stack
+        return stack
 
     def close(self, run: CollectiveRun) -> None:
         """No data to check."""
@@ -373,7 +403,7 @@ class NpuTransport(GreenletControl):
         s = run.stage
         topo, coll = self.topology, self._collectives[s.coll].collective
         dim, c = topo.dims[s.dim], self.coords[s.dim]
-        stack = self._regions[s.coll][s.chunk]
+        stack = self._stack(s.coll, s.chunk)
         if s.op == AG:
             stack.pop()
         lo, hi = stack[-1]

@@ -304,7 +304,7 @@ def run_on(
     if plan.simulator == VECTORS:
         return body(NpuVectors(topology, config))
     if plan.simulator == GREENLETS:
-        return NpuWorld(topology, config).run(body)[0]
+        return NpuWorld(topology, config, keep=[transport.rank]).run(body)[0]  # (NPU 0's records only)
     assert on_model is not None, f"{plan.simulator} on the model needs its runner"
     return on_model()
 
