@@ -23,7 +23,7 @@ from ..model import ModelTransport
 from ..policies import Schedule, default_scheduler
 from ..progress import Progress
 from ..results import TrainingResult, beyond_physics, dim_results, link_results
-from ..timing.planner import GRAPH, TRAINING, WORLD, Run, graph_ranks, plan, run_on
+from ..timing.planner import GRAPH, GREENLETS, TRAINING, WORLD, Run, graph_ranks, plan, run_on
 from ..timing.rules import IDEAL
 from ..timing.vectors import npu0
 from ..topology import Topology
@@ -264,7 +264,8 @@ def run_graph(
     firsts: dict[int, int] = {}  # (every NPU in this process: a kind's ranks run its first rank's plan)
     if kinds is not None and timing.simulator == WORLD:  # (a rank of each kind has every kind's collectives)
         ranks = sorted({repr(kind): r for r, kind in sorted(kinds.items(), reverse=True)}.values()) or [0]
-        firsts = {} if graph.groups else kind_firsts(kinds, topo.npus)  # (a group's dims: each rank's own)
+    if kinds is not None and timing.simulator in (WORLD, GREENLETS) and not graph.groups:
+        firsts = kind_firsts(kinds, topo.npus)  # (a group's dims: each rank's own)
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     t0 = time.perf_counter()
