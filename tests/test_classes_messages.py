@@ -203,3 +203,20 @@ def test_a_lazy_trace_list_ends_at_its_ranks():
     assert [t.path for t in built] == [traces[r].path for r in range(8)]
     with pytest.raises(IndexError):
         traces[8]
+
+
+def test_the_estimate_says_it_is_a_bound_where_classes_by_state_may_run():
+    """Every NPU's links expected under fair (hd around a late NPU): an upper bound, classes by state may run.
+
+    Under packet (no classes by state) and where the equitable classes already run, no such words.
+    """
+    late = dict(npu_delay_ns=((5, 1e3),))
+    hd, direct = parse_topology("SW(8,100,500,hd)_SW(4,50,1000,hd)"), parse_topology("SW(8,100,500,direct)")
+    bound = ", at most: classes by state may run fewer NPUs"
+
+    def why(topo, rule: str) -> str:
+        run = planner.Run(topo, RunConfig(network=rule, **late), planner.TRAINING)
+        return planner.estimate(planner.plan(run), 100)[1]
+
+    assert why(hd, "fair").endswith(f"32 NPUs x 100 chunk steps{bound})")
+    assert bound not in why(hd, "packet") and bound not in why(direct, "fair")

@@ -58,7 +58,7 @@ from .routes import uneven_dims
 from .rules import IDEAL, rule_class
 from .symmetric import Symmetric, Timer, one_npu_exact
 from .vectors import NpuVectors
-from .world import World, by_classes, expected_npus
+from .world import World, by_classes, expected_npus, state_may_run
 
 T = TypeVar("T")
 COLLECTIVE, TRAINING, GRAPH, JOBS = "collective", "training", "graph", "jobs"
@@ -393,6 +393,8 @@ def estimate(plan: Plan, steps_per_npu: int, slow_npus: Sequence[int] = ()) -> t
     )
     if simulated < npus:
         size = f"{npus} NPUs as {simulated} classes x {steps_per_npu:,} chunk steps"
+    elif plan.simulator == WORLD and state_may_run(run.config, run.per_rank or run.messages):
+        size += ", at most: classes by state may run fewer NPUs"
     return cost_us / 1e6, f"{plan.simulator} under {plan.rule} ({', '.join([*causes, size])})"
 
 

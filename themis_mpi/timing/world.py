@@ -728,7 +728,7 @@ def by_classes(
                 return None  # (a weight other than 1 somewhere, most likely: every NPU, before any run)
             if classes.count == topology.npus:
                 if not primed:
-                    if messages or not fluid(config.network):
+                    if not state_may_run(config, bool(messages)):
                         return None
                     return by_state(topology, config, kinds, body, rounds=STATE_ROUNDS, keep=keep)
                 patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
@@ -763,7 +763,7 @@ def by_state(
     every NPU, or the run takes what they cannot time (messages, a dim's custom files for each
     NPU: `classes.Inexact`): every NPU runs.
     """
-    if config.compat or not fluid(config.network):
+    if not state_may_run(config):
         return None
     colour, kind_of = start_colours(topology, config, kinds)
     spent = 0  # NPUs the runs so far simulated (each, at most, to its end)
@@ -780,6 +780,11 @@ def by_state(
     except Inexact:
         return None
     return None
+
+
+def state_may_run(config: RunConfig, messages: bool = False) -> bool:
+    """Whether classes by state may run (`by_state`): a fluid rule, no compat, no messages."""
+    return not (config.compat or messages) and fluid(config.network)
 
 
 def primed_patterns(topology: Topology, config: RunConfig) -> set:
