@@ -262,10 +262,9 @@ def run_graph(
         ranks = here
     kinds = graph_kinds(graph, bool(mine.messages), spec)
     firsts: dict[int, int] = {}  # (every NPU in this process: a kind's ranks run its first rank's plan)
-    if kinds is not None and timing.simulator == WORLD:  # (a rank of each kind has every kind's collectives)
+    if kinds is not None and timing.simulator in (WORLD, GREENLETS):  # (every NPU in this process)
         ranks = sorted({repr(kind): r for r, kind in sorted(kinds.items(), reverse=True)}.values()) or [0]
-    if kinds is not None and timing.simulator in (WORLD, GREENLETS) and not graph.groups:
-        firsts = kind_firsts(kinds, topo.npus)  # (a group's dims: each rank's own)
+        firsts = {} if graph.groups else kind_firsts(kinds, topo.npus)  # (a group's dims: each rank's own)
     collectives = graph_collectives(graph, topo, spec, ranks)
     schedules = dict(zip(collectives, share_orders(transport, policy, collectives)))
     t0 = time.perf_counter()
