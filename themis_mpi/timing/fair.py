@@ -217,6 +217,7 @@ class Fair(LinkModel):
         self._users = [0] * len(links)  # moving transfers on each link
         self._rates_stale = False
         self._had_solo = False  # a stage went solo here (never on every NPU's links: no scan for them)
+        self.rates_set = 0  # times the rates were set (classes by state check each new set: `world.World`)
 
     # --- flows in and out --------------------------------------------------------------------------
 
@@ -236,6 +237,11 @@ class Fair(LinkModel):
     def idle(self) -> bool:
         """No transfer moves (a solo stage counts until it ends)."""
         return not self._moving
+
+    @property
+    def moving_flows(self) -> list[Flow]:
+        """The transfers in progress, solo stages too (what classes by state check: `world.World`)."""
+        return self._moving
 
     # --- time ------------------------------------------------------------------------------------
 
@@ -307,6 +313,7 @@ class Fair(LinkModel):
 
     def _join(self, flow: Flow, step: Step) -> None:
         """A transfer starts: alone on its links it takes their rate, else every rate is set anew."""
+        self.rates_set += 1
         users, usage = self._users, step.usage
         if self._had_solo and any(users[link] for link, _ in usage):
             # a link in use: solo stages on mine share from now, or interleave
@@ -495,6 +502,7 @@ class Fair(LinkModel):
         """
         moving = [f for f in self._moving if f.solo_ns < 0]
         self._rates_stale = False
+        self.rates_set += 1
         if not moving:
             return
         users = self._users

@@ -203,7 +203,7 @@ class World(Greenlets):
             super().__init__(topology.npus, classes.reps, classes.sizes)
         self.classes = classes
         self.state = classes is not None and classes.state  # (checked as it runs: `classes.Split`)
-        self._rates_set = False  # (by state) rates set at this instant, not yet checked
+        self._rates_checked = 0  # (by state) the rule's `rates_set` count last checked
         self.unit = not fluid(config.network)  # (with classes: every weight must be 1, `Classes.step`)
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
@@ -211,8 +211,6 @@ class World(Greenlets):
         self.loop = EventLoop()
         self.rule = make_rule(config.network, self.routes.links, self, topology, config)
         self.loop.per_event = self.rule.per_event
-        if self.state:
-            self._checked_rates()
         self.astra2 = config.compat == ASTRA_SIM_2
         self.replayable = replayable
         self.keep = None if keep is None else frozenset(keep)
@@ -309,32 +307,17 @@ class World(Greenlets):
         self.rule.resume(flow)
 
     def _check_rates(self) -> None:
-        """The rates set at this instant lift to every NPU's (`classes.check_rates`), or the run splits."""
-        assert self.classes is not None
-        self._rates_set = False
-        moving = self.rule._moving  # type: ignore[attr-defined]
-        per_npu, capacity = self.routes.per_npu, self.routes.capacity
-        check_rates(self.classes, ((f, f.owner.checks[f.k]) for f in moving), capacity, per_npu)
-
-    def _checked_rates(self) -> None:
-        """Classes by state: rates the rule set must lift to every NPU's before time moves (`check_rates`).
+        """The rates the rule set lift to every NPU's (`classes.check_rates`), or the run splits.
 
         Only the rates an instant ends with hold for a while: those set between two events of
-        one instant (one class's transfer started, its like's not yet) hold for no time.
+        one instant (one class's transfer started, its like's not yet) hold for no time, so
+        `_idle` checks when time moves past an instant whose rates the rule set.
         """
-        rule = self.rule
-        set_rates, join = rule._set_rates, rule._join  # type: ignore[attr-defined]
-
-        def checked_set() -> None:
-            set_rates()
-            self._rates_set = True
-
-        def checked_join(flow: Flow, step: Step) -> None:
-            join(flow, step)
-            self._rates_set = True
-
-        rule._set_rates = checked_set  # type: ignore[attr-defined]
-        rule._join = checked_join  # type: ignore[attr-defined]
+        assert self.classes is not None
+        self._rates_checked = self.rule.rates_set  # type: ignore[attr-defined]
+        moving = self.rule.moving_flows  # type: ignore[attr-defined]
+        per_npu, capacity = self.routes.per_npu, self.routes.capacity
+        check_rates(self.classes, ((f, f.owner.checks[f.k]) for f in moving), capacity, per_npu)
 
     def npu_ended(self, rank: int, run: StageRun) -> None:
         """A stage (or a message side) of NPU `rank` is over: the NPU runs next, if it waits."""
@@ -604,8 +587,9 @@ class World(Greenlets):
         """
         horizon = min(self._timed.values(), default=math.inf)
         t_ns = self.loop.next_ns(self.rule)
-        if self._rates_set and min(t_ns, horizon) > self.now_ns:  # (time moves: rates hold a while)
-            self._check_rates()
+        if self.state and min(t_ns, horizon) > self.now_ns:  # (time moves: the rates set hold a while)
+            if self.rule.rates_set != self._rates_checked:  # type: ignore[attr-defined]
+                self._check_rates()
         if t_ns < math.inf and t_ns <= horizon:
             self.loop.fire(t_ns, self.rule)
         elif horizon < math.inf:
