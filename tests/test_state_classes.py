@@ -15,7 +15,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import model_training
 from themis_mpi.timing import planner
-from themis_mpi.timing.classes import Split, start_colours, state_classes
+from themis_mpi.timing.classes import Split, refined, start_colours, state_classes
 from themis_mpi.timing.world import World, by_state
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
@@ -152,7 +152,8 @@ def test_a_planted_wrong_partition_is_caught(monkeypatch, wrong):
         m.setattr(planner, "by_classes", planted)
         model_collective(topo, coll, "baseline", config)
     (split,) = caught
-    assert 1 < len(set(split.keys.tolist())) and len(split.keys) == len(split.members)
+    ((members, keys),) = split.parts
+    assert 1 < len(set(keys.tolist())) and len(keys) == len(members)
 
 
 def test_packet_keeps_todays_path():
@@ -161,3 +162,15 @@ def test_packet_keeps_todays_path():
     for rule in ("packet", "store-forward"):
         config = RunConfig(network=rule, npu_delay_ns=((0, 20_000.0),))
         assert by_state(topo, config, {}, lambda npu: None) is None
+
+
+def test_one_instants_splits_all_made():
+    """Every class one instant's checks see apart splits at once (`Split.merged`), twice: by both keys."""
+    colour = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    first = Split(np.array([0, 1, 2, 3]), np.array([0, 0, 1, 1]), "ends")
+    second = Split(np.array([4, 5, 6, 7]), np.array([0, 1, 0, 1]), "rates")
+    third = Split(np.array([0, 1, 2, 3]), np.array([0, 1, 0, 1]), "rates")
+    out = refined(colour, Split.merged([first, second, third]))
+    parts = {frozenset(np.flatnonzero(out == c).tolist()) for c in np.unique(out)}
+    assert parts == {frozenset({r}) for r in range(4)} | {frozenset({4, 6}), frozenset({5, 7})}
+    assert Split.merged([first]) is first
