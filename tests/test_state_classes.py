@@ -15,7 +15,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import model_training
 from themis_mpi.timing import planner
-from themis_mpi.timing.classes import Split, refined, start_colours, state_classes
+from themis_mpi.timing.classes import Split, StatePlan, check_end, refined, start_colours, state_classes
 from themis_mpi.timing.world import World, by_state
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
@@ -174,3 +174,15 @@ def test_one_instants_splits_all_made():
     parts = {frozenset(np.flatnonzero(out == c).tolist()) for c in np.unique(out)}
     assert parts == {frozenset({r}) for r in range(4)} | {frozenset({4, 6}), frozenset({5, 7})}
     assert Split.merged([first]) is first
+
+
+def test_a_step_end_splits_by_every_members_end():
+    """Members ending apart split by each one's end (own transfer or its senders'), all at once."""
+    classes = state_classes(np.zeros(4, np.int64), np.zeros(4, np.int64))
+    groups = (((1,), np.array([0])), ((2,), np.array([1])), ((3,), np.array([2, 3])))
+    plan = StatePlan((), True, groups)
+    check_end(classes, 0, plan, 2.0, {1: 5.0, 2: 5.0, 3: 5.0}, 5.0)  # (all end at 5: no split)
+    with pytest.raises(Split) as split:
+        check_end(classes, 0, plan, 2.0, {1: 5.0, 2: 1.0, 3: 4.0}, 5.0)  # (ends 5, 2, 4)
+    ((members, keys),) = split.value.parts
+    assert members.tolist() == [0, 1, 2, 3] and keys.tolist() == [2, 0, 1, 1]

@@ -469,17 +469,19 @@ def check_end(
     """A step of a class by state ends at t_ns: every member must end then (else `Split`, module doc).
 
     A member ends at the later of its own transfer's end and its senders' (their classes'
-    representatives'); the representative at the latest of all.
+    representatives'); the representative at the latest of all. Where they differ, the class
+    splits by each member's end (every distinct end at once, not only on time or not).
     """
     if own_ns == t_ns or not plan.groups:
         return
-    late = [any(got[s] == t_ns for s in senders) for senders, _ in plan.groups]
-    if all(late):
+    ends = [max(own_ns, max(got[s] for s in senders)) for senders, _ in plan.groups]
+    if all(end == t_ns for end in ends):
         return
     a = int(classes.of[rank])
     keys = np.zeros(int(classes.sizes[a]), np.int64)
-    for (_, idx), on_time in zip(plan.groups, late):
-        keys[idx] = int(on_time)
+    distinct = sorted(set(ends))
+    for (_, idx), end in zip(plan.groups, ends):
+        keys[idx] = distinct.index(end)
     raise Split(classes.members[a], keys, "its members end at different times")
 
 
