@@ -186,3 +186,19 @@ def test_a_step_end_splits_by_every_members_end():
         check_end(classes, 0, plan, 2.0, {1: 5.0, 2: 1.0, 3: 4.0}, 5.0)  # (ends 5, 2, 4)
     ((members, keys),) = split.value.parts
     assert members.tolist() == [0, 1, 2, 3] and keys.tolist() == [2, 0, 1, 1]
+
+
+def test_a_split_seen_before_a_failure_is_the_outcome():
+    """An instant run on past a class seen apart may fail otherwise: the run raises the split."""
+    topo, config, _ = hd_case(8, 0)
+    colour, kind_of = start_colours(topo, config, {})
+    world = World(topo, config, replayable=False, classes=state_classes(colour, kind_of))
+    seen = Split(np.arange(1, 8), np.array([0, 0, 0, 1, 1, 1, 1]), "ends")
+    world._splits.append(seen)
+
+    def body(transport):
+        raise RuntimeError("a state no NPU of the every-NPU run would reach")
+
+    with pytest.raises(Split) as split:
+        world.run(body)
+    assert split.value is seen

@@ -564,17 +564,25 @@ class World(Greenlets):
         return self.keep is None or rank in self.keep
 
     def run(self, body: Callable[[Any], T]) -> list[T]:
-        """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why)."""
+        """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why).
+
+        By state, classes seen apart at an instant split when it ends (`classes.Split`), also where
+        the instant, run on past them, fails otherwise.
+        """
         try:
             out = super().run(body)
-            if self._splits:  # (seen apart at the last instant)
-                raise Split.merged(self._splits)
-            return out
-        except Stalled:
-            if not self.replayable or self.keep is None:
+        except Split:
+            raise
+        except Exception as exc:
+            if self._splits:  # (the instant ran on past a class seen apart: its split is the outcome)
+                raise Split.merged(self._splits) from exc
+            if not isinstance(exc, Stalled) or not self.replayable or self.keep is None:
                 raise
             World(self.topology, self.config).run(body)  # (the same run: it stalls, and says why)
             raise
+        if self._splits:  # (seen apart at the last instant)
+            raise Split.merged(self._splits)
+        return out
 
     def wait(self, rank: int, horizon_ns: float) -> None:
         """NPU `rank` waits until a stage of its ends or the loop reaches the horizon."""
