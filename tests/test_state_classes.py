@@ -15,7 +15,7 @@ from themis_mpi.config import RunConfig
 from themis_mpi.run.collective import model_collective
 from themis_mpi.run.training import model_training
 from themis_mpi.timing import planner
-from themis_mpi.timing.classes import Split, start_colours, state_classes
+from themis_mpi.timing.classes import Split, StatePlan, check_end, refined, start_colours, state_classes
 from themis_mpi.timing.world import World, by_state
 from themis_mpi.topology import parse_topology
 from themis_mpi.workloads.text import parse_workload
@@ -152,7 +152,8 @@ def test_a_planted_wrong_partition_is_caught(monkeypatch, wrong):
         m.setattr(planner, "by_classes", planted)
         model_collective(topo, coll, "baseline", config)
     (split,) = caught
-    assert 1 < len(set(split.keys.tolist())) and len(split.keys) == len(split.members)
+    ((members, keys),) = split.parts
+    assert 1 < len(set(keys.tolist())) and len(keys) == len(members)
 
 
 def test_packet_keeps_todays_path():
@@ -161,3 +162,43 @@ def test_packet_keeps_todays_path():
     for rule in ("packet", "store-forward"):
         config = RunConfig(network=rule, npu_delay_ns=((0, 20_000.0),))
         assert by_state(topo, config, {}, lambda npu: None) is None
+
+
+def test_one_instants_splits_all_made():
+    """Every class one instant's checks see apart splits at once (`Split.merged`), twice: by both keys."""
+    colour = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    first = Split(np.array([0, 1, 2, 3]), np.array([0, 0, 1, 1]), "ends")
+    second = Split(np.array([4, 5, 6, 7]), np.array([0, 1, 0, 1]), "rates")
+    third = Split(np.array([0, 1, 2, 3]), np.array([0, 1, 0, 1]), "rates")
+    out = refined(colour, Split.merged([first, second, third]))
+    parts = {frozenset(np.flatnonzero(out == c).tolist()) for c in np.unique(out)}
+    assert parts == {frozenset({r}) for r in range(4)} | {frozenset({4, 6}), frozenset({5, 7})}
+    assert Split.merged([first]) is first
+
+
+def test_a_step_end_splits_by_every_members_end():
+    """Members ending apart split by each one's end (own transfer or its senders'), all at once."""
+    classes = state_classes(np.zeros(4, np.int64), np.zeros(4, np.int64))
+    groups = (((1,), np.array([0])), ((2,), np.array([1])), ((3,), np.array([2, 3])))
+    plan = StatePlan((), True, groups)
+    check_end(classes, 0, plan, 2.0, {1: 5.0, 2: 5.0, 3: 5.0}, 5.0)  # (all end at 5: no split)
+    with pytest.raises(Split) as split:
+        check_end(classes, 0, plan, 2.0, {1: 5.0, 2: 1.0, 3: 4.0}, 5.0)  # (ends 5, 2, 4)
+    ((members, keys),) = split.value.parts
+    assert members.tolist() == [0, 1, 2, 3] and keys.tolist() == [2, 0, 1, 1]
+
+
+def test_a_split_seen_before_a_failure_is_the_outcome():
+    """An instant run on past a class seen apart may fail otherwise: the run raises the split."""
+    topo, config, _ = hd_case(8, 0)
+    colour, kind_of = start_colours(topo, config, {})
+    world = World(topo, config, replayable=False, classes=state_classes(colour, kind_of))
+    seen = Split(np.arange(1, 8), np.array([0, 0, 0, 1, 1, 1, 1]), "ends")
+    world._splits.append(seen)
+
+    def body(transport):
+        raise RuntimeError("a state no NPU of the every-NPU run would reach")
+
+    with pytest.raises(Split) as split:
+        world.run(body)
+    assert split.value is seen

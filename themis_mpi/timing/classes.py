@@ -53,8 +53,10 @@ each step, so a straggler's class of 1 sets every NPU apart by structure), NPUs 
 alike in time: NPUs that receive, at one step, from different classes whose transfers start
 and run alike. Classes by state are any partition (first: the NPUs' start colours,
 `start_colours`), not equitable, *proven in the run*: the run stops (`Split`) at the first
-instant a class's members would see different events, splits that class and starts again
-(`world.by_state`; engines are greenlets, so from t = 0).
+instant a class's members would see different events, splits every class that instant's checks
+see apart (`Split.merged`: the instant's events run on, time moves no further) and starts again
+(`world.by_state`; engines are greenlets, so from t = 0). Any refinement is exact (the run
+proves whatever classes it is given), so splitting more than the first class costs no exactness.
 
 A representative's step stands for its members' transfers, each over its own links and its
 peers' at the step's distances; the peers of the members fall in several classes. On class
@@ -138,13 +140,27 @@ class Split(Exception):
     """Classes by state: members of one class seen apart in the run (module doc): it restarts split.
 
     Attributes:
-        members: the class's ranks.
-        keys: per member, the part it goes to (members of one key stay together).
+        parts: per class seen apart, (its ranks, per member the part it goes to: members of one
+            key stay together); every class the checks of one instant saw apart (`merged`).
     """
 
     def __init__(self, members: np.ndarray, keys: np.ndarray, why: str):
         super().__init__(f"a class of {len(members)} NPUs splits: {why}")
-        self.members, self.keys = members, keys
+        self.parts: tuple[tuple[np.ndarray, np.ndarray], ...] = ((members, keys),)
+
+    @staticmethod
+    def merged(splits: list[Split]) -> Split:
+        """One split for several seen at one instant: the run restarts with all of them made.
+
+        Any refinement of classes by state is exact (the run proves whatever classes it is
+        given); splitting every class an instant's checks see apart, not the first only, saves
+        the runs that would each find one more.
+        """
+        if len(splits) == 1:
+            return splits[0]
+        out = Split(*splits[0].parts[0], f"{len(splits)} checks at one instant")
+        out.parts = tuple(part for split in splits for part in split.parts)
+        return out
 
 
 def fluid(rule: str) -> bool:
@@ -325,10 +341,13 @@ def state_classes(colour: np.ndarray, kind_of: np.ndarray) -> Classes:
 
 
 def refined(colour: np.ndarray, split: Split) -> np.ndarray:
-    """The colouring with a class split as `split` says."""
-    key = np.zeros_like(colour)
-    key[split.members] = split.keys + 1
-    _, out = np.unique(np.stack([colour, key], axis=1), axis=0, return_inverse=True)
+    """The colouring with each class split as `split` says (two parts of one class: by both keys)."""
+    columns = [colour]
+    for members, keys in split.parts:
+        key = np.zeros_like(colour)
+        key[members] = keys + 1
+        columns.append(key)
+    _, out = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
     return out.ravel()
 
 
@@ -450,25 +469,28 @@ def check_end(
     """A step of a class by state ends at t_ns: every member must end then (else `Split`, module doc).
 
     A member ends at the later of its own transfer's end and its senders' (their classes'
-    representatives'); the representative at the latest of all.
+    representatives'); the representative at the latest of all. Where they differ, the class
+    splits by each member's end (every distinct end at once, not only on time or not).
     """
     if own_ns == t_ns or not plan.groups:
         return
-    late = [any(got[s] == t_ns for s in senders) for senders, _ in plan.groups]
-    if all(late):
+    ends = [max(own_ns, max(got[s] for s in senders)) for senders, _ in plan.groups]
+    if all(end == t_ns for end in ends):
         return
     a = int(classes.of[rank])
     keys = np.zeros(int(classes.sizes[a]), np.int64)
-    for (_, idx), on_time in zip(plan.groups, late):
-        keys[idx] = int(on_time)
+    distinct = sorted(set(ends))
+    for (_, idx), end in zip(plan.groups, ends):
+        keys[idx] = distinct.index(end)
     raise Split(classes.members[a], keys, "its members end at different times")
 
 
+LOADS = "its links carry different loads"  # (why a class splits by its members' link loads)
 FULL = 1e-10  # relative slack within which a link counts as full, its rate as the top one (`check_rates`)
 
 
 def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capacity, per_npu: int) -> None:
-    """The representatives' rates lift to every NPU's max-min rates, else `Split` (module doc).
+    """The representatives' rates lift to every NPU's max-min, else `Split` (of all seen apart; module doc).
 
     `flows` are the moving transfers, each with its step's plan. The lift (each member's
     transfer at its representative's rate) is every NPU's max-min allocation iff no member's
@@ -477,6 +499,7 @@ def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capaci
     member (`Lift.plain`) carry on each member's link what the representatives' link carries.
     """
     flows = list(flows)
+    splits: list[Split] = []  # (every class this instant's rates see apart: `Split.merged`)
     load: dict[int, float] = defaultdict(float)
     top: dict[int, float] = defaultdict(float)
     odd: set[int] = set()
@@ -505,9 +528,10 @@ def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capaci
                 w = usage[q] if lift.weights is None else lift.weights
                 member_load[q] += w * r
                 member_top[q] = np.maximum(member_top[q], np.where(np.asarray(w) > 0, r, 0.0))
-        for q in odd:
+        for q in sorted(odd):
             if member_load[q].max() > capacity[q] * (1 + FULL):
-                raise Split(*_odd_split(classes, flows, q, per_npu), "its links carry different loads")
+                splits.append(Split(*_odd_split(classes, flows, q, per_npu), LOADS))
+    held = False  # (a transfer held by no member's link: every NPU runs, unless a split may help)
     for f, plan in flows:
         r = f.rate
         if plan.plain and not any(lift.link in odd for lift in plan.lifts):
@@ -528,12 +552,17 @@ def check_rates(classes: Classes, flows: Iterable[tuple[Any, StatePlan]], capaci
         if reach.all():
             continue
         if reach.any():
-            raise Split(
-                classes.members[a], reach.astype(np.int64), "its transfers are held by different links"
-            )
+            why = "its transfers are held by different links"
+            splits.append(Split(classes.members[a], reach.astype(np.int64), why))
+            continue
         odds = [lift.link for lift in plan.lifts if lift.link in odd]
         if odds:
-            raise Split(*_odd_split(classes, flows, odds[0], per_npu), "its links carry different loads")
+            splits.append(Split(*_odd_split(classes, flows, odds[0], per_npu), LOADS))
+            continue
+        held = True
+    if splits:
+        raise Split.merged(splits)
+    if held:
         raise Inexact("a transfer held by no link of its members'")
 
 

@@ -204,6 +204,7 @@ class World(Greenlets):
         self.classes = classes
         self.state = classes is not None and classes.state  # (checked as it runs: `classes.Split`)
         self._rates_checked = 0  # (by state) the rule's `rates_set` count last checked
+        self._splits: list[Split] = []  # (by state) classes seen apart at this instant, split when it ends
         self.unit = not fluid(config.network)  # (with classes: every weight must be 1, `Classes.step`)
         self.topology, self.config = topology, config
         self.cost = config.costs(topology)
@@ -303,7 +304,11 @@ class World(Greenlets):
         stage = flow.owner
         if stage.checks is not None:
             assert self.classes is not None
-            check_end(self.classes, stage.rank, stage.checks[flow.k], stage.own_ns, stage.got, self.now_ns)
+            plan = stage.checks[flow.k]
+            try:
+                check_end(self.classes, stage.rank, plan, stage.own_ns, stage.got, self.now_ns)
+            except Split as split:  # (the instant runs on, for its other checks; time moves no further)
+                self._splits.append(split)
         self.rule.resume(flow)
 
     def _check_rates(self) -> None:
@@ -559,14 +564,25 @@ class World(Greenlets):
         return self.keep is None or rank in self.keep
 
     def run(self, body: Callable[[Any], T]) -> list[T]:
-        """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why)."""
+        """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why).
+
+        By state, classes seen apart at an instant split when it ends (`classes.Split`), also where
+        the instant, run on past them, fails otherwise.
+        """
         try:
-            return super().run(body)
-        except Stalled:
-            if not self.replayable or self.keep is None:
+            out = super().run(body)
+        except Split:
+            raise
+        except Exception as exc:
+            if self._splits:  # (the instant ran on past a class seen apart: its split is the outcome)
+                raise Split.merged(self._splits) from exc
+            if not isinstance(exc, Stalled) or not self.replayable or self.keep is None:
                 raise
             World(self.topology, self.config).run(body)  # (the same run: it stalls, and says why)
             raise
+        if self._splits:  # (seen apart at the last instant)
+            raise Split.merged(self._splits)
+        return out
 
     def wait(self, rank: int, horizon_ns: float) -> None:
         """NPU `rank` waits until a stage of its ends or the loop reaches the horizon."""
@@ -589,7 +605,12 @@ class World(Greenlets):
         t_ns = self.loop.next_ns(self.rule)
         if self.state and min(t_ns, horizon) > self.now_ns:  # (time moves: the rates set hold a while)
             if self.rule.rates_set != self._rates_checked:  # type: ignore[attr-defined]
-                self._check_rates()
+                try:
+                    self._check_rates()
+                except Split as split:
+                    self._splits.append(split)
+            if self._splits:  # (every class this instant saw apart splits at once: `Split.merged`)
+                raise Split.merged(self._splits)
         if t_ns < math.inf and t_ns <= horizon:
             self.loop.fire(t_ns, self.rule)
         elif horizon < math.inf:
