@@ -2,51 +2,20 @@
 
 from __future__ import annotations
 
-from harness import DATA
+import test_world_memory
 
 from themis_mpi.config import RunConfig
 from themis_mpi.engine import Engine, InFlight
-from themis_mpi.run.training import model_training
-from themis_mpi.timing import planner
 from themis_mpi.timing.greenlets import NpuWorld
 from themis_mpi.topology import parse_topology
-from themis_mpi.workloads.text import parse_workload
-from themis_mpi.workloads.training import TrainingSpec
 
-TOPO = "Ring(4,100,500)_FC(4,50,300)_SW(4,80,700)"  # 64 NPUs
 # a gated scheduler needs event order: the planner picks every NPU in event order (`GREENLETS`)
 CONFIG = RunConfig(network="ideal", comm_scheduler="bytescheduler", link_scale=((1, 30, 0.5),))
-SPEC = TrainingSpec(chunks=4, npu_compute_scale=((5, 1.5),))
 
 
 def train_on_every_npu(monkeypatch, keep_all: bool) -> tuple[dict, list[NpuWorld], list[Engine]]:
-    """A 64-NPU training run with a slow NPU under ideal by every NPU in event order: its row, worlds, engines.
-
-    `keep_all` keeps every NPU's records (the world as it was before `keep`).
-    """
-    worlds: list[NpuWorld] = []
-    engines: list[Engine] = []
-
-    class Recorded(NpuWorld):
-        def __init__(self, *args, **kwargs):
-            if keep_all:
-                kwargs["keep"] = None
-            super().__init__(*args, **kwargs)
-            worlds.append(self)
-
-    engine_init = Engine.__init__
-
-    def init(self, *args, **kwargs):
-        engine_init(self, *args, **kwargs)
-        engines.append(self)
-
-    monkeypatch.setattr(planner, "NpuWorld", Recorded)
-    monkeypatch.setattr(Engine, "__init__", init)
-    workload = parse_workload(str(DATA / "astra-sim-1.0-text" / "MLP_HybridParallel_Data_Model.txt"))
-    row = model_training(workload, parse_topology(TOPO), "baseline", SPEC, CONFIG).to_dict()
-    for key in ("wall_s", "decision_s"):
-        row.pop(key)
-    return row, worlds, engines
+    """The 64-NPU training of tests/test_world_memory.py with a slow NPU, under ideal in event order."""
+    return test_world_memory.train_on_every_npu(monkeypatch, keep_all, NpuWorld, CONFIG)
 
 
 def test_a_model_run_keeps_npu_0s_records_only_and_its_row(monkeypatch):

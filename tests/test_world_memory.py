@@ -18,15 +18,19 @@ CONFIG = RunConfig(network="fair", link_scale=((1, 30, 0.5),))
 SPEC = TrainingSpec(chunks=4, npu_compute_scale=((5, 1.5),))
 
 
-def train_on_every_npu(monkeypatch, keep_all: bool) -> tuple[dict, list[World], list[Engine]]:
-    """A 64-NPU training run with a slow NPU under fair on every NPU's links: its row, its worlds and engines.
+def train_on_every_npu(
+    monkeypatch, keep_all: bool, world: type = World, config: RunConfig = CONFIG
+) -> tuple[dict, list, list[Engine]]:
+    """A 64-NPU training run with a slow NPU on every NPU (`world`, as the planner makes it): its row, worlds, engines.
 
-    Classes are switched off (every NPU runs); `keep_all` keeps every NPU's records and history.
+    Under fair on every NPU's links (`World`, classes switched off: every NPU runs), or under
+    ideal in event order (`greenlets.NpuWorld`, with a config that needs it); `keep_all` keeps
+    every NPU's records and history.
     """
-    worlds: list[World] = []
+    worlds: list = []
     engines: list[Engine] = []
 
-    class Recorded(World):
+    class Recorded(world):
         def __init__(self, *args, **kwargs):
             if keep_all:
                 kwargs["keep"] = None
@@ -39,11 +43,11 @@ def train_on_every_npu(monkeypatch, keep_all: bool) -> tuple[dict, list[World], 
         engine_init(self, *args, **kwargs)
         engines.append(self)
 
-    monkeypatch.setattr(planner, "World", Recorded)
+    monkeypatch.setattr(planner, world.__name__, Recorded)
     monkeypatch.setattr(planner, "by_classes", lambda *args, **kwargs: None)
     monkeypatch.setattr(Engine, "__init__", init)
     workload = parse_workload(str(DATA / "astra-sim-1.0-text" / "MLP_HybridParallel_Data_Model.txt"))
-    row = model_training(workload, parse_topology(TOPO), "baseline", SPEC, CONFIG).to_dict()
+    row = model_training(workload, parse_topology(TOPO), "baseline", SPEC, config).to_dict()
     for key in ("wall_s", "decision_s"):
         row.pop(key)
     return row, worlds, engines
