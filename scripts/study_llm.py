@@ -73,10 +73,11 @@ CHECKED = (
     "dims, tp-dp-pp; the MoE on 4D-Ring_SW_SW_SW's, tp-pp-dp; TP2 x PP4 x DP2, EP2, 4 micro-batches): "
     "every policy's row equals, to the ns, the row of every NPU's engine in event order "
     "(timing.greenlets.NpuWorld: each collective step waits for its peers' sends, each message for its "
-    "peer's issue). A whole 1024-NPU cell by every NPU does not fit the development machine: the quick "
-    "cell's baseline iteration alone (one of its 22 runs) reached 53% of its graph nodes in 544 CPU s, its "
-    "memory growing to 12.3 GiB until a 12.4 GiB address-space cap stopped it; the linked ranks run that "
-    "iteration in 1.5 CPU s at 117 MiB peak RSS, the whole cell in 22 CPU s at 171 MiB.\n"
+    "peer's issue). A whole 1024-NPU cell by every NPU is about 17 CPU minutes a run: the quick cell's "
+    "baseline iteration (one of its 22 runs) by every NPU takes 1010 CPU s at 859 MiB peak RSS and gives "
+    "the linked ranks' iteration to the ns (1,683,740.85 us; before every NPU kept its records and graph, "
+    "it grew to 12.3 GiB at 53% of its nodes); the linked ranks run that iteration in 1.5 CPU s at 117 "
+    "MiB peak RSS, the whole cell in 22 CPU s at 171 MiB.\n"
 )
 
 

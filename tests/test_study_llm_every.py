@@ -33,7 +33,8 @@ from themis_mpi.workloads.training import TrainingSpec
 # the topology's dims cut to those groups (HGX's with its shared NIC). Each group still spans a dim
 # of peers that must start its collectives together, each middle stage receives from one side and
 # sends to the other, and 1F1B reaches its steady state (m = p): what the linked ranks assume is
-# there to fail. Every NPU of a 1024-NPU cell is hours of CPU (docs/llm/study.md); the cut at
+# there to fail. Every NPU of a 1024-NPU cell is about 17 CPU minutes a run, 22 runs a cell
+# (docs/llm/study.md); the cut at
 # TP 4 (32 NPUs) costs 65 CPU s for both cells, at TP 2 23 s, the same comparisons.
 CELLS = {
     "gpt3-175b": (
