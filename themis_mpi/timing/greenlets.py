@@ -78,18 +78,32 @@ class Greenlets:
         members: the NPUs that run, each standing for `weights` NPUs (`classes.Classes`: one
             per class); None: every NPU, each for itself.
         weights: per member, the NPUs it stands for (a sum over NPUs counts it so often).
+        keep: the NPUs whose result is read (NPU 0 on the model, the rank itself under MPI): the
+            others keep no engine records (`engine.Engine.keeps_records`), so a long run's
+            memory does not grow with NPUs x stages. None: every NPU's.
     """
 
-    def __init__(self, n: int, members: Sequence[int] | None = None, weights: np.ndarray | None = None):
+    def __init__(
+        self,
+        n: int,
+        members: Sequence[int] | None = None,
+        weights: np.ndarray | None = None,
+        keep: Collection[int] | None = None,
+    ):
         self.n = n
         self.members = range(n) if members is None else members
         self.weights = weights
+        self.keep = None if keep is None else frozenset(keep)
         self.ready: deque[int] = deque()
         self.arrived: list[int] = []  # NPUs at the current meeting
         self.met: list[Any] = []  # the last meeting's values
         self._reduction: tuple[list[Any], str, np.ndarray] | None = None  # (`reduced`: its last)
         self.slots: list[Any] = [None] * n
         self.hub: greenlet.greenlet | None = None
+
+    def kept(self, rank: int) -> bool:
+        """Whether NPU `rank`'s result is kept (`keep`)."""
+        return self.keep is None or rank in self.keep
 
     def transport(self, rank: int) -> Any:
         """NPU `rank`'s transport, which its driver runs on."""
@@ -266,9 +280,7 @@ class NpuWorld(Greenlets):
     Args:
         topology: the network.
         config: the run settings (ideal network, virtual clock).
-        keep: the NPUs whose result (their engines' records) is read (NPU 0 on the model);
-            the others keep none (`engine.Engine.keeps_records`) and return None, so a long
-            run's memory does not grow with NPUs x stages. None: every NPU's.
+        keep: the NPUs whose result is read (`Greenlets`); the others return None.
     """
 
     def __init__(self, topology: Topology, config: RunConfig, keep: Collection[int] | None = None):
@@ -280,9 +292,8 @@ class NpuWorld(Greenlets):
             raise UsageError(
                 f"the per-NPU model (stragglers) runs at most {MAX_NPUS} NPUs, not {topology.npus}"
             )
-        super().__init__(topology.npus)
+        super().__init__(topology.npus, keep=keep)
         self.topology, self.config = topology, config
-        self.keep = None if keep is None else frozenset(keep)
         self.mail: dict[tuple, deque[float]] = defaultdict(deque)
         self.version = [0] * self.n  # per NPU, bumps at every send to it: a blocked NPU waits for it
         self.waiting: dict[int, Callable[[], str]] = {}  # NPUs blocked on the mailbox: what for
@@ -328,10 +339,6 @@ class NpuWorld(Greenlets):
         if self.version[rank] == seen:
             self.waiting[rank] = what
             self._yield()
-
-    def kept(self, rank: int) -> bool:
-        """Whether NPU `rank`'s result is kept (`keep`)."""
-        return self.keep is None or rank in self.keep
 
     def transport(self, rank: int) -> NpuTransport:
         """NPU `rank`'s transport."""

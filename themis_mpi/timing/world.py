@@ -198,9 +198,9 @@ class World(Greenlets):
             raise UsageError(f"every NPU's links run at most {MAX_NPUS} NPUs, not {topology.npus}")
         assert classes is None or not (replayable or config.compat or not admitted(config.network))
         if classes is None:
-            super().__init__(topology.npus)
+            super().__init__(topology.npus, keep=keep)
         else:
-            super().__init__(topology.npus, classes.reps, classes.sizes)
+            super().__init__(topology.npus, classes.reps, classes.sizes, keep)
         self.classes = classes
         self.state = classes is not None and classes.state  # (checked as it runs: `classes.Split`)
         self._rates_checked = 0  # (by state) the rule's `rates_set` count last checked
@@ -214,7 +214,6 @@ class World(Greenlets):
         self.loop.per_event = self.rule.per_event
         self.astra2 = config.compat == ASTRA_SIM_2
         self.replayable = replayable
-        self.keep = None if keep is None else frozenset(keep)
         self.history = [replayable and self.kept(r) for r in range(self.n)]  # (starts and ends kept)
         self.npus = [_Npu() for _ in range(self.n)]
         self._timed: dict[int, float] = {}  # waiting NPUs with a finite horizon: the horizon
@@ -558,10 +557,6 @@ class World(Greenlets):
             rank = self.classes.rep(rank)
         n = self.routes.per_npu
         return self.rule.carried[rank * n : (rank + 1) * n]
-
-    def kept(self, rank: int) -> bool:
-        """Whether NPU `rank`'s result and history are kept (`keep`)."""
-        return self.keep is None or rank in self.keep
 
     def run(self, body: Callable[[Any], T]) -> list[T]:
         """`Greenlets.run`; a replayable world keeping some NPUs that stalls runs again keeping all (why).
