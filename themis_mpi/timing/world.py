@@ -746,7 +746,7 @@ def by_classes(
                 if not primed:
                     if not state_may_run(config, bool(messages)):
                         return None
-                    return by_state(topology, config, kinds, body, rounds=STATE_ROUNDS, keep=keep)
+                    return by_state(topology, config, kinds, body, keep=keep)
                 patterns, primed = set(), False  # (the run may not take those patterns: learn its own)
                 continue
             try:
@@ -767,7 +767,7 @@ def by_state(
     config: RunConfig,
     kinds: Mapping[int, Any],
     body: Callable[[Any], T],
-    rounds: int = 64,
+    rounds: int = STATE_ROUNDS,
     keep: Collection[int] | None = None,
 ) -> list[T] | None:
     """`body` on one NPU per class by state (`classes` module doc), under a fluid rule: as `by_classes`.
